@@ -1,0 +1,179 @@
+"""Constant attention matrices: the pad-aware per-entry average of every head's attention (paper Sec. 3.1, Eq. 2).
+
+For head h, C^h = (1/|D|) Σ_i A^h_i, taken entry-wise and only over non-padded entries: entry (q, k) of C^h is the
+mean of A^h_i[q, k] over the examples i in which *both* position q and position k are real tokens. Entries that no
+example covers are 0. :func:`average_attention` streams over batches, keeping one running sum per layer and a
+count per entry, so memory does not grow with the corpus.
+
+:class:`ConstantAttention` holds the result and saves/loads it with safetensors (tensors ``matrices`` and
+``counts`` plus string metadata).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterable
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from .models import model_id, model_inputs, num_layers_and_heads
+
+
+@dataclass
+class ConstantAttention:
+    """Constant attention matrices C^h for every layer and head (Sec. 3.1).
+
+    Attributes:
+        matrices: float32 ``[layers, heads, L, L]``; row q, column k is the average attention of query position q to
+            key position k.
+        counts: int64 ``[L, L]``; how many examples had both q and k as real tokens.
+        metadata: model id, ``max_length``, ``layout``, ``num_examples``, ``source`` (where the text came from), ...
+    """
+
+    matrices: torch.Tensor
+    counts: torch.Tensor
+    metadata: dict = field(default_factory=dict)
+
+    def __post_init__(self):
+        if self.matrices.dim() != 4 or self.matrices.shape[-1] != self.matrices.shape[-2]:
+            raise ValueError(f"matrices must have shape [layers, heads, L, L], got {tuple(self.matrices.shape)}")
+        if tuple(self.counts.shape) != tuple(self.matrices.shape[-2:]):
+            raise ValueError(
+                f"counts must have shape [L, L] = {tuple(self.matrices.shape[-2:])}, got {tuple(self.counts.shape)}"
+            )
+
+    @property
+    def num_layers(self) -> int:
+        return int(self.matrices.shape[0])
+
+    @property
+    def num_heads(self) -> int:
+        return int(self.matrices.shape[1])
+
+    @property
+    def max_length(self) -> int:
+        return int(self.matrices.shape[-1])
+
+    def check_compatible(self, model, max_length: int | None = None) -> None:
+        """Raise ``ValueError`` if these matrices do not fit ``model`` (layers x heads) or an input width L."""
+        layers, heads = num_layers_and_heads(model)
+        if (layers, heads) != (self.num_layers, self.num_heads):
+            raise ValueError(
+                f"constant matrices are for {self.num_layers} layers x {self.num_heads} heads "
+                f"(model {self.metadata.get('model', '?')!r}) but the model has {layers} layers x {heads} heads"
+            )
+        if max_length is not None and max_length != self.max_length:
+            raise ValueError(
+                f"constant matrices were built at max_length L={self.max_length} but the input has L={max_length}"
+            )
+
+    def save(self, path: str | Path) -> Path:
+        """Save to a ``.safetensors`` file (tensors ``matrices`` and ``counts``; metadata as strings)."""
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        meta = {str(k): json.dumps(v) for k, v in self.metadata.items()}
+        tmp = path.with_name(path.name + ".tmp")
+        save_file(
+            {"matrices": self.matrices.detach().float().cpu().contiguous(), "counts": self.counts.cpu().contiguous()},
+            str(tmp),
+            metadata=meta,
+        )
+        tmp.replace(path)
+        return path
+
+    @classmethod
+    def load(cls, path: str | Path) -> "ConstantAttention":
+        """Load matrices saved by :meth:`save`; a file without ``matrices`` and ``counts`` raises ``ValueError``."""
+        path = Path(path)
+        if not path.exists():
+            raise FileNotFoundError(f"no constant-attention file at {path}")
+        from safetensors import safe_open
+
+        with safe_open(str(path), framework="pt") as handle:
+            raw_meta = handle.metadata() or {}
+        tensors = load_file(str(path))
+        missing = {"matrices", "counts"} - set(tensors)
+        if missing:
+            raise ValueError(f"{path} is not a PAPA constant-attention file: missing tensors {sorted(missing)}")
+        metadata = {}
+        for key, value in raw_meta.items():
+            try:
+                metadata[key] = json.loads(value)
+            except json.JSONDecodeError:
+                metadata[key] = value
+        return cls(tensors["matrices"], tensors["counts"], metadata)
+
+
+def _pair_mask(attention_mask: torch.Tensor) -> torch.Tensor:
+    real = attention_mask.to(torch.float32)
+    return real[:, :, None] * real[:, None, :]
+
+
+@torch.inference_mode()
+def average_attention(
+    model,
+    batches: Iterable[dict],
+    progress: bool = True,
+    *,
+    source: str = "unspecified",
+    total: int | None = None,
+) -> ConstantAttention:
+    """Average every head's attention matrix over a corpus, entry-wise and pad-aware (Sec. 3.1, Eq. 2).
+
+    Args:
+        model: an encoder from :func:`papa_lib.load_encoder` (eager attention).
+        batches: an iterable of dicts as returned by :func:`papa_lib.encode` (all of the same width L).
+        progress: show a progress bar.
+        source: where the text came from (stored in the metadata).
+        total: number of batches, for the progress bar only.
+
+    Returns:
+        A :class:`ConstantAttention`; ``counts[q, k]`` is the number of examples in which q and k were both real.
+
+    Memory stays constant in the corpus size: one float64 running sum ``[heads, L, L]`` per layer and one count
+    matrix; no per-example matrix is kept.
+    """
+    from tqdm.auto import tqdm
+
+    layers, heads = num_layers_and_heads(model)
+    sums: list[torch.Tensor] | None = None
+    counts = None
+    length = None
+    layout = None
+    num_examples = 0
+    started = time.time()
+    for batch in tqdm(batches, total=total, disable=not progress, desc="averaging attention", unit="batch"):
+        inputs = model_inputs(model, batch)
+        width = int(inputs["input_ids"].shape[1])
+        if length is None:
+            length = width
+            layout = getattr(batch, "layout", None)
+            device = inputs["input_ids"].device
+            sums = [torch.zeros(heads, width, width, dtype=torch.float64, device=device) for _ in range(layers)]
+            counts = torch.zeros(width, width, dtype=torch.float64, device=device)
+        elif width != length:
+            raise ValueError(f"all batches must have the same width L; got {width} after {length}")
+        pair_mask = _pair_mask(inputs["attention_mask"])
+        outputs = model(**inputs, output_attentions=True)
+        for layer, attention in enumerate(outputs.attentions):
+            sums[layer] += torch.einsum("bhqk,bqk->hqk", attention.float(), pair_mask).double()
+        counts += pair_mask.sum(0).double()
+        num_examples += int(inputs["input_ids"].shape[0])
+    if num_examples == 0:
+        raise ValueError("average_attention got an empty corpus: no batches (or only empty ones) to average over")
+    stacked = torch.stack(sums)
+    matrices = torch.where(counts > 0, stacked / counts.clamp_min(1), torch.zeros((), dtype=stacked.dtype, device=stacked.device))
+    metadata = {
+        "model": model_id(model),
+        "max_length": length,
+        "layout": layout or "unknown",
+        "num_examples": num_examples,
+        "source": source,
+        "seconds": round(time.time() - started, 3),
+        "kind": "average",
+    }
+    return ConstantAttention(matrices.float().cpu(), counts.round().long().cpu(), metadata)

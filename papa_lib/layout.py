@@ -1,0 +1,296 @@
+"""Fixed-position input layout of PAPA (paper App. A).
+
+A constant attention matrix C^h has one row and one column per *position*. For it to mean the same thing on
+every input, the special tokens must sit at the same positions in every example. App. A therefore fixes:
+
+* single texts: ``[CLS] text [PAD]... [SEP]`` — the final separator is always at position L-1, after the padding;
+* pairs: ``[CLS] a [PAD]... | [SEP] b [PAD]... [SEP]`` — text a and the classifier token fill [0, L/2), the middle
+  separator(s) start at L/2, text b follows, and the final separator is at L-1.
+
+We differ from the paper's code in two documented ways: a single text is truncated to L minus the special tokens
+(the paper's code cuts it at L/2), and ``token_type_ids`` follow the new layout (the paper's code leaves them at the
+positions of the ordinary layout, which gives BERT wrong segment ids).
+
+The special tokens are learned from the tokenizer itself (:func:`special_token_template`), so BERT-style
+(``[CLS] a [SEP] b [SEP]``), RoBERTa-style (``<s> a </s></s> b </s>``) and DeBERTa tokenizers all work.
+``layout="standard"`` gives ordinary right padding for comparison.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+
+LAYOUTS = ("papa", "standard")
+logger = logging.getLogger(__name__)
+
+
+class EncodedBatch(dict):
+    """A dict of ``[B, L]`` tensors (``input_ids``, ``attention_mask``, maybe ``token_type_ids``) plus facts about it.
+
+    Attributes:
+        layout: ``"papa"`` or ``"standard"``.
+        max_length: L, the width of every tensor.
+        num_truncated: how many examples lost tokens to truncation.
+        word_index: for word-level (token task) batches, ``[B, W]`` position of each word's first sub-token, -1 where
+            the word was truncated away or does not exist; ``None`` otherwise.
+    """
+
+    def __init__(self, tensors: dict, *, layout: str, max_length: int, num_truncated: int, word_index=None):
+        super().__init__(tensors)
+        self.layout = layout
+        self.max_length = max_length
+        self.num_truncated = num_truncated
+        self.word_index = word_index
+
+    def __len__(self) -> int:  # number of dict keys, as for a plain dict
+        return super().__len__()
+
+    @property
+    def batch_size(self) -> int:
+        return int(self["input_ids"].shape[0])
+
+
+@dataclass(frozen=True)
+class SpecialTokenTemplate:
+    """Where a tokenizer puts its special tokens around one text or a pair, and their segment ids.
+
+    ``prefix + a + suffix`` for one text; ``prefix + a + middle + b + suffix`` for a pair.
+    """
+
+    prefix: tuple[int, ...]
+    middle: tuple[int, ...]
+    suffix: tuple[int, ...]
+    single_prefix: tuple[int, ...]
+    single_suffix: tuple[int, ...]
+    pad_id: int
+    type_a: int = 0
+    type_middle: int = 0
+    type_b: int = 1
+    type_suffix: int = 1
+    uses_token_type_ids: bool = True
+
+
+def _find(haystack: Sequence[int], needle: Sequence[int], start: int = 0) -> int:
+    for i in range(start, len(haystack) - len(needle) + 1):
+        if list(haystack[i : i + len(needle)]) == list(needle):
+            return i
+    raise ValueError("could not locate the probe text inside the tokenizer's own encoding")
+
+
+def special_token_template(tokenizer) -> SpecialTokenTemplate:
+    """Learn the tokenizer's special-token layout by encoding two probe texts with and without special tokens."""
+    cached = getattr(tokenizer, "_papa_template", None)
+    if cached is not None:
+        return cached
+    if tokenizer.pad_token_id is None:
+        raise ValueError(f"tokenizer {type(tokenizer).__name__} has no pad token; PAPA's layout needs one")
+    text_a, text_b = "hello there", "good morning"
+    ids_a = tokenizer(text_a, add_special_tokens=False)["input_ids"]
+    ids_b = tokenizer(text_b, add_special_tokens=False)["input_ids"]
+    pair = tokenizer(text_a, text_b, return_token_type_ids=True)
+    single = tokenizer(text_a)["input_ids"]
+    full = pair["input_ids"]
+    a_at = _find(full, ids_a)
+    b_at = _find(full, ids_b, a_at + len(ids_a))
+    s_at = _find(single, ids_a)
+    types = pair.get("token_type_ids") or [0] * len(full)
+    template = SpecialTokenTemplate(
+        prefix=tuple(full[:a_at]),
+        middle=tuple(full[a_at + len(ids_a) : b_at]),
+        suffix=tuple(full[b_at + len(ids_b) :]),
+        single_prefix=tuple(single[:s_at]),
+        single_suffix=tuple(single[s_at + len(ids_a) :]),
+        pad_id=int(tokenizer.pad_token_id),
+        type_a=int(types[a_at]),
+        type_middle=int(types[a_at + len(ids_a)]) if b_at > a_at + len(ids_a) else int(types[a_at]),
+        type_b=int(types[b_at]),
+        type_suffix=int(types[-1]),
+        uses_token_type_ids="token_type_ids" in getattr(tokenizer, "model_input_names", ["token_type_ids"]),
+    )
+    try:
+        tokenizer._papa_template = template
+    except AttributeError:  # pragma: no cover - some tokenizers forbid new attributes
+        pass
+    return template
+
+
+def _tokenize(tokenizer, texts: Sequence[str]) -> list[list[int]]:
+    if isinstance(texts, str):
+        raise TypeError("texts must be a sequence of strings, not one string")
+    if len(texts) == 0:
+        return []
+    return list(tokenizer(list(texts), add_special_tokens=False)["input_ids"])
+
+
+def _place_single(t: SpecialTokenTemplate, ids: list[int], length: int):
+    """One text in the PAPA layout: prefix, text, padding, suffix ending at L-1."""
+    room = length - len(t.single_prefix) - len(t.single_suffix)
+    truncated = len(ids) > room
+    ids = ids[:room]
+    row = [t.pad_id] * length
+    mask = [0] * length
+    head = list(t.single_prefix) + ids
+    row[: len(head)] = head
+    mask[: len(head)] = [1] * len(head)
+    tail_at = length - len(t.single_suffix)
+    row[tail_at:] = list(t.single_suffix)
+    mask[tail_at:] = [1] * len(t.single_suffix)
+    types = [t.type_a] * length
+    return row, mask, types, truncated, len(t.single_prefix)
+
+
+def _place_pair(t: SpecialTokenTemplate, ids_a: list[int], ids_b: list[int], length: int):
+    """A pair in the PAPA layout: [0, L/2) holds prefix + a; the middle separator(s) start at L/2; suffix at L-1."""
+    half = length // 2
+    room_a = half - len(t.prefix)
+    room_b = length - half - len(t.middle) - len(t.suffix)
+    if room_a < 0 or room_b < 0:
+        raise ValueError(f"max_length={length} is too short for a pair with this tokenizer's special tokens")
+    truncated = len(ids_a) > room_a or len(ids_b) > room_b
+    ids_a, ids_b = ids_a[:room_a], ids_b[:room_b]
+    row = [t.pad_id] * length
+    mask = [0] * length
+    types = [t.type_a] * half + [t.type_b] * (length - half)
+    head = list(t.prefix) + ids_a
+    row[: len(head)] = head
+    mask[: len(head)] = [1] * len(head)
+    mid = list(t.middle) + ids_b
+    row[half : half + len(mid)] = mid
+    mask[half : half + len(mid)] = [1] * len(mid)
+    types[half : half + len(t.middle)] = [t.type_middle] * len(t.middle)
+    tail_at = length - len(t.suffix)
+    row[tail_at:] = list(t.suffix)
+    mask[tail_at:] = [1] * len(t.suffix)
+    types[tail_at:] = [t.type_suffix] * len(t.suffix)
+    return row, mask, types, truncated
+
+
+def _place_standard(t: SpecialTokenTemplate, ids_a: list[int], ids_b: list[int] | None, length: int):
+    """Ordinary right padding: prefix a [middle b] suffix, then padding. Truncates the longer text first."""
+    if ids_b is None:
+        room = length - len(t.single_prefix) - len(t.single_suffix)
+        truncated = len(ids_a) > room
+        seq = list(t.single_prefix) + ids_a[:room] + list(t.single_suffix)
+        types = [t.type_a] * len(seq)
+        offset = len(t.single_prefix)
+    else:
+        room = length - len(t.prefix) - len(t.middle) - len(t.suffix)
+        a, b = list(ids_a), list(ids_b)
+        truncated = len(a) + len(b) > room
+        while len(a) + len(b) > room:
+            (a if len(a) >= len(b) else b).pop()
+        seq = list(t.prefix) + a + list(t.middle) + b + list(t.suffix)
+        types = [t.type_a] * (len(t.prefix) + len(a) + len(t.middle)) + [t.type_b] * (len(b) + len(t.suffix))
+        offset = len(t.prefix)
+    pad = length - len(seq)
+    return seq + [t.pad_id] * pad, [1] * len(seq) + [0] * pad, types + [0] * pad, truncated, offset
+
+
+def _to_batch(rows, masks, types, template, layout, length, num_truncated, word_index=None) -> EncodedBatch:
+    tensors = {
+        "input_ids": torch.tensor(rows, dtype=torch.long).reshape(-1, length),
+        "attention_mask": torch.tensor(masks, dtype=torch.long).reshape(-1, length),
+    }
+    if template.uses_token_type_ids:
+        tensors["token_type_ids"] = torch.tensor(types, dtype=torch.long).reshape(-1, length)
+    if num_truncated:
+        logger.info("%d of %d examples were truncated to max_length=%d", num_truncated, len(rows), length)
+    return EncodedBatch(
+        tensors, layout=layout, max_length=length, num_truncated=num_truncated, word_index=word_index
+    )
+
+
+def _check_args(layout: str, max_length: int, pairs_given: bool) -> None:
+    if layout not in LAYOUTS:
+        raise ValueError(f"unknown layout {layout!r}; choose one of {LAYOUTS}")
+    if max_length < 4:
+        raise ValueError(f"max_length must be at least 4, got {max_length}")
+    if pairs_given and layout == "papa" and max_length % 2:
+        raise ValueError(f"the PAPA pair layout puts the middle separator at L/2, so max_length must be even (got {max_length})")
+
+
+def encode(tokenizer, texts: Sequence[str], pairs: Sequence[str] | None = None, max_length: int = 64, layout: str = "papa") -> EncodedBatch:
+    """Encode texts (or text pairs) into fixed-width tensors in the PAPA layout (App. A) or the standard one.
+
+    Args:
+        tokenizer: a Hugging Face tokenizer (BERT-, RoBERTa- or DeBERTa-style).
+        texts: the (first) texts.
+        pairs: optional second texts, one per text.
+        max_length: L; every tensor has exactly this width.
+        layout: ``"papa"`` (fixed separator positions) or ``"standard"`` (right padding).
+
+    Returns:
+        An :class:`EncodedBatch` with ``input_ids``, ``attention_mask`` and, where the model uses them,
+        ``token_type_ids``; ``.num_truncated`` counts the examples that were cut.
+    """
+    _check_args(layout, max_length, pairs is not None)
+    if pairs is not None and len(pairs) != len(texts):
+        raise ValueError(f"got {len(texts)} texts but {len(pairs)} pairs")
+    template = special_token_template(tokenizer)
+    ids_a = _tokenize(tokenizer, texts)
+    ids_b = _tokenize(tokenizer, pairs) if pairs is not None else [None] * len(ids_a)
+    rows, masks, types, num_truncated = [], [], [], 0
+    for a, b in zip(ids_a, ids_b):
+        if layout == "standard":
+            row, mask, type_ids, truncated, _ = _place_standard(template, a, b, max_length)
+        elif b is None:
+            row, mask, type_ids, truncated, _ = _place_single(template, a, max_length)
+        else:
+            row, mask, type_ids, truncated = _place_pair(template, a, b, max_length)
+        rows.append(row)
+        masks.append(mask)
+        types.append(type_ids)
+        num_truncated += int(truncated)
+    return _to_batch(rows, masks, types, template, layout, max_length, num_truncated)
+
+
+def encode_words(tokenizer, sentences: Sequence[Sequence[str]], max_length: int = 128, layout: str = "papa") -> EncodedBatch:
+    """Encode pre-split sentences (NER/POS) as single texts and record each word's first sub-token position.
+
+    The label of a word sits on its first sub-token (Sec. 3.3, token tasks). Each word after the first is
+    tokenized with a leading space, which is what RoBERTa-style byte-level tokenizers need and what BERT and
+    SentencePiece tokenizers ignore. ``word_index[b, w]`` is -1 where word ``w`` was truncated away.
+    """
+    _check_args(layout, max_length, False)
+    template = special_token_template(tokenizer)
+    flat = [(w if i == 0 else " " + w) for words in sentences for i, w in enumerate(words)]
+    flat_ids = _tokenize(tokenizer, flat) if flat else []
+    max_words = max((len(words) for words in sentences), default=0)
+    word_index = torch.full((len(sentences), max(max_words, 1)), -1, dtype=torch.long)
+    rows, masks, types, num_truncated, cursor = [], [], [], 0, 0
+    for b, words in enumerate(sentences):
+        pieces = flat_ids[cursor : cursor + len(words)]
+        cursor += len(words)
+        starts, ids = [], []
+        for piece in pieces:
+            starts.append(len(ids) if piece else -1)
+            ids.extend(piece)
+        if layout == "standard":
+            row, mask, type_ids, truncated, offset = _place_standard(template, ids, None, max_length)
+            room = max_length - len(template.single_prefix) - len(template.single_suffix)
+        else:
+            row, mask, type_ids, truncated, offset = _place_single(template, ids, max_length)
+            room = max_length - len(template.single_prefix) - len(template.single_suffix)
+        for w, start in enumerate(starts):
+            if 0 <= start < room:
+                word_index[b, w] = offset + start
+        rows.append(row)
+        masks.append(mask)
+        types.append(type_ids)
+        num_truncated += int(truncated)
+    return _to_batch(rows, masks, types, template, layout, max_length, num_truncated, word_index=word_index)
+
+
+def batched(encoded: EncodedBatch, batch_size: int):
+    """Split an :class:`EncodedBatch` into consecutive batches of at most ``batch_size`` rows."""
+    if batch_size < 1:
+        raise ValueError("batch_size must be positive")
+    n = encoded.batch_size
+    for start in range(0, n, batch_size):
+        part = {k: v[start : start + batch_size] for k, v in encoded.items()}
+        wi = encoded.word_index[start : start + batch_size] if encoded.word_index is not None else None
+        yield EncodedBatch(part, layout=encoded.layout, max_length=encoded.max_length, num_truncated=0, word_index=wi)

@@ -1,0 +1,390 @@
+"""The single seam through which PAPA changes a model's attention (paper Sec. 3.2 Eq. 3, Sec. 5.2, footnotes 8 and 14).
+
+Every head h of every layer runs one of these modes:
+
+=============  =================================================================================================
+``original``   the model's own input-dependent attention A^h
+``constant``   C^h (Sec. 3.1), masked for the current input's padded queries and keys and row-normalised (fn. 8)
+``mix``        B^h = λ^h A^h + (1-λ^h) C^h, λ^h = σ(θ^h), one trainable θ per head per layer initialised at 0 (Eq. 3)
+``identity``   each real token attends only to itself (Sec. 5.2 (1))
+``toeplitz``   T_qk = 1/(|q-k|+1), masked and row-normalised (Sec. 5.2 (2))
+``zeros``      an all-zero matrix: the head contributes nothing (Sec. 5.2 (3), i.e. pruning)
+``trainable``  a constant matrix trained with the probe, initialised from the average or from Toeplitz, kept
+               non-negative (clamped at 0) and masked + row-normalised when used (Sec. 5.2 (4)-(5), fn. 14)
+=============  =================================================================================================
+
+How a model is reached (architecture specifics are in :mod:`papa_lib.models`):
+
+* BERT, RoBERTa, ELECTRA: an attention function registered in transformers' ``AttentionInterface`` under the name
+  ``"papa"``, plus the eager mask function registered in ``AttentionMaskInterface`` under the same name — without
+  the latter, transformers would silently drop the padding mask for an unknown implementation. While an override is
+  active the model's ``config._attn_implementation`` is ``"papa"``.
+* DeBERTa, DeBERTa-v2/v3: a small adapter replaces the attention module's probability dropout (applied right after
+  the softmax, just before the product with the values) with a module that rewrites the probabilities, and a
+  forward pre-hook reads which tokens are real from the module's attention mask.
+
+Both routes call the same :meth:`AttentionOverride.head_weights`, so every mode means the same thing everywhere.
+Leaving the context restores the model exactly. With ``output_attentions=True`` the model returns the weights it
+actually used (constant, mixed, ...).
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from typing import Iterable, Mapping
+
+import torch
+from torch import nn
+
+from .models import adapter_for, model_device, num_layers_and_heads, self_attention_modules
+
+MODES = ("original", "constant", "mix", "identity", "toeplitz", "zeros", "trainable")
+_USES_INPUT_ATTENTION = {"original", "mix"}
+_ROW_NORMALISED = {"constant", "mix", "toeplitz", "trainable"}
+_IMPLEMENTATION = "papa"
+
+
+def toeplitz_matrix(length: int, dtype=torch.float32, device=None) -> torch.Tensor:
+    """The Toeplitz matrix T_qk = 1 / (|q - k| + 1) of Sec. 5.2 (harmonic decay away from the diagonal)."""
+    positions = torch.arange(length, device=device)
+    return 1.0 / ((positions[:, None] - positions[None, :]).abs().to(dtype) + 1.0)
+
+
+def real_tokens_from_additive_mask(attention_mask: torch.Tensor | None, batch: int, length: int, device) -> torch.Tensor:
+    """Which positions are real tokens, read from the 4D mask transformers passes to attention functions.
+
+    The mask is ``[B, 1, Lq or 1, Lk]``: 0 (or True) where a key may be attended, a large negative value (or False)
+    where it is padding. For bidirectional encoder self-attention every row is the same, and a position is a real
+    query exactly when it is a real key.
+    """
+    if attention_mask is None:
+        return torch.ones(batch, length, dtype=torch.bool, device=device)
+    row = attention_mask[:, 0, 0, :] if attention_mask.dim() == 4 else attention_mask.reshape(batch, -1)[:, -length:]
+    if row.dtype == torch.bool:
+        return row
+    return row > torch.finfo(row.dtype).min / 2
+
+
+def real_tokens_from_pair_mask(attention_mask: torch.Tensor | None, batch: int, length: int, device) -> torch.Tensor:
+    """Real positions from DeBERTa's pair mask ``m_q * m_k`` (``[B, 1, L, L]``, ``[B, L, L]`` or ``[B, L]``)."""
+    if attention_mask is None:
+        return torch.ones(batch, length, dtype=torch.bool, device=device)
+    mask = attention_mask
+    if mask.dim() == 4:
+        mask = mask[:, 0]
+    if mask.dim() == 3:
+        mask = mask.diagonal(dim1=-2, dim2=-1)
+    return mask.bool()
+
+
+def _resolve_plan(num_layers: int, num_heads: int, heads, mode: str) -> dict[tuple[int, int], str]:
+    """Turn ``heads``/``mode`` into ``{(layer, head): mode}`` for every head that is not ``original``."""
+    if isinstance(heads, Mapping):
+        items = list(heads.items())
+    elif isinstance(heads, str):
+        if heads != "all":
+            raise ValueError(f"heads must be 'all', an iterable of (layer, head) or a mapping; got {heads!r}")
+        items = [((l, h), mode) for l in range(num_layers) for h in range(num_heads)]
+    else:
+        items = [(tuple(lh), mode) for lh in heads]
+    plan: dict[tuple[int, int], str] = {}
+    for key, head_mode in items:
+        if len(key) != 2:
+            raise ValueError(f"a head is a (layer, head) pair, got {key!r}")
+        layer, head = int(key[0]), int(key[1])
+        if not (0 <= layer < num_layers and 0 <= head < num_heads):
+            raise ValueError(f"head {(layer, head)} is outside the model's {num_layers} layers x {num_heads} heads")
+        if head_mode not in MODES:
+            raise ValueError(f"unknown mode {head_mode!r} for head {(layer, head)}; choose one of {MODES}")
+        if head_mode != "original":
+            plan[(layer, head)] = head_mode
+    return plan
+
+
+class AttentionOverride(nn.Module):
+    """Per-head attention replacement for one model: the state behind :func:`override`.
+
+    Holds the mixing parameters θ ``[layers, heads]`` (λ = σ(θ), initialised to 0, i.e. λ = 0.5) and, for
+    ``trainable`` heads, the trainable constant matrices. Train them by passing :meth:`trainable_parameters` to an
+    optimiser. Apply it with :meth:`applied` (or use :func:`override`).
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        matrices=None,
+        heads="all",
+        mode: str = "constant",
+        *,
+        trainable_init: str = "average",
+        max_length: int | None = None,
+    ):
+        super().__init__()
+        adapter_for(model)
+        self.num_layers, self.num_heads = num_layers_and_heads(model)
+        self.plan = _resolve_plan(self.num_layers, self.num_heads, heads, mode)
+        device = model_device(model)
+        tensor = None
+        if matrices is not None:
+            tensor = getattr(matrices, "matrices", matrices)
+            if hasattr(matrices, "check_compatible"):
+                matrices.check_compatible(model)
+            if tensor.dim() != 4 or tuple(tensor.shape[:2]) != (self.num_layers, self.num_heads):
+                raise ValueError(
+                    f"matrices must have shape [layers={self.num_layers}, heads={self.num_heads}, L, L]; "
+                    f"got {tuple(tensor.shape)}"
+                )
+            if tensor.shape[-1] != tensor.shape[-2]:
+                raise ValueError(f"matrices must be square in their last two dims; got {tuple(tensor.shape)}")
+            tensor = tensor.detach().to(device=device, dtype=torch.float32)
+        used_modes = set(self.plan.values())
+        needs_average = {"constant", "mix"} & used_modes or ("trainable" in used_modes and trainable_init == "average")
+        if needs_average and tensor is None:
+            raise ValueError(f"modes {sorted(used_modes)} need constant matrices (pass `matrices`)")
+        if trainable_init not in ("average", "toeplitz"):
+            raise ValueError(f"trainable_init must be 'average' or 'toeplitz', got {trainable_init!r}")
+        self.length = int(tensor.shape[-1]) if tensor is not None else max_length
+        if "trainable" in used_modes and self.length is None:
+            raise ValueError("trainable matrices need a size: pass `matrices` or `max_length`")
+
+        self.theta = nn.Parameter(torch.zeros(self.num_layers, self.num_heads, device=device))
+        codes = torch.zeros(self.num_layers, self.num_heads, dtype=torch.long)
+        for (layer, head), head_mode in self.plan.items():
+            codes[layer, head] = MODES.index(head_mode)
+        self.register_buffer("mode_codes", codes.to(device), persistent=False)
+        self.trainable = nn.ParameterDict()
+        self._bases: dict[int, torch.Tensor | None] = {}
+        self._dynamic_cache: dict[tuple[int, int], torch.Tensor] = {}
+        for layer in range(self.num_layers):
+            layer_modes = [self.head_mode(layer, h) for h in range(self.num_heads)]
+            if "trainable" in layer_modes:
+                init = tensor[layer] if trainable_init == "average" else toeplitz_matrix(self.length, device=device).expand(
+                    self.num_heads, -1, -1
+                )
+                self.trainable[str(layer)] = nn.Parameter(init.clone())
+            if tensor is not None and {"constant", "mix"} & set(layer_modes):
+                self._bases[layer] = tensor[layer]
+
+    # ------------------------------------------------------------------ introspection
+    def head_mode(self, layer: int, head: int) -> str:
+        """The mode of one head (``original`` for heads outside the plan)."""
+        return self.plan.get((layer, head), "original")
+
+    def layer_modes(self, layer: int) -> list[str]:
+        return [self.head_mode(layer, h) for h in range(self.num_heads)]
+
+    def needs_input_attention(self, layer: int) -> bool:
+        """Whether this layer needs the model's own A (some head is ``original`` or ``mix``)."""
+        return any(m in _USES_INPUT_ATTENTION for m in self.layer_modes(layer))
+
+    def lambdas(self) -> torch.Tensor:
+        """λ = σ(θ) for every head ``[layers, heads]`` (meaningful for ``mix`` heads; Sec. 3.2)."""
+        return torch.sigmoid(self.theta.detach()).cpu()
+
+    def trainable_parameters(self) -> list[nn.Parameter]:
+        """The parameters an optimiser should update: θ if any head mixes, and any trainable matrices."""
+        params = []
+        if "mix" in self.plan.values():
+            params.append(self.theta)
+        params.extend(self.trainable.values())
+        return params
+
+    # ------------------------------------------------------------------ the math
+    def _replacement_source(self, layer: int, length: int, device, dtype) -> torch.Tensor:
+        """Unnormalised replacement matrices ``[heads, L, L]`` for one layer (zeros for heads that need none)."""
+        modes = self.layer_modes(layer)
+        if self.length is not None and length != self.length and any(m in ("constant", "mix", "trainable") for m in modes):
+            raise ValueError(
+                f"constant matrices were built at max_length L={self.length} but the input has L={length}; "
+                f"encode with max_length={self.length} or rebuild the matrices"
+            )
+        key = (layer, length)
+        if key not in self._dynamic_cache:
+            base = self._bases.get(layer)
+            rows = []
+            for head, head_mode in enumerate(modes):
+                if head_mode in ("constant", "mix"):
+                    rows.append(base[head].to(device))
+                elif head_mode == "identity":
+                    rows.append(torch.eye(length, device=device))
+                elif head_mode == "toeplitz":
+                    rows.append(toeplitz_matrix(length, device=device))
+                else:
+                    rows.append(torch.zeros(length, length, device=device))
+            self._dynamic_cache[key] = torch.stack(rows)
+        source = self._dynamic_cache[key].to(device=device, dtype=torch.float32)
+        if str(layer) in self.trainable:
+            is_trainable = torch.tensor([m == "trainable" for m in modes], device=device)[:, None, None]
+            source = torch.where(is_trainable, self.trainable[str(layer)].clamp_min(0.0), source)
+        return source.to(dtype)
+
+    def head_weights(self, layer: int, attention: torch.Tensor | None, real: torch.Tensor) -> torch.Tensor:
+        """The attention weights ``[B, H, L, L]`` each head of ``layer`` uses for this input.
+
+        Args:
+            layer: layer index.
+            attention: the model's own softmax attention A ``[B, H, L, L]`` (may be ``None`` when no head of this
+                layer is ``original`` or ``mix``).
+            real: ``[B, L]`` bool, True at real (non-padding) tokens.
+        """
+        modes = self.layer_modes(layer)
+        if all(m == "original" for m in modes):
+            return attention
+        batch, length = real.shape
+        device = real.device
+        dtype = attention.dtype if attention is not None else torch.float32
+        pair = (real[:, None, :, None] & real[:, None, None, :]).to(dtype)  # [B, 1, L, L]
+        source = self._replacement_source(layer, length, device, dtype)  # [H, L, L]
+        masked = source[None] * pair  # [B, H, L, L]
+        row_sum = masked.sum(-1, keepdim=True)
+        normalise = torch.tensor([m in _ROW_NORMALISED for m in modes], device=device)[None, :, None, None]
+        normalised = masked / row_sum.clamp_min(torch.finfo(dtype).tiny)
+        # A real query row with no mass on any real key (e.g. entries never seen while averaging) falls back to a
+        # uniform row over the real keys, so every used row still sums to 1.
+        empty = (row_sum <= 0) & real[:, None, :, None] & normalise
+        uniform = pair / pair.sum(-1, keepdim=True).clamp_min(1.0)
+        replacement = torch.where(normalise, torch.where(empty, uniform, normalised), masked)
+
+        code = self.mode_codes[layer]
+        lam = torch.sigmoid(self.theta[layer]).to(dtype)
+        original = torch.zeros_like(lam)
+        original = torch.where(code == MODES.index("original"), torch.ones_like(lam), original)
+        gate_input = torch.where(code == MODES.index("mix"), lam, original)  # weight on A
+        gate_replacement = torch.where(
+            code == MODES.index("mix"), 1.0 - lam, torch.where(code == MODES.index("original"), 0.0 * lam, 1.0 + 0.0 * lam)
+        )
+        weights = gate_replacement[None, :, None, None] * replacement
+        if attention is not None and self.needs_input_attention(layer):
+            weights = weights + gate_input[None, :, None, None] * attention
+        return weights
+
+    # ------------------------------------------------------------------ attaching to a model
+    @contextmanager
+    def applied(self, model: nn.Module):
+        """Context manager: run ``model`` with this override; leaving restores the model exactly."""
+        adapter = adapter_for(model)
+        modules = self_attention_modules(model)
+        if any(getattr(m, "_papa_state", None) is not None for m in modules):
+            raise RuntimeError("an attention override is already active on this model; overrides do not nest")
+        undo = []
+        try:
+            for layer, module in enumerate(modules):
+                module._papa_state = (self, layer)
+                undo.append(lambda module=module: delattr(module, "_papa_state"))
+                if adapter.route == "probs_hook":
+                    hook = _ProbabilityRewrite(layer, module.dropout)
+                    object.__setattr__(hook, "override", self)
+                    module.dropout = hook
+                    handle = module.register_forward_pre_hook(hook.read_mask, with_kwargs=True)
+                    undo.append(lambda module=module, hook=hook, handle=handle: (
+                        handle.remove(), setattr(module, "dropout", hook.inner)))
+            if adapter.route == "interface":
+                _register_attention_function()
+                previous = model.config._attn_implementation
+                model.config._attn_implementation = _IMPLEMENTATION
+                undo.append(lambda: setattr(model.config, "_attn_implementation", previous))
+            yield self
+        finally:
+            for step in reversed(undo):
+                step()
+            self._dynamic_cache.clear()
+
+
+class _ProbabilityRewrite(nn.Module):
+    """DeBERTa adapter: sits where the attention-probability dropout was and rewrites the probabilities."""
+
+    def __init__(self, layer: int, inner: nn.Module):
+        super().__init__()
+        self.layer = layer
+        self.inner = inner
+        self.real = None
+
+    def read_mask(self, module, args, kwargs):
+        hidden = kwargs.get("hidden_states", args[0] if args else None)
+        mask = kwargs.get("attention_mask", args[1] if len(args) > 1 else None)
+        self.real = real_tokens_from_pair_mask(mask, hidden.shape[0], hidden.shape[1], hidden.device)
+
+    def forward(self, probabilities: torch.Tensor) -> torch.Tensor:
+        weights = self.override.head_weights(self.layer, probabilities, self.real)
+        return self.inner(weights)
+
+
+def papa_attention_function(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+    """The attention function registered as ``"papa"`` in transformers' ``AttentionInterface``.
+
+    Computes the eager softmax attention where some head still needs it, lets the active
+    :class:`AttentionOverride` rewrite the weights, and returns ``(output [B, L, H, d'], weights [B, H, L, L])``.
+    """
+    state = getattr(module, "_papa_state", None)
+    batch, _, length, _ = query.shape
+    attention = None
+    if state is None or state[0].needs_input_attention(state[1]):
+        if scaling is None:
+            scaling = query.size(-1) ** -0.5
+        scores = torch.matmul(query, key.transpose(2, 3)) * scaling
+        if attention_mask is not None:
+            scores = scores + attention_mask
+        attention = nn.functional.softmax(scores, dim=-1)
+    if state is not None:
+        override_, layer = state
+        real = real_tokens_from_additive_mask(attention_mask, batch, length, query.device)
+        weights = override_.head_weights(layer, attention, real)
+    else:
+        weights = attention
+    weights = nn.functional.dropout(weights, p=dropout, training=module.training)
+    output = torch.matmul(weights.to(value.dtype), value).transpose(1, 2).contiguous()
+    return output, weights
+
+
+_registered = False
+
+
+def _register_attention_function() -> None:
+    """Register the ``"papa"`` attention function and its (eager, additive) mask function with transformers."""
+    global _registered
+    if _registered:
+        return
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, eager_mask
+
+    AttentionInterface.register(_IMPLEMENTATION, papa_attention_function)
+    AttentionMaskInterface.register(_IMPLEMENTATION, eager_mask)
+    _registered = True
+
+
+@contextmanager
+def override(
+    model: nn.Module,
+    matrices=None,
+    heads="all",
+    mode: str = "constant",
+    *,
+    trainable_init: str = "average",
+    max_length: int | None = None,
+    state: AttentionOverride | None = None,
+):
+    """Run ``model`` with some heads' attention replaced — PAPA's one seam (Sec. 3.2, Eq. 3; Sec. 5.2).
+
+    Args:
+        model: an encoder from :func:`papa_lib.load_encoder`.
+        matrices: a :class:`~papa_lib.averaging.ConstantAttention` or a tensor ``[layers, heads, L, L]`` (needed by
+            ``constant``, ``mix`` and average-initialised ``trainable`` heads).
+        heads: ``"all"``, an iterable of ``(layer, head)`` pairs (those heads run ``mode``, the rest stay original),
+            or a mapping ``{(layer, head): mode}`` for a mixed plan.
+        mode: one of :data:`MODES`.
+        trainable_init: ``"average"`` or ``"toeplitz"`` for ``trainable`` heads.
+        max_length: size of trainable matrices when no ``matrices`` are given.
+        state: reuse an existing :class:`AttentionOverride` (e.g. with learned θ) instead of building a new one.
+
+    Yields:
+        The :class:`AttentionOverride` (θ, λ, trainable matrices).
+
+    Example::
+
+        with override(model, constants, heads=[(0, 3), (5, 1)]) as papa:
+            logits = probe(model(**batch, output_hidden_states=True).hidden_states)
+    """
+    if state is None:
+        state = AttentionOverride(model, matrices, heads, mode, trainable_init=trainable_init, max_length=max_length)
+    with state.applied(model):
+        yield state
