@@ -1,0 +1,370 @@
+"""Probing classifiers trained on top of a frozen (possibly PAPA-modified) Transformer.
+
+PAPA (Hassid et al., 2022) measures how much a pretrained model relies on input-dependent attention by
+freezing the model and training a small classifier on its hidden states (paper Sec. 3.3, "Probing"):
+
+* **Sentence-level tasks** (CoLA, SST-2, MNLI, MRPC): "for each layer a weighted (learned, non-attentive)
+  representation of the different token representations", the layer summaries are concatenated and a
+  2-layer MLP gives the logits -> :class:`SentenceProbe`.
+* **Structured prediction** (NER, POS): "we concatenate for each token the representations across layers, and
+  apply a 2-layer MLP" -> :class:`TokenProbe`.
+
+Training uses AdamW with the learning rates of paper App. B, Table 3 (:func:`train_probe`). This module is
+pure torch: it consumes already-extracted hidden states and knows nothing about ``transformers``.
+
+Choices the paper leaves open, and what this module does
+---------------------------------------------------------
+* **Layers used**: all hidden-state layers including the embedding output (``num_layers`` = number of
+  Transformer layers + 1 for a Hugging Face model with ``output_hidden_states=True``).
+* **Position weights**: one free scalar per layer *and* per position (shape ``[num_layers, max_length]``; not
+  shared across layers, as the paper says "for each layer"). They do not depend on the input ("non-attentive").
+  For each example they are soft-maxed over the *real* positions only (``attention_mask == 1``); padded
+  positions get weight exactly 0 and their feature values are zeroed before pooling, so whatever is stored at
+  padded positions (even NaN/inf) cannot change the output.
+* **Initialisation of the position weights**: zeros, so pooling starts as the plain mean over real tokens.
+* **Inputs shorter than ``max_length``**: the first ``L`` position weights are used; ``L > max_length`` is an error.
+* **MLP**: ``Linear(in, mlp_hidden) -> activation -> Dropout(dropout) -> Linear(mlp_hidden, num_labels)``
+  with ``in = num_layers * hidden_size``. ``mlp_hidden`` defaults to ``hidden_size``.
+* **Activation**: ``tanh`` by default (the same squashing non-linearity as a BERT/RoBERTa pooler, and what the
+  authors' released code uses); ``"gelu"`` and ``"relu"`` are available through ``activation=``.
+* **Dropout**: 0.1 inside the MLP (after the activation) by default; active only in ``train()`` mode.
+* **Linear layers**: PyTorch default initialisation.
+* **Dtype**: features are cast to float32 (hidden states may be cached in float16).
+* **Loss**: cross entropy; for token tasks targets equal to ``-100`` are ignored (sub-word continuations,
+  special tokens, padding), matching the usual Hugging Face label convention. A batch whose targets are all
+  ignored contributes no update and is not counted in the epoch mean.
+* **Optimiser**: ``torch.optim.AdamW`` with betas (0.9, 0.999), eps 1e-8 and ``weight_decay=0.0`` by default
+  (PyTorch's own AdamW default would be 0.01; the paper does not mention weight decay). Constant learning
+  rate: the paper mentions no schedule, warm-up or gradient clipping, so none is used.
+* **Epoch loss**: the unweighted mean of the per-batch mean losses.
+
+Determinism: after :func:`set_seed` the whole pipeline (probe initialisation, dropout masks, AdamW) is
+bit-for-bit reproducible on CPU, provided ``batches_fn`` is itself deterministic for a given epoch.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+__all__ = [
+    "SentenceProbe",
+    "TokenProbe",
+    "make_probe",
+    "set_seed",
+    "train_probe",
+    "predict",
+    "IGNORE_INDEX",
+    "ACTIVATIONS",
+]
+
+#: Target value ignored by the token-level loss (Hugging Face convention).
+IGNORE_INDEX = -100
+
+#: Activation functions selectable by name for the probe MLP.
+ACTIVATIONS: dict[str, Callable[[], nn.Module]] = {
+    "tanh": nn.Tanh,
+    "gelu": nn.GELU,
+    "relu": nn.ReLU,
+}
+
+
+def _check_positive_int(name: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+        raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    return int(value)
+
+
+def _two_layer_mlp(
+    in_features: int, mlp_hidden: int, num_labels: int, activation: str, dropout: float
+) -> nn.Sequential:
+    """``Linear -> activation -> Dropout -> Linear``, the 2-layer MLP of paper Sec. 3.3."""
+    if activation not in ACTIVATIONS:
+        raise ValueError(f"unknown activation {activation!r}; choose one of {sorted(ACTIVATIONS)}")
+    if not 0.0 <= float(dropout) < 1.0:
+        raise ValueError(f"dropout must be in [0, 1), got {dropout!r}")
+    return nn.Sequential(
+        nn.Linear(in_features, mlp_hidden),
+        ACTIVATIONS[activation](),
+        nn.Dropout(float(dropout)),
+        nn.Linear(mlp_hidden, num_labels),
+    )
+
+
+class SentenceProbe(nn.Module):
+    """Sentence-level probe of paper Sec. 3.3.
+
+    Per layer, a learned (non-attentive) weight per position, softmax-normalised over the real positions only,
+    gives a weighted sum of that layer's token vectors; the per-layer summaries are concatenated and fed to a
+    2-layer MLP.
+
+    Args:
+        num_layers: number of hidden-state layers given to the probe (embeddings included).
+        max_length: longest sequence length the probe accepts (one weight per position).
+        hidden_size: size ``D`` of each token vector.
+        num_labels: number of output classes.
+        mlp_hidden: width of the MLP hidden layer (default ``hidden_size``).
+        dropout: dropout probability inside the MLP.
+        activation: ``"tanh"`` (default), ``"gelu"`` or ``"relu"``.
+    """
+
+    def __init__(
+        self,
+        num_layers: int,
+        max_length: int,
+        hidden_size: int,
+        num_labels: int,
+        mlp_hidden: int | None = None,
+        dropout: float = 0.1,
+        activation: str = "tanh",
+    ) -> None:
+        super().__init__()
+        self.num_layers = _check_positive_int("num_layers", num_layers)
+        self.max_length = _check_positive_int("max_length", max_length)
+        self.hidden_size = _check_positive_int("hidden_size", hidden_size)
+        self.num_labels = _check_positive_int("num_labels", num_labels)
+        mlp_hidden = self.hidden_size if mlp_hidden is None else _check_positive_int("mlp_hidden", mlp_hidden)
+        # Zeros: the masked softmax then starts as a plain mean over the real tokens.
+        self.position_logits = nn.Parameter(torch.zeros(self.num_layers, self.max_length))
+        self.mlp = _two_layer_mlp(self.num_layers * self.hidden_size, mlp_hidden, self.num_labels, activation, dropout)
+
+    def pooling_weights(self, attention_mask: Tensor) -> Tensor:
+        """Per-example pooling weights ``[B, num_layers, L]``: softmax over real positions, exactly 0 at padding."""
+        if attention_mask.dim() != 2:
+            raise ValueError(f"attention_mask must be [batch, length], got shape {tuple(attention_mask.shape)}")
+        length = attention_mask.shape[1]
+        if length > self.max_length:
+            raise ValueError(f"sequence length {length} exceeds the probe's max_length {self.max_length}")
+        real = attention_mask.to(self.position_logits.device) != 0  # [B, L]
+        if not bool(real.any(dim=1).all()):
+            raise ValueError("every example needs at least one real position (attention_mask row of all zeros)")
+        logits = self.position_logits[:, :length].unsqueeze(0)  # [1, n, L]
+        logits = logits.masked_fill(~real.unsqueeze(1), float("-inf"))  # [B, n, L]
+        return torch.softmax(logits, dim=-1)
+
+    def forward(self, features: Tensor, attention_mask: Tensor) -> Tensor:
+        """``features`` [B, num_layers, L, D], ``attention_mask`` [B, L] (1 real, 0 pad) -> logits [B, num_labels]."""
+        if features.dim() != 4:
+            raise ValueError(f"features must be [batch, layers, length, hidden], got shape {tuple(features.shape)}")
+        batch, layers, length, hidden = features.shape
+        if layers != self.num_layers or hidden != self.hidden_size:
+            raise ValueError(
+                f"features have {layers} layers x hidden {hidden}; probe expects "
+                f"{self.num_layers} layers x hidden {self.hidden_size}"
+            )
+        if tuple(attention_mask.shape) != (batch, length):
+            raise ValueError(
+                f"attention_mask shape {tuple(attention_mask.shape)} does not match features [batch={batch}, length={length}]"
+            )
+        features = features.to(device=self.position_logits.device, dtype=torch.float32)
+        weights = self.pooling_weights(attention_mask)  # [B, n, L]
+        real = (attention_mask.to(features.device) != 0)[:, None, :, None]  # [B, 1, L, 1]
+        features = torch.where(real, features, torch.zeros((), dtype=features.dtype, device=features.device))
+        pooled = torch.einsum("bnl,bnld->bnd", weights, features)  # [B, n, D]
+        return self.mlp(pooled.reshape(batch, layers * hidden))
+
+
+class TokenProbe(nn.Module):
+    """Token-level probe of paper Sec. 3.3: concatenate each token's vectors across layers, then a 2-layer MLP.
+
+    Args:
+        num_layers: number of hidden-state layers given to the probe (embeddings included).
+        hidden_size: size ``D`` of each token vector.
+        num_labels: number of output classes (tags).
+        mlp_hidden: width of the MLP hidden layer (default ``hidden_size``).
+        dropout: dropout probability inside the MLP.
+        activation: ``"tanh"`` (default), ``"gelu"`` or ``"relu"``.
+    """
+
+    def __init__(
+        self,
+        num_layers: int,
+        hidden_size: int,
+        num_labels: int,
+        mlp_hidden: int | None = None,
+        dropout: float = 0.1,
+        activation: str = "tanh",
+    ) -> None:
+        super().__init__()
+        self.num_layers = _check_positive_int("num_layers", num_layers)
+        self.hidden_size = _check_positive_int("hidden_size", hidden_size)
+        self.num_labels = _check_positive_int("num_labels", num_labels)
+        mlp_hidden = self.hidden_size if mlp_hidden is None else _check_positive_int("mlp_hidden", mlp_hidden)
+        self.mlp = _two_layer_mlp(self.num_layers * self.hidden_size, mlp_hidden, self.num_labels, activation, dropout)
+
+    def forward(self, features: Tensor) -> Tensor:
+        """``features`` [..., num_layers, D] (e.g. [B, L, num_layers, D]) -> logits [..., num_labels]."""
+        if features.dim() < 2 or tuple(features.shape[-2:]) != (self.num_layers, self.hidden_size):
+            raise ValueError(
+                f"features must end in [num_layers={self.num_layers}, hidden={self.hidden_size}], "
+                f"got shape {tuple(features.shape)}"
+            )
+        device = self.mlp[0].weight.device
+        features = features.to(device=device, dtype=torch.float32)
+        return self.mlp(features.flatten(start_dim=-2))
+
+
+def make_probe(
+    kind: str, num_layers: int, max_length: int | None, hidden_size: int, num_labels: int, **kwargs: Any
+) -> nn.Module:
+    """Build a probe by task kind: ``'sentence'`` -> :class:`SentenceProbe`, ``'token'`` -> :class:`TokenProbe`.
+
+    ``max_length`` is ignored for token probes. Extra keyword arguments (``mlp_hidden``, ``dropout``,
+    ``activation``) go to the probe constructor.
+    """
+    if kind == "sentence":
+        if max_length is None:
+            raise ValueError("a sentence probe needs max_length")
+        return SentenceProbe(num_layers, max_length, hidden_size, num_labels, **kwargs)
+    if kind == "token":
+        return TokenProbe(num_layers, hidden_size, num_labels, **kwargs)
+    raise ValueError(f"unknown probe kind {kind!r}; expected 'sentence' or 'token'")
+
+
+def set_seed(seed: int) -> None:
+    """Seed Python's ``random``, NumPy and torch (and every CUDA device when CUDA is available)."""
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
+        raise ValueError(f"seed must be an integer, got {seed!r}")
+    seed = int(seed)
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+    if torch.cuda.is_available():
+        torch.cuda.manual_seed_all(seed)
+
+
+def _to_device(value: Any, device: torch.device | str) -> Any:
+    if isinstance(value, Tensor):
+        return value.to(device)
+    if isinstance(value, (tuple, list)):
+        return type(value)(_to_device(v, device) for v in value)
+    return value
+
+
+def _as_inputs(inputs: Any) -> tuple:
+    """A probe's positional inputs: a tuple/list as is, a single tensor wrapped in a 1-tuple."""
+    if isinstance(inputs, (tuple, list)):
+        return tuple(inputs)
+    return (inputs,)
+
+
+def _default_loss(logits: Tensor, targets: Tensor) -> Tensor:
+    """Cross entropy over the last logits dimension, ignoring targets equal to ``IGNORE_INDEX``."""
+    return F.cross_entropy(
+        logits.reshape(-1, logits.shape[-1]), targets.reshape(-1).long(), ignore_index=IGNORE_INDEX
+    )
+
+
+def train_probe(
+    probe: nn.Module,
+    params: Iterable[nn.Parameter],
+    batches_fn: Callable[[int], Iterable[tuple[Any, Tensor]]],
+    epochs: int,
+    lr: float,
+    weight_decay: float = 0.0,
+    device: torch.device | str = "cpu",
+    progress: bool = False,
+    loss_fn: Callable[[Tensor, Tensor], Tensor] | None = None,
+) -> list[float]:
+    """Train ``probe`` with AdamW at a constant learning rate (paper App. B) and return the mean loss per epoch.
+
+    Args:
+        probe: module called as ``probe(*inputs)`` to get logits (``[B, C]`` or ``[B, L, C]``). It is moved to
+            ``device``, put in ``train()`` mode while training and left in ``eval()`` mode afterwards.
+        params: the parameters to optimise: the probe's, plus possibly extra ones owned by the caller (e.g. the
+            PAPA mixing weights of Sec. 3.2). Parameters not listed are not updated.
+        batches_fn: ``batches_fn(epoch)`` returns an iterable of ``(inputs, targets)``; ``inputs`` is a tuple of
+            positional arguments for the probe (a single tensor is accepted too). Tensors are moved to
+            ``device``. For token tasks use ``-100`` in ``targets`` for positions to ignore.
+        epochs: number of passes (Table 3 gives 4 or 15 depending on the task).
+        lr: learning rate (Table 3).
+        weight_decay: AdamW decoupled weight decay (default 0).
+        device: where the probe and the batches go.
+        progress: show a tqdm bar over epochs.
+        loss_fn: ``loss_fn(logits, targets) -> scalar``; default cross entropy with ``ignore_index=-100``.
+
+    Returns:
+        One float per epoch: the mean of that epoch's per-batch losses (NaN for an epoch without usable batches).
+    """
+    if isinstance(epochs, bool) or not isinstance(epochs, (int, np.integer)) or epochs < 0:
+        raise ValueError(f"epochs must be a non-negative integer, got {epochs!r}")
+    if not (float(lr) > 0.0):
+        raise ValueError(f"lr must be positive, got {lr!r}")
+    if not (float(weight_decay) >= 0.0):
+        raise ValueError(f"weight_decay must be non-negative, got {weight_decay!r}")
+    params = [p for p in params]
+    if not params:
+        raise ValueError("params is empty: nothing to optimise")
+    loss_fn = _default_loss if loss_fn is None else loss_fn
+    probe.to(device)
+    optimizer = torch.optim.AdamW(params, lr=float(lr), betas=(0.9, 0.999), eps=1e-8, weight_decay=float(weight_decay))
+
+    epoch_iter: Iterable[int] = range(int(epochs))
+    if progress:
+        from tqdm.auto import tqdm
+
+        epoch_iter = tqdm(epoch_iter, desc="probe epochs")
+
+    epoch_losses: list[float] = []
+    probe.train()
+    try:
+        for epoch in epoch_iter:
+            total, count = 0.0, 0
+            for batch in batches_fn(epoch):
+                try:
+                    inputs, targets = batch
+                except (TypeError, ValueError) as err:
+                    raise ValueError("each batch from batches_fn must be an (inputs, targets) pair") from err
+                inputs = _to_device(_as_inputs(inputs), device)
+                targets = targets.to(device)
+                if loss_fn is _default_loss and not bool((targets != IGNORE_INDEX).any()):
+                    continue  # every target ignored: the loss would be NaN
+                logits = probe(*inputs)
+                loss = loss_fn(logits, targets)
+                optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+                optimizer.step()
+                total += float(loss.detach())
+                count += 1
+            epoch_losses.append(total / count if count else float("nan"))
+    finally:
+        probe.eval()
+    return epoch_losses
+
+
+@torch.no_grad()
+def predict(probe: nn.Module, batches: Iterable[Any], device: torch.device | str = "cpu") -> Tensor:
+    """Arg-max predictions of ``probe`` over ``batches``, concatenated in batch order, as a CPU ``long`` tensor.
+
+    Each item of ``batches`` is either ``(inputs, targets)`` exactly as yielded by a ``batches_fn`` of
+    :func:`train_probe` (recognised by ``inputs`` being a tuple/list; ``targets`` is ignored), or the probe's
+    inputs alone (a tuple/list of tensors, or a single tensor).
+
+    Sentence probes give one prediction per example (shape ``[N]``). Token probes give ``[B, L]`` per batch;
+    each is flattened row-major and the batches are concatenated, so the result lines up with
+    ``torch.cat([t.reshape(-1) for t in targets_per_batch])`` and positions whose target is ``-100`` can be
+    masked out afterwards. The probe is run in ``eval()`` mode; its previous mode is restored afterwards.
+    """
+    was_training = probe.training
+    probe.to(device)
+    probe.eval()
+    outputs: list[Tensor] = []
+    try:
+        for item in batches:
+            if isinstance(item, (tuple, list)) and len(item) == 2 and isinstance(item[0], (tuple, list)):
+                inputs = item[0]
+            else:
+                inputs = item
+            logits = probe(*_to_device(_as_inputs(inputs), device))
+            outputs.append(logits.argmax(dim=-1).reshape(-1).cpu())
+    finally:
+        probe.train(was_training)
+    if not outputs:
+        return torch.empty(0, dtype=torch.long)
+    return torch.cat(outputs)

@@ -1,0 +1,711 @@
+"""Results store and summaries for PAPA's experiment grid.
+
+Hassid et al. (2022), "How Much Does Attention Actually Attend?", Sec. 4.1-4.2 and Sec. 5:
+every experiment is one cell of a grid
+
+    (model, task, matrix type, selection order, fraction of input-dependent heads, seed)
+
+where the fraction takes the values {1, 1/2, 1/8, 1/16, 0} (Sec. 4.2), and every configuration is run with
+three random seeds; the paper reports the mean over seeds with a 95% confidence interval (Sec. 4.1) and the
+*relative* drop of each variant from the original model, i.e. the model with all heads input-dependent
+(fraction = 1; Sec. 4.2, Fig. 2-3: "an average relative drop of only 8%").
+
+This module provides
+
+* :class:`ResultsStore` -- an append-only tidy CSV table (``root/results.csv``), one row per finished run,
+  keyed by ``run_id``. Every append rewrites the table atomically (temp file in the same directory, fsync,
+  ``os.replace``), so an interrupted grid never leaves a torn table, and :meth:`ResultsStore.run_many`
+  resumes a grid by skipping runs whose ``run_id`` is already stored.
+* :func:`config_hash` / :func:`package_versions` -- provenance helpers for the records.
+* :func:`mean_ci`, :func:`summarize`, :func:`relative_drop` -- the paper's summary statistics.
+
+The CSV is meant to be committed and diffed: fixed column order (:data:`RECORD_FIELDS` first, then any extra
+columns in alphabetical order), rows sorted by ``finished_at`` then ``run_id``, floats written with Python's
+shortest round-trip ``repr`` so that values survive a write/read cycle bit for bit.
+
+The store assumes a single writer at a time (one process running the grid); readers may run concurrently.
+"""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import io
+import json
+import math
+import os
+import platform
+import sys
+import tempfile
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+__all__ = [
+    "RECORD_FIELDS",
+    "REQUIRED_FIELDS",
+    "RESULTS_FILENAME",
+    "ResultsStore",
+    "config_hash",
+    "mean_ci",
+    "package_versions",
+    "read_results",
+    "relative_drop",
+    "summarize",
+]
+
+#: Columns of the tidy results table, in the order they are written.
+RECORD_FIELDS: tuple[str, ...] = (
+    "run_id",
+    "model",
+    "task",
+    "matrix_type",
+    "matrices_from",
+    "selection_order",
+    "fraction",
+    "seed",
+    "metric",
+    "value",
+    "eval_size",
+    "train_size",
+    "config_hash",
+    "profile",
+    "data_source",
+    "versions",
+    "device",
+    "wall_time_s",
+    "finished_at",
+)
+
+#: Fields a record passed to :meth:`ResultsStore.append` must contain (``finished_at`` is filled in).
+REQUIRED_FIELDS: tuple[str, ...] = tuple(f for f in RECORD_FIELDS if f != "finished_at")
+
+#: Fields that must hold a real value (not ``None``); the other required fields may be ``None`` when they do
+#: not apply (e.g. ``matrix_type`` for the original model).
+NON_NULL_FIELDS: tuple[str, ...] = ("run_id", "model", "task", "fraction", "seed", "metric", "value")
+
+#: Name of the table inside a store's root directory.
+RESULTS_FILENAME = "results.csv"
+
+_FLOAT_FIELDS = ("fraction", "value", "wall_time_s")
+_INT_FIELDS = ("seed", "eval_size", "train_size")
+_STRING_FIELDS = tuple(f for f in RECORD_FIELDS if f not in _FLOAT_FIELDS + _INT_FIELDS)
+
+#: Columns that identify one configuration of the grid (everything but the seed); used by
+#: :func:`relative_drop` to decide which rows are "the same run over different seeds".
+CONFIG_COLUMNS: tuple[str, ...] = (
+    "model",
+    "task",
+    "matrix_type",
+    "matrices_from",
+    "selection_order",
+    "fraction",
+    "metric",
+)
+
+_CONFIG_HASH_LENGTH = 16
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Provenance helpers
+# --------------------------------------------------------------------------------------------------------------
+
+
+def _canonical(obj: Any, where: str) -> Any:
+    """Return a JSON-ready copy of ``obj`` with numbers, paths and containers in one canonical form."""
+    if obj is None or isinstance(obj, (bool, str)):
+        return obj
+    if isinstance(obj, np.generic):
+        obj = obj.item()
+        if isinstance(obj, (bool, str)) or obj is None:
+            return obj
+    if isinstance(obj, int):
+        return obj
+    if isinstance(obj, float):
+        if math.isfinite(obj) and obj == int(obj):
+            # 1 and 1.0 (and -0.0 and 0.0) describe the same experiment: hash them identically.
+            return int(obj)
+        if math.isnan(obj):
+            return "NaN"
+        if math.isinf(obj):
+            return "Infinity" if obj > 0 else "-Infinity"
+        return obj
+    if isinstance(obj, os.PathLike):
+        return os.fspath(obj)
+    if isinstance(obj, Mapping):
+        out = {}
+        for key, val in obj.items():
+            if not isinstance(key, str):
+                raise ValueError(f"config_hash: key {key!r} at {where} is not a string; use string keys")
+            out[key] = _canonical(val, f"{where}.{key}")
+        return out
+    if isinstance(obj, (list, tuple)):
+        return [_canonical(v, f"{where}[{i}]") for i, v in enumerate(obj)]
+    if isinstance(obj, (set, frozenset)):
+        items = [_canonical(v, f"{where}{{}}") for v in obj]
+        return sorted(items, key=lambda v: json.dumps(v, sort_keys=True))
+    raise ValueError(
+        f"config_hash: value at {where} has type {type(obj).__name__}, which has no canonical JSON form "
+        "(use str/int/float/bool/None, lists, tuples, sets, dicts with string keys, or paths)"
+    )
+
+
+def config_hash(config: dict) -> str:
+    """Return a stable short (16 hex characters) SHA-256 of a configuration dictionary.
+
+    The dictionary is serialised as canonical JSON (sorted keys, no whitespace) before hashing, so key order
+    does not matter, and floats are written with Python's shortest round-trip ``repr`` (``1/16`` always gives
+    ``0.0625``). Integral floats are folded into ints (``1.0`` and ``1`` hash the same), tuples hash as lists,
+    paths as strings and numpy scalars as their Python values. Any change of a value or key changes the hash.
+    """
+    if not isinstance(config, Mapping):
+        raise ValueError(f"config_hash expects a dict, got {type(config).__name__}")
+    canonical = _canonical(config, "config")
+    text = json.dumps(canonical, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:_CONFIG_HASH_LENGTH]
+
+
+def _distribution_version(name: str) -> str:
+    """Version of an installed distribution, or ``'unknown'`` when it is not installed."""
+    from importlib import metadata
+
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return "unknown"
+
+
+def _papa_lib_version() -> str:
+    """``papa_lib.__version__`` when defined, else the installed distribution's version, else ``'unknown'``."""
+    package = sys.modules.get("papa_lib")
+    version = getattr(package, "__version__", None)
+    if isinstance(version, str) and version:
+        return version
+    return _distribution_version("papa_lib")
+
+
+def package_versions() -> str:
+    """Return a JSON string (sorted keys) with the versions of python, torch, transformers and papa_lib.
+
+    Versions come from the installed distributions' metadata (torch is not imported); a package that is
+    not installed is reported as ``'unknown'``.
+    """
+    versions = {
+        "python": platform.python_version(),
+        "torch": _distribution_version("torch"),
+        "transformers": _distribution_version("transformers"),
+        "papa_lib": _papa_lib_version(),
+    }
+    return json.dumps(versions, sort_keys=True)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Cell encoding: record values <-> CSV text
+# --------------------------------------------------------------------------------------------------------------
+
+
+def _format_float(value: float) -> str:
+    """Full-precision text for a float (``repr`` round-trips exactly)."""
+    return repr(float(value))
+
+
+def _encode_cell(field: str, value: Any) -> str:
+    """Turn one record value into the exact text stored in the CSV ('' means missing)."""
+    if value is None:
+        return ""
+    if isinstance(value, float) and math.isnan(value) and field not in ("value",):
+        return ""
+    if field in _FLOAT_FIELDS:
+        try:
+            number = float(value)
+        except (TypeError, ValueError):
+            raise ValueError(f"record field {field!r} must be a number, got {value!r}") from None
+        if isinstance(value, bool):
+            raise ValueError(f"record field {field!r} must be a number, got bool {value!r}")
+        return _format_float(number)
+    if field in _INT_FIELDS:
+        if isinstance(value, bool):
+            raise ValueError(f"record field {field!r} must be an integer, got bool {value!r}")
+        if isinstance(value, (float, np.floating)):
+            if not float(value).is_integer():
+                raise ValueError(f"record field {field!r} must be an integer, got {value!r}")
+            value = int(value)
+        try:
+            return str(int(value))
+        except (TypeError, ValueError):
+            raise ValueError(f"record field {field!r} must be an integer, got {value!r}") from None
+    if field == "versions":
+        if isinstance(value, Mapping):
+            return json.dumps(dict(value), sort_keys=True)
+        if isinstance(value, str):
+            try:
+                json.loads(value)
+            except json.JSONDecodeError as err:
+                raise ValueError(f"record field 'versions' is not valid JSON ({err}): {value!r}") from None
+            return value
+        raise ValueError(f"record field 'versions' must be a dict or a JSON string, got {type(value).__name__}")
+    if field in _STRING_FIELDS:
+        return str(value)
+    # Extra (non-standard) columns: numbers at full precision, containers as JSON, the rest as str.
+    if isinstance(value, bool):
+        return str(value)
+    if isinstance(value, (float, np.floating)):
+        return _format_float(value)
+    if isinstance(value, (Mapping, list, tuple)):
+        return json.dumps(value, sort_keys=True)
+    return str(value)
+
+
+def _normalize_record(record: Mapping[str, Any]) -> dict[str, str]:
+    """Validate a record and return it as ``{column: csv text}``; raises ValueError naming every problem."""
+    if not isinstance(record, Mapping):
+        raise ValueError(f"a results record must be a dict, got {type(record).__name__}")
+    missing = [f for f in REQUIRED_FIELDS if f not in record]
+    if missing:
+        raise ValueError(f"results record is missing required field(s): {', '.join(missing)}")
+    bad_keys = [k for k in record if not isinstance(k, str) or not k]
+    if bad_keys:
+        raise ValueError(f"results record has non-string or empty column name(s): {bad_keys!r}")
+    cells = {key: _encode_cell(key, val) for key, val in record.items()}
+    null = [f for f in NON_NULL_FIELDS if cells[f] == ""]
+    if null:
+        raise ValueError(f"results record field(s) must not be empty/None: {', '.join(null)}")
+    fraction = float(cells["fraction"])
+    if not 0.0 <= fraction <= 1.0:
+        raise ValueError(f"record field 'fraction' must be in [0, 1] (share of input-dependent heads), got {fraction}")
+    if not cells.get("finished_at"):
+        cells["finished_at"] = datetime.now(timezone.utc).isoformat(timespec="microseconds")
+    return cells
+
+
+def _decode_string(text: str) -> str | None:
+    return text if text != "" else None
+
+
+def _decode_extra_column(values: list[str]) -> pd.Series:
+    """Extra columns come back as numbers when every non-empty cell parses as one, else as strings."""
+    present = [v for v in values if v != ""]
+    try:
+        if present and all(str(int(v)) == v for v in present):
+            return pd.Series([int(v) if v != "" else pd.NA for v in values], dtype="Int64")
+    except ValueError:
+        pass
+    try:
+        if present:
+            return pd.Series([float(v) if v != "" else np.nan for v in values], dtype="float64")
+    except ValueError:
+        pass
+    return pd.Series([_decode_string(v) for v in values], dtype="object")
+
+
+# --------------------------------------------------------------------------------------------------------------
+# The store
+# --------------------------------------------------------------------------------------------------------------
+
+
+class ResultsStore:
+    """Append-only tidy table of finished runs in ``root/results.csv``, one row per ``run_id``.
+
+    Every :meth:`append` rewrites the whole table to a temporary file in the same directory, fsyncs it and
+    moves it over the old table with ``os.replace``; an interruption at any point therefore leaves either
+    the old or the new table on disk, never a partially written one. Meant for a single writer at a time.
+    """
+
+    def __init__(self, root: str | Path):
+        """Open (and create when needed) the store directory ``root``."""
+        self.root = Path(root)
+        if self.root.exists() and not self.root.is_dir():
+            raise NotADirectoryError(f"results store root {self.root} exists and is not a directory")
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.path = self.root / RESULTS_FILENAME
+        self._cache_key: tuple | None = None
+        self._cache: tuple[list[str], list[dict[str, str]]] = ([], [])
+
+    def __repr__(self) -> str:
+        return f"ResultsStore({str(self.root)!r})"
+
+    def __len__(self) -> int:
+        """Number of stored runs."""
+        return len(self._read_table()[1])
+
+    # ---- reading --------------------------------------------------------------------------------------------
+
+    def _read_table(self) -> tuple[list[str], list[dict[str, str]]]:
+        """Return ``(header, rows)`` with rows as ``{column: raw text}``; cached until the file changes."""
+        try:
+            stat = self.path.stat()
+        except FileNotFoundError:
+            self._cache_key, self._cache = None, ([], [])
+            return [], []
+        key = (stat.st_ino, stat.st_mtime_ns, stat.st_size)
+        if key == self._cache_key:
+            return self._cache
+        with open(self.path, newline="", encoding="utf-8") as handle:
+            reader = csv.reader(handle)
+            header = next(reader, None)
+            if header is None:
+                table: tuple[list[str], list[dict[str, str]]] = ([], [])
+            else:
+                lacking = [f for f in RECORD_FIELDS if f not in header]
+                if lacking:
+                    raise ValueError(f"{self.path}:1: results table header lacks column(s): {', '.join(lacking)}")
+                rows = []
+                seen: set[str] = set()
+                for cells in reader:
+                    line = reader.line_num
+                    if not cells:
+                        continue
+                    if len(cells) != len(header):
+                        raise ValueError(
+                            f"{self.path}:{line}: row has {len(cells)} cells, header has {len(header)} columns"
+                        )
+                    row = dict(zip(header, cells))
+                    if row["run_id"] in seen:
+                        raise ValueError(f"{self.path}:{line}: duplicate run_id {row['run_id']!r}")
+                    seen.add(row["run_id"])
+                    rows.append(row)
+                table = (header, rows)
+        self._cache_key, self._cache = key, table
+        return table
+
+    def has(self, run_id: str) -> bool:
+        """True when a run with this ``run_id`` is already stored."""
+        return any(row["run_id"] == str(run_id) for row in self._read_table()[1])
+
+    def run_ids(self) -> list[str]:
+        """All stored run ids, in table order."""
+        return [row["run_id"] for row in self._read_table()[1]]
+
+    def frame(self) -> pd.DataFrame:
+        """All records as a DataFrame (an empty one with :data:`RECORD_FIELDS` columns when none).
+
+        Dtypes: ``fraction``/``value``/``wall_time_s`` float64, ``seed`` int64, ``eval_size``/``train_size``
+        nullable Int64, text columns object with ``None`` for missing cells; ``versions`` stays a JSON string.
+        """
+        header, rows = self._read_table()
+        if not rows:
+            columns = list(RECORD_FIELDS) + [c for c in header if c not in RECORD_FIELDS]
+            return pd.DataFrame({c: pd.Series(dtype=_empty_dtype(c)) for c in columns})
+        data: dict[str, pd.Series] = {}
+        for column in header:
+            texts = [row[column] for row in rows]
+            try:
+                data[column] = _decode_column(column, texts)
+            except ValueError as err:
+                raise ValueError(f"{self.path}: column {column!r}: {err}") from None
+        columns = list(RECORD_FIELDS) + [c for c in header if c not in RECORD_FIELDS]
+        return pd.DataFrame({c: data[c] for c in columns})
+
+    def get(self, run_id: str) -> dict:
+        """The stored record of ``run_id`` as a dict (same types as :meth:`frame`); KeyError when absent."""
+        frame = self.frame()
+        match = frame[frame["run_id"] == str(run_id)]
+        if match.empty:
+            raise KeyError(f"run_id {run_id!r} is not in {self.path}")
+        return _frame_records(match)[0]
+
+    # ---- writing --------------------------------------------------------------------------------------------
+
+    def append(self, record: dict, *, replace: bool = False) -> None:
+        """Validate ``record`` and add it to the table atomically.
+
+        Every field of :data:`REQUIRED_FIELDS` must be present (missing ones are named in the ValueError);
+        ``finished_at`` is filled with the current UTC time (ISO 8601) when absent. Extra keys become extra
+        columns. A ``run_id`` that is already stored raises ValueError unless ``replace=True``.
+        """
+        cells = _normalize_record(record)
+        header, rows = self._read_table()
+        run_id = cells["run_id"]
+        exists = any(row["run_id"] == run_id for row in rows)
+        if exists and not replace:
+            raise ValueError(f"run_id {run_id!r} is already stored in {self.path} (pass replace=True to overwrite)")
+        rows = [row for row in rows if row["run_id"] != run_id] + [cells]
+        extras = sorted({c for c in header if c not in RECORD_FIELDS} | {c for c in cells if c not in RECORD_FIELDS})
+        columns = list(RECORD_FIELDS) + extras
+        rows.sort(key=lambda row: (row.get("finished_at", ""), row["run_id"]))
+        self._write_table(columns, rows)
+
+    def _write_table(self, columns: list[str], rows: list[dict[str, str]]) -> None:
+        """Write the full table to a temp file next to it, fsync, then ``os.replace`` it over the old one."""
+        buffer = io.StringIO()
+        writer = csv.writer(buffer, lineterminator="\n")
+        writer.writerow(columns)
+        for row in rows:
+            writer.writerow([row.get(c, "") for c in columns])
+        text = buffer.getvalue()
+
+        try:
+            mode = self.path.stat().st_mode & 0o777
+        except FileNotFoundError:
+            mode = 0o644
+        fd, tmp_name = tempfile.mkstemp(prefix=f".{RESULTS_FILENAME}.", suffix=".tmp", dir=self.root)
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8", newline="") as handle:
+                handle.write(text)
+                handle.flush()
+                os.fsync(handle.fileno())
+            os.chmod(tmp_name, mode)
+            os.replace(tmp_name, self.path)
+        except BaseException:
+            try:
+                os.unlink(tmp_name)
+            except FileNotFoundError:
+                pass
+            raise
+        _fsync_directory(self.root)
+
+    # ---- resuming a grid ------------------------------------------------------------------------------------
+
+    def run_many(self, jobs: Iterable[tuple[str, Callable[[], dict]]], progress: bool = True) -> list[dict]:
+        """Run a grid of jobs, skipping those already stored; return every job's stored record in job order.
+
+        For each ``(run_id, fn)``: when :meth:`has` says the run is stored it is skipped (``fn`` is not called);
+        otherwise ``fn()`` must return a record dict, whose ``run_id`` is set to the job's id, and the record is
+        appended before the next job starts. If ``fn`` raises, the records appended so far stay on disk and the
+        exception propagates (re-running the same jobs then resumes where it stopped). ``progress`` shows a
+        tqdm bar.
+        """
+        from tqdm.auto import tqdm
+
+        job_ids: list[str] = []
+        bar = tqdm(jobs, disable=not progress, desc="runs", unit="run")
+        try:
+            for job in bar:
+                try:
+                    run_id, fn = job
+                except (TypeError, ValueError):
+                    raise ValueError(f"run_many: each job must be a (run_id, callable) pair, got {job!r}") from None
+                run_id = str(run_id)
+                if not run_id:
+                    raise ValueError("run_many: empty run_id")
+                if not callable(fn):
+                    raise ValueError(f"run_many: job {run_id!r} has a non-callable {fn!r}")
+                if not self.has(run_id):
+                    record = fn()
+                    if not isinstance(record, Mapping):
+                        raise ValueError(
+                            f"run_many: job {run_id!r} returned {type(record).__name__}, expected a record dict"
+                        )
+                    record = dict(record)
+                    if record.get("run_id") not in (None, run_id):
+                        raise ValueError(
+                            f"run_many: job {run_id!r} returned a record with a different run_id {record['run_id']!r}"
+                        )
+                    record["run_id"] = run_id
+                    self.append(record)
+                job_ids.append(run_id)
+        finally:
+            bar.close()
+        if not job_ids:
+            return []
+        stored = {record["run_id"]: record for record in _frame_records(self.frame())}
+        return [dict(stored[run_id]) for run_id in job_ids]
+
+
+def _fsync_directory(directory: Path) -> None:
+    """Persist a rename on POSIX by fsyncing the directory (a no-op where directories cannot be opened)."""
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _empty_dtype(column: str) -> str:
+    if column in _FLOAT_FIELDS:
+        return "float64"
+    if column == "seed":
+        return "int64"
+    if column in _INT_FIELDS:
+        return "Int64"
+    return "object"
+
+
+def _decode_column(column: str, texts: list[str]) -> pd.Series:
+    """Turn a stored column of CSV texts back into a typed Series."""
+    if column in _FLOAT_FIELDS:
+        return pd.Series([float(t) if t != "" else np.nan for t in texts], dtype="float64")
+    if column == "seed":
+        return pd.Series([int(t) for t in texts], dtype="int64")
+    if column in _INT_FIELDS:
+        return pd.Series([int(t) if t != "" else pd.NA for t in texts], dtype="Int64")
+    if column in RECORD_FIELDS:
+        return pd.Series([_decode_string(t) for t in texts], dtype="object")
+    return _decode_extra_column(texts)
+
+
+def _frame_records(frame: pd.DataFrame) -> list[dict]:
+    """Rows of a results frame as plain-Python dicts (missing text/int cells -> None, missing floats -> NaN)."""
+    records = []
+    for row in frame.to_dict(orient="records"):
+        record = {}
+        for key, val in row.items():
+            if _is_missing(val):
+                val = float("nan") if key in _FLOAT_FIELDS else None
+            elif isinstance(val, np.generic):
+                val = val.item()
+            record[key] = val
+        records.append(record)
+    return records
+
+
+def _is_missing(value: Any) -> bool:
+    try:
+        return bool(pd.isna(value))
+    except (TypeError, ValueError):
+        return False
+
+
+def read_results(root: str | Path) -> pd.DataFrame:
+    """All records of the store at ``root`` (see :meth:`ResultsStore.frame`).
+
+    Raises FileNotFoundError when ``root`` does not exist (rather than silently creating an empty store).
+    """
+    if not Path(root).is_dir():
+        raise FileNotFoundError(f"results store directory {root} does not exist")
+    return ResultsStore(root).frame()
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Summaries (Sec. 4.1: means over 3 seeds with 95% CIs; Sec. 4.2: relative drop from the original model)
+# --------------------------------------------------------------------------------------------------------------
+
+
+def mean_ci(values: Iterable[float], confidence: float = 0.95) -> tuple[float, float, float]:
+    """Mean and two-sided Student-t confidence interval ``(mean, low, high)`` of ``values``.
+
+    ``low/high = mean -/+ t_{(1+confidence)/2, n-1} * s / sqrt(n)`` with ``s`` the sample standard deviation
+    (ddof=1). With a single value there is no spread to estimate and ``(v, v, v)`` is returned (a degenerate
+    interval, not a claim of certainty). Empty input or non-finite values raise ValueError.
+    """
+    from scipy import stats
+
+    if not 0.0 < confidence < 1.0:
+        raise ValueError(f"confidence must be strictly between 0 and 1, got {confidence}")
+    array = np.asarray(list(values) if not isinstance(values, np.ndarray) else values, dtype=float).ravel()
+    if array.size == 0:
+        raise ValueError("mean_ci: no values given")
+    if not np.all(np.isfinite(array)):
+        raise ValueError(f"mean_ci: values must be finite, got {array.tolist()}")
+    mean = float(array.mean())
+    if array.size == 1:
+        return mean, mean, mean
+    sem = float(array.std(ddof=1)) / math.sqrt(array.size)
+    half_width = float(stats.t.ppf((1.0 + confidence) / 2.0, df=array.size - 1)) * sem
+    return mean, mean - half_width, mean + half_width
+
+
+def _check_columns(df: pd.DataFrame, columns: Iterable[str], what: str) -> None:
+    missing = [c for c in columns if c not in df.columns]
+    if missing:
+        raise ValueError(f"{what}: column(s) not in the frame: {', '.join(missing)} (have {list(df.columns)})")
+
+
+def summarize(df: pd.DataFrame, by: Sequence[str], value: str = "value", confidence: float = 0.95) -> pd.DataFrame:
+    """Group ``df`` by ``by`` and return one row per group: ``by`` columns + ``mean, ci_low, ci_high, n``.
+
+    ``n`` is the number of non-missing values in the group (the seeds); the interval is :func:`mean_ci`'s
+    Student-t interval (degenerate for n = 1). Missing values are ignored; a group with none gets NaN and n = 0.
+    Missing keys (e.g. no ``matrix_type`` for the original model) form their own group.
+    """
+    by = [by] if isinstance(by, str) else list(by)
+    if not by:
+        raise ValueError("summarize: `by` must name at least one column")
+    _check_columns(df, [*by, value], "summarize")
+    out_columns = [*by, "mean", "ci_low", "ci_high", "n"]
+    if df.empty:
+        return pd.DataFrame({c: pd.Series(dtype=df[c].dtype if c in df else "float64") for c in out_columns}).astype(
+            {"n": "int64"}
+        )
+    rows = []
+    for key, group in df.groupby(by, dropna=False, sort=True):
+        key = key if isinstance(key, tuple) else (key,)
+        values = pd.to_numeric(group[value], errors="raise").dropna().to_numpy(dtype=float)
+        if values.size:
+            mean, low, high = mean_ci(values, confidence)
+        else:
+            mean = low = high = float("nan")
+        rows.append((*key, mean, low, high, int(values.size)))
+    return pd.DataFrame(rows, columns=out_columns)
+
+
+def _baseline_mask(df: pd.DataFrame, baseline: Mapping[str, Any]) -> pd.Series:
+    """Rows of ``df`` matching every ``column: value`` of ``baseline`` (floats compared with isclose)."""
+    mask = pd.Series(True, index=df.index)
+    for column, target in baseline.items():
+        col = df[column]
+        if target is None or (isinstance(target, float) and math.isnan(target)):
+            mask &= col.isna()
+        elif isinstance(target, (int, float, np.number)) and not isinstance(target, bool):
+            numeric = pd.to_numeric(col, errors="coerce").to_numpy(dtype=float)
+            mask &= pd.Series(np.isclose(numeric, float(target), rtol=0.0, atol=1e-12), index=df.index)
+        else:
+            mask &= col == target
+    return mask
+
+
+def relative_drop(
+    df: pd.DataFrame,
+    by: Sequence[str] = ("model", "task"),
+    baseline: Mapping[str, Any] | None = None,
+    value: str = "value",
+) -> pd.DataFrame:
+    """Relative drop of every configuration's mean (over seeds) from its group's baseline (Sec. 4.2, Fig. 2-3).
+
+    ``baseline`` (default ``{'fraction': 1.0}``, the original model with all heads input-dependent) selects
+    the baseline rows. For each group of ``by`` (plus ``metric`` when the frame has that column and ``by``
+    does not name it, so different metrics are never compared), the baseline is the mean of the baseline
+    rows' values (over seeds, pooling any duplicate baseline configurations), and every configuration --
+    the distinct combinations of ``by`` and the other :data:`CONFIG_COLUMNS` present in ``df`` -- gets
+
+        relative_drop = (baseline - mean) / |baseline|
+
+    so a positive number is a loss and the baseline itself gets 0. Output columns: the ``by`` columns, the other
+    distinguishing columns, ``mean``, ``n`` (values averaged), ``baseline``, ``relative_drop``. A group
+    without baseline rows, or with a zero baseline, raises ValueError naming it.
+    """
+    baseline = {"fraction": 1.0} if baseline is None else dict(baseline)
+    by = [by] if isinstance(by, str) else list(by)
+    if not baseline:
+        raise ValueError("relative_drop: `baseline` must select rows by at least one column")
+    _check_columns(df, [*by, value, *baseline], "relative_drop")
+    group_columns = list(by) + (["metric"] if "metric" in df.columns and "metric" not in by else [])
+    key_columns = group_columns + [c for c in CONFIG_COLUMNS if c in df.columns and c not in group_columns]
+    out_columns = [*key_columns, "mean", "n", "baseline", "relative_drop"]
+    if df.empty:
+        return pd.DataFrame(columns=out_columns)
+
+    data = df.copy()
+    data[value] = pd.to_numeric(data[value], errors="raise")
+    per_config = (
+        data.groupby(key_columns, dropna=False, sort=True)[value]
+        .agg(mean="mean", n="count")
+        .reset_index()
+    )
+    base_rows = data[_baseline_mask(data, baseline)]
+    if group_columns:
+        base = base_rows.groupby(group_columns, dropna=False, sort=True)[value].mean().rename("baseline").reset_index()
+        merged = per_config.merge(base, on=group_columns, how="left")
+    else:
+        merged = per_config.assign(baseline=base_rows[value].mean() if len(base_rows) else np.nan)
+
+    lacking = merged[merged["baseline"].isna()]
+    if not lacking.empty:
+        groups = sorted({tuple(r) for r in lacking[group_columns].itertuples(index=False)}, key=str)
+        raise ValueError(f"relative_drop: no baseline rows matching {baseline} for group(s) {group_columns}={groups}")
+    zero = merged[merged["baseline"] == 0]
+    if not zero.empty:
+        groups = sorted({tuple(r) for r in zero[group_columns].itertuples(index=False)}, key=str)
+        raise ValueError(f"relative_drop: baseline mean is 0 (relative drop undefined) for {group_columns}={groups}")
+
+    merged["relative_drop"] = (merged["baseline"] - merged["mean"]) / merged["baseline"].abs()
+    return merged[out_columns].reset_index(drop=True)

@@ -1,0 +1,156 @@
+"""Which attention heads PAPA replaces with constant matrices (paper Sec. 3.2 and Sec. 5.4).
+
+Sec. 3.2 learns a mixing weight ``lambda^h`` in (0, 1) per head (``B^h = lambda^h A^h + (1 - lambda^h) C^h``,
+Eq. 3) while training the probe, and then replaces the heads with the *smallest* ``lambda^h`` first (a small
+``lambda`` means the head relies little on input-dependent attention). Sec. 5.4 compares this order with four
+alternatives: first layer to last, last layer to first (both using the model's internal head order within a
+layer), a random order, and 'Reversed' (largest ``lambda`` first).
+
+Everything here is expressed as a *replacement order*: the list of all ``(layer, head)`` pairs, first =
+replaced first. Replacing "k% of the heads" means taking a prefix of that list. The paper's experiments are
+described by the fraction of heads that stay *input-dependent* (1, 1/2, 1/8, 1/16, 0: :data:`PAPER_FRACTIONS`),
+so :func:`heads_to_replace` takes that fraction.
+
+Choices the paper leaves open
+-----------------------------
+* Ties in ``lambda`` are broken by ``(layer, head)`` in ascending order, for both 'lambda' and 'reversed'
+  (Python's stable sort on ``(lambda, layer, head)`` / ``(-lambda, layer, head)``).
+* The number of heads kept input-dependent is ``floor(fraction * total + 0.5)`` (round half up), e.g.
+  1/16 of 72 heads = 4.5 -> 5 kept, 67 replaced.
+* 'random' uses ``random.Random(seed).shuffle`` of the first-to-last order: the same seed always gives the same
+  permutation, on any platform, independent of the global RNG state.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+
+__all__ = [
+    "ORDERS",
+    "PAPER_FRACTIONS",
+    "replacement_order",
+    "num_input_dependent",
+    "heads_to_replace",
+    "heads_by_layer",
+]
+
+#: Head-replacement orders: Sec. 3.2 ('lambda') and the Sec. 5.4 alternatives.
+ORDERS = ("lambda", "reversed", "first_to_last", "last_to_first", "random")
+
+#: Fractions of heads kept input-dependent in the paper's experiments (all, 1/2, 1/8, 1/16, none).
+PAPER_FRACTIONS = (1.0, 0.5, 0.125, 0.0625, 0.0)
+
+
+def _check_count(name: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+        raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    return int(value)
+
+
+def _lambda_values(lambdas: Any, num_layers: int, num_heads: int, order: str) -> list[list[float]]:
+    """Validate ``lambdas`` ([num_layers, num_heads], finite) and return them as nested Python floats."""
+    if lambdas is None:
+        raise ValueError(f"order {order!r} needs lambdas of shape [num_layers={num_layers}, num_heads={num_heads}]")
+    values = torch.as_tensor(lambdas).detach().to("cpu", torch.float64)
+    if tuple(values.shape) != (num_layers, num_heads):
+        raise ValueError(
+            f"lambdas have shape {tuple(values.shape)}, expected [num_layers={num_layers}, num_heads={num_heads}]"
+        )
+    if not bool(torch.isfinite(values).all()):
+        raise ValueError("lambdas contain NaN or infinite values")
+    return values.tolist()
+
+
+def replacement_order(
+    order: str, num_layers: int, num_heads: int, lambdas: Tensor | None = None, seed: int = 0
+) -> list[tuple[int, int]]:
+    """All ``(layer, head)`` pairs in the order they get replaced by constant matrices (first = replaced first).
+
+    Args:
+        order: one of :data:`ORDERS`:
+            ``'lambda'`` ascending ``lambda`` (least input-dependent first; Sec. 3.2);
+            ``'reversed'`` descending ``lambda``;
+            ``'first_to_last'`` layers 0..L-1, heads in internal order within each layer;
+            ``'last_to_first'`` layers L-1..0, heads in internal order within each layer;
+            ``'random'`` a permutation fixed by ``seed``.
+        num_layers, num_heads: model shape.
+        lambdas: ``[num_layers, num_heads]`` learned mixing weights (tensor, array or nested list); required
+            for 'lambda' and 'reversed', ignored otherwise. Ties are broken by ``(layer, head)``.
+        seed: seed of the 'random' order.
+    """
+    if order not in ORDERS:
+        raise ValueError(f"unknown head-replacement order {order!r}; choose one of {ORDERS}")
+    num_layers = _check_count("num_layers", num_layers)
+    num_heads = _check_count("num_heads", num_heads)
+    in_layer_order = [(layer, head) for layer in range(num_layers) for head in range(num_heads)]
+
+    if order == "first_to_last":
+        return in_layer_order
+    if order == "last_to_first":
+        return [(layer, head) for layer in reversed(range(num_layers)) for head in range(num_heads)]
+    if order == "random":
+        if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
+            raise ValueError(f"seed must be an integer, got {seed!r}")
+        shuffled = list(in_layer_order)
+        random.Random(int(seed)).shuffle(shuffled)
+        return shuffled
+
+    values = _lambda_values(lambdas, num_layers, num_heads, order)
+    sign = 1.0 if order == "lambda" else -1.0
+    return sorted(in_layer_order, key=lambda lh: (sign * values[lh[0]][lh[1]], lh[0], lh[1]))
+
+
+def num_input_dependent(fraction: float, total_heads: int) -> int:
+    """Number of heads kept input-dependent for ``fraction`` in [0, 1]: ``floor(fraction * total + 0.5)``.
+
+    Round half up, e.g. 1/16 of 72 heads = 4.5 -> 5. Raises ``ValueError`` for a fraction outside [0, 1]
+    (or NaN) and for a negative ``total_heads``.
+    """
+    if isinstance(fraction, bool):
+        raise ValueError(f"fraction must be a number in [0, 1], got {fraction!r}")
+    try:
+        value = float(fraction)
+    except (TypeError, ValueError) as err:
+        raise ValueError(f"fraction must be a number in [0, 1], got {fraction!r}") from err
+    if not 0.0 <= value <= 1.0:  # also rejects NaN
+        raise ValueError(f"fraction must be in [0, 1], got {fraction!r}")
+    if isinstance(total_heads, bool) or not isinstance(total_heads, (int, np.integer)) or total_heads < 0:
+        raise ValueError(f"total_heads must be a non-negative integer, got {total_heads!r}")
+    return min(int(total_heads), math.floor(value * int(total_heads) + 0.5))
+
+
+def heads_to_replace(
+    order: str,
+    fraction: float,
+    num_layers: int,
+    num_heads: int,
+    lambdas: Tensor | None = None,
+    seed: int = 0,
+) -> list[tuple[int, int]]:
+    """Heads to replace so that ``fraction`` of all heads stay input-dependent.
+
+    The first ``total - num_input_dependent(fraction, total)`` entries of :func:`replacement_order`.
+    ``fraction=1`` -> ``[]`` (original model); ``fraction=0`` -> every head (fully attention-free).
+    """
+    ordered = replacement_order(order, num_layers, num_heads, lambdas=lambdas, seed=seed)
+    total = len(ordered)
+    return ordered[: total - num_input_dependent(fraction, total)]
+
+
+def heads_by_layer(heads: list[tuple[int, int]], num_layers: int | None = None) -> dict[int, list[int]]:
+    """Group ``(layer, head)`` pairs by layer: ``{layer: sorted head indices}``.
+
+    With ``num_layers`` every layer ``0..num_layers-1`` is present (possibly with an empty list).
+    """
+    grouped: dict[int, list[int]] = {} if num_layers is None else {layer: [] for layer in range(num_layers)}
+    for layer, head in heads:
+        if num_layers is not None and not 0 <= layer < num_layers:
+            raise ValueError(f"layer {layer} out of range for a model with {num_layers} layers")
+        grouped.setdefault(int(layer), []).append(int(head))
+    return {layer: sorted(hs) for layer, hs in sorted(grouped.items())}

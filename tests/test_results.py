@@ -1,0 +1,468 @@
+"""Tests for papa_lib.results: the atomic, resumable results store and the seed summaries (paper Sec. 4)."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import platform
+from datetime import datetime
+
+import numpy as np
+import pandas as pd
+import pytest
+from scipy import stats
+
+from papa_lib import results
+from papa_lib.results import (
+    RECORD_FIELDS,
+    ResultsStore,
+    config_hash,
+    mean_ci,
+    package_versions,
+    read_results,
+    relative_drop,
+    summarize,
+)
+
+
+def make_record(run_id: str = "r1", **overrides) -> dict:
+    """A complete, valid record; overrides replace fields."""
+    record = {
+        "run_id": run_id,
+        "model": "bert-tiny",
+        "task": "sst2",
+        "matrix_type": "average",
+        "matrices_from": "train",
+        "selection_order": "by_importance",
+        "fraction": 0.5,
+        "seed": 0,
+        "metric": "accuracy",
+        "value": 0.8125,
+        "eval_size": 872,
+        "train_size": 1000,
+        "config_hash": "abc123",
+        "profile": "smoke",
+        "data_source": "shared/data/sst2",
+        "versions": {"python": "3.11", "torch": "2.x"},
+        "device": "cpu",
+        "wall_time_s": 1.5,
+    }
+    record.update(overrides)
+    return record
+
+
+# ------------------------------------------------------------------------------------------------ roundtrip
+
+
+def test_append_has_frame_roundtrip(tmp_path):
+    store = ResultsStore(tmp_path / "store")
+    assert (tmp_path / "store").is_dir()
+    assert not store.has("r1")
+
+    store.append(make_record("r1", value=1 / 3, fraction=1 / 16, finished_at="2024-01-01T00:00:00+00:00"))
+    store.append(make_record("r2", seed=1, matrix_type=None, eval_size=None, finished_at="2024-01-01T00:00:01+00:00"))
+
+    assert store.has("r1") and store.has("r2") and not store.has("r3")
+    assert len(store) == 2
+
+    frame = store.frame()
+    assert list(frame.columns) == list(RECORD_FIELDS)
+    assert list(frame["run_id"]) == ["r1", "r2"]
+    row1 = frame.iloc[0]
+    assert row1["value"] == 1 / 3  # bit-exact through the CSV
+    assert row1["fraction"] == 1 / 16
+    assert frame["fraction"].dtype == np.float64
+    assert frame["seed"].dtype == np.int64
+    assert list(frame["seed"]) == [0, 1]
+    assert json.loads(row1["versions"]) == {"python": "3.11", "torch": "2.x"}
+    assert row1["model"] == "bert-tiny"
+    row2 = frame.iloc[1]
+    assert row2["matrix_type"] is None
+    assert pd.isna(row2["eval_size"])
+    assert row1["eval_size"] == 872
+
+    # A fresh store object on the same root sees the same data (nothing held only in memory).
+    again = read_results(tmp_path / "store")
+    pd.testing.assert_frame_equal(again, frame)
+
+
+def test_empty_store_frame_has_record_columns(tmp_path):
+    frame = ResultsStore(tmp_path).frame()
+    assert frame.empty
+    assert list(frame.columns) == list(RECORD_FIELDS)
+    assert len(ResultsStore(tmp_path)) == 0
+
+
+def test_finished_at_filled_with_utc_iso(tmp_path):
+    store = ResultsStore(tmp_path)
+    store.append(make_record("r1"))
+    stamp = store.frame().loc[0, "finished_at"]
+    parsed = datetime.fromisoformat(stamp)
+    assert parsed.utcoffset().total_seconds() == 0
+
+
+def test_table_text_is_stable_for_git(tmp_path):
+    store = ResultsStore(tmp_path)
+    # appended out of order: the file is sorted by finished_at, then run_id
+    store.append(make_record("b", value=0.1, finished_at="2024-01-02T00:00:00+00:00"))
+    store.append(make_record("z", value=2 / 3, finished_at="2024-01-01T00:00:00+00:00"))
+    store.append(make_record("a", value=0.5, finished_at="2024-01-02T00:00:00+00:00"))
+    lines = (tmp_path / "results.csv").read_text().splitlines()
+    assert lines[0] == ",".join(RECORD_FIELDS)
+    assert [line.split(",")[0] for line in lines[1:]] == ["z", "a", "b"]
+    assert repr(2 / 3) in lines[1]  # full precision, not 0.666667
+    before = (tmp_path / "results.csv").read_bytes()
+    # rewriting the same content gives the same bytes
+    store.append(make_record("a", value=0.5, finished_at="2024-01-02T00:00:00+00:00"), replace=True)
+    assert (tmp_path / "results.csv").read_bytes() == before
+
+
+def test_extra_columns_roundtrip(tmp_path):
+    store = ResultsStore(tmp_path)
+    store.append(make_record("r1", n_constant_heads=12, note="x", finished_at="2024-01-01T00:00:00+00:00"))
+    store.append(make_record("r2", finished_at="2024-01-01T00:00:01+00:00"))
+    frame = store.frame()
+    assert list(frame.columns) == [*RECORD_FIELDS, "n_constant_heads", "note"]
+    assert frame.loc[0, "n_constant_heads"] == 12
+    assert pd.isna(frame.loc[1, "n_constant_heads"])
+    assert frame.loc[0, "note"] == "x" and frame.loc[1, "note"] is None
+
+
+def test_duplicate_run_id_rejected_unless_replace(tmp_path):
+    store = ResultsStore(tmp_path)
+    store.append(make_record("r1", value=0.1))
+    with pytest.raises(ValueError, match="already stored"):
+        store.append(make_record("r1", value=0.2))
+    store.append(make_record("r1", value=0.2), replace=True)
+    frame = store.frame()
+    assert len(frame) == 1 and frame.loc[0, "value"] == 0.2
+
+
+# ------------------------------------------------------------------------------------------------ validation
+
+
+def test_missing_fields_are_named(tmp_path):
+    store = ResultsStore(tmp_path)
+    record = make_record()
+    del record["seed"], record["metric"], record["versions"]
+    with pytest.raises(ValueError) as info:
+        store.append(record)
+    message = str(info.value)
+    for field in ("seed", "metric", "versions"):
+        assert field in message
+    assert "model" not in message
+    assert not (tmp_path / "results.csv").exists()
+
+
+def test_null_core_field_and_bad_values_rejected(tmp_path):
+    store = ResultsStore(tmp_path)
+    with pytest.raises(ValueError, match="value"):
+        store.append(make_record(value=None))
+    with pytest.raises(ValueError, match="fraction"):
+        store.append(make_record(fraction=1.5))
+    with pytest.raises(ValueError, match="seed"):
+        store.append(make_record(seed=0.5))
+    with pytest.raises(ValueError, match="versions"):
+        store.append(make_record(versions="{not json"))
+    assert len(store) == 0
+
+
+def test_corrupt_table_reports_file_and_line(tmp_path):
+    store = ResultsStore(tmp_path)
+    store.append(make_record("r1"))
+    path = tmp_path / "results.csv"
+    path.write_text(path.read_text() + "only,three,cells\n")
+    with pytest.raises(ValueError, match=r"results\.csv:3"):
+        ResultsStore(tmp_path).frame()
+
+
+def test_read_results_missing_directory(tmp_path):
+    with pytest.raises(FileNotFoundError, match="nope"):
+        read_results(tmp_path / "nope")
+
+
+# ------------------------------------------------------------------------------------------------ atomicity
+
+
+def _temp_files(root):
+    return [p.name for p in root.iterdir() if p.name != "results.csv"]
+
+
+def test_failed_replace_leaves_old_table_intact(tmp_path, monkeypatch):
+    store = ResultsStore(tmp_path)
+    store.append(make_record("r1"))
+    store.append(make_record("r2", seed=1))
+    before = (tmp_path / "results.csv").read_bytes()
+
+    calls = []
+
+    def exploding_replace(src, dst):
+        calls.append((os.fspath(src), os.fspath(dst)))
+        raise OSError("simulated crash before rename")
+
+    monkeypatch.setattr(results.os, "replace", exploding_replace)
+    with pytest.raises(OSError, match="simulated crash"):
+        store.append(make_record("r3", seed=2))
+    monkeypatch.undo()
+
+    # the temp file lived next to the table (same filesystem -> atomic rename)
+    assert len(calls) == 1
+    assert os.path.dirname(calls[0][0]) == str(tmp_path)
+    assert calls[0][1] == str(tmp_path / "results.csv")
+    assert (tmp_path / "results.csv").read_bytes() == before
+    assert _temp_files(tmp_path) == []
+    fresh = ResultsStore(tmp_path)
+    assert list(fresh.frame()["run_id"]) == ["r1", "r2"]
+    assert not fresh.has("r3")
+
+
+def test_crash_midway_through_write_leaves_old_table_intact(tmp_path, monkeypatch):
+    store = ResultsStore(tmp_path)
+    store.append(make_record("r1"))
+    before = (tmp_path / "results.csv").read_bytes()
+
+    def exploding_fsync(fd):
+        raise OSError("simulated power loss during write")
+
+    monkeypatch.setattr(results.os, "fsync", exploding_fsync)
+    with pytest.raises(OSError, match="power loss"):
+        store.append(make_record("r2", seed=1))
+    monkeypatch.undo()
+
+    assert (tmp_path / "results.csv").read_bytes() == before
+    assert _temp_files(tmp_path) == []
+    assert ResultsStore(tmp_path).run_ids() == ["r1"]
+    # and the store keeps working afterwards
+    store.append(make_record("r2", seed=1))
+    assert ResultsStore(tmp_path).run_ids() == ["r1", "r2"]
+
+
+def test_crash_on_first_write_leaves_no_table(tmp_path, monkeypatch):
+    store = ResultsStore(tmp_path)
+    monkeypatch.setattr(results.os, "replace", lambda src, dst: (_ for _ in ()).throw(OSError("boom")))
+    with pytest.raises(OSError):
+        store.append(make_record("r1"))
+    monkeypatch.undo()
+    assert not (tmp_path / "results.csv").exists()
+    assert store.frame().empty
+
+
+# ------------------------------------------------------------------------------------------------ resume
+
+
+def test_run_many_resumes_after_interruption(tmp_path):
+    store = ResultsStore(tmp_path)
+    calls: list[str] = []
+    fail_on = {"job2"}
+
+    def make_job(index: int):
+        run_id = f"job{index}"
+
+        def fn():
+            calls.append(run_id)
+            if run_id in fail_on:
+                raise RuntimeError(f"interrupted in {run_id}")
+            return make_record(run_id, seed=index, value=index / 10)
+
+        return run_id, fn
+
+    jobs = [make_job(i) for i in range(5)]
+    with pytest.raises(RuntimeError, match="interrupted in job2"):
+        store.run_many(jobs, progress=False)
+    assert calls == ["job0", "job1", "job2"]
+    assert ResultsStore(tmp_path).run_ids() == ["job0", "job1"]
+
+    fail_on.clear()
+    calls.clear()
+    records = ResultsStore(tmp_path).run_many(jobs, progress=False)
+    assert calls == ["job2", "job3", "job4"]  # finished jobs are not re-run
+    assert [r["run_id"] for r in records] == [f"job{i}" for i in range(5)]
+    assert [r["value"] for r in records] == [i / 10 for i in range(5)]
+    assert records[0]["seed"] == 0 and isinstance(records[0]["seed"], int)
+
+    calls.clear()
+    assert len(store.run_many(jobs, progress=False)) == 5
+    assert calls == []
+    assert len(store) == 5
+
+
+def test_run_many_sets_run_id_and_checks_result(tmp_path):
+    store = ResultsStore(tmp_path)
+    record = make_record()
+    del record["run_id"]
+    out = store.run_many([("given-id", lambda: dict(record))], progress=False)
+    assert out[0]["run_id"] == "given-id" and store.has("given-id")
+
+    with pytest.raises(ValueError, match="expected a record dict"):
+        store.run_many([("bad", lambda: 0.5)], progress=False)
+    with pytest.raises(ValueError, match="different run_id"):
+        store.run_many([("x", lambda: make_record("y"))], progress=False)
+    assert not store.has("bad") and not store.has("x") and not store.has("y")
+
+
+# ------------------------------------------------------------------------------------------------ statistics
+
+
+def test_mean_ci_matches_student_t_by_hand():
+    values = [0.80, 0.84, 0.85]
+    n = 3
+    mean = sum(values) / n
+    sd = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1))
+    t_crit = stats.t.ppf(0.975, df=n - 1)
+    assert t_crit == pytest.approx(4.30265272974946, rel=1e-12)  # textbook t_{0.975, 2}
+    half = t_crit * sd / math.sqrt(n)
+
+    got_mean, low, high = mean_ci(values)
+    assert got_mean == pytest.approx(0.83, abs=1e-12)
+    assert low == pytest.approx(mean - half, rel=1e-12)
+    assert high == pytest.approx(mean + half, rel=1e-12)
+    # numbers: sd = 0.026457513..., half width = 0.065722...
+    assert high - low == pytest.approx(2 * 4.30265272974946 * 0.02645751311064591 / math.sqrt(3), rel=1e-9)
+
+    _, low90, high90 = mean_ci(values, confidence=0.90)
+    assert high90 - low90 < high - low
+
+
+def test_mean_ci_edge_cases():
+    assert mean_ci([0.7]) == (0.7, 0.7, 0.7)  # one seed: degenerate interval
+    assert mean_ci(np.array([0.5, 0.5, 0.5])) == (0.5, 0.5, 0.5)
+    with pytest.raises(ValueError, match="no values"):
+        mean_ci([])
+    with pytest.raises(ValueError, match="finite"):
+        mean_ci([0.1, float("nan")])
+    with pytest.raises(ValueError, match="confidence"):
+        mean_ci([0.1, 0.2], confidence=95)
+
+
+def test_summarize_groups_and_counts():
+    df = pd.DataFrame(
+        {
+            "model": ["m"] * 5,
+            "fraction": [1.0, 1.0, 1.0, 0.0, 0.0],
+            "seed": [0, 1, 2, 0, 1],
+            "value": [0.80, 0.84, 0.85, 0.5, 0.7],
+        }
+    )
+    out = summarize(df, by=["model", "fraction"])
+    assert list(out.columns) == ["model", "fraction", "mean", "ci_low", "ci_high", "n"]
+    assert list(out["fraction"]) == [0.0, 1.0]
+    assert list(out["n"]) == [2, 3]
+    expected = mean_ci([0.80, 0.84, 0.85])
+    assert tuple(out.iloc[1][["mean", "ci_low", "ci_high"]]) == pytest.approx(expected)
+    half2 = stats.t.ppf(0.975, 1) * np.std([0.5, 0.7], ddof=1) / math.sqrt(2)
+    assert out.iloc[0]["ci_high"] == pytest.approx(0.6 + half2)
+
+    with pytest.raises(ValueError, match="nope"):
+        summarize(df, by=["nope"])
+
+
+def test_relative_drop_hand_computed():
+    rows = []
+
+    def add(model, task, metric, fraction, values, order="by_importance"):
+        for seed, v in enumerate(values):
+            rows.append(
+                dict(
+                    model=model, task=task, metric=metric, fraction=fraction, selection_order=order, seed=seed, value=v
+                )
+            )
+
+    add("A", "sst2", "accuracy", 1.0, [0.9, 0.8])  # baseline mean 0.85
+    add("A", "sst2", "accuracy", 0.5, [0.85, 0.85])  # drop 0
+    add("A", "sst2", "accuracy", 0.0, [0.6, 0.7])  # mean 0.65, drop 0.2/0.85
+    add("A", "sst2", "accuracy", 0.0, [0.425, 0.425], order="random")  # drop 0.5
+    add("A", "cola", "mcc", 1.0, [-0.5])  # negative baseline: divide by |base|
+    add("A", "cola", "mcc", 0.0, [-0.6])  # drop (-0.5 + 0.6)/0.5 = 0.2
+    add("B", "sst2", "accuracy", 1.0, [0.5, 0.7, 0.6])  # baseline 0.6
+    add("B", "sst2", "accuracy", 0.0, [0.9])  # improvement: drop -0.5
+    df = pd.DataFrame(rows)
+
+    out = relative_drop(df)
+    assert list(out.columns) == [
+        "model", "task", "metric", "selection_order", "fraction", "mean", "n", "baseline", "relative_drop"
+    ]
+    lookup = {
+        (r.model, r.task, r.fraction, r.selection_order): (r.mean, r.baseline, r.relative_drop, r.n)
+        for r in out.itertuples()
+    }
+    assert len(lookup) == len(out) == 8
+    assert lookup[("A", "sst2", 1.0, "by_importance")][1:3] == pytest.approx((0.85, 0.0))
+    assert lookup[("A", "sst2", 0.5, "by_importance")][2] == pytest.approx(0.0, abs=1e-12)
+    assert lookup[("A", "sst2", 0.0, "by_importance")][0] == pytest.approx(0.65)
+    assert lookup[("A", "sst2", 0.0, "by_importance")][2] == pytest.approx(0.2 / 0.85)
+    assert lookup[("A", "sst2", 0.0, "by_importance")][3] == 2
+    assert lookup[("A", "sst2", 0.0, "random")][2] == pytest.approx(0.5)
+    assert lookup[("A", "cola", 0.0, "by_importance")][1:3] == pytest.approx((-0.5, 0.2))
+    assert lookup[("B", "sst2", 0.0, "by_importance")][1:3] == pytest.approx((0.6, -0.5))
+
+    # a custom baseline selector
+    only_a = df[(df.model == "A") & (df.task == "sst2")]
+    custom = relative_drop(only_a, by=["model"], baseline={"fraction": 0.0, "selection_order": "random"})
+    full = custom[custom.fraction == 1.0].iloc[0]
+    assert full["baseline"] == pytest.approx(0.425)
+    assert full["relative_drop"] == pytest.approx((0.425 - 0.85) / 0.425)
+    # B has no fraction-0.5 rows: its group has no baseline
+    with pytest.raises(ValueError, match="no baseline rows"):
+        relative_drop(df, baseline={"fraction": 0.5})
+
+
+def test_relative_drop_errors():
+    df = pd.DataFrame({"model": ["A", "A"], "task": ["t", "t"], "fraction": [1.0, 0.0], "value": [0.0, 0.1]})
+    with pytest.raises(ValueError, match="baseline mean is 0"):
+        relative_drop(df)
+    with pytest.raises(ValueError, match="fraction"):
+        relative_drop(df.drop(columns="fraction"))
+
+
+def test_relative_drop_and_summarize_on_store_frame(tmp_path):
+    store = ResultsStore(tmp_path)
+    for seed, (fraction, value) in enumerate([(1.0, 0.9), (1.0, 0.8), (0.0, 0.68)]):
+        store.append(make_record(f"r{seed}", seed=seed, fraction=fraction, value=value))
+    frame = store.frame()
+    drop = relative_drop(frame)
+    row = drop[drop.fraction == 0.0].iloc[0]
+    assert row["relative_drop"] == pytest.approx((0.85 - 0.68) / 0.85)
+    summary = summarize(frame, by=["model", "task", "fraction"])
+    assert list(summary["n"]) == [1, 2]
+
+
+# ------------------------------------------------------------------------------------------------ provenance
+
+
+def test_config_hash_stable_and_sensitive():
+    config = {"model": "bert", "task": "sst2", "fraction": 1 / 16, "seed": 0, "heads": [1, 2], "opt": {"lr": 2e-5}}
+    h = config_hash(config)
+    assert len(h) == 16 and all(c in "0123456789abcdef" for c in h)
+    assert config_hash(dict(reversed(list(config.items())))) == h  # key order irrelevant
+    assert config_hash({**config, "fraction": 0.0625}) == h  # 1/16 is exactly 0.0625
+    assert config_hash({**config, "heads": (1, 2)}) == h  # tuple == list
+    assert config_hash({"fraction": 1}) == config_hash({"fraction": 1.0})
+    # pinned value: same across processes and sessions (sha256 of canonical JSON, not Python's hash())
+    assert config_hash({"a": 1, "b": [0.5, "x"]}) == "d9dda6d0c61c7433"
+
+    variants = [
+        {**config, "fraction": 1 / 8},
+        {**config, "seed": 1},
+        {**config, "heads": [2, 1]},
+        {**config, "opt": {"lr": 3e-5}},
+        {**config, "extra": None},
+        {k: v for k, v in config.items() if k != "seed"},
+    ]
+    hashes = {config_hash(v) for v in variants}
+    assert h not in hashes and len(hashes) == len(variants)
+
+    with pytest.raises(ValueError, match="type object"):
+        config_hash({"bad": object()})
+    with pytest.raises(ValueError, match="dict"):
+        config_hash(["not", "a", "dict"])
+
+
+def test_package_versions_json():
+    versions = json.loads(package_versions())
+    assert set(versions) == {"python", "torch", "transformers", "papa_lib"}
+    assert versions["python"] == platform.python_version()
+    assert all(isinstance(v, str) and v for v in versions.values())
+    import transformers
+
+    assert versions["transformers"] == transformers.__version__
