@@ -1,0 +1,231 @@
+"""Interactive altair charts that work in an offline Jupyter Book.
+
+Every figure of the PAPA book (Hassid et al. 2022, Figs. 2-6 and the norm-analysis plots of
+Kobayashi et al. 2020) is an altair chart.  As shipped, altair's HTML output loads vega,
+vega-lite and vega-embed from a CDN, which neither the build machines nor a reader without
+network can reach.  This module registers an altair renderer, ``papa_offline``, whose output
+is a small ``text/html`` snippet: a ``<div>`` plus an inline script that calls the global
+``vegaEmbed`` function with the chart's spec inlined as JSON.  The global comes from a
+self-contained JavaScript bundle (``vl_convert.javascript_bundle()``) that the book's Sphinx
+extension (:func:`papa_lib.book.setup`) writes to ``_static/papa-vega-bundle.js`` and adds
+to every page.  No PNG/SVG fallback is emitted: the charts stay interactive (tooltips).
+
+Typical use, once at the top of a chapter::
+
+    from papa_lib import charts
+    charts.setup()                     # offline renderer, except in Google Colab
+    chart.properties(title=charts.chart_title("Fig. 2a", model=..., data=..., profile=...))
+
+Every figure must say which model, data and profile produced it: use :func:`label` (or
+:func:`chart_title`, which puts it in the subtitle).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import html
+import itertools
+import json
+import sys
+from typing import Any
+
+__all__ = [
+    "BUNDLE_FILENAME",
+    "OFFLINE_RENDERER",
+    "THEME_NAME",
+    "bundle_javascript",
+    "chart_title",
+    "in_colab",
+    "label",
+    "offline_html",
+    "setup",
+]
+
+#: Name of the altair renderer registered by :func:`setup`.
+OFFLINE_RENDERER = "papa_offline"
+#: Name of the altair theme registered by :func:`setup`.
+THEME_NAME = "papa"
+#: File name of the vega-embed bundle inside the book's ``_static`` folder.
+BUNDLE_FILENAME = "papa-vega-bundle.js"
+#: CSS class of every chart container written by the offline renderer.
+CHART_CLASS = "papa-vega-chart"
+
+# Options handed to vegaEmbed: SVG output (crisp, and checkable in the DOM), no action menu
+# (its "open in editor" link points to the network).
+DEFAULT_EMBED_OPTIONS: dict[str, Any] = {"renderer": "svg", "actions": False}
+
+_chart_counter = itertools.count(1)
+
+
+def in_colab() -> bool:
+    """Return True when running inside Google Colab (its ``google.colab`` module is loaded)."""
+    return "google.colab" in sys.modules
+
+
+def label(model: Any, data: Any, profile: Any) -> str:
+    """Return the caption ``"model: …, data: …, profile: …"`` that every figure carries.
+
+    ``model`` may be a hub id, a local path or a model object name; ``data`` names the
+    dataset/split (or the local directory) and ``profile`` is the run profile
+    (``smoke``, ``local`` or ``paper``).  Raises ValueError when one of them is empty,
+    because a figure that does not say what produced it is not allowed in the book.
+    """
+    parts = {"model": model, "data": data, "profile": profile}
+    for name, value in parts.items():
+        if value is None or not str(value).strip():
+            raise ValueError(
+                f"charts.label(): {name!r} is empty; every figure must name the model, "
+                f"data and profile that produced it (got {parts!r})"
+            )
+    return ", ".join(f"{name}: {str(value).strip()}" for name, value in parts.items())
+
+
+def chart_title(text: str, *, model: Any, data: Any, profile: Any) -> Any:
+    """Return an ``altair.TitleParams`` with ``text`` as title and :func:`label` as subtitle."""
+    import altair as alt
+
+    if not str(text).strip():
+        raise ValueError("charts.chart_title(): the title text is empty")
+    return alt.TitleParams(text=str(text), subtitle=label(model, data, profile), anchor="start")
+
+
+def _script_json(value: Any) -> str:
+    """Serialise ``value`` as JSON that is safe inside an HTML ``<script>`` element."""
+    text = json.dumps(value, sort_keys=True, separators=(",", ":"), allow_nan=False)
+    # '<' only ever appears inside JSON strings, where \u003c is an equivalent escape; this
+    # keeps "</script>" and "<!--" in chart titles or data from ending the script early.
+    return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
+
+
+def offline_html(spec: dict, embed_options: dict | None = None, element_id: str | None = None) -> str:
+    """Return the HTML snippet that renders the vega-lite ``spec`` with the bundled vegaEmbed.
+
+    The snippet never references a network resource: it expects ``window.vegaEmbed`` from
+    ``_static/papa-vega-bundle.js`` (added to every page of the book).  If the bundle is not
+    there (e.g. a plain local Jupyter session), the container shows a short explanation
+    instead of a chart and the error is logged to the browser console.
+    """
+    if not isinstance(spec, dict):
+        raise ValueError(f"offline_html(): spec must be a vega-lite dict, got {type(spec).__name__}")
+    options = dict(DEFAULT_EMBED_OPTIONS)
+    options.update(embed_options or {})
+    spec_json = _script_json(spec)
+    if element_id is None:
+        digest = hashlib.sha1(spec_json.encode("utf-8")).hexdigest()[:10]
+        element_id = f"papa-vega-{digest}-{next(_chart_counter)}"
+    element_id_html = html.escape(element_id, quote=True)
+    return (
+        f'<div id="{element_id_html}" class="{CHART_CLASS}"></div>\n'
+        '<script type="text/javascript">\n'
+        "(function () {\n"
+        f"  var el = document.getElementById({json.dumps(element_id)});\n"
+        f"  var spec = {spec_json};\n"
+        f"  var opt = {_script_json(options)};\n"
+        "  function fail(err) {\n"
+        "    el.textContent = 'Chart not rendered: ' + err + '.';\n"
+        "    console.error('papa_lib.charts:', err);\n"
+        "  }\n"
+        "  function draw() {\n"
+        "    if (typeof window.vegaEmbed !== 'function') {\n"
+        f"      fail('the offline vega bundle (_static/{BUNDLE_FILENAME}) is not loaded; build the '\n"
+        "        + 'book, or call papa_lib.charts.setup(offline=False) in a live notebook');\n"
+        "      return;\n"
+        "    }\n"
+        "    window.vegaEmbed(el, spec, opt).catch(fail);\n"
+        "  }\n"
+        "  if (typeof window.vegaEmbed === 'function' || document.readyState === 'complete') { draw(); }\n"
+        "  else { window.addEventListener('load', draw); }\n"
+        "})();\n"
+        "</script>"
+    )
+
+
+def _offline_renderer(spec: dict, **metadata: Any) -> dict[str, str]:
+    """altair renderer: a ``text/html`` bundle for the book plus a ``text/plain`` stand-in."""
+    embed_options = metadata.pop("embed_options", None)
+    return {
+        "text/html": offline_html(spec, embed_options=embed_options),
+        "text/plain": f"<papa_lib chart: {spec.get('$schema', 'vega-lite spec')}>",
+    }
+
+
+def _papa_theme() -> dict[str, Any]:
+    """The book's altair theme: a width that fits the page column with a legend, readable fonts."""
+    font = "system-ui, -apple-system, 'Segoe UI', Roboto, 'Helvetica Neue', Arial, sans-serif"
+    return {
+        "config": {
+            "view": {"continuousWidth": 440, "continuousHeight": 300, "stroke": None},
+            "font": font,
+            "title": {"fontSize": 15, "subtitleFontSize": 12, "subtitleColor": "#555", "anchor": "start"},
+            "axis": {"labelFontSize": 12, "titleFontSize": 13},
+            "legend": {"labelFontSize": 12, "titleFontSize": 13},
+        }
+    }
+
+
+def _register_theme(alt: Any) -> None:
+    """Register and enable the book theme with whichever theme API this altair has."""
+    if hasattr(alt, "theme") and hasattr(alt.theme, "register"):  # altair >= 5.5
+        if THEME_NAME not in alt.theme.names():
+            alt.theme.register(THEME_NAME, enable=False)(_papa_theme)
+        alt.theme.enable(THEME_NAME)
+    else:  # pragma: no cover - older altair
+        alt.themes.register(THEME_NAME, _papa_theme)
+        alt.themes.enable(THEME_NAME)
+
+
+def setup(offline: bool | None = None, theme: bool = True) -> str:
+    """Configure altair for the book; call once at the top of a chapter.
+
+    ``offline=None`` means offline everywhere except Google Colab, where altair's default
+    renderer works.  ``offline=True`` enables the ``papa_offline`` renderer (interactive
+    ``text/html`` that uses the bundled vegaEmbed, no CDN, no PNG/SVG fallback);
+    ``offline=False`` enables altair's ``default`` renderer (e.g. for JupyterLab).
+    ``theme=True`` also enables the book's altair theme.  Returns the renderer name enabled.
+    """
+    import altair as alt
+
+    if offline is None:
+        offline = not in_colab()
+    if OFFLINE_RENDERER not in alt.renderers.names():
+        alt.renderers.register(OFFLINE_RENDERER, _offline_renderer)
+    name = OFFLINE_RENDERER if offline else "default"
+    alt.renderers.enable(name)
+    if theme:
+        _register_theme(alt)
+    return name
+
+
+def bundle_javascript(vl_version: str | None = None) -> str:
+    """Return the self-contained vega + vega-lite + vega-embed bundle for the book's pages.
+
+    Built with ``vl_convert.javascript_bundle()``; its default snippet assigns ``vegaEmbed``,
+    ``vegaLite`` and ``vega`` to ``window``.  The bundle is wrapped in a function so that its
+    top-level ``const`` declarations cannot clash with other scripts on the page.
+    ``vl_version`` defaults to the vega-lite version of the installed altair (``"6.4"``...)
+    when vl-convert ships it, else vl-convert's latest.
+    """
+    try:
+        import vl_convert
+    except ImportError as exc:
+        raise ImportError(
+            "vl-convert-python is needed to bundle vega/vega-lite/vega-embed for the offline book "
+            "charts: pip install 'papa_lib[book]'"
+        ) from exc
+
+    if vl_version is None:
+        try:
+            import altair as alt
+
+            major_minor = ".".join(alt.SCHEMA_VERSION.lstrip("v").split(".")[:2])
+            if major_minor in vl_convert.get_vegalite_versions():
+                vl_version = major_minor
+        except ImportError:  # pragma: no cover - altair is a book dependency
+            pass
+    code = vl_convert.javascript_bundle(vl_version=vl_version)
+    header = (
+        f"/* PAPA book offline chart bundle: vega {vl_convert.get_vega_version()}, "
+        f"vega-lite {vl_version or 'latest'}, vega-embed {vl_convert.get_vega_embed_version()}; "
+        "generated by papa_lib.charts.bundle_javascript() with vl-convert. */\n"
+    )
+    return header + "(function () {\n" + code + "\n})();\n"

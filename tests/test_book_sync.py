@@ -1,0 +1,320 @@
+"""Checks of the book's sources: paired notebooks, house-style cells, and papa_lib.book helpers.
+
+Every ``book/*.md`` chapter (jupytext MyST, the source of truth) must have an ``.ipynb`` twin
+whose cells equal what jupytext produces from the markdown, a papermill ``parameters`` cell,
+the Colab badge built from ``_config.yml`` and a Colab-guarded install cell.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import textwrap
+from pathlib import Path
+
+import jupytext
+import nbformat
+import pytest
+
+from papa_lib import book
+
+REPO = Path(__file__).resolve().parents[1]
+BOOK_DIR = REPO / "book"
+CONFIG = REPO / "_config.yml"
+CHAPTERS = sorted(BOOK_DIR.glob("*.md"))
+HINT = "run `python -m papa_lib.book sync`"
+
+
+def _cells(notebook) -> list[tuple[str, str, tuple[str, ...]]]:
+    """(cell type, source, tags) of every cell."""
+    out = []
+    for cell in notebook.cells:
+        source = cell.source if isinstance(cell.source, str) else "".join(cell.source)
+        out.append((cell.cell_type, source, tuple(cell.metadata.get("tags", []))))
+    return out
+
+
+def _tagged(notebook, tag: str) -> list[tuple[int, object]]:
+    """(index, cell) of the code cells carrying ``tag``."""
+    return [
+        (i, c) for i, c in enumerate(notebook.cells) if c.cell_type == "code" and tag in c.metadata.get("tags", [])
+    ]
+
+
+def test_book_has_chapters():
+    assert (BOOK_DIR / "intro.md").is_file(), "book/intro.md (the house-style template chapter) is missing"
+    assert CHAPTERS
+
+
+@pytest.mark.parametrize("chapter", CHAPTERS, ids=lambda p: p.name)
+def test_chapter_is_jupytext_myst(chapter):
+    notebook = jupytext.read(chapter)
+    meta = notebook.metadata
+    # jupytext keeps the front matter's format in the metadata of the notebook it reads
+    text = chapter.read_text(encoding="utf-8")
+    assert text.startswith("---\n"), f"{chapter.name}: no jupytext front matter"
+    assert "format_name: myst" in text.split("\n---", 1)[0], f"{chapter.name}: jupytext format_name must be myst"
+    assert meta["kernelspec"]["name"] == "python3", f"{chapter.name}: kernelspec must be python3"
+
+
+@pytest.mark.parametrize("chapter", CHAPTERS, ids=lambda p: p.name)
+def test_chapter_has_matching_paired_notebook(chapter):
+    twin = chapter.with_suffix(".ipynb")
+    assert twin.is_file(), f"{chapter.name}: paired notebook {twin.name} is missing; {HINT}"
+    expected = _cells(jupytext.read(chapter))
+    actual = _cells(nbformat.read(twin, as_version=4))
+    if expected != actual:
+        first = next((i for i, (e, a) in enumerate(zip(expected, actual)) if e != a), min(len(expected), len(actual)))
+        pytest.fail(
+            f"{chapter.name}: {twin.name} is out of date ({len(actual)} cells vs {len(expected)} from the markdown, "
+            f"first difference at cell {first}); {HINT}"
+        )
+    stored = nbformat.read(twin, as_version=4)
+    for cell in stored.cells:
+        if cell.cell_type == "code":
+            assert cell.outputs == [] and cell.execution_count is None, f"{twin.name}: twins carry no outputs; {HINT}"
+
+
+def test_no_orphan_notebooks():
+    orphans = [p.name for p in BOOK_DIR.glob("*.ipynb") if not p.with_suffix(".md").is_file()]
+    assert not orphans, f"paired notebooks without a markdown chapter: {orphans}"
+
+
+def test_check_notebooks_reports_nothing_for_the_repo():
+    assert book.check_notebooks(BOOK_DIR) == []
+
+
+@pytest.mark.parametrize("chapter", CHAPTERS, ids=lambda p: p.name)
+def test_chapter_has_one_parameters_cell_defining_profile(chapter):
+    notebook = jupytext.read(chapter)
+    cells = _tagged(notebook, book.PARAMETERS_TAG)
+    assert len(cells) == 1, f"{chapter.name}: needs exactly one code cell tagged 'parameters', found {len(cells)}"
+    tree = ast.parse(cells[0][1].source)
+    names = {t.id for node in tree.body if isinstance(node, ast.Assign) for t in node.targets if isinstance(t, ast.Name)}
+    assert "profile" in names, f"{chapter.name}: the parameters cell must assign `profile`"
+    assert all(isinstance(node, ast.Assign) for node in tree.body), (
+        f"{chapter.name}: the parameters cell should only assign values (papermill overrides them)"
+    )
+
+
+@pytest.mark.parametrize("chapter", CHAPTERS, ids=lambda p: p.name)
+def test_chapter_has_colab_badge_from_config(chapter):
+    badge = book.colab_badge(chapter.relative_to(REPO), CONFIG)
+    assert badge in chapter.read_text(encoding="utf-8"), (
+        f"{chapter.name}: missing or stale Colab badge (expected {badge}); {HINT}"
+    )
+
+
+def _is_colab_guard(node: ast.AST) -> bool:
+    """True for an ``if "google.colab" in sys.modules:`` test."""
+    return (
+        isinstance(node, ast.If)
+        and isinstance(node.test, ast.Compare)
+        and isinstance(node.test.left, ast.Constant)
+        and node.test.left.value == "google.colab"
+        and len(node.test.ops) == 1
+        and isinstance(node.test.ops[0], ast.In)
+        and ast.unparse(node.test.comparators[0]) == "sys.modules"
+    )
+
+
+@pytest.mark.parametrize("chapter", CHAPTERS, ids=lambda p: p.name)
+def test_chapter_has_guarded_install_cell(chapter):
+    notebook = jupytext.read(chapter)
+    cells = _tagged(notebook, book.INSTALL_TAG)
+    assert len(cells) == 1, f"{chapter.name}: needs exactly one code cell tagged 'install', found {len(cells)}"
+    index, cell = cells[0]
+    parameters_index = _tagged(notebook, book.PARAMETERS_TAG)[0][0]
+    assert index < parameters_index, f"{chapter.name}: the install cell must come before the parameters cell"
+    guards = [node for node in ast.parse(cell.source).body if _is_colab_guard(node)]
+    assert guards, f'{chapter.name}: the install cell must be guarded by `if "google.colab" in sys.modules:`'
+    body = "\n".join(ast.unparse(node) for node in guards[0].body)
+    assert "pip" in body and book.install_spec(CONFIG) in body, (
+        f"{chapter.name}: the guarded install must pip-install {book.install_spec(CONFIG)}; {HINT}"
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# papa_lib.book helpers, on a throw-away book
+# ---------------------------------------------------------------------------------------------
+
+HEADER = textwrap.dedent(
+    """\
+    ---
+    jupytext:
+      text_representation:
+        extension: .md
+        format_name: myst
+        format_version: 0.13
+    kernelspec:
+      display_name: Python 3
+      language: python
+      name: python3
+    ---
+    """
+)
+
+
+def _chapter(body: str) -> str:
+    return HEADER + "\n" + textwrap.dedent(body)
+
+
+def _make_book(root: Path, url: str = "https://github.com/someone/somebook", chapters: dict | None = None) -> Path:
+    (root / "book").mkdir(parents=True)
+    (root / "_config.yml").write_text(f"title: t\nrepository:\n  url: {url}\n  branch: dev\n", encoding="utf-8")
+    chapters = chapters or {}
+    names = list(chapters)
+    toc = "format: jb-book\n"
+    if names:
+        toc += f"root: book/{names[0]}\n"
+    if names[1:]:
+        toc += "chapters:\n" + "".join(f"  - file: book/{n}\n" for n in names[1:])
+    (root / "_toc.yml").write_text(toc, encoding="utf-8")
+    for name, text in chapters.items():
+        (root / "book" / f"{name}.md").write_text(text, encoding="utf-8")
+    return root
+
+
+def test_colab_badge_and_install_spec(tmp_path):
+    _make_book(tmp_path)
+    config = tmp_path / "_config.yml"
+    assert book.colab_url("book/ch1.md", config) == (
+        "https://colab.research.google.com/github/someone/somebook/blob/dev/book/ch1.ipynb"
+    )
+    assert book.colab_badge(tmp_path / "book" / "ch1.md", config) == (
+        "[![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)]"
+        "(https://colab.research.google.com/github/someone/somebook/blob/dev/book/ch1.ipynb)"
+    )
+    assert book.install_spec(config) == "git+https://github.com/someone/somebook@dev"
+
+
+def test_colab_url_needs_a_github_repository(tmp_path):
+    _make_book(tmp_path, url="https://gitlab.com/a/b")
+    with pytest.raises(ValueError, match="GitHub"):
+        book.colab_url("book/x.md", tmp_path / "_config.yml")
+
+
+def test_chapter_without_myst_header_is_rejected(tmp_path):
+    _make_book(tmp_path, chapters={"plain": "# Just markdown\n"})
+    with pytest.raises(ValueError, match=r"plain\.md.*format_name: myst"):
+        book.sync_notebooks(tmp_path / "book")
+
+
+def test_sync_is_deterministic_and_refreshes_links(tmp_path):
+    stale_badge = (
+        "[![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)]"
+        "(https://colab.research.google.com/github/old/repo/blob/main/book/ch.ipynb)"
+    )
+    text = _chapter(
+        f"""\
+        # Chapter
+
+        {stale_badge}
+
+        ```{{code-cell}} ipython3
+        :tags: [parameters]
+
+        profile = "local"
+        ```
+
+        ```{{code-cell}} ipython3
+        print("git+https://github.com/old/repo@main")
+        ```
+        """
+    )
+    _make_book(tmp_path, chapters={"ch": text})
+    md = tmp_path / "book" / "ch.md"
+    written = book.sync_notebooks(tmp_path / "book")
+    twin = md.with_suffix(".ipynb")
+    assert written == [twin]
+    first = twin.read_bytes()
+    assert book.sync_notebooks(tmp_path / "book") == []  # unchanged content is not rewritten
+    twin.unlink()
+    book.sync_notebooks(tmp_path / "book")
+    assert twin.read_bytes() == first  # same bytes every time (stable cell ids)
+    new_text = md.read_text(encoding="utf-8")
+    assert book.colab_badge("book/ch.md", tmp_path / "_config.yml") in new_text
+    assert "git+https://github.com/someone/somebook@dev" in new_text and "old/repo" not in new_text
+    stored = json.loads(first)
+    assert stored["metadata"]["jupytext"]["formats"] == "ipynb,md:myst"
+    assert [c["metadata"].get("tags") for c in stored["cells"]] == [None, ["parameters"], None]
+    assert all(c.get("execution_count") is None for c in stored["cells"] if c["cell_type"] == "code")
+    assert book.check_notebooks(tmp_path / "book") == []
+
+    md.write_text(md.read_text(encoding="utf-8").replace('print("', 'print("changed '), encoding="utf-8")
+    problems = book.check_notebooks(tmp_path / "book")
+    assert len(problems) == 1 and problems[0].startswith("ch.md:") and "python -m papa_lib.book sync" in problems[0]
+    (tmp_path / "book" / "gone.ipynb").write_text(first.decode(), encoding="utf-8")
+    assert any(p.startswith("gone.ipynb") for p in book.check_notebooks(tmp_path / "book"))
+
+
+def test_toc_chapters_follow_reading_order(tmp_path):
+    chapter = _chapter("# x\n")
+    _make_book(tmp_path, chapters={"b_first": chapter, "a_second": chapter})
+    assert [p.name for p in book.toc_chapters(tmp_path)] == ["b_first.md", "a_second.md"]
+
+
+def test_run_chapters_injects_parameters_resumes_and_keeps_done_chapters(tmp_path):
+    good = _chapter(
+        """\
+        # Good
+
+        ```{code-cell} ipython3
+        :tags: [parameters]
+
+        profile = "local"
+        value = 1
+        ```
+
+        ```{code-cell} ipython3
+        import json, pathlib
+        pathlib.Path("out.json").write_text(json.dumps({"profile": profile, "value": value}))
+        ```
+        """
+    )
+    bad = _chapter(
+        """\
+        # Bad
+
+        ```{code-cell} ipython3
+        :tags: [parameters]
+
+        profile = "local"
+        ```
+
+        ```{code-cell} ipython3
+        raise RuntimeError("deliberate failure " + profile)
+        ```
+        """
+    )
+    root = _make_book(tmp_path / "repo", chapters={"good": good, "bad": bad})
+    runs = tmp_path / "runs"
+    with pytest.raises(book.ChapterExecutionError, match=r"chapter bad .*smoke.*deliberate failure smoke"):
+        book.run_chapters("smoke", runs, parameters={"value": 5}, root=root)
+    # the good chapter ran in the repository root with the injected parameters, and is kept
+    assert json.loads((root / "out.json").read_text()) == {"profile": "smoke", "value": 5}
+    done_nb = runs / "smoke" / "good.ipynb"
+    assert done_nb.is_file() and (runs / "smoke" / "good.done").is_file()
+    assert not (runs / "smoke" / "bad.done").exists()
+    marker = json.loads((runs / "smoke" / "good.done").read_text())
+    assert marker["parameters"] == {"profile": "smoke", "value": 5}
+    executed = nbformat.read(done_nb, as_version=4)
+    assert any("injected-parameters" in c.metadata.get("tags", []) for c in executed.cells)
+
+    (root / "book" / "bad.md").write_text(bad.replace('raise RuntimeError("deliberate failure " + profile)', "ok = True"))
+    mtime = done_nb.stat().st_mtime_ns
+    (root / "out.json").unlink()
+    paths = book.run_chapters("smoke", runs, parameters={"value": 5}, root=root)
+    assert [p.name for p in paths] == ["good.ipynb", "bad.ipynb"]
+    assert done_nb.stat().st_mtime_ns == mtime and not (root / "out.json").exists()  # resumed, not re-run
+    assert (runs / "smoke" / "bad.done").is_file()
+
+
+def test_run_chapters_rejects_bad_arguments(tmp_path):
+    root = _make_book(tmp_path, chapters={"c": _chapter("# c\n")})
+    with pytest.raises(ValueError, match="profile"):
+        book.run_chapters("../escape", tmp_path / "runs", root=root)
+    with pytest.raises(ValueError, match="profile"):
+        book.run_chapters("smoke", tmp_path / "runs", parameters={"profile": "x"}, root=root)
+    with pytest.raises(FileNotFoundError, match="nope"):
+        book.run_chapters("smoke", tmp_path / "runs", chapters=["nope"], root=root)
