@@ -154,7 +154,8 @@ def _fraction(text) -> float:
 
 def build_parser() -> argparse.ArgumentParser:
     from .experiments import MATRIX_TYPES
-    from .selection import ORDERS, PAPER_FRACTIONS
+    from .experiments import ALL_ORDERS as ORDERS
+    from .selection import PAPER_FRACTIONS
 
     parser = argparse.ArgumentParser(prog="papa", description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter,

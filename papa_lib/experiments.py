@@ -49,10 +49,16 @@ from .averaging import ConstantAttention, average_attention
 from .models import load_encoder, model_id, model_inputs, num_layers_and_heads
 from .override import AttentionOverride
 
-MATRIX_TYPES = ("original", "average", "identity", "toeplitz", "zeros", "trainable_toeplitz", "trainable_average")
-FROZEN_MATRIX_TYPES = ("original", "average", "identity", "toeplitz", "zeros")
+MATRIX_TYPES = ("original", "average", "identity", "toeplitz", "zeros", "trainable_toeplitz", "trainable_average",
+                "norm_average")
+FROZEN_MATRIX_TYPES = ("original", "average", "identity", "toeplitz", "zeros", "norm_average")
+# Label-free head rankings (beyond the paper, see papa_lib.norms): low score = least input-dependent = replaced first.
+LABEL_FREE_ORDERS = ("attention_variance", "norm_variance")
+ALL_ORDERS = selection.ORDERS + LABEL_FREE_ORDERS
+_AVERAGE_TYPES = ("average", "trainable_average", "norm_average")
 _MODE_OF = {
     "average": "constant",
+    "norm_average": "constant",
     "identity": "identity",
     "toeplitz": "toeplitz",
     "zeros": "zeros",
@@ -74,8 +80,8 @@ class Variant:
     def make(cls, matrix_type="average", selection_order="lambda", fraction=1.0, matrices_from=None) -> "Variant":
         if matrix_type not in MATRIX_TYPES:
             raise ValueError(f"unknown matrix type {matrix_type!r}; choose one of {MATRIX_TYPES}")
-        if selection_order not in selection.ORDERS + ("none",):
-            raise ValueError(f"unknown selection order {selection_order!r}; choose one of {selection.ORDERS}")
+        if selection_order not in ALL_ORDERS + ("none",):
+            raise ValueError(f"unknown selection order {selection_order!r}; choose one of {ALL_ORDERS}")
         fraction = float(fraction)
         if not 0.0 <= fraction <= 1.0:
             raise ValueError(f"fraction of input-dependent heads must be in [0, 1], got {fraction}")
@@ -83,7 +89,7 @@ class Variant:
             return cls("original", "none", 1.0, None)
         if fraction == 0.0:
             selection_order = "none"
-        if matrix_type not in ("average", "trainable_average"):
+        if matrix_type not in _AVERAGE_TYPES:
             matrices_from = None
         return cls(matrix_type, selection_order, fraction, matrices_from)
 
@@ -94,6 +100,10 @@ class Variant:
     @property
     def needs_lambdas(self) -> bool:
         return self.selection_order in ("lambda", "reversed")
+
+    @property
+    def needs_scores(self) -> bool:
+        return self.needs_lambdas or self.selection_order in LABEL_FREE_ORDERS
 
 
 @dataclass
@@ -313,32 +323,65 @@ class TaskExperiment:
         return f"train: {self.split('train').examples.source}; validation: {self.split('validation').examples.source}"
 
     # ------------------------------------------------------------------ constant matrices (Sec. 3.1, 5.3)
-    def constants(self, source_task: str | None = None) -> ConstantAttention:
-        """Average attention over the training text of ``source_task`` (default: this task), labels unused."""
+    def unlabeled_split(self, source_task: str | None = None) -> EncodedSplit:
+        """The training text of ``source_task`` (default: this task) encoded at this task's L (labels unused)."""
         source_task = source_task or self.config.task
-        if source_task in self._constants:
-            return self._constants[source_task]
+        if source_task == self.config.task:
+            return self.split("train")
+        cfg = self.config
+        examples = tasks.unlabeled_texts(source_task, data_dir=cfg.data_dir, limit=cfg.limit, seed=cfg.data_seed)
+        return encode_split(self.tokenizer, tasks.TASKS[source_task], examples, cfg.max_length)
+
+    def constants(self, source_task: str | None = None, kind: str = "average") -> ConstantAttention:
+        """Constant matrices from the training text of ``source_task`` (default: this task), labels unused.
+
+        ``kind="average"`` is PAPA's Eq. 2; ``kind="norm_average"`` averages the norm-weighted contributions
+        α‖f(x)‖, row-normalised (:func:`papa_lib.norms.norm_weighted_attention`, beyond the paper).
+        """
+        source_task = source_task or self.config.task
+        if (source_task, kind) in self._constants:
+            return self._constants[(source_task, kind)]
         cfg = self.config
         key = results.config_hash({"model": model_id(self.model), "source": source_task, "L": cfg.max_length,
-                                   "limit": cfg.limit, "data_seed": cfg.data_seed, "data_dir": str(cfg.data_dir)})
-        path = self.results_dir / "matrices" / f"{source_task}-L{cfg.max_length}-{key}.safetensors" if self.results_dir else None
+                                   "limit": cfg.limit, "data_seed": cfg.data_seed, "data_dir": str(cfg.data_dir),
+                                   **({"kind": kind} if kind != "average" else {})})
+        prefix = source_task if kind == "average" else f"{source_task}-{kind}"
+        path = self.results_dir / "matrices" / f"{prefix}-L{cfg.max_length}-{key}.safetensors" if self.results_dir else None
         if path is not None and path.exists():
             constants = ConstantAttention.load(path)
         else:
-            if source_task == cfg.task:
-                split = self.split("train")
-            else:
-                spec = tasks.TASKS[source_task]
-                examples = tasks.unlabeled_texts(source_task, data_dir=cfg.data_dir, limit=cfg.limit, seed=cfg.data_seed)
-                split = encode_split(self.tokenizer, spec, examples, cfg.max_length)
+            split = self.unlabeled_split(source_task)
             batches = layout.batched(split.encoded, cfg.feature_batch_size)
-            constants = average_attention(self.model, batches, progress=self.progress, source=f"{source_task} train: {split.examples.source}",
-                                          total=math.ceil(split.encoded.batch_size / cfg.feature_batch_size))
+            total = math.ceil(split.encoded.batch_size / cfg.feature_batch_size)
+            source = f"{source_task} train: {split.examples.source}"
+            if kind == "average":
+                constants = average_attention(self.model, batches, progress=self.progress, source=source, total=total)
+            elif kind == "norm_average":
+                from .norms import norm_weighted_attention
+
+                constants = norm_weighted_attention(self.model, batches, progress=self.progress, source=source, total=total)
+            else:
+                raise ValueError(f"unknown constant-matrix kind {kind!r}")
             if path is not None:
                 constants.save(path)
         constants.check_compatible(self.model, cfg.max_length)
-        self._constants[source_task] = constants
+        self._constants[(source_task, kind)] = constants
         return constants
+
+    def head_scores(self, order: str, matrices_from: str | None = None) -> torch.Tensor:
+        """Per-head scores ``[layers, heads]`` behind an order: λ (Sec. 3.2) or a label-free input-dependence score."""
+        if order in ("lambda", "reversed"):
+            return self.learn_lambdas(matrices_from)
+        if order not in LABEL_FREE_ORDERS:
+            raise ValueError(f"order {order!r} has no per-head scores")
+        if order not in self._lambdas:
+            from .norms import input_dependence_scores
+
+            split = self.split("train")
+            weighting = "attention" if order == "attention_variance" else "norm"
+            self._lambdas[order] = input_dependence_scores(self.model, layout.batched(split.encoded, self.config.feature_batch_size),
+                                                           weighting=weighting, progress=self.progress)
+        return self._lambdas[order]
 
     # ------------------------------------------------------------------ λ (Sec. 3.2)
     def learn_lambdas(self, matrices_from: str | None = None) -> torch.Tensor:
@@ -368,12 +411,13 @@ class TaskExperiment:
         """The :class:`AttentionOverride` a variant runs (``None`` for the original model)."""
         if variant.matrix_type == "original":
             return None
-        lambdas = self.learn_lambdas(variant.matrices_from) if variant.needs_lambdas else None
-        replaced = selection.heads_to_replace(variant.selection_order if variant.selection_order != "none" else "first_to_last",
-                                              variant.fraction, self.layers, self.heads, lambdas=lambdas, seed=seed)
+        scores = self.head_scores(variant.selection_order, variant.matrices_from) if variant.needs_scores else None
+        order = variant.selection_order if variant.selection_order != "none" else "first_to_last"
+        order = "lambda" if order in LABEL_FREE_ORDERS else order  # ascending score, like λ
+        replaced = selection.heads_to_replace(order, variant.fraction, self.layers, self.heads, lambdas=scores, seed=seed)
         mode = _MODE_OF[variant.matrix_type]
-        needs_average = variant.matrix_type in ("average", "trainable_average")
-        matrices = self.constants(variant.matrices_from) if needs_average else None
+        kind = "norm_average" if variant.matrix_type == "norm_average" else "average"
+        matrices = self.constants(variant.matrices_from, kind) if variant.matrix_type in _AVERAGE_TYPES else None
         init = "toeplitz" if variant.matrix_type == "trainable_toeplitz" else "average"
         return AttentionOverride(self.model, matrices, replaced, mode, trainable_init=init, max_length=self.config.max_length)
 
@@ -479,7 +523,7 @@ class TaskExperiment:
             "model": model_id(self.model),
             "task": self.spec.name,
             "matrix_type": variant.matrix_type,
-            "matrices_from": variant.matrices_from or (self.spec.name if variant.matrix_type in ("average", "trainable_average") else None),
+            "matrices_from": variant.matrices_from or (self.spec.name if variant.matrix_type in _AVERAGE_TYPES else None),
             "selection_order": variant.selection_order,
             "fraction": variant.fraction,
             "seed": seed,

@@ -7,44 +7,10 @@ from pathlib import Path
 import pytest
 import torch
 
+torch.set_num_threads(1)  # tiny models: one thread is fastest and avoids contention
+
 SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
-ARCHITECTURES = ("bert", "roberta", "electra", "deberta", "deberta-v2")
-
-
-def tiny_config(model_type: str, **overrides):
-    """A tiny config (2 layers, 4 heads, hidden 32) of one supported architecture."""
-    from transformers import BertConfig, DebertaConfig, DebertaV2Config, ElectraConfig, RobertaConfig
-
-    common = dict(
-        vocab_size=120, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37,
-        max_position_embeddings=160, hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.1, type_vocab_size=2,
-    )
-    common.update(overrides)
-    if model_type == "bert":
-        return BertConfig(**common)
-    if model_type == "roberta":
-        return RobertaConfig(**{**common, "pad_token_id": 1, "type_vocab_size": 1})
-    if model_type == "electra":
-        return ElectraConfig(**{**common, "embedding_size": 24})
-    if model_type == "deberta":
-        return DebertaConfig(**{**common, "relative_attention": True, "pos_att_type": ["c2p", "p2c"], "max_relative_positions": -1})
-    if model_type == "deberta-v2":
-        return DebertaV2Config(
-            **{**common, "relative_attention": True, "pos_att_type": ["c2p", "p2c"], "position_buckets": 16,
-               "norm_rel_ebd": "layer_norm", "share_att_key": True, "position_biased_input": False}
-        )
-    raise ValueError(model_type)
-
-
-def tiny_model(model_type: str, seed: int = 0, **overrides):
-    """A tiny randomly initialised encoder in eval mode with eager attention."""
-    from transformers import AutoModel
-
-    torch.manual_seed(seed)
-    model = AutoModel.from_config(tiny_config(model_type, **overrides), attn_implementation="eager")
-    model.eval()
-    model.papa_model_id = f"tiny-{model_type}"
-    return model
+from papa_lib.smoke import ARCHITECTURES, tiny_config, tiny_model  # noqa: F401  (re-exported for the tests)
 
 
 def random_batch(batch: int = 3, length: int = 12, vocab: int = 120, seed: int = 0, lengths=None):

@@ -1,0 +1,167 @@
+"""Run profiles: what a chapter runs on, and where its results live.
+
+=========  ==========================================================  ==========  =====================================
+profile    model and data                                              runs on     results
+=========  ==========================================================  ==========  =====================================
+``smoke``  a tiny random BERT and generated data (:mod:`papa_lib.smoke`)  seconds    ``runs/smoke/`` (never committed)
+``local``  the embedded all-MiniLM-L6-v2 and a local data folder        CPU         ``data/results/local-minilm/``
+           such as ``../shared/data``
+``paper``  the paper's hub models and hub datasets                     GPU         ``data/results/paper/``
+=========  ==========================================================  ==========  =====================================
+
+Each profile has a grid file (``<results>/grid.yaml``; smoke's is built here) that declares every run the book shows.
+Chapters call :func:`resolve` with their papermill parameters and then :meth:`Setup.results`, which reads the
+results store and — when ``run_missing`` is true — first runs whatever the grid still lacks (resuming).
+"""
+
+from __future__ import annotations
+
+import copy
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+PROFILES = ("smoke", "local", "paper")
+RESULT_FOLDERS = {"smoke": "runs/smoke/results", "local": "data/results/local-minilm", "paper": "data/results/paper"}
+PAPER_MODELS = ("bert-base-uncased", "roberta-base", "microsoft/deberta-base", "bert-large-uncased", "roberta-large",
+                "microsoft/deberta-large", "google/electra-base-discriminator")
+
+SMOKE_GRID = {
+    "model": None,
+    "profile": "smoke",
+    "seeds": [0, 1],
+    "limit": None,
+    "max_length": {"default": 16, "mnli": 32},
+    "epochs": 1,
+    "lambda_epochs": 1,
+    "inloop_epochs": 1,
+    "lambda_learning_rate": 0.05,
+    "blocks": [
+        {"name": "fig2", "tasks": ["sst2", "cola", "mnli", "ner", "pos"], "matrix_types": ["average"], "orders": ["lambda"],
+         "fractions": [1, 0.5, 0.125, 0.0625, 0]},
+        {"name": "table1", "tasks": ["sst2", "cola", "mnli", "ner", "pos"],
+         "matrix_types": ["average", "identity", "toeplitz", "zeros", "trainable_toeplitz", "trainable_average"], "fractions": [0]},
+        {"name": "table2", "tasks": ["sst2", "cola", "ner", "pos"], "matrix_types": ["average"], "matrices_from": "mnli", "fractions": [0]},
+        {"name": "fig5", "tasks": ["mnli"], "matrix_types": ["average"],
+         "orders": ["lambda", "reversed", "first_to_last", "last_to_first", "random"], "fractions": [1, 0.5, 0.125, 0.0625, 0]},
+    ],
+}
+
+
+def find_repo_root(start: str | Path | None = None) -> Path:
+    """The repository root (the folder holding ``_config.yml`` and ``papa_lib/``), searched upwards from ``start``."""
+    here = Path(start or Path.cwd()).resolve()
+    for folder in (here, *here.parents):
+        if (folder / "_config.yml").exists() and (folder / "papa_lib").is_dir():
+            return folder
+    return Path(__file__).resolve().parents[1]
+
+
+@dataclass
+class Setup:
+    """A resolved profile: model, data and results folder for one chapter run."""
+
+    profile: str
+    root: Path
+    model_name: str | None
+    data_dir: Path | None
+    results_dir: Path
+    device: str = "cpu"
+    _encoder: tuple | None = field(default=None, repr=False)
+
+    # ------------------------------------------------------------------ what produced a figure
+    @property
+    def model_label(self) -> str:
+        if self.profile == "smoke":
+            return "tiny random BERT"
+        return self.model_name or "all-MiniLM-L6-v2"
+
+    @property
+    def data_label(self) -> str:
+        if self.profile == "smoke":
+            return "generated data"
+        if self.data_dir is None:
+            return "hub datasets"
+        return f"local files ({self.data_dir.name})"
+
+    def label(self) -> str:
+        """"model: …, data: …, profile: …" for figure subtitles."""
+        from .charts import label
+
+        return label(self.model_label, self.data_label, self.profile)
+
+    # ------------------------------------------------------------------ model
+    def encoder(self):
+        """(model, tokenizer) of the profile, loaded once."""
+        if self._encoder is None:
+            if self.profile == "smoke":
+                from .smoke import tiny_encoder
+
+                model, tokenizer = tiny_encoder("bert")
+                model.to(self.device)
+            else:
+                from .models import load_encoder
+
+                model, tokenizer = load_encoder(self.model_name, device=self.device)
+            self._encoder = (model, tokenizer)
+        return self._encoder
+
+    # ------------------------------------------------------------------ results
+    def grid(self) -> dict:
+        """The profile's declared grid (``smoke``: built in; otherwise ``<results_dir>/grid.yaml``)."""
+        from .experiments import GridBlock, load_grid
+
+        if self.profile == "smoke":
+            spec = copy.deepcopy(SMOKE_GRID)
+            spec["blocks"] = [GridBlock(**block) for block in spec["blocks"]]
+            return spec
+        path = self.results_dir / "grid.yaml"
+        if not path.exists():
+            raise FileNotFoundError(f"profile {self.profile!r} has no grid file at {path}")
+        return load_grid(path)
+
+    def results(self, run_missing: bool = False, blocks: list[str] | None = None, progress: bool = False):
+        """The results table (pandas) of this profile; with ``run_missing``, first run what the grid lacks."""
+        from .experiments import run_grid
+        from .results import ResultsStore
+
+        if run_missing:
+            spec = self.grid()
+            if blocks is not None:
+                spec["blocks"] = [b for b in spec["blocks"] if b.name in blocks]
+            overrides = {"data_dir": str(self.data_dir) if self.data_dir else None, "device": self.device}
+            if self.profile != "smoke":
+                overrides["model"] = self.model_name
+            model, tokenizer = self.encoder()
+            run_grid(spec, self.results_dir, model=model, tokenizer=tokenizer, progress=progress, overrides=overrides)
+        return ResultsStore(self.results_dir).frame()
+
+
+def resolve(profile: str = "local", model_name: str | None = None, data_dir: str | Path | None = None,
+            results_dir: str | Path | None = None, device: str = "cpu", root: str | Path | None = None) -> Setup:
+    """Resolve a chapter's parameters into a :class:`Setup`.
+
+    ``data_dir=None`` means: smoke — generated data (written once to a temp folder); local — ``../shared/data`` next
+    to the repository when it exists; paper — the hub. Relative paths are taken from the repository root.
+    """
+    if profile not in PROFILES:
+        raise ValueError(f"unknown profile {profile!r}; choose one of {PROFILES}")
+    root = find_repo_root(root)
+    if profile == "smoke":
+        import torch
+
+        torch.set_num_threads(1)  # tiny tensors: extra threads only contend
+    if data_dir is None:
+        if profile == "smoke":
+            from .smoke import generate_data_dir
+
+            data_dir = generate_data_dir(Path(tempfile.gettempdir()) / "papa-smoke-data")
+        elif profile == "local":
+            candidate = root.parent / "shared" / "data"
+            data_dir = candidate if candidate.exists() else None
+    elif not Path(data_dir).is_absolute():
+        data_dir = root / data_dir
+    folder = Path(results_dir) if results_dir else Path(RESULT_FOLDERS[profile])
+    if not folder.is_absolute():
+        folder = root / folder
+    return Setup(profile, root, model_name, Path(data_dir) if data_dir else None, folder, device)
