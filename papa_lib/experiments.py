@@ -428,11 +428,42 @@ class TaskExperiment:
         if self._features_key != variant:
             self._features = None  # free the previous variant's features first
             state = self.override_for(variant)
-            bs = self.config.feature_batch_size
-            train = extract_features(self.model, self.split("train"), self.spec.kind, bs, state, self.progress, "train features")
-            val = extract_features(self.model, self.split("validation"), self.spec.kind, bs, state, self.progress, "validation features")
-            self._features_key, self._features = variant, (train, val)
+            self._features = tuple(self._cached_features(variant, state, name) for name in ("train", "validation"))
+            self._features_key = variant
         return self._features
+
+    def _cached_features(self, variant: Variant, state: AttentionOverride | None, name: str) -> FeatureSet:
+        """Features of one split, shared on disk (``results_dir/features``, not committed) between tasks whose inputs
+        and override are identical — CoNLL NER and POS read the same sentences, so their non-λ variants coincide."""
+        split = self.split(name)
+        path = None
+        if self.results_dir is not None and not variant.needs_scores:
+            import hashlib
+
+            digest = hashlib.sha256()
+            for key in ("input_ids", "attention_mask", "token_type_ids"):
+                if key in split.encoded:
+                    digest.update(split.encoded[key].numpy().tobytes())
+            if split.encoded.word_index is not None:
+                digest.update(split.encoded.word_index.numpy().tobytes())
+            if state is not None:
+                for layer_matrices in state._bases.values():
+                    digest.update(layer_matrices.detach().cpu().numpy().tobytes())
+            key = results.config_hash({"model": model_id(self.model), "variant": asdict(variant) | {"matrices_from": None},
+                                       "kind": self.spec.kind, "inputs": digest.hexdigest()})
+            path = self.results_dir / "features" / f"{key}.pt"
+            if path.exists():
+                cached = torch.load(path)
+                labels = split.labels if self.spec.kind != "token" else split.labels[split.labels != probes.IGNORE_INDEX]
+                return FeatureSet(cached["features"], labels, cached["attention_mask"])
+        features = extract_features(self.model, split, self.spec.kind, self.config.feature_batch_size, state, self.progress,
+                                    f"{name} features")
+        if path is not None:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_suffix(".tmp")
+            torch.save({"features": features.features, "attention_mask": features.attention_mask}, tmp)
+            tmp.replace(path)
+        return features
 
     # ------------------------------------------------------------------ probing
     def _new_probe(self) -> nn.Module:
@@ -504,12 +535,21 @@ class TaskExperiment:
                 yield (features.features[rows].float(), features.attention_mask[rows])
 
     # ------------------------------------------------------------------ records
-    def run_id(self, variant: Variant, seed: int) -> str:
+    def relevant_config(self, variant: Variant) -> dict:
+        """The settings that can change this variant's number (λ settings only for λ orders, in-loop epochs only for
+        variants trained inside the backbone), so unrelated changes to a grid do not invalidate finished runs."""
         cfg = asdict(self.config)
-        cfg.pop("device")
-        cfg.pop("feature_batch_size")
+        for key in ("device", "feature_batch_size", "lambda_epochs", "lambda_learning_rate", "inloop_epochs"):
+            cfg.pop(key)
         cfg["model"] = model_id(self.model)
-        return results.config_hash({**cfg, **asdict(variant), "seed": seed})
+        if variant.needs_lambdas:
+            cfg.update(lambda_epochs=self.config.lambda_epochs, lambda_learning_rate=self.config.lambda_learning_rate)
+        if not variant.frozen:
+            cfg["inloop_epochs"] = self.config.inloop_epochs
+        return cfg
+
+    def run_id(self, variant: Variant, seed: int) -> str:
+        return results.config_hash({**self.relevant_config(variant), **asdict(variant), "seed": seed})
 
     def run(self, variant: Variant, seed: int) -> dict:
         """Probe one variant with one seed; append the record to the store (skipped if already finished)."""
@@ -531,7 +571,7 @@ class TaskExperiment:
             "value": float(value),
             "eval_size": len(self.split("validation").examples),
             "train_size": len(self.split("train").examples),
-            "config_hash": results.config_hash({k: v for k, v in asdict(self.config).items() if k not in ("device", "feature_batch_size")}),
+            "config_hash": results.config_hash(self.relevant_config(variant)),
             "profile": self.config.profile,
             "data_source": self.data_source,
             "versions": results.package_versions(),
