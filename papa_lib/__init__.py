@@ -10,7 +10,10 @@ One module per concept of the paper:
 - :mod:`papa_lib.probes`     frozen-model probing classifiers (Sec. 3.3)
 - :mod:`papa_lib.tasks`      CoLA, SST-2, MRPC, MNLI, CoNLL NER/POS: data and metrics (Sec. 4.1, App. B)
 - :mod:`papa_lib.results`    the tidy results store, confidence intervals, relative drops
-- :mod:`papa_lib.norms`      norm-based attention analysis (Kobayashi et al. 2020)
+- :mod:`papa_lib.norms`      norm-based attention analysis (Kobayashi et al. 2020) and norm-aware PAPA
+- :mod:`papa_lib.mlm`        masked-language-model probing under PAPA (Sec. 5.5)
+- :mod:`papa_lib.experiments` variants, feature cache, λ learning and declared grids (Sec. 4, 5)
+- :mod:`papa_lib.profiles`   smoke / local / paper run profiles for the book
 - :mod:`papa_lib.cli`        the ``papa`` command
 
 The core API is importable from the package itself::

@@ -141,7 +141,8 @@ def load_encoder(
     if dtype is not None:
         kwargs["dtype"] = dtype
     model_class = AutoModelForMaskedLM if with_mlm_head else AutoModel
-    model = model_class.from_pretrained(path, **kwargs)
+    model, loading_info = model_class.from_pretrained(path, output_loading_info=True, **kwargs)
+    model.papa_missing_keys = list(loading_info.get("missing_keys", []))  # e.g. an MLM head the checkpoint lacks
     tokenizer = AutoTokenizer.from_pretrained(path)
     model.to(device)
     model.eval()

@@ -9,7 +9,7 @@ split (Sec. 4.1, footnote 11).  The metrics are (footnote 10): accuracy for
 SST-2 and MNLI, F1 for MRPC, NER and POS, and Matthews correlation (MCC) for
 CoLA.  The probing-classifier hyperparameters are those of App. B, Table 3,
 including the MLM row used for the language-modelling probe on WikiText-103
-(Sec. 5.1, Fig. 6a).
+(Sec. 5.5, Fig. 6a).
 
 Constant attention matrices are built from the task's *unlabelled* training
 set (Sec. 3.1, Sec. 4.1); :func:`unlabeled_texts` returns that split.
@@ -304,7 +304,7 @@ def load_wikitext(
     data_dir: str | Path | None = None,
     name: str = "wikitext-103",
 ) -> list[str]:
-    """Article text lines of WikiText, the corpus of the MLM probe (Sec. 5.1, Fig. 6a).
+    """Article text lines of WikiText, the corpus of the MLM probe (Sec. 5.5, Fig. 6a).
 
     Section headings (``' = Title = '``, ``' = = Section = = '``) and blank lines are
     dropped; the remaining lines are returned stripped of surrounding whitespace.
