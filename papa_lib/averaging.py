@@ -113,6 +113,58 @@ def _pair_mask(attention_mask: torch.Tensor) -> torch.Tensor:
     return real[:, :, None] * real[:, None, :]
 
 
+class PadAwareAverage:
+    """Streaming, pad-aware per-entry average of per-example ``[layers, heads, L, L]`` matrices (Eq. 2).
+
+    Entry (q, k) is averaged over the examples in which both q and k are real tokens; entries no example covers stay 0.
+    Memory is one float64 ``[heads, L, L]`` running sum per layer plus one ``[L, L]`` count, whatever the corpus size.
+    Used for PAPA's attention averages here and for norm-weighted averages in :mod:`papa_lib.norms`.
+    """
+
+    def __init__(self, num_layers: int, num_heads: int, kind: str = "average"):
+        self.num_layers, self.num_heads, self.kind = num_layers, num_heads, kind
+        self.sums: list[torch.Tensor] | None = None
+        self.counts: torch.Tensor | None = None
+        self.length: int | None = None
+        self.layout: str | None = None
+        self.num_examples = 0
+        self.started = time.time()
+
+    def add(self, per_layer: Iterable[tuple[int, torch.Tensor]], attention_mask: torch.Tensor, layout: str | None = None) -> None:
+        """Add one batch: ``per_layer`` yields ``(layer, matrices [B, heads, L, L])``; ``attention_mask`` is ``[B, L]``."""
+        width = int(attention_mask.shape[1])
+        if self.length is None:
+            self.length, self.layout = width, layout
+            self.sums = [torch.zeros(self.num_heads, width, width, dtype=torch.float64, device=attention_mask.device)
+                         for _ in range(self.num_layers)]
+            self.counts = torch.zeros(width, width, dtype=torch.float64, device=attention_mask.device)
+        elif width != self.length:
+            raise ValueError(f"all batches must have the same width L; got {width} after {self.length}")
+        pair_mask = _pair_mask(attention_mask)
+        for layer, matrices in per_layer:
+            self.sums[layer] += torch.einsum("bhqk,bqk->hqk", matrices.float(), pair_mask).double()
+        self.counts += pair_mask.sum(0).double()
+        self.num_examples += int(attention_mask.shape[0])
+
+    def result(self, model, source: str) -> ConstantAttention:
+        """The averages as a :class:`ConstantAttention`; an empty corpus raises ``ValueError``."""
+        if self.num_examples == 0:
+            raise ValueError(f"{self.kind} averaging got an empty corpus: no batches (or only empty ones) to average over")
+        stacked = torch.stack(self.sums)
+        zero = torch.zeros((), dtype=stacked.dtype, device=stacked.device)
+        matrices = torch.where(self.counts > 0, stacked / self.counts.clamp_min(1), zero)
+        metadata = {
+            "model": model_id(model),
+            "max_length": self.length,
+            "layout": self.layout or "unknown",
+            "num_examples": self.num_examples,
+            "source": source,
+            "seconds": round(time.time() - self.started, 3),
+            "kind": self.kind,
+        }
+        return ConstantAttention(matrices.float().cpu(), self.counts.round().long().cpu(), metadata)
+
+
 @torch.inference_mode()
 def average_attention(
     model,
@@ -134,46 +186,13 @@ def average_attention(
     Returns:
         A :class:`ConstantAttention`; ``counts[q, k]`` is the number of examples in which q and k were both real.
 
-    Memory stays constant in the corpus size: one float64 running sum ``[heads, L, L]`` per layer and one count
-    matrix; no per-example matrix is kept.
+    Memory stays constant in the corpus size (:class:`PadAwareAverage`); no per-example matrix is kept.
     """
     from tqdm.auto import tqdm
 
-    layers, heads = num_layers_and_heads(model)
-    sums: list[torch.Tensor] | None = None
-    counts = None
-    length = None
-    layout = None
-    num_examples = 0
-    started = time.time()
+    average = PadAwareAverage(*num_layers_and_heads(model))
     for batch in tqdm(batches, total=total, disable=not progress, desc="averaging attention", unit="batch"):
         inputs = model_inputs(model, batch)
-        width = int(inputs["input_ids"].shape[1])
-        if length is None:
-            length = width
-            layout = getattr(batch, "layout", None)
-            device = inputs["input_ids"].device
-            sums = [torch.zeros(heads, width, width, dtype=torch.float64, device=device) for _ in range(layers)]
-            counts = torch.zeros(width, width, dtype=torch.float64, device=device)
-        elif width != length:
-            raise ValueError(f"all batches must have the same width L; got {width} after {length}")
-        pair_mask = _pair_mask(inputs["attention_mask"])
         outputs = model(**inputs, output_attentions=True)
-        for layer, attention in enumerate(outputs.attentions):
-            sums[layer] += torch.einsum("bhqk,bqk->hqk", attention.float(), pair_mask).double()
-        counts += pair_mask.sum(0).double()
-        num_examples += int(inputs["input_ids"].shape[0])
-    if num_examples == 0:
-        raise ValueError("average_attention got an empty corpus: no batches (or only empty ones) to average over")
-    stacked = torch.stack(sums)
-    matrices = torch.where(counts > 0, stacked / counts.clamp_min(1), torch.zeros((), dtype=stacked.dtype, device=stacked.device))
-    metadata = {
-        "model": model_id(model),
-        "max_length": length,
-        "layout": layout or "unknown",
-        "num_examples": num_examples,
-        "source": source,
-        "seconds": round(time.time() - started, 3),
-        "kind": "average",
-    }
-    return ConstantAttention(matrices.float().cpu(), counts.round().long().cpu(), metadata)
+        average.add(enumerate(outputs.attentions), inputs["attention_mask"], getattr(batch, "layout", None))
+    return average.result(model, source)
