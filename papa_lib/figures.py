@@ -1,0 +1,911 @@
+"""From the results table to the paper's figures and tables (Hassid et al. 2022, Sec. 4.2, 5.2, 5.3, App. C).
+
+Every function here takes the tidy results table of :class:`papa_lib.results.ResultsStore` (``.frame()``: one
+row per run, see :data:`papa_lib.results.RECORD_FIELDS`) and returns a small tidy or wide frame that a chapter
+plots or prints. Means, 95% confidence intervals and relative drops come from :func:`papa_lib.results.summarize`
+and :func:`papa_lib.results.relative_drop`; this module only chooses *which rows* feed them:
+
+* :func:`fraction_curves` -- Fig. 2: score vs fraction of input-dependent heads (1, 1/2, 1/8, 1/16, 0).
+* :func:`all_constant_drop`, :func:`half_heads_drop` -- the Sec. 4.2 headline numbers (8% average and at most
+  20% relative drop with every head constant; no major drop with half of them) and Fig. 3's points.
+* :func:`matrix_type_summary`, :func:`matrix_type_table`, :func:`average_vs_data_free` -- Table 1 / Table 4.
+* :func:`transfer_summary`, :func:`transfer_table`, :func:`transfer_differences` -- Table 2 / Table 5.
+* :func:`with_paper` -- our numbers beside the paper's (``papa_lib.paper``), in one long frame for a chart.
+* :func:`stored_matrices`, :func:`column_mass`, :func:`position_coverage` -- where the constant matrices of
+  Sec. 5.3 put their weight, and how often a position holds a real token (App. A layout).
+* :func:`grid_coverage` -- which runs of a declared grid are in the table (results may be partial).
+* :func:`run_costs`, :func:`estimate_compute`, :func:`encoder_cost_ratio` -- compute estimates from measured
+  wall times.
+
+Canonical rows (see :mod:`papa_lib.experiments`): the model with every head input-dependent (fraction 1) is stored
+once as ``matrix_type="original"``, ``selection_order="none"``; with every head replaced (fraction 0) the order
+is ``"none"``. Average-type matrices record the task whose text built them in ``matrices_from`` (the task itself,
+or ``"mnli"`` for Sec. 5.3); data-free types leave it empty.
+
+All functions accept partial tables: missing configurations give missing cells (or are listed as missing),
+never an exception. Groups whose original score is 0 (e.g. a constant classifier's MCC) have no relative drop.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from fractions import Fraction
+
+import numpy as np
+import pandas as pd
+
+from .results import relative_drop, summarize
+
+__all__ = [
+    "AVERAGE_TYPES",
+    "CONSTRUCTION",
+    "DATA_FREE_TYPES",
+    "DropSummary",
+    "MATRIX_TYPE_LABELS",
+    "MODEL_SHAPES",
+    "PAPER_TASK_ORDER",
+    "PAPER_TRAIN_SIZES",
+    "PAPER_TRAIN_WORDS",
+    "TABLE1_ORDER",
+    "all_constant_drop",
+    "average_vs_data_free",
+    "column_mass",
+    "diagonal_mass",
+    "encoder_cost_ratio",
+    "estimate_compute",
+    "feature_cache_bytes",
+    "format_mean_ci",
+    "fraction_curves",
+    "fraction_label",
+    "grid_coverage",
+    "grid_plan",
+    "per_task_setting",
+    "half_heads_drop",
+    "headline_comparison",
+    "matrix_type_summary",
+    "matrix_type_table",
+    "position_coverage",
+    "run_costs",
+    "stored_matrices",
+    "task_lengths",
+    "transfer_differences",
+    "transfer_summary",
+    "transfer_table",
+    "wide_table",
+    "with_paper",
+]
+
+#: Matrix types built from (unlabeled) text; their rows record ``matrices_from``.
+AVERAGE_TYPES = ("average", "trainable_average", "norm_average")
+#: Constant matrices that need no data (Sec. 5.2 (1)-(3)).
+DATA_FREE_TYPES = ("identity", "toeplitz", "zeros")
+#: Row order of Table 1 / Table 4.
+TABLE1_ORDER = ("original", "identity", "toeplitz", "zeros", "trainable_toeplitz", "trainable_average", "average")
+#: Readable names of the matrix types (the paper's row labels).
+MATRIX_TYPE_LABELS = {
+    "original": "Original (input-dependent)",
+    "identity": "Identity",
+    "toeplitz": "Toeplitz",
+    "zeros": "Zeros",
+    "trainable_toeplitz": "Trainable, Toeplitz init.",
+    "trainable_average": "Trainable, average init.",
+    "average": "Average (PAPA)",
+    "norm_average": "Norm-weighted average",
+}
+#: Which data each matrix type needs (Table 1's first column).
+CONSTRUCTION = {
+    "original": "attention",
+    "identity": "data-free",
+    "toeplitz": "data-free",
+    "zeros": "data-free",
+    "trainable_toeplitz": "labeled",
+    "trainable_average": "labeled",
+    "average": "unlabeled",
+    "norm_average": "unlabeled",
+}
+#: Column order of the paper's tables.
+PAPER_TASK_ORDER = ("cola", "mrpc", "sst2", "mnli", "ner", "pos")
+#: Training-set sizes of the paper's data (GLUE train splits; CoNLL-2003 eng.train sentences), for estimates.
+PAPER_TRAIN_SIZES = {"cola": 8551, "sst2": 67349, "mrpc": 3668, "mnli": 392702, "ner": 14041, "pos": 14041}
+#: Words in CoNLL-2003 eng.train (the token tasks' probe sees one vector per word).
+PAPER_TRAIN_WORDS = {"ner": 203621, "pos": 203621}
+#: (layers, hidden size, feed-forward size) of the encoders the book runs, for :func:`encoder_cost_ratio`.
+MODEL_SHAPES = {
+    "all-MiniLM-L6-v2": (6, 384, 1536),
+    "bert-base-uncased": (12, 768, 3072),
+    "roberta-base": (12, 768, 3072),
+    "microsoft/deberta-base": (12, 768, 3072),
+    "google/electra-base-discriminator": (12, 768, 3072),
+    "bert-large-uncased": (24, 1024, 4096),
+    "roberta-large": (24, 1024, 4096),
+    "microsoft/deberta-large": (24, 1024, 4096),
+}
+
+_FRAME_COLUMNS = ("model", "task", "matrix_type", "matrices_from", "selection_order", "fraction", "seed", "metric", "value")
+_SUMMARY_COLUMNS = ["mean", "ci_low", "ci_high", "n"]
+_EPS = 1e-9  # comparisons of printed-precision numbers (0.2 vs 0.19999999999999996)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Small helpers
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def _check_frame(frame: pd.DataFrame, what: str, extra: Sequence[str] = ()) -> pd.DataFrame:
+    """Raise ValueError unless ``frame`` is a results table with the columns this module reads."""
+    if not isinstance(frame, pd.DataFrame):
+        raise ValueError(f"{what}: expected a results DataFrame (ResultsStore(...).frame()), got {type(frame).__name__}")
+    missing = [c for c in (*_FRAME_COLUMNS, *extra) if c not in frame.columns]
+    if missing:
+        raise ValueError(f"{what}: the results frame lacks column(s) {', '.join(missing)} (have {list(frame.columns)})")
+    return frame
+
+
+def _check_tasks(tasks: Iterable[str] | None, what: str) -> list[str] | None:
+    """Validate task names against :data:`papa_lib.tasks.TASKS` (a typo is an error; an absent task is not)."""
+    if tasks is None:
+        return None
+    if isinstance(tasks, str):
+        tasks = [tasks]
+    from .tasks import TASKS
+
+    tasks = list(tasks)
+    unknown = [t for t in tasks if t not in TASKS]
+    if unknown:
+        raise ValueError(f"{what}: unknown task(s) {unknown}; known tasks: {sorted(TASKS)}")
+    return tasks
+
+
+def _task_rank(task: str) -> int:
+    """Position of a task in the paper's column order (unknown tasks after, in name order)."""
+    return PAPER_TASK_ORDER.index(task) if task in PAPER_TASK_ORDER else len(PAPER_TASK_ORDER)
+
+
+def _ordered_tasks(tasks: Iterable[str]) -> list[str]:
+    return sorted(dict.fromkeys(tasks), key=lambda t: (_task_rank(t), str(t)))
+
+
+def _sort_by_task(frame: pd.DataFrame, before: Sequence[str] = ("model",), after: Sequence[str] = (),
+                  ascending_after: bool = True) -> pd.DataFrame:
+    """Sort by ``before`` columns, then the paper's task order, then ``after`` columns."""
+    out = frame.assign(_rank=frame["task"].map(_task_rank))
+    keys = [*before, "_rank", "task", *after]
+    ascending = [True] * (len(before) + 2) + [ascending_after] * len(after)
+    return out.sort_values(keys, ascending=ascending, kind="stable").drop(columns="_rank").reset_index(drop=True)
+
+
+def _is_close(column: pd.Series, target: float) -> pd.Series:
+    values = pd.to_numeric(column, errors="coerce").to_numpy(dtype=float)
+    return pd.Series(np.isclose(values, float(target), rtol=0.0, atol=1e-9), index=column.index)
+
+
+def _own_matrices(frame: pd.DataFrame) -> pd.Series:
+    """Rows whose matrices (if any) come from their own task's text (or that have no matrices at all)."""
+    return frame["matrices_from"].isna() | (frame["matrices_from"] == frame["task"])
+
+
+def _matrices_mask(frame: pd.DataFrame, matrices_from: str | None) -> pd.Series:
+    """``None``: the task's own text; a task name: matrices built from that task's text."""
+    if matrices_from is None:
+        return _own_matrices(frame)
+    return frame["matrices_from"] == matrices_from
+
+
+def _restrict_tasks(frame: pd.DataFrame, tasks: list[str] | None) -> pd.DataFrame:
+    return frame if tasks is None else frame[frame["task"].isin(tasks)]
+
+
+def fraction_label(fraction: float) -> str:
+    """The fraction as the paper writes it: ``1``, ``1/2``, ``1/8``, ``1/16``, ``0``."""
+    value = float(fraction)
+    if not 0.0 <= value <= 1.0 or math.isnan(value):
+        raise ValueError(f"a fraction of input-dependent heads lies in [0, 1], got {fraction!r}")
+    return str(Fraction(value).limit_denominator(1024))
+
+
+def format_mean_ci(mean: float, ci_low: float, ci_high: float, n: int, digits: int = 2) -> str:
+    """``"0.47 ± 0.02"`` (mean ± half-width of the 95% interval); ``"0.47"`` for one seed; ``"—"`` when missing."""
+    if mean is None or (isinstance(mean, float) and math.isnan(mean)) or not n:
+        return "—"
+    text = f"{mean:.{digits}f}"
+    if n > 1 and not (math.isnan(ci_low) or math.isnan(ci_high)):
+        text += f" ± {(ci_high - ci_low) / 2:.{digits}f}"
+    return text
+
+
+def _empty(columns: Sequence[str]) -> pd.DataFrame:
+    return pd.DataFrame({c: pd.Series(dtype="float64" if c in ("mean", "ci_low", "ci_high", "fraction", "relative_drop",
+                                                                  "original", "constant", "baseline") else "object")
+                         for c in columns})
+
+
+def _drops_where_defined(rows: pd.DataFrame, by: Sequence[str]) -> tuple[pd.DataFrame, list[str]]:
+    """:func:`relative_drop` of ``rows`` (baseline: fraction 1) for the groups where it is defined.
+
+    Returns the drops and one note per group left out (no original rows, or an original mean of 0).
+    """
+    by = list(by)
+    keys = by + ["metric"]
+    if rows.empty:
+        return pd.DataFrame(), []
+    originals = rows[_is_close(rows["fraction"], 1.0)]
+    base = summarize(originals, keys) if not originals.empty else _empty([*keys, "mean"])
+    notes = []
+    groups = rows[keys].drop_duplicates()
+    ok = groups.merge(base[[*keys, "mean"]], on=keys, how="left")
+    for row in ok.itertuples(index=False):
+        where = "/".join(str(getattr(row, k)) for k in by)
+        if pd.isna(row.mean):
+            notes.append(f"{where}: no original (all heads input-dependent) rows")
+        elif row.mean == 0:
+            notes.append(f"{where}: original score is 0, relative drop undefined")
+    ok = ok[ok["mean"].notna() & (ok["mean"] != 0)][keys]
+    usable = rows.merge(ok, on=keys, how="inner")
+    if usable.empty:
+        return pd.DataFrame(), notes
+    return relative_drop(usable, by=by), notes
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Fig. 2: score vs fraction of input-dependent heads
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def _curve_rows(frame: pd.DataFrame, order: str, matrix_type: str, matrices_from: str | None) -> pd.DataFrame:
+    """Rows of one Fig. 2 curve: originals (fraction 1), the order's partial fractions, all-replaced (fraction 0)."""
+    original = frame["matrix_type"] == "original"
+    typed = frame["matrix_type"] == matrix_type
+    if matrix_type in AVERAGE_TYPES:
+        typed &= _matrices_mask(frame, matrices_from)
+    fraction = pd.to_numeric(frame["fraction"], errors="coerce")
+    partial = typed & (frame["selection_order"] == order) & (fraction > 0) & (fraction < 1)
+    none = typed & _is_close(frame["fraction"], 0.0) & (frame["selection_order"] == "none")
+    return frame[original | partial | none]
+
+
+def fraction_curves(frame: pd.DataFrame, tasks: Iterable[str] | None = None, order: str = "lambda",
+                    matrix_type: str = "average", matrices_from: str | None = None) -> pd.DataFrame:
+    """Fig. 2: mean score and 95% CI per (model, task, fraction of input-dependent heads).
+
+    The fraction-1 point is the ``original`` rows, fraction 0 the all-replaced rows (``selection_order`` ``none``),
+    fractions in between the rows of ``order`` (default the learned-λ order, Sec. 3.2). ``matrices_from=None`` uses
+    matrices built on each task's own text. Columns: model, task, metric, fraction, fraction_label, mean, ci_low,
+    ci_high, n, relative_drop (from the original; NaN where undefined). Sorted by model, task, decreasing fraction.
+    """
+    _check_frame(frame, "fraction_curves")
+    tasks = _check_tasks(tasks, "fraction_curves")
+    columns = ["model", "task", "metric", "fraction", "fraction_label", *_SUMMARY_COLUMNS, "relative_drop"]
+    rows = _curve_rows(_restrict_tasks(frame, tasks), order, matrix_type, matrices_from)
+    if rows.empty:
+        return _empty(columns)
+    keys = ["model", "task", "metric", "fraction"]
+    curves = summarize(rows, keys)
+    drops, _ = _drops_where_defined(rows, ("model", "task"))
+    if drops.empty:
+        curves["relative_drop"] = np.nan
+    else:
+        curves = curves.merge(drops[[*keys, "relative_drop"]], on=keys, how="left")
+    curves["fraction_label"] = curves["fraction"].map(fraction_label)
+    return _sort_by_task(curves, after=["fraction"], ascending_after=False)[columns]
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Sec. 4.2 headline numbers and Fig. 3
+# ----------------------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class DropSummary:
+    """Relative drops from the original model at one fraction of input-dependent heads (Sec. 4.2).
+
+    ``per_task``: one row per (model, task) with ``original`` (mean over seeds), ``n_original``, ``replaced``
+    (mean of the variant), ``n_replaced`` and ``relative_drop`` = (original - replaced) / |original|. ``mean`` and
+    ``max`` are over those rows (all models and tasks, as the paper pools them); ``worst`` names the row of the
+    maximum; ``missing`` lists the (model/task) groups that could not be used and why.
+    """
+
+    fraction: float
+    per_task: pd.DataFrame
+    mean: float
+    max: float
+    worst: str | None
+    missing: tuple[str, ...] = field(default_factory=tuple)
+
+    @property
+    def count(self) -> int:
+        """How many (model, task) drops the mean and max are taken over."""
+        return int(len(self.per_task))
+
+    def per_model(self) -> pd.DataFrame:
+        """Fig. 3: per model, the original score and the relative drop, each averaged over its tasks."""
+        if self.per_task.empty:
+            return _empty(["model", "original", "relative_drop", "tasks"])
+        grouped = self.per_task.groupby("model", sort=True)
+        return pd.DataFrame({
+            "original": grouped["original"].mean(),
+            "relative_drop": grouped["relative_drop"].mean(),
+            "tasks": grouped["task"].count(),
+        }).reset_index()
+
+
+def _drop_at(frame: pd.DataFrame, fraction: float, order: str, matrix_type: str, matrices_from: str | None,
+             tasks: list[str] | None) -> DropSummary:
+    rows = _curve_rows(_restrict_tasks(frame, tasks), order, matrix_type, matrices_from)
+    rows = rows[_is_close(rows["fraction"], 1.0) | _is_close(rows["fraction"], fraction)]
+    columns = ["model", "task", "metric", "original", "n_original", "replaced", "n_replaced", "relative_drop"]
+    drops, notes = _drops_where_defined(rows, ("model", "task"))
+    per_task = _empty(columns)
+    if not drops.empty:
+        at = drops[_is_close(drops["fraction"], fraction)]
+        base_n = drops[_is_close(drops["fraction"], 1.0)][["model", "task", "metric", "n"]].rename(columns={"n": "n_original"})
+        per_task = at.merge(base_n, on=["model", "task", "metric"], how="left").rename(
+            columns={"baseline": "original", "mean": "replaced", "n": "n_replaced"})[columns]
+        lacking = drops[["model", "task"]].drop_duplicates().merge(at[["model", "task"]], how="left", indicator=True)
+        for row in lacking[lacking["_merge"] == "left_only"].itertuples(index=False):
+            notes.append(f"{row.model}/{row.task}: no rows at fraction {fraction_label(fraction)}")
+        per_task = _sort_by_task(per_task)
+    if per_task.empty:
+        return DropSummary(fraction, per_task, float("nan"), float("nan"), None, tuple(notes))
+    worst_row = per_task.loc[per_task["relative_drop"].idxmax()]
+    several_models = per_task["model"].nunique() > 1
+    worst = f"{worst_row['model']}/{worst_row['task']}" if several_models else str(worst_row["task"])
+    return DropSummary(fraction, per_task, float(per_task["relative_drop"].mean()), float(per_task["relative_drop"].max()),
+                       worst, tuple(notes))
+
+
+def all_constant_drop(frame: pd.DataFrame, tasks: Iterable[str] | None = None, matrix_type: str = "average",
+                      matrices_from: str | None = None) -> DropSummary:
+    """Relative drop with every head replaced (fraction 0) per (model, task), and its mean and max (Sec. 4.2).
+
+    The paper: an 8% relative drop on average, never more than 20% (:func:`papa_lib.paper.headline`).
+    """
+    _check_frame(frame, "all_constant_drop")
+    return _drop_at(frame, 0.0, "none", matrix_type, matrices_from, _check_tasks(tasks, "all_constant_drop"))
+
+
+def half_heads_drop(frame: pd.DataFrame, tasks: Iterable[str] | None = None, order: str = "lambda",
+                    matrix_type: str = "average", fraction: float = 0.5) -> DropSummary:
+    """Relative drop with half of the heads replaced (those of ``order``; Sec. 4.2: "no major drop")."""
+    _check_frame(frame, "half_heads_drop")
+    if not 0.0 < float(fraction) < 1.0:
+        raise ValueError(f"half_heads_drop: fraction must be strictly between 0 and 1, got {fraction}")
+    return _drop_at(frame, float(fraction), order, matrix_type, None, _check_tasks(tasks, "half_heads_drop"))
+
+
+def headline_comparison(all_constant: DropSummary, half: DropSummary, paper_mean: float, paper_max: float,
+                        paper_half: float = 0.0, tolerance: float = 0.04, major: float = 0.05) -> pd.DataFrame:
+    """Sec. 4.2's three claims, the paper's value, ours, and a verdict computed from them.
+
+    * average relative drop with every head constant: "close to the paper" when within ``tolerance`` (absolute,
+      e.g. 0.04 = 4 percentage points) of ``paper_mean``, else "larger"/"smaller than the paper's";
+    * largest such drop: "within the paper's bound" when <= ``paper_max``, else "above the paper's bound";
+    * half of the heads constant: "no major drop, as in the paper" when every task's drop is <= ``major`` (the
+      paper reports ``paper_half`` = no major drop), else "a major drop" naming the worst task.
+
+    Claims without measurements read "not measured yet". Columns: claim, paper, ours, verdict, drops (how many
+    (model, task) drops the number is taken over), worst.
+    """
+    rows = []
+
+    def verdict_mean() -> str:
+        if all_constant.count == 0:
+            return "not measured yet"
+        gap = all_constant.mean - paper_mean
+        if abs(gap) <= tolerance + _EPS:
+            return "close to the paper"
+        return "larger than the paper's" if gap > 0 else "smaller than the paper's"
+
+    rows.append(("average relative drop, every head constant", paper_mean, all_constant.mean, verdict_mean(),
+                 all_constant.count, all_constant.worst))
+    if all_constant.count == 0:
+        bound = "not measured yet"
+    else:
+        bound = "within the paper's bound" if all_constant.max <= paper_max + _EPS else "above the paper's bound"
+    rows.append(("largest relative drop, every head constant", paper_max, all_constant.max, bound, all_constant.count,
+                 all_constant.worst))
+    if half.count == 0:
+        half_verdict = "not measured yet"
+    elif half.max <= major + _EPS:
+        half_verdict = "no major drop, as in the paper"
+    else:
+        half_verdict = f"a major drop (above {major:.0%}) for {half.worst}"
+    rows.append((f"largest relative drop, {fraction_label(half.fraction)} of the heads input-dependent", paper_half,
+                 half.max, half_verdict, half.count, half.worst))
+    return pd.DataFrame(rows, columns=["claim", "paper", "ours", "verdict", "drops", "worst"])
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Tables: wide layout
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def wide_table(summary: pd.DataFrame, row: str, column: str = "task", row_order: Sequence[str] | None = None,
+               column_order: Sequence[str] | None = None, digits: int = 2) -> pd.DataFrame:
+    """A tidy summary (``mean, ci_low, ci_high, n``) as a table of ``"mean ± half-width"`` strings.
+
+    Rows are ``row`` (with ``model`` in front when the summary has several models), columns ``column``; cells
+    without data read ``"—"``. ``row_order``/``column_order`` fix the order and keep rows/columns without data.
+    """
+    for name in (row, column, *_SUMMARY_COLUMNS):
+        if name not in summary.columns:
+            raise ValueError(f"wide_table: summary lacks column {name!r} (have {list(summary.columns)})")
+    rows = list(row_order) if row_order is not None else list(dict.fromkeys(summary[row]))
+    cols = list(column_order) if column_order is not None else list(dict.fromkeys(summary[column]))
+    models = list(dict.fromkeys(summary["model"])) if "model" in summary.columns else []
+    several = len(models) > 1
+    cells = {}
+    for record in summary.itertuples(index=False):
+        key = ((record.model,) if several else ()) + (getattr(record, row),)
+        cells[(key, getattr(record, column))] = format_mean_ci(record.mean, record.ci_low, record.ci_high, record.n, digits)
+    index = [((m,) if several else ()) + (r,) for m in (models if several else [None]) for r in rows]
+    data = [[cells.get((key, c), "—") for c in cols] for key in index]
+    if several:
+        idx = pd.MultiIndex.from_tuples(index, names=["model", row])
+    else:
+        idx = pd.Index([k[0] for k in index], name=row)
+    table = pd.DataFrame(data, index=idx, columns=pd.Index(cols, name=column))
+    return table
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Table 1 / 4: matrix types
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def matrix_type_summary(frame: pd.DataFrame, tasks: Iterable[str] | None = None) -> pd.DataFrame:
+    """Table 1 in tidy form: per (model, matrix type, task) the mean and CI with every head replaced.
+
+    Rows: the original model (fraction 1) and every matrix type at fraction 0, average-type matrices built on the
+    task's own text. Columns: model, matrix_type, construction, task, metric, mean, ci_low, ci_high, n; sorted in
+    Table 1's row order and the paper's task order.
+    """
+    _check_frame(frame, "matrix_type_summary")
+    tasks = _check_tasks(tasks, "matrix_type_summary")
+    columns = ["model", "matrix_type", "construction", "task", "metric", *_SUMMARY_COLUMNS]
+    frame = _restrict_tasks(frame, tasks)
+    original = frame["matrix_type"] == "original"
+    replaced = (frame["matrix_type"] != "original") & _is_close(frame["fraction"], 0.0) & _own_matrices(frame)
+    rows = frame[original | replaced]
+    if rows.empty:
+        return _empty(columns)
+    summary = summarize(rows, ["model", "matrix_type", "task", "metric"])
+    summary["construction"] = summary["matrix_type"].map(CONSTRUCTION).fillna("other")
+    order = {name: i for i, name in enumerate(TABLE1_ORDER)}
+    summary["_row"] = summary["matrix_type"].map(lambda m: order.get(m, len(order)))
+    return _sort_by_task(summary, before=("model", "_row", "matrix_type"))[columns]
+
+
+def matrix_type_table(frame: pd.DataFrame, tasks: Iterable[str] | None = None, digits: int = 2) -> pd.DataFrame:
+    """Table 1 layout: rows matrix types (Table 1 order, ``original`` first), columns tasks, ``mean ± CI`` cells."""
+    tasks = _check_tasks(tasks, "matrix_type_table")
+    summary = matrix_type_summary(frame, tasks)
+    present = list(dict.fromkeys(summary["matrix_type"]))
+    rows = [t for t in TABLE1_ORDER if t in present] + [t for t in present if t not in TABLE1_ORDER]
+    rows = rows or ["original"]
+    columns = tasks if tasks is not None else _ordered_tasks(summary["task"])
+    return wide_table(summary, "matrix_type", "task", row_order=rows, column_order=columns, digits=digits)
+
+
+def average_vs_data_free(summary: pd.DataFrame) -> pd.DataFrame:
+    """Per (model, task): does the average matrix beat every data-free one (identity, Toeplitz, zeros)?
+
+    ``summary`` is :func:`matrix_type_summary`'s output. Columns: model, task, average, best_data_free (its type),
+    best_data_free_score, margin (average - best data-free), beats (True/False; None when a score is missing),
+    data_free_types (how many data-free types were measured), and the labeled-data comparisons
+    minus_trainable_toeplitz / minus_trainable_average (average - that type's score; NaN when missing).
+    """
+    for name in ("model", "matrix_type", "task", "mean"):
+        if name not in summary.columns:
+            raise ValueError(f"average_vs_data_free: summary lacks column {name!r}")
+    columns = ["model", "task", "average", "best_data_free", "best_data_free_score", "margin", "beats", "data_free_types",
+               "minus_trainable_toeplitz", "minus_trainable_average"]
+    records = []
+    for (model, task), group in summary.groupby(["model", "task"], sort=False):
+        means = dict(zip(group["matrix_type"], group["mean"]))
+        average = means.get("average", float("nan"))
+        free = {t: means[t] for t in DATA_FREE_TYPES if t in means and not pd.isna(means[t])}
+        best = max(free, key=free.get) if free else None
+        best_score = free[best] if best else float("nan")
+        margin = average - best_score
+        beats = None if (pd.isna(average) or best is None) else bool(margin > 0)
+        records.append((model, task, average, best, best_score, margin, beats, len(free),
+                        average - means.get("trainable_toeplitz", float("nan")),
+                        average - means.get("trainable_average", float("nan"))))
+    out = pd.DataFrame(records, columns=columns)
+    if out.empty:
+        return out
+    return _sort_by_task(out)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Table 2 / 5: matrices built on MNLI text
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def transfer_summary(frame: pd.DataFrame, tasks: Iterable[str] | None = None, source: str = "mnli") -> pd.DataFrame:
+    """Table 2 in tidy form: every head constant (average matrices), built on the task's own text or on ``source``.
+
+    Rows with ``matrix_type == 'average'``, fraction 0, and ``matrices_from`` equal to the task (labelled
+    ``per-task``) or to ``source`` (labelled with the source name); the source task itself is left out.
+    Columns: model, task, matrices_from, metric, mean, ci_low, ci_high, n.
+    """
+    _check_frame(frame, "transfer_summary")
+    tasks = _check_tasks(tasks, "transfer_summary")
+    columns = ["model", "task", "matrices_from", "metric", *_SUMMARY_COLUMNS]
+    frame = _restrict_tasks(frame, tasks)
+    base = (frame["matrix_type"] == "average") & _is_close(frame["fraction"], 0.0) & (frame["task"] != source)
+    rows = frame[base & ((frame["matrices_from"] == frame["task"]) | (frame["matrices_from"] == source))].copy()
+    if rows.empty:
+        return _empty(columns)
+    rows["matrices_from"] = np.where(rows["matrices_from"] == rows["task"], "per-task", source)
+    summary = summarize(rows, ["model", "task", "matrices_from", "metric"])
+    summary["_row"] = (summary["matrices_from"] != "per-task").astype(int)
+    return _sort_by_task(summary, before=("model", "_row"))[columns]
+
+
+def transfer_table(frame: pd.DataFrame, tasks: Iterable[str] | None = None, source: str = "mnli",
+                   digits: int = 2) -> pd.DataFrame:
+    """Table 2 layout: rows ``per-task`` and ``source``, columns tasks, ``mean ± CI`` cells."""
+    tasks = _check_tasks(tasks, "transfer_table")
+    summary = transfer_summary(frame, tasks, source)
+    columns = [t for t in tasks if t != source] if tasks is not None else _ordered_tasks(summary["task"])
+    return wide_table(summary, "matrices_from", "task", row_order=["per-task", source], column_order=columns,
+                      digits=digits)
+
+
+def transfer_differences(frame: pd.DataFrame, tasks: Iterable[str] | None = None, source: str = "mnli") -> pd.DataFrame:
+    """Per (model, task): per-task mean, ``source`` mean, difference (source - per-task), the per-task CI half-width
+    (NaN for one seed) and ``within_ci`` (|difference| <= that half-width; None when either is missing). Rows missing
+    either score are kept with NaN."""
+    summary = transfer_summary(frame, tasks, source)
+    columns = ["model", "task", "per_task", source, "difference", "per_task_ci_half_width", "within_ci"]
+    if summary.empty:
+        return _empty(columns)
+    wide = summary.pivot_table(index=["model", "task"], columns="matrices_from", values="mean", aggfunc="first")
+    own = summary[summary["matrices_from"] == "per-task"].set_index(["model", "task"])
+    half = ((own["ci_high"] - own["ci_low"]) / 2).where(own["n"] > 1)
+    out = pd.DataFrame(index=wide.index)
+    out["per_task"] = wide["per-task"] if "per-task" in wide else np.nan
+    out[source] = wide[source] if source in wide else np.nan
+    out["difference"] = out[source] - out["per_task"]
+    out["per_task_ci_half_width"] = half.reindex(out.index)
+    known = out["difference"].notna() & out["per_task_ci_half_width"].notna()
+    out["within_ci"] = [bool(abs(d) <= h + _EPS) if k else None
+                        for d, h, k in zip(out["difference"], out["per_task_ci_half_width"], known)]
+    return _sort_by_task(out.reset_index())[columns]
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Ours beside the paper's
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def with_paper(ours: pd.DataFrame, paper_long: pd.DataFrame, key: str, ours_label: str) -> pd.DataFrame:
+    """Our tidy summary and the paper's table (``papa_lib.paper.table_long``) in one long frame for a chart.
+
+    ``key`` is the row variable (``matrix_type`` or ``matrices_from``). Columns: source (``ours_label`` or the
+    paper's "Hassid et al. 2022, Table N"), model, key, task, mean, ci_low, ci_high, n (NaN/0 for the paper, which
+    prints no intervals). Only the (key, task) cells of the paper's table that we also report are kept for the
+    paper when ``ours`` is not empty; all of them otherwise.
+    """
+    for name in (key, "task", "mean"):
+        if name not in ours.columns:
+            raise ValueError(f"with_paper: our summary lacks column {name!r}")
+    for name in (key, "task", "value", "source", "model"):
+        if name not in paper_long.columns:
+            raise ValueError(f"with_paper: the paper table lacks column {name!r} (use papa_lib.paper.table_long)")
+    columns = ["source", "model", key, "task", *_SUMMARY_COLUMNS]
+    mine = ours.copy()
+    mine["source"] = ours_label
+    if "model" not in mine.columns:
+        mine["model"] = ours_label
+    paper = paper_long.rename(columns={"value": "mean"}).copy()
+    paper["ci_low"] = np.nan
+    paper["ci_high"] = np.nan
+    paper["n"] = 0
+    if not mine.empty:
+        wanted = mine[[key, "task"]].drop_duplicates()
+        paper = paper.merge(wanted, on=[key, "task"], how="inner")
+    out = pd.concat([mine[columns], paper[columns]], ignore_index=True)
+    return out
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Constant matrices on disk (Sec. 5.3, App. A)
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def per_task_setting(spec: Mapping, key: str, tasks: Iterable[str], fallback: Mapping[str, object] | None = None) -> dict:
+    """A grid setting per task: ``spec[key]`` is one value or a mapping by task with a ``default``
+    (as :func:`papa_lib.experiments.run_grid` reads it); unset values come from ``fallback`` (or are None)."""
+    tasks = _check_tasks(tasks, "per_task_setting") or []
+    value = spec.get(key) if isinstance(spec, Mapping) else None
+    settings = {}
+    for task in tasks:
+        chosen = value.get(task, value.get("default")) if isinstance(value, Mapping) else value
+        settings[task] = chosen if chosen is not None else (fallback or {}).get(task)
+    return settings
+
+
+def task_lengths(spec: Mapping, tasks: Iterable[str]) -> dict[str, int]:
+    """The sequence length L each task runs at under a grid: its ``max_length`` (an int, or a mapping by task with
+    a ``default``), else Table 3's length for the task (:data:`papa_lib.tasks.TASKS`)."""
+    from .tasks import TASKS
+
+    tasks = _check_tasks(tasks, "task_lengths") or []
+    table3 = {task: TASKS[task].max_length for task in tasks}
+    return {task: int(value) for task, value in per_task_setting(spec, "max_length", tasks, table3).items()}
+
+
+def stored_matrices(results_dir, source: str, max_length: int, model: str | None = None):
+    """The constant matrices a grid saved under ``results_dir/matrices`` for text of ``source`` at length L.
+
+    Files are named ``<source>-L<L>-<hash>.safetensors`` (:meth:`papa_lib.experiments.TaskExperiment.constants`);
+    when several match (other data folders, sizes or models), the newest one (for ``model`` when given) is returned.
+    ``None`` when there is none.
+    """
+    from pathlib import Path
+
+    from .averaging import ConstantAttention
+
+    folder = Path(results_dir) / "matrices"
+    if int(max_length) <= 0:
+        raise ValueError(f"stored_matrices: max_length must be positive, got {max_length}")
+    candidates = sorted(folder.glob(f"{source}-L{int(max_length)}-*.safetensors"), key=lambda p: p.stat().st_mtime,
+                        reverse=True)
+    for path in candidates:
+        constants = ConstantAttention.load(path)
+        if model is None or constants.metadata.get("model") == model:
+            return constants
+    return None
+
+
+def column_mass(constants, column: int) -> pd.DataFrame:
+    """Per (layer, head): the average weight the constant matrix puts on key position ``column``.
+
+    Averaged over the query rows that were real in at least one example of the averaged text (``counts[q, q] > 0``).
+    Columns: layer, head, mass.
+    """
+    matrices, counts = constants.matrices, constants.counts
+    length = int(matrices.shape[-1])
+    if not 0 <= int(column) < length:
+        raise ValueError(f"column_mass: column {column} is outside the matrices' L = {length}")
+    rows = counts.diagonal() > 0
+    if not bool(rows.any()):
+        raise ValueError("column_mass: no query position was ever real in the averaged text")
+    mass = matrices[:, :, rows, int(column)].float().mean(dim=-1)  # [layers, heads]
+    layers, heads = mass.shape
+    return pd.DataFrame({
+        "layer": np.repeat(np.arange(layers), heads),
+        "head": np.tile(np.arange(heads), layers),
+        "mass": mass.reshape(-1).cpu().numpy().astype(float),
+    })
+
+
+def diagonal_mass(constants) -> pd.DataFrame:
+    """Per (layer, head): the average weight a query position puts on itself (the diagonal pattern of Sec. 5.1).
+
+    Averaged over the query rows that were real in at least one averaged example. Columns: layer, head, mass.
+    """
+    matrices, counts = constants.matrices, constants.counts
+    rows = counts.diagonal() > 0
+    if not bool(rows.any()):
+        raise ValueError("diagonal_mass: no query position was ever real in the averaged text")
+    mass = matrices.diagonal(dim1=-2, dim2=-1)[:, :, rows].float().mean(dim=-1)
+    layers, heads = mass.shape
+    return pd.DataFrame({
+        "layer": np.repeat(np.arange(layers), heads),
+        "head": np.tile(np.arange(heads), layers),
+        "mass": mass.reshape(-1).cpu().numpy().astype(float),
+    })
+
+
+def position_coverage(constants, position: int) -> float:
+    """Share of the averaged examples in which ``position`` held a real token (``counts[p, p] / num_examples``)."""
+    length = int(constants.counts.shape[-1])
+    if not 0 <= int(position) < length:
+        raise ValueError(f"position_coverage: position {position} is outside L = {length}")
+    examples = constants.metadata.get("num_examples")
+    if not examples:
+        raise ValueError("position_coverage: the matrices' metadata has no num_examples")
+    return float(constants.counts[int(position), int(position)]) / float(examples)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Grid coverage (partial tables)
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def grid_coverage(frame: pd.DataFrame, spec: Mapping, blocks: Iterable[str] | None = None,
+                  model: str | None = None) -> pd.DataFrame:
+    """How much of a declared grid (:func:`papa_lib.experiments.load_grid`) the results table holds.
+
+    Per (block, task): ``expected`` runs (canonical variants x seeds), ``done`` (those found in ``frame``; for
+    ``model`` only when given) and ``missing`` = expected - done. A run counts as done when a row has its task,
+    matrix type, order, fraction, matrices source and seed.
+    """
+    from .experiments import Variant
+
+    _check_frame(frame, "grid_coverage")
+    if not isinstance(spec, Mapping) or "blocks" not in spec:
+        raise ValueError("grid_coverage: spec must be a grid mapping with 'blocks' (papa_lib.experiments.load_grid)")
+    seeds = spec.get("seeds", 3)
+    seeds = list(range(seeds)) if isinstance(seeds, int) else [int(s) for s in seeds]
+    wanted = None if blocks is None else set(blocks)
+    if model is not None:
+        frame = frame[frame["model"] == model]
+    done_keys = set()
+    for row in frame.itertuples(index=False):
+        done_keys.add((row.task, row.matrix_type, row.selection_order, round(float(row.fraction), 9),
+                       row.matrices_from if isinstance(row.matrices_from, str) else None, int(row.seed)))
+    records = []
+    for block in spec["blocks"]:
+        name = getattr(block, "name", None) or block.get("name")
+        if wanted is not None and name not in wanted:
+            continue
+        get = (lambda k, d=None: getattr(block, k, d)) if not isinstance(block, Mapping) else block.get
+        for task in get("tasks") or []:
+            variants = []
+            for matrix_type in get("matrix_types") or ["average"]:
+                for order in get("orders") or ["lambda"]:
+                    for fraction in get("fractions") if get("fractions") is not None else [1, 0.5, 0.125, 0.0625, 0]:
+                        variant = Variant.make(matrix_type, order, fraction, get("matrices_from"))
+                        if variant not in variants:
+                            variants.append(variant)
+            expected = done = 0
+            for variant in variants:
+                source = variant.matrices_from or (task if variant.matrix_type in AVERAGE_TYPES else None)
+                for seed in seeds:
+                    expected += 1
+                    key = (task, variant.matrix_type, variant.selection_order, round(variant.fraction, 9), source, seed)
+                    done += key in done_keys
+            records.append((name, task, expected, done, expected - done))
+    return pd.DataFrame(records, columns=["block", "task", "expected", "done", "missing"])
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Compute estimates from measured wall times
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def encoder_cost_ratio(shape: Sequence[int], reference: Sequence[int] = MODEL_SHAPES["all-MiniLM-L6-v2"]) -> float:
+    """Per-token compute of an encoder relative to ``reference``, from (layers, hidden, feed-forward) sizes.
+
+    A layer costs about ``4 d^2`` (Q, K, V, output projections) + ``2 d d_ff`` (feed-forward) multiply-adds per
+    token; the attention product itself (``~2 L d`` per token) is small at L <= 256 and left out.
+    """
+    def per_token(dims: Sequence[int]) -> float:
+        if len(dims) != 3 or any(int(v) <= 0 for v in dims):
+            raise ValueError(f"encoder_cost_ratio: a shape is (layers, hidden, feed_forward) > 0, got {tuple(dims)}")
+        layers, hidden, ff = (int(v) for v in dims)
+        return layers * (4 * hidden * hidden + 2 * hidden * ff)
+
+    return per_token(shape) / per_token(reference)
+
+
+def feature_cache_bytes(kind: str, examples: int, layers: int, hidden: int, length: int | None = None,
+                        bytes_per_value: int = 2) -> int:
+    """Memory of the frozen-feature cache of one split (:class:`papa_lib.experiments.FeatureSet`, float16).
+
+    Sentence tasks keep every position of every layer, embeddings included: ``examples x (layers+1) x L x D``;
+    token tasks keep one vector per word and layer: ``examples (words) x (layers+1) x D``.
+    """
+    if kind not in ("sentence", "token"):
+        raise ValueError(f"feature_cache_bytes: kind must be 'sentence' or 'token', got {kind!r}")
+    if kind == "sentence" and not length:
+        raise ValueError("feature_cache_bytes: a sentence task needs its length L")
+    per_example = (int(layers) + 1) * int(hidden) * (int(length) if kind == "sentence" else 1)
+    return int(examples) * per_example * int(bytes_per_value)
+
+
+def _run_kind(matrix_type: str) -> str:
+    return "in-loop" if str(matrix_type).startswith("trainable") else "frozen"
+
+
+def grid_plan(spec: Mapping, blocks: Iterable[str] | None = None) -> pd.DataFrame:
+    """The runs a grid declares, per (block, task, kind): ``runs`` = distinct canonical variants x seeds.
+
+    ``kind`` is ``in-loop`` for trainable matrices and ``frozen`` otherwise (see :func:`run_costs`). A variant that
+    several blocks share (e.g. the original model) is counted in the first block that declares it, as
+    :func:`papa_lib.experiments.grid_runs` runs it once.
+    """
+    from .experiments import Variant
+
+    if not isinstance(spec, Mapping) or "blocks" not in spec:
+        raise ValueError("grid_plan: spec must be a grid mapping with 'blocks' (papa_lib.experiments.load_grid)")
+    seeds = spec.get("seeds", 3)
+    n_seeds = seeds if isinstance(seeds, int) else len(list(seeds))
+    wanted = None if blocks is None else set(blocks)
+    seen: set = set()
+    counts: dict[tuple[str, str, str], int] = {}
+    for block in spec["blocks"]:
+        get = block.get if isinstance(block, Mapping) else (lambda k, b=block: getattr(b, k, None))
+        name = get("name")
+        if wanted is not None and name not in wanted:
+            continue
+        fractions = get("fractions") if get("fractions") is not None else [1, 0.5, 0.125, 0.0625, 0]
+        for task in get("tasks") or []:
+            for matrix_type in get("matrix_types") or ["average"]:
+                for order in get("orders") or ["lambda"]:
+                    for fraction in fractions:
+                        variant = Variant.make(matrix_type, order, fraction, get("matrices_from"))
+                        if (task, variant) in seen:
+                            continue
+                        seen.add((task, variant))
+                        key = (name, task, _run_kind(variant.matrix_type))
+                        counts[key] = counts.get(key, 0) + n_seeds
+    rows = [(block, task, kind, runs) for (block, task, kind), runs in counts.items()]
+    return pd.DataFrame(rows, columns=["block", "task", "kind", "runs"])
+
+
+def run_costs(frame: pd.DataFrame, lengths: Mapping[str, int] | int) -> pd.DataFrame:
+    """Measured cost per (task, kind) of run: ``frozen`` (cached features) or ``in-loop`` (trainable matrices).
+
+    ``lengths``: the sequence length L each task ran at (a mapping with an optional ``default``, or one int).
+    Columns: task, kind, runs, wall_hours (total), mean_wall_s (per run), train_size (mean), seconds_per_token
+    (mean over runs of ``wall_time_s / (train_size * L)``, the unit :func:`estimate_compute` scales).
+    """
+    _check_frame(frame, "run_costs", extra=("wall_time_s", "train_size"))
+    columns = ["task", "kind", "runs", "wall_hours", "mean_wall_s", "train_size", "seconds_per_token"]
+    rows = frame[frame["wall_time_s"].notna() & frame["train_size"].notna()].copy()
+    if rows.empty:
+        return _empty(columns)
+
+    def length(task: str) -> int:
+        if isinstance(lengths, Mapping):
+            value = lengths.get(task, lengths.get("default"))
+        else:
+            value = lengths
+        if value is None or int(value) <= 0:
+            raise ValueError(f"run_costs: no sequence length for task {task!r} in {lengths!r}")
+        return int(value)
+
+    rows["kind"] = rows["matrix_type"].map(_run_kind)
+    rows["train_size"] = rows["train_size"].astype(float)
+    rows["seconds_per_token"] = rows["wall_time_s"] / (rows["train_size"] * rows["task"].map(length))
+    grouped = rows.groupby(["task", "kind"], sort=False)
+    out = grouped.agg(runs=("wall_time_s", "size"), wall_hours=("wall_time_s", "sum"), mean_wall_s=("wall_time_s", "mean"),
+                      train_size=("train_size", "mean"), seconds_per_token=("seconds_per_token", "mean")).reset_index()
+    out["wall_hours"] = out["wall_hours"] / 3600.0
+    return _sort_by_task(out, before=(), after=["kind"])[columns]
+
+
+def estimate_compute(costs: pd.DataFrame, plan: pd.DataFrame, lengths: Mapping[str, int],
+                     train_sizes: Mapping[str, int] = PAPER_TRAIN_SIZES, cost_ratio: float = 1.0,
+                     speedup: float = 1.0, epoch_factor: Mapping[str, float] | None = None) -> pd.DataFrame:
+    """Scale measured per-token costs (:func:`run_costs`) to a planned grid.
+
+    ``plan`` has one row per (task, kind) with ``runs`` (variants x seeds). Each planned run costs
+    ``seconds_per_token x train_sizes[task] x lengths[task] x cost_ratio / speedup`` seconds, times
+    ``epoch_factor[task]`` for ``in-loop`` runs (target over measured epochs; default 1). A (task, kind) we did not
+    measure borrows the mean per-token cost of that kind over the measured tasks (``source`` says so); with no
+    measurement of the kind at all, the mean over every measurement. Columns: task, kind, runs, seconds_per_token,
+    source, hours.
+    """
+    for name in ("task", "kind", "runs"):
+        if name not in plan.columns:
+            raise ValueError(f"estimate_compute: plan lacks column {name!r}")
+    if cost_ratio <= 0 or speedup <= 0:
+        raise ValueError(f"estimate_compute: cost_ratio and speedup must be > 0, got {cost_ratio}, {speedup}")
+    columns = ["task", "kind", "runs", "seconds_per_token", "source", "hours"]
+    if costs.empty:
+        raise ValueError("estimate_compute: no measured run costs (the results table has no wall times yet)")
+    measured = {(r.task, r.kind): r.seconds_per_token for r in costs.itertuples(index=False)}
+    per_kind = costs.groupby("kind")["seconds_per_token"].mean().to_dict()
+    overall = float(costs["seconds_per_token"].mean())
+    records = []
+    for row in plan.itertuples(index=False):
+        if row.task not in train_sizes or row.task not in lengths:
+            raise ValueError(f"estimate_compute: no training-set size or length for task {row.task!r}")
+        if (row.task, row.kind) in measured:
+            unit, source = measured[(row.task, row.kind)], "measured"
+        elif row.kind in per_kind:
+            unit, source = per_kind[row.kind], f"mean of measured {row.kind} runs"
+        else:
+            unit, source = overall, "mean of all measured runs"
+        factor = (epoch_factor or {}).get(row.task, 1.0) if row.kind == "in-loop" else 1.0
+        seconds = row.runs * unit * train_sizes[row.task] * lengths[row.task] * cost_ratio * factor / speedup
+        records.append((row.task, row.kind, int(row.runs), unit, source, seconds / 3600.0))
+    return pd.DataFrame(records, columns=columns)
