@@ -12,7 +12,8 @@ next to each one is generated for Google Colab.  This module
   ``papa reproduce --profile P``,
 * and is itself a tiny Sphinx extension (:func:`setup`, loaded through ``sphinx.local_extensions``
   in ``_config.yml``) that writes the offline vega bundle of :mod:`papa_lib.charts` into the
-  book's ``_static`` folder and adds it to every page.
+  book's ``_static`` folder and adds it to every page, and copies MathJax 2 (from the
+  ``jupyter-server-mathjax`` package) next to it so that equations need no CDN either.
 
 Command line: ``python -m papa_lib.book {sync,check,build,badge,run} ...`` (see :func:`main`).
 """
@@ -590,6 +591,90 @@ def _write_vega_bundle(app: Any) -> None:
     app.add_js_file(charts.BUNDLE_FILENAME)
 
 
+#: Where the offline MathJax goes inside the book's ``_static`` folder; ``mathjax_path`` in ``_config.yml`` points
+#: here (``mathjax/MathJax.js``).
+MATHJAX_FOLDER = "mathjax"
+#: The same MathJax version on a CDN: the fallback (with a build warning) when ``jupyter-server-mathjax`` is missing.
+MATHJAX_CDN_FALLBACK = "https://cdn.jsdelivr.net/npm/mathjax@2.7.9/MathJax.js"
+#: Parts of the MathJax 2 distribution the book's pages never load (other languages, speech maps for the
+#: accessibility explorer, the SVG output's fonts); left out to keep the built book small.
+_MATHJAX_SKIP = ("localization/", "extensions/a11y/mathmaps/", "jax/output/SVG/", "LICENSE")
+
+
+def mathjax_source() -> Path | None:
+    """The MathJax 2 files shipped by the ``jupyter-server-mathjax`` package (its ``static`` folder), or None.
+
+    The package is located without importing it (its ``__init__`` imports jupyter-server, which the book does not
+    need), so ``pip install --no-deps jupyter-server-mathjax`` is enough.
+    """
+    import importlib.util
+
+    spec = importlib.util.find_spec("jupyter_server_mathjax")
+    for location in (spec.submodule_search_locations or []) if spec is not None else []:
+        static = Path(location) / "static"
+        if (static / "MathJax.js").is_file():
+            return static
+    return None
+
+
+def copy_mathjax(target: str | os.PathLike, source: str | os.PathLike | None = None) -> int:
+    """Copy the MathJax 2 files the book needs into ``target``; return how many files were (re)written.
+
+    Copies everything under ``source`` (default :func:`mathjax_source`) except :data:`_MATHJAX_SKIP`, but keeps the
+    English localization; files already present with the same size are left alone (incremental builds).
+    """
+    import shutil
+
+    source = Path(source) if source is not None else mathjax_source()
+    if source is None or not (source / "MathJax.js").is_file():
+        raise FileNotFoundError(
+            "MathJax 2 not found: install the package that ships it, `pip install jupyter-server-mathjax` "
+            "(part of papa_lib[book])"
+        )
+    target = Path(target)
+    written = 0
+    for path in sorted(source.rglob("*")):
+        relative = path.relative_to(source).as_posix()
+        skipped = relative.startswith(_MATHJAX_SKIP) and not relative.startswith("localization/en/")
+        if not path.is_file() or skipped:
+            continue
+        destination = target / relative
+        if destination.is_file() and destination.stat().st_size == path.stat().st_size:
+            continue
+        destination.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(path, destination)
+        written += 1
+    return written
+
+
+def _install_offline_mathjax(app: Any) -> None:
+    """``builder-inited`` (after MyST's own MathJax set-up): serve MathJax 2 from the book itself.
+
+    When ``mathjax_path`` points inside the book (``mathjax/MathJax.js``, relative to ``_static``), copy the files
+    there. MyST configures MathJax 3 (``mathjax3_config``, which also makes Sphinx load MathJax deferred); for the
+    bundled MathJax 2 that configuration is dropped — ``mathjax2_config`` in ``_config.yml`` carries the same
+    settings (only the MyST math elements are typeset). Without the package the build warns and falls back to the
+    same MathJax version on a CDN.
+    """
+    if getattr(app.builder, "format", None) != "html":
+        return
+    path = str(getattr(app.config, "mathjax_path", "") or "")
+    if "://" in path or not path.startswith(MATHJAX_FOLDER + "/"):
+        return
+    app.config.mathjax3_config = None
+    source = mathjax_source()
+    if source is None:
+        from sphinx.util import logging as sphinx_logging
+
+        sphinx_logging.getLogger(__name__).warning(
+            "jupyter-server-mathjax is not installed, so equations load MathJax from %s (needs a network); "
+            "pip install jupyter-server-mathjax (part of papa_lib[book])", MATHJAX_CDN_FALLBACK,
+        )
+        app.config.mathjax_path = MATHJAX_CDN_FALLBACK
+        return
+    copy_mathjax(Path(app.outdir) / "_static" / MATHJAX_FOLDER, source)
+
+
 def _dedupe_page_scripts(app: Any, pagename: str, templatename: str, context: dict, doctree: Any) -> None:
     """``html-page-context``: drop repeated ``<script>`` entries from the page.
 
@@ -618,7 +703,8 @@ def _dedupe_page_scripts(app: Any, pagename: str, templatename: str, context: di
 def setup(app: Any) -> dict[str, Any]:
     """Sphinx extension entry point (``sphinx.local_extensions: {papa_lib.book: ./}``).
 
-    Writes the offline vega bundle into the HTML output and adds it to every page, removes
+    Writes the offline vega bundle into the HTML output and adds it to every page, copies MathJax 2 into the
+    output so that equations render offline (:func:`_install_offline_mathjax`), removes
     duplicated page scripts (see :func:`_dedupe_page_scripts`), and puts
     the book root first on PYTHONPATH so that the kernels executing the chapters import this
     checkout's ``papa_lib`` even when it is not pip-installed.
@@ -627,6 +713,7 @@ def setup(app: Any) -> dict[str, Any]:
     os.environ.update({k: v for k, v in _with_pythonpath(os.environ, root).items() if k == "PYTHONPATH"})
     os.environ[BUILD_ENV_FLAG] = "1"
     app.connect("builder-inited", _write_vega_bundle)
+    app.connect("builder-inited", _install_offline_mathjax, priority=800)  # after MyST's override (500)
     app.connect("html-page-context", _dedupe_page_scripts, priority=900)
     return {"version": "1.0", "parallel_read_safe": True, "parallel_write_safe": True}
 

@@ -94,6 +94,10 @@ class Setup:
     def encoder(self):
         """(model, tokenizer) of the profile, loaded once."""
         if self._encoder is None:
+            from transformers.utils import logging as hf_logging
+
+            hf_logging.disable_progress_bar()  # keep chapter outputs free of weight-loading bars
+            hf_logging.set_verbosity_error()
             if self.profile == "smoke":
                 from .smoke import tiny_encoder
 

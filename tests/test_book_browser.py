@@ -39,11 +39,35 @@ from papa_lib import book, charts
 REPO = Path(__file__).resolve().parents[1]
 BUNDLE = charts.BUNDLE_FILENAME
 # Resources a reader's browser fetches from the internet and that an offline run cannot load.
-# They only cost a decoration (the badge image) or typeset math; everything else must be local.
-ALLOWED_EXTERNAL = (
-    "https://colab.research.google.com/assets/colab-badge.svg",
-    "https://cdn.jsdelivr.net/npm/mathjax@",
-)
+# Only a decoration (the Colab badge image) may come from outside: charts use the bundled vega and
+# equations the bundled MathJax 2 (_static/mathjax, copied by papa_lib.book from jupyter-server-mathjax).
+ALLOWED_EXTERNAL = ("https://colab.research.google.com/assets/colab-badge.svg",)
+MATHJAX_SCRIPT = "_static/mathjax/MathJax.js"
+# A page with every kind of math the chapters use, added to the minimal test build (intro has none).
+MATH_PAGE = """---
+jupytext:
+  text_representation:
+    extension: .md
+    format_name: myst
+    format_version: 0.13
+kernelspec:
+  display_name: Python 3
+  language: python
+  name: python3
+---
+
+# Math check
+
+Inline $A^h = \\operatorname{softmax}(Q K^\\top / \\sqrt{d'})$ and a price of 5 dollars, not math.
+
+$$
+C^h = \\frac{1}{|D|} \\sum_{i=1}^{|D|} A_i^h
+$$
+
+\\begin{align}
+B_i^h &= \\lambda^h A_i^h + (1 - \\lambda^h) C^h
+\\end{align}
+"""
 
 
 def _find_chromium() -> str | None:
@@ -173,9 +197,11 @@ def built_book(tmp_path_factory) -> Path:
             if (REPO / name).exists():
                 (root / name).symlink_to(REPO / name)
     else:
-        (root / "_toc.yml").write_text("format: jb-book\nroot: book/intro\n", encoding="utf-8")
+        toc = "format: jb-book\nroot: book/intro\nchapters:\n  - file: book/math_check\n"
+        (root / "_toc.yml").write_text(toc, encoding="utf-8")
         for suffix in (".md", ".ipynb"):
             shutil.copy2(REPO / "book" / f"intro{suffix}", root / "book" / f"intro{suffix}")
+        (root / "book" / "math_check.md").write_text(MATH_PAGE, encoding="utf-8")
     return book.build_book(root, warnings_as_errors=True)
 
 
@@ -200,6 +226,57 @@ def test_built_pages_load_the_local_vega_bundle(built_book):
     intro = (built_book / "book" / "intro.html").read_text(encoding="utf-8")
     assert intro.count(f'class="{charts.CHART_CLASS}"') >= 1
     assert book.colab_url("book/intro.md", REPO / "_config.yml") in intro  # badge and launch button
+
+
+def _math_pages(html_dir: Path) -> list[Path]:
+    return [page for page in _chapter_pages(html_dir) if 'class="math' in page.read_text(encoding="utf-8")]
+
+
+def test_math_pages_load_the_bundled_mathjax(built_book):
+    static = built_book / "_static" / "mathjax"
+    for part in ("MathJax.js", "config/TeX-AMS-MML_HTMLorMML-full.js", "extensions/tex2jax.js",
+                 "fonts/HTML-CSS/STIX-Web/woff/STIXMathJax_Main-Regular.woff"):
+        assert (static / part).is_file(), f"{part} was not copied into _static/mathjax"
+    assert not (static / "localization" / "fr").exists(), "unused MathJax parts should not be copied"
+    pages = _math_pages(built_book)
+    assert pages, "no page of the test build has math"
+    for page in pages:
+        html = page.read_text(encoding="utf-8")
+        sources = re.findall(r"<script[^>]*\bsrc=\"([^\"]+)\"", html)
+        assert any(src.split("?")[0].endswith(MATHJAX_SCRIPT) for src in sources), f"{page.name}: {sources}"
+        assert "cdn.jsdelivr" not in html and "mathjax@" not in html, page.name
+        assert 'type="text/x-mathjax-config"' in html, f"{page.name}: no MathJax 2 configuration"
+        assert "window.MathJax =" not in html, f"{page.name}: a MathJax 3 configuration would confuse MathJax 2"
+
+
+def test_copy_mathjax_copies_what_pages_load_and_skips_the_rest(tmp_path):
+    source = tmp_path / "static"
+    for part in ("MathJax.js", "config/TeX-AMS-MML_HTMLorMML-full.js", "localization/en/en.js",
+                 "localization/fr/fr.js", "extensions/a11y/mathmaps/en.js", "jax/output/SVG/fonts/a.js"):
+        (source / part).parent.mkdir(parents=True, exist_ok=True)
+        (source / part).write_text(part, encoding="utf-8")
+    target = tmp_path / "out"
+    assert book.copy_mathjax(target, source) == 3
+    copied = sorted(p.relative_to(target).as_posix() for p in target.rglob("*") if p.is_file())
+    assert copied == ["MathJax.js", "config/TeX-AMS-MML_HTMLorMML-full.js", "localization/en/en.js"]
+    assert book.copy_mathjax(target, source) == 0  # incremental: nothing changed
+    with pytest.raises(FileNotFoundError, match="jupyter-server-mathjax"):
+        book.copy_mathjax(target, tmp_path / "nowhere")
+
+
+def test_offline_mathjax_hook_falls_back_to_the_cdn_with_a_warning(tmp_path, monkeypatch, caplog):
+    from types import SimpleNamespace
+
+    config = SimpleNamespace(mathjax_path="mathjax/MathJax.js", mathjax3_config={"options": {}})
+    app = SimpleNamespace(builder=SimpleNamespace(format="html"), config=config, outdir=str(tmp_path))
+    monkeypatch.setattr(book, "mathjax_source", lambda: None)
+    book._install_offline_mathjax(app)
+    assert config.mathjax_path == book.MATHJAX_CDN_FALLBACK and config.mathjax3_config is None
+    assert "jupyter-server-mathjax" in caplog.text
+    # a CDN path in the config is left alone
+    config.mathjax_path = "https://example.org/MathJax.js"
+    book._install_offline_mathjax(app)
+    assert config.mathjax_path == "https://example.org/MathJax.js"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -554,3 +631,51 @@ def test_intro_chart_is_interactive_and_screenshot_is_kept(built_book, book_serv
     path.write_bytes(base64.b64decode(shot["data"]))
     print(f"screenshot of the built intro page: {path}")
     assert path.stat().st_size > 20_000 and path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+MATH_STATE_JS = """
+(() => {
+  const hub = window.MathJax && window.MathJax.Hub;
+  if (!hub || !window.MathJax.isReady) { return null; }
+  return new Promise((resolve) => hub.Queue(() => {
+    const html = window.MathJax.OutputJax && window.MathJax.OutputJax['HTML-CSS'];
+    const sources = Array.from(document.querySelectorAll('.math.notranslate'));  // MyST's math elements
+    const typeset = sources.filter((e) => e.querySelector('.MathJax, .MathJax_Display'));
+    const slash = String.fromCharCode(92);
+    resolve({
+      sources: sources.length,
+      typeset: typeset.length,
+      visible: typeset.filter((e) => e.querySelector('.MathJax, .MathJax_Display').getBoundingClientRect().width > 0).length,
+      errors: document.querySelectorAll('.MathJax_Error, .merror, .noError, [data-mjx-error]').length,
+      raw: sources.filter((e) => e.textContent.includes(slash + '(') || e.textContent.includes(slash + '[')).length,
+      font: html ? html.fontInUse : null,
+    });
+  }));
+})()
+"""
+
+
+@pytest.mark.browser
+@needs_chromium
+def test_equations_typeset_offline(built_book, book_server, chromium):
+    """MathJax 2 from _static/mathjax typesets every equation with its web fonts while the network is off."""
+    pages = _math_pages(built_book)
+    assert pages
+    for page in pages:
+        url = f"{book_server}/{page.relative_to(built_book).as_posix()}"
+        _open(chromium, url)
+        deadline = time.monotonic() + 30
+        state = None
+        while state is None and time.monotonic() < deadline:
+            state = chromium.evaluate(MATH_STATE_JS)
+            if state is None:
+                time.sleep(0.2)
+        assert state is not None, f"{page.name}: MathJax did not start (offline)"
+        chromium.drain(0.5)
+        problems = _problems(chromium.events, book_server)
+        assert not problems, f"{page.name}: " + "\n".join(problems)
+        assert state["sources"] > 0 and state["typeset"] == state["sources"] == state["visible"], f"{page.name}: {state}"
+        assert state["errors"] == 0 and state["raw"] == 0, f"{page.name}: {state}"
+        assert state["font"] == "STIX-Web", f"{page.name}: MathJax fell back to {state['font']!r} fonts"
+        requested = [e["params"]["request"]["url"] for e in chromium.events if e["method"] == "Network.requestWillBeSent"]
+        assert not [u for u in requested if not u.startswith((book_server, "data:", *ALLOWED_EXTERNAL))], requested
