@@ -150,7 +150,7 @@ class PadAwareAverage:
         """The averages as a :class:`ConstantAttention`; an empty corpus raises ``ValueError``."""
         if self.num_examples == 0:
             raise ValueError(f"{self.kind} averaging got an empty corpus: no batches (or only empty ones) to average over")
-        stacked = torch.stack(self.sums)
+        stacked = torch.stack([s.clone() for s in self.sums])  # plain tensors, editable outside inference mode
         zero = torch.zeros((), dtype=stacked.dtype, device=stacked.device)
         matrices = torch.where(self.counts > 0, stacked / self.counts.clamp_min(1), zero)
         metadata = {
@@ -162,10 +162,9 @@ class PadAwareAverage:
             "seconds": round(time.time() - self.started, 3),
             "kind": self.kind,
         }
-        return ConstantAttention(matrices.float().cpu(), self.counts.round().long().cpu(), metadata)
+        return ConstantAttention(matrices.float().cpu(), self.counts.clone().round().long().cpu(), metadata)
 
 
-@torch.inference_mode()
 def average_attention(
     model,
     batches: Iterable[dict],
@@ -191,8 +190,9 @@ def average_attention(
     from tqdm.auto import tqdm
 
     average = PadAwareAverage(*num_layers_and_heads(model))
-    for batch in tqdm(batches, total=total, disable=not progress, desc="averaging attention", unit="batch"):
-        inputs = model_inputs(model, batch)
-        outputs = model(**inputs, output_attentions=True)
-        average.add(enumerate(outputs.attentions), inputs["attention_mask"], getattr(batch, "layout", None))
+    with torch.inference_mode():
+        for batch in tqdm(batches, total=total, disable=not progress, desc="averaging attention", unit="batch"):
+            inputs = model_inputs(model, batch)
+            outputs = model(**inputs, output_attentions=True)
+            average.add(enumerate(outputs.attentions), inputs["attention_mask"], getattr(batch, "layout", None))
     return average.result(model, source)

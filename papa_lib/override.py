@@ -26,6 +26,10 @@ How a model is reached (architecture specifics are in :mod:`papa_lib.models`):
 Both routes call the same :meth:`AttentionOverride.head_weights`, so every mode means the same thing everywhere.
 Leaving the context restores the model exactly. With ``output_attentions=True`` the model returns the weights it
 actually used (constant, mixed, ...).
+
+On the ``AttentionInterface`` route a fast path (:mod:`papa_lib.fastpath`, Sec. 3.4) is on by default
+(``fast=True``): heads that do not look at the input skip the query/key projections, the softmax and the per-example
+weight matrices, with the same result; ``fast=False`` runs the reference path described here.
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ from typing import Iterable, Mapping
 import torch
 from torch import nn
 
+from .fastpath import fast_attention, skip_query_key_projections
 from .models import adapter_for, model_device, num_layers_and_heads, self_attention_modules
 
 MODES = ("original", "constant", "mix", "identity", "toeplitz", "zeros", "trainable")
@@ -106,7 +111,8 @@ class AttentionOverride(nn.Module):
 
     Holds the mixing parameters θ ``[layers, heads]`` (λ = σ(θ), initialised to 0, i.e. λ = 0.5) and, for
     ``trainable`` heads, the trainable constant matrices. Train them by passing :meth:`trainable_parameters` to an
-    optimiser. Apply it with :meth:`applied` (or use :func:`override`).
+    optimiser. Apply it with :meth:`applied` (or use :func:`override`). ``fast`` turns the fast path of
+    :mod:`papa_lib.fastpath` on (default) or off (reference path).
     """
 
     def __init__(
@@ -118,9 +124,11 @@ class AttentionOverride(nn.Module):
         *,
         trainable_init: str = "average",
         max_length: int | None = None,
+        fast: bool = True,
     ):
         super().__init__()
         adapter_for(model)
+        self.fast = bool(fast)
         self.num_layers, self.num_heads = num_layers_and_heads(model)
         self.plan = _resolve_plan(self.num_layers, self.num_heads, heads, mode)
         device = model_device(model)
@@ -278,6 +286,8 @@ class AttentionOverride(nn.Module):
                     handle = module.register_forward_pre_hook(hook.read_mask, with_kwargs=True)
                     undo.append(lambda module=module, hook=hook, handle=handle: (
                         handle.remove(), setattr(module, "dropout", hook.inner)))
+                elif self.fast and not self.needs_input_attention(layer):
+                    undo.append(skip_query_key_projections(module))  # Sec. 3.4: no Q, no K
             if adapter.route == "interface":
                 _register_attention_function()
                 previous = model.config._attn_implementation
@@ -316,6 +326,10 @@ def papa_attention_function(module, query, key, value, attention_mask, scaling=N
     :class:`AttentionOverride` rewrite the weights, and returns ``(output [B, L, H, d'], weights [B, H, L, L])``.
     """
     state = getattr(module, "_papa_state", None)
+    if state is not None and state[0].fast:
+        result = fast_attention(state[0], state[1], module, query, key, value, attention_mask, scaling, dropout)
+        if result is not None:
+            return result
     batch, _, length, _ = query.shape
     attention = None
     if state is None or state[0].needs_input_attention(state[1]):
@@ -362,6 +376,7 @@ def override(
     trainable_init: str = "average",
     max_length: int | None = None,
     state: AttentionOverride | None = None,
+    fast: bool | None = None,
 ):
     """Run ``model`` with some heads' attention replaced — PAPA's one seam (Sec. 3.2, Eq. 3; Sec. 5.2).
 
@@ -375,6 +390,8 @@ def override(
         trainable_init: ``"average"`` or ``"toeplitz"`` for ``trainable`` heads.
         max_length: size of trainable matrices when no ``matrices`` are given.
         state: reuse an existing :class:`AttentionOverride` (e.g. with learned θ) instead of building a new one.
+        fast: use the fast path of :mod:`papa_lib.fastpath` (``None``: on for a new state, the state's own setting
+            for a given ``state``); ``False`` runs the reference path. Both give the same outputs.
 
     Yields:
         The :class:`AttentionOverride` (θ, λ, trainable matrices).
@@ -385,6 +402,11 @@ def override(
             logits = probe(model(**batch, output_hidden_states=True).hidden_states)
     """
     if state is None:
-        state = AttentionOverride(model, matrices, heads, mode, trainable_init=trainable_init, max_length=max_length)
+        state = AttentionOverride(
+            model, matrices, heads, mode, trainable_init=trainable_init, max_length=max_length,
+            fast=True if fast is None else fast,
+        )
+    elif fast is not None:
+        state.fast = bool(fast)
     with state.applied(model):
         yield state

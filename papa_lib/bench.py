@@ -1,0 +1,551 @@
+"""Speed and memory benchmarks of the library (paper Sec. 3.4 "Potential Computational Gains", and our own tools).
+
+Run ``python -m papa_lib.bench [averaging|probe|constant|memory|all] [--quick]`` (also ``papa bench``). Every figure
+is printed as one ``name: value`` line (lines starting with ``#`` are context); all are measured in one run, side by
+side, on the embedded all-MiniLM-L6-v2 unless ``--model`` (or the ``PAPA_BENCH_MODEL`` environment variable) says
+otherwise (``tiny`` is a 2-layer random BERT used by the tests).
+
+Figures
+-------
+``averaging_vs_forward``
+    Throughput of :func:`papa_lib.average_attention` over 512 sentences at L = 64 (batch 32) divided by the
+    throughput of a plain forward pass with ``output_attentions=True`` over the same pre-encoded batches, both under
+    ``torch.inference_mode``. Target >= 0.9. Three repetitions, interleaved (the order alternates), after a warm-up
+    on two batches; the figure is the median of the per-repetition ratios.
+``cached_vs_recomputed_epoch``
+    Time of one probing epoch that recomputes the frozen backbone at every step divided by the time of one epoch on
+    features cached once by :func:`papa_lib.experiments.extract_features` (256 sentences, L = 64, batch 32, the same
+    batches and probe initialisation; median of three interleaved repetitions). The cached path is exactly the one
+    :class:`papa_lib.experiments.TaskExperiment` uses for frozen variants; the recomputing path is its :class:`~papa_lib.experiments.BackboneProbe` with the backbone's weights not requiring gradients
+    (what a frozen variant would cost without the cache). ``feature_extraction_s`` is the one-off caching cost.
+``constant_vs_original_L{128,256,512}``
+    Speed-up of a forward pass with every head ``constant`` (fast path, :mod:`papa_lib.fastpath`) over the original
+    eager forward pass, same batch (8 sequences of random ids, every token real), median of four interleaved
+    repetitions after a warm-up, measured in the steady state of a long-running override (the per-override matrix
+    cache stays warm).
+    ``constant_reference_vs_original_L*`` is the same for the reference path (``fast=False``).
+``flop_limit_L{128,256,512}``
+    The FLOP-count limit of that speed-up, :func:`flop_limit`: FLOPs of the original layer stack over FLOPs of the
+    all-constant stack (see :func:`layer_flops`). ``constant_speedup_over_limit_L*`` = measured / limit (target:
+    within 5% of 1).
+``averaging_peak_mem_ratio``
+    Peak memory of averaging over a corpus 4x larger divided by the peak over the smaller one (256 and 1024
+    sentences, batch 32; each size in a fresh subprocess). On CPU the peak is the resident set size (``VmHWM``,
+    reset after the model is loaded and warmed up so that loading does not count); on CUDA it is
+    ``torch.cuda.max_memory_allocated``. Target ~= 1.0. ``averaging_peak_mem_mb_N`` and
+    ``averaging_peak_growth_mb_N`` (peak minus the memory held just before averaging) give the absolute values.
+
+Sentences come from ``../shared/data/glue/SST-2/dev.tsv`` next to the repository (cycled when more are needed), or
+are generated from a fixed word list when that file is absent (the figure lines do not change).
+
+``--quick`` shrinks every size so that the whole run takes well under a minute on two CPU cores; the figures then
+are only a smoke test. ``--device cuda`` and ``--dtype bf16`` run on a GPU; timings synchronise the device.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import math
+import os
+import random
+import statistics
+import subprocess
+import sys
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterable
+
+import torch
+
+BENCHMARK_NAMES = ("averaging", "probe", "constant", "memory")
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+SST2_DEV = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "glue" / "SST-2" / "dev.tsv"
+MODEL_ENV = "PAPA_BENCH_MODEL"
+#: How time is read: wall-clock (default) or the CPU time of this process (all its threads), which is much less
+#: sensitive to other processes on a shared machine (use it with ``--threads 1``; CPU devices only).
+CLOCKS: dict[str, Callable[[], float]] = {"wall": time.perf_counter, "process": time.process_time}
+_clock: Callable[[], float] = time.perf_counter
+
+
+@dataclass(frozen=True)
+class BenchSizes:
+    """Problem sizes of one benchmark run (full or ``--quick``)."""
+
+    averaging_sentences: int = 512
+    averaging_length: int = 64
+    averaging_batch: int = 32
+    averaging_repeats: int = 3
+    probe_sentences: int = 256
+    probe_batch: int = 32
+    probe_repeats: int = 3
+    constant_lengths: tuple[int, ...] = (128, 256, 512)
+    constant_batch: int = 8
+    constant_repeats: int = 4
+    memory_sentences: tuple[int, int] = (256, 1024)
+    memory_batch: int = 32
+
+
+FULL = BenchSizes()
+QUICK = BenchSizes(
+    averaging_sentences=32, averaging_batch=16, averaging_repeats=2, probe_sentences=32, probe_batch=16,
+    probe_repeats=1, constant_batch=1, constant_repeats=2, memory_sentences=(32, 128), memory_batch=8,
+)
+
+
+# ---------------------------------------------------------------------------------------------- the FLOP model
+def layer_flops(length: int, hidden: int, intermediate: int, constant: bool) -> int:
+    """FLOPs of one encoder layer on one sequence of ``length`` tokens (1 multiply-add = 2 FLOPs).
+
+    Original layer: the Q, K, V and O projections ``4·n·d²·2``, the scores QKᵀ and the product AV ``2·n²·d·2``
+    (summed over heads, d = H·d′) and the feed-forward block's two matrices ``2·n·d·d_ff·2``.
+    All-constant layer: only the V and O projections ``2·n·d²·2``, the product CV ``n²·d·2`` and the same
+    feed-forward block ``2·n·d·d_ff·2``.
+
+    This is the paper's per-head count (Sec. 3.4: 2n²d′ + 3nd′² → n²d′ + nd′² multiply-adds, with the projection
+    term read as n·d·d′ per head) summed over the H heads, plus the output projection and the feed-forward block,
+    which the replacement does not touch. Softmax, scaling, masking, layer norms, GELU and biases are not counted
+    (they are O(n²·H) or O(n·d), small next to the matrix products in FLOPs, though not always in time).
+    """
+    n, d, f = int(length), int(hidden), int(intermediate)
+    feed_forward = 2 * n * d * f * 2
+    if constant:
+        return 2 * n * d * d * 2 + n * n * d * 2 + feed_forward
+    return 4 * n * d * d * 2 + 2 * n * n * d * 2 + feed_forward
+
+
+def flop_limit(length: int, hidden: int, intermediate: int) -> float:
+    """The FLOP-count limit of the all-constant speed-up: FLOPs(original stack) / FLOPs(all-constant stack).
+
+    Every layer has the same shape, so this is the per-layer ratio of :func:`layer_flops`.
+    """
+    return layer_flops(length, hidden, intermediate, False) / layer_flops(length, hidden, intermediate, True)
+
+
+# ---------------------------------------------------------------------------------------------- helpers
+def benchmark_sentences(count: int, seed: int = 0) -> tuple[list[str], list[int], str]:
+    """``count`` sentences with binary labels and where they came from (SST-2 dev, cycled, or generated)."""
+    if count < 1:
+        raise ValueError(f"count must be positive, got {count}")
+    if SST2_DEV.exists():
+        texts, labels = [], []
+        with SST2_DEV.open(newline="", encoding="utf-8") as handle:
+            for row in csv.DictReader(handle, delimiter="\t", quoting=csv.QUOTE_NONE):
+                texts.append(row["sentence"])
+                labels.append(int(row["label"]))
+        if not texts:
+            raise ValueError(f"{SST2_DEV} has no sentences")
+        return [texts[i % len(texts)] for i in range(count)], [labels[i % len(labels)] for i in range(count)], "SST-2 dev"
+    rng = random.Random(seed)
+    words = ("the film a story is was very not quite moving dull funny sad long short with of and but it its "
+             "actors plot scene music ending charming bleak bright slow fast smart silly warm cold").split()
+    texts = [" ".join(rng.choice(words) for _ in range(rng.randint(4, 40))) for _ in range(count)]
+    return texts, [rng.randint(0, 1) for _ in range(count)], "generated"
+
+
+def load_bench_model(spec: str | None, device: str = "cpu", dtype: str = "fp32"):
+    """(model, tokenizer) for a model spec: ``minilm`` (embedded, default), ``tiny`` (random 2-layer BERT), or a path.
+
+    ``tiny`` uses the embedded model's tokenizer with a tiny randomly initialised BERT of the same vocabulary.
+    """
+    from transformers import AutoModel, AutoTokenizer, BertConfig
+
+    from .models import embedded_model_path, load_encoder
+
+    if dtype not in DTYPES:
+        raise ValueError(f"unknown dtype {dtype!r}; choose one of {sorted(DTYPES)}")
+    if str(device).startswith("cuda") and not torch.cuda.is_available():
+        raise ValueError(f"device {device!r} requested but CUDA is not available on this machine")
+    spec = spec or os.environ.get(MODEL_ENV) or "minilm"
+    if spec == "tiny":
+        tokenizer = AutoTokenizer.from_pretrained(str(embedded_model_path()))
+        config = BertConfig(
+            vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37,
+            max_position_embeddings=512,
+        )
+        torch.manual_seed(0)
+        model = AutoModel.from_config(config, attn_implementation="eager").to(device=device, dtype=DTYPES[dtype]).eval()
+        model.papa_model_id = "tiny-random-bert"
+        return model, tokenizer
+    return load_encoder(None if spec == "minilm" else spec, device=device, dtype=DTYPES[dtype])
+
+
+def _synchronise(device) -> None:
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize()
+
+
+def _timed(function: Callable[[], object], device) -> float:
+    _synchronise(device)
+    start = _clock()
+    function()
+    _synchronise(device)
+    return _clock() - start
+
+
+def _interleaved(
+    functions: dict[str, Callable[[], object]], repeats: int, device, warmups: Iterable[Callable[[], object]] | None = None
+) -> dict[str, list[float]]:
+    """Time each function ``repeats`` times, interleaved, alternating the order each repetition.
+
+    ``warmups`` run first, untimed (default: each function once).
+    """
+    names = list(functions)
+    for warmup in functions.values() if warmups is None else warmups:
+        warmup()
+    times = {name: [] for name in names}
+    for repeat in range(repeats):
+        for name in names if repeat % 2 == 0 else reversed(names):
+            times[name].append(_timed(functions[name], device))
+    return times
+
+
+def _median_ratio(numerators: list[float], denominators: list[float]) -> float:
+    return statistics.median(a / b for a, b in zip(numerators, denominators))
+
+
+# ---------------------------------------------------------------------------------------------- benchmarks
+def bench_averaging(model, tokenizer, sizes: BenchSizes, device) -> dict[str, float]:
+    """``averaging_vs_forward``: averaging throughput / plain forward (``output_attentions=True``) throughput."""
+    from .averaging import average_attention
+    from .layout import batched, encode
+    from .models import model_inputs
+
+    texts, _, _ = benchmark_sentences(sizes.averaging_sentences)
+    encoded = encode(tokenizer, texts, max_length=sizes.averaging_length)
+    batches = list(batched(encoded, sizes.averaging_batch))
+
+    def forward():
+        with torch.inference_mode():
+            for batch in batches:
+                model(**model_inputs(model, batch), output_attentions=True)
+
+    def averaging():
+        average_attention(model, batches, progress=False)
+
+    def warmup():  # a couple of batches each: allocations, lazy initialisation
+        average_attention(model, batches[:2], progress=False)
+        with torch.inference_mode():
+            for batch in batches[:2]:
+                model(**model_inputs(model, batch), output_attentions=True)
+
+    times = _interleaved({"averaging": averaging, "forward": forward}, sizes.averaging_repeats, device, [warmup])
+    count = len(texts)
+    return {
+        "averaging_vs_forward": _median_ratio(times["forward"], times["averaging"]),
+        "averaging_sentences_per_s": count / statistics.median(times["averaging"]),
+        "forward_with_attentions_sentences_per_s": count / statistics.median(times["forward"]),
+    }
+
+
+@contextmanager
+def _frozen(model):
+    """Temporarily stop ``model``'s parameters from requiring gradients (restored exactly on exit)."""
+    flags = [(p, p.requires_grad) for p in model.parameters()]
+    try:
+        for p, _ in flags:
+            p.requires_grad_(False)
+        yield model
+    finally:
+        for p, flag in flags:
+            p.requires_grad_(flag)
+
+
+def bench_probe(model, tokenizer, sizes: BenchSizes, device) -> dict[str, float]:
+    """``cached_vs_recomputed_epoch``: one probe epoch recomputing the backbone / one epoch on cached features.
+
+    Uses the lead's feature cache (:func:`papa_lib.experiments.extract_features`, float16 hidden states of every
+    layer) and the in-loop :class:`~papa_lib.experiments.BackboneProbe`, with the SST-2 probing settings of Table 3
+    (batch 32, lr 1e-4, L = 64).
+    """
+    from . import experiments, probes
+    from .layout import encode
+
+    length, learning_rate, seed = 64, 1e-4, 0
+    texts, labels, _ = benchmark_sentences(sizes.probe_sentences)
+    split = experiments.EncodedSplit(encode(tokenizer, texts, max_length=length), torch.tensor(labels, dtype=torch.long))
+    layers = int(model.config.num_hidden_layers) + 1
+    hidden = int(model.config.hidden_size)
+
+    def new_probe():
+        probes.set_seed(seed)
+        return probes.make_probe("sentence", layers, length, hidden, 2)
+
+    extraction = []
+
+    def extract():
+        extraction.append(experiments.extract_features(model, split, "sentence", batch_size=sizes.probe_batch))
+
+    extract_s = _timed(extract, device)
+    features = extraction[-1]
+
+    def cached_epoch():
+        probe = new_probe()
+        batches = experiments._feature_batches(features, "sentence", sizes.probe_batch, seed)
+        probes.train_probe(probe, probe.parameters(), batches, 1, learning_rate, device=device)
+
+    def recomputed_epoch():
+        wrapper = experiments.BackboneProbe(model, new_probe(), "sentence")
+        batches = experiments._encoded_batches(split, sizes.probe_batch, seed)
+        with _frozen(model):
+            probes.train_probe(wrapper, wrapper.probe.parameters(), batches, 1, learning_rate, device=device)
+
+    # The feature extraction above has warmed the backbone up; no separate warm-up.
+    times = _interleaved({"cached": cached_epoch, "recomputed": recomputed_epoch}, sizes.probe_repeats, device, [])
+    return {
+        "cached_vs_recomputed_epoch": _median_ratio(times["recomputed"], times["cached"]),
+        "cached_epoch_s": statistics.median(times["cached"]),
+        "recomputed_epoch_s": statistics.median(times["recomputed"]),
+        "feature_extraction_s": extract_s,
+    }
+
+
+def bench_constant(model, tokenizer, sizes: BenchSizes, device) -> dict[str, float]:
+    """``constant_vs_original_L*``, ``flop_limit_L*``: all-constant forward (fast path) vs the original forward."""
+    from .models import model_inputs, num_layers_and_heads
+    from .override import AttentionOverride
+
+    layers, heads = num_layers_and_heads(model)
+    hidden, intermediate = int(model.config.hidden_size), int(model.config.intermediate_size)
+    vocab = int(model.config.vocab_size)
+    figures: dict[str, float] = {}
+    for length in sizes.constant_lengths:
+        generator = torch.Generator().manual_seed(length)
+        ids = torch.randint(min(1000, vocab // 2), vocab, (sizes.constant_batch, length), generator=generator)
+        batch = model_inputs(model, {"input_ids": ids, "attention_mask": torch.ones_like(ids), "token_type_ids": torch.zeros_like(ids)})
+        # Timing does not depend on the values: random positive matrices stand in for averaged ones.
+        matrices = torch.rand(layers, heads, length, length, generator=generator) + 1e-3
+        overrides = {
+            "constant": AttentionOverride(model, matrices, mode="constant", fast=True),
+            "reference": AttentionOverride(model, matrices, mode="constant", fast=False),
+        }
+        caches: dict[str, dict] = {name: {} for name in overrides}
+
+        def original():
+            with torch.inference_mode():
+                model(**batch)
+
+        def replaced(name):
+            state = overrides[name]
+            with torch.inference_mode(), state.applied(model):
+                state._dynamic_cache.update(caches[name])  # steady state: keep the per-override matrix cache warm
+                model(**batch)
+                caches[name] = dict(state._dynamic_cache)
+
+        times = _interleaved(
+            {"original": original, "constant": lambda: replaced("constant"), "reference": lambda: replaced("reference")},
+            sizes.constant_repeats, device,
+        )
+        speedup = _median_ratio(times["original"], times["constant"])
+        limit = flop_limit(length, hidden, intermediate)
+        figures[f"constant_vs_original_L{length}"] = speedup
+        figures[f"flop_limit_L{length}"] = limit
+        figures[f"constant_speedup_over_limit_L{length}"] = speedup / limit
+        figures[f"constant_reference_vs_original_L{length}"] = _median_ratio(times["original"], times["reference"])
+    return figures
+
+
+def _current_rss_kb() -> int | None:
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    except OSError:
+        pass
+    return None
+
+
+def _peak_rss_kb() -> int:
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1])
+    except OSError:
+        pass
+    import resource
+
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
+
+
+def _reset_peak_rss() -> bool:
+    """Reset the process's peak RSS (Linux ``/proc/self/clear_refs``); False where that is not possible."""
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+        return True
+    except OSError:
+        return False
+
+
+def memory_child(sentences: int, batch_size: int, model_spec: str | None, device: str, dtype: str) -> dict:
+    """Average attention over ``sentences`` sentences (streamed, batch by batch) and measure the peak memory.
+
+    Runs in a fresh process (see :func:`bench_memory`); returns ``peak_mb``, ``before_mb`` and the method used.
+    """
+    from .averaging import average_attention
+    from .layout import encode
+
+    model, tokenizer = load_bench_model(model_spec, device, dtype)
+    texts, _, _ = benchmark_sentences(sentences)
+
+    def batches():
+        for start in range(0, len(texts), batch_size):
+            yield encode(tokenizer, texts[start : start + batch_size], max_length=64)
+
+    average_attention(model, [encode(tokenizer, texts[:batch_size], max_length=64)], progress=False)  # warm-up
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        before = torch.cuda.memory_allocated()
+        average_attention(model, batches(), progress=False)
+        torch.cuda.synchronize()
+        return {"peak_mb": torch.cuda.max_memory_allocated() / 2**20, "before_mb": before / 2**20, "method": "cuda"}
+    reset = _reset_peak_rss()
+    before = _current_rss_kb() or 0
+    average_attention(model, batches(), progress=False)
+    return {"peak_mb": _peak_rss_kb() / 1024, "before_mb": before / 1024, "method": "VmHWM" if reset else "ru_maxrss"}
+
+
+def bench_memory(model_spec: str | None, sizes: BenchSizes, device: str, dtype: str, threads: int | None) -> dict[str, float]:
+    """``averaging_peak_mem_ratio``: peak memory of averaging at two corpus sizes 4x apart, one fresh process each."""
+    figures: dict[str, float] = {}
+    peaks = []
+    for count in sizes.memory_sentences:
+        command = [
+            sys.executable, "-m", "papa_lib.bench", "--memory-child", str(count), "--batch", str(sizes.memory_batch),
+            "--device", device, "--dtype", dtype,
+        ]
+        if model_spec:
+            command += ["--model", model_spec]
+        if threads:
+            command += ["--threads", str(threads)]
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(Path(__file__).resolve().parents[1]), os.environ.get("PYTHONPATH")])))
+        done = subprocess.run(command, capture_output=True, text=True, env=env)
+        if done.returncode != 0:
+            raise RuntimeError(f"memory benchmark child for {count} sentences failed:\n{done.stderr[-2000:]}")
+        result = json.loads(done.stdout.strip().splitlines()[-1])
+        peaks.append(result["peak_mb"])
+        figures[f"averaging_peak_mem_mb_{count}"] = result["peak_mb"]
+        figures[f"averaging_peak_growth_mb_{count}"] = max(result["peak_mb"] - result["before_mb"], 0.0)
+    figures["averaging_peak_mem_ratio"] = peaks[1] / peaks[0]
+    return {"averaging_peak_mem_ratio": figures.pop("averaging_peak_mem_ratio"), **figures}
+
+
+# ---------------------------------------------------------------------------------------------- entry points
+def _expand(names: Iterable[str]) -> list[str]:
+    selected: list[str] = []
+    for name in names:
+        if name == "all":
+            selected.extend(n for n in BENCHMARK_NAMES if n not in selected)
+        elif name in BENCHMARK_NAMES:
+            if name not in selected:
+                selected.append(name)
+        else:
+            raise ValueError(f"unknown benchmark {name!r}; choose from {', '.join(BENCHMARK_NAMES)} or 'all'")
+    if not selected:
+        raise ValueError("no benchmark selected")
+    return selected
+
+
+def format_figure(name: str, value: float) -> str:
+    """One output line, ``name: value``."""
+    return f"{name}: {value:.4g}"
+
+
+def run_benchmarks(
+    names: Iterable[str],
+    quick: bool = False,
+    *,
+    model: str | None = None,
+    device: str = "cpu",
+    dtype: str = "fp32",
+    threads: int | None = None,
+    emit: Callable[[str], None] | None = print,
+    sizes: BenchSizes | None = None,
+    clock: str = "wall",
+) -> dict[str, float]:
+    """Run the named benchmarks (``averaging``, ``probe``, ``constant``, ``memory`` or ``all``) and return the figures.
+
+    Args:
+        names: which benchmarks to run.
+        quick: small sizes (a smoke run, well under a minute on 2 CPU cores).
+        model: ``minilm`` (default; or the ``PAPA_BENCH_MODEL`` environment variable), ``tiny`` or a model path.
+        device: ``cpu`` or ``cuda``.
+        dtype: ``fp32`` or ``bf16``.
+        threads: torch CPU threads (default: torch's own choice).
+        emit: called with each ``name: value`` line as soon as it is measured (``None``: silent).
+        sizes: explicit problem sizes (overrides ``quick``; the tests use very small ones).
+        clock: ``wall`` (default) or ``process`` (CPU time of this process; see :data:`CLOCKS`).
+
+    Returns:
+        ``{figure name: value}`` in the order measured.
+    """
+    global _clock
+    selected = _expand(names)
+    if clock not in CLOCKS:
+        raise ValueError(f"unknown clock {clock!r}; choose one of {sorted(CLOCKS)}")
+    if clock == "process" and torch.device(device).type != "cpu":
+        raise ValueError("the process clock measures CPU time; use clock='wall' on a GPU")
+    label = "custom" if sizes is not None else ("quick" if quick else "full")
+    sizes = sizes or (QUICK if quick else FULL)
+    if threads:
+        torch.set_num_threads(int(threads))
+    say = emit or (lambda line: None)
+    figures: dict[str, float] = {}
+    loaded = None
+    previous_clock, _clock = _clock, CLOCKS[clock]
+    try:
+        for name in selected:
+            started = time.perf_counter()
+            if name == "memory":
+                result = bench_memory(model, sizes, device, dtype, threads)
+            else:
+                if loaded is None:
+                    loaded = load_bench_model(model, device, dtype)
+                    say(f"# model: {getattr(loaded[0], 'papa_model_id', '?')}, device {device}, dtype {dtype}, "
+                        f"torch threads {torch.get_num_threads()}, {clock} clock, {label} sizes, "
+                        f"sentences from {benchmark_sentences(1)[2]}")
+                function = {"averaging": bench_averaging, "probe": bench_probe, "constant": bench_constant}[name]
+                result = function(loaded[0], loaded[1], sizes, device)
+            for key, value in result.items():
+                figures[key] = float(value)
+                say(format_figure(key, float(value)))
+            say(f"# {name} took {time.perf_counter() - started:.1f} s")
+    finally:
+        _clock = previous_clock
+    return figures
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Command line: ``python -m papa_lib.bench [averaging|probe|constant|memory|all] [--quick] [--device cuda] ...``."""
+    parser = argparse.ArgumentParser(prog="papa bench", description="PAPA library speed and memory benchmarks")
+    parser.add_argument("benchmarks", nargs="*", default=["all"], help=f"any of {', '.join(BENCHMARK_NAMES)}, or all")
+    parser.add_argument("--quick", action="store_true", help="small sizes (a smoke run, < 60 s)")
+    parser.add_argument("--device", default="cpu", help="cpu (default) or cuda")
+    parser.add_argument("--dtype", default="fp32", choices=sorted(DTYPES), help="parameter dtype (default fp32)")
+    parser.add_argument("--model", default=None, help=f"minilm (default; or ${MODEL_ENV}), tiny, or a model path")
+    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    parser.add_argument("--clock", default="wall", choices=sorted(CLOCKS),
+                        help="wall (default) or process: CPU time of this process, robust to a busy shared machine")
+    parser.add_argument("--memory-child", type=int, default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--batch", type=int, default=32, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    if args.memory_child is not None:
+        print(json.dumps(memory_child(args.memory_child, args.batch, args.model, args.device, args.dtype)))
+        return 0
+    started = time.perf_counter()
+    try:
+        run_benchmarks(args.benchmarks, args.quick, model=args.model, device=args.device, dtype=args.dtype,
+                       threads=args.threads, emit=lambda line: print(line, flush=True), clock=args.clock)
+    except ValueError as error:
+        parser.error(str(error))
+    print(f"# total wall time {time.perf_counter() - started:.1f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,130 @@
+"""Benchmarks (papa_lib.bench): output format, figures finite and positive, the FLOP model. Not timed: no ratio is asserted."""
+
+from __future__ import annotations
+
+import math
+import re
+
+import pytest
+import torch
+
+from papa_lib import bench
+
+TINY_SIZES = bench.BenchSizes(
+    averaging_sentences=8, averaging_batch=4, averaging_repeats=1, probe_sentences=8, probe_batch=4, probe_repeats=1,
+    constant_lengths=(16, 32), constant_batch=2, constant_repeats=1, memory_sentences=(4, 16), memory_batch=4,
+)
+LINE = re.compile(r"^([a-z][A-Za-z0-9_]*): (\S+)$")
+
+
+def parse(lines):
+    figures = {}
+    for line in lines:
+        if line.startswith("#"):
+            continue
+        match = LINE.match(line)
+        assert match, f"not a 'name: value' line: {line!r}"
+        figures[match.group(1)] = float(match.group(2))
+    return figures
+
+
+def check_values(figures):
+    for name, value in figures.items():
+        assert math.isfinite(value), name
+        if "growth" in name:
+            assert value >= 0, name
+        else:
+            assert value > 0, name
+
+
+def test_run_benchmarks_on_a_tiny_model_prints_name_value_lines():
+    lines = []
+    figures = bench.run_benchmarks(["averaging", "constant", "probe"], model="tiny", sizes=TINY_SIZES, emit=lines.append)
+    printed = parse(lines)
+    assert set(printed) == set(figures)
+    for name in ("averaging_vs_forward", "cached_vs_recomputed_epoch", "constant_vs_original_L16",
+                 "constant_vs_original_L32", "flop_limit_L16", "flop_limit_L32", "constant_reference_vs_original_L32"):
+        assert name in figures
+    check_values(figures)
+    assert any(line.startswith("# model: tiny-random-bert") for line in lines)
+    for name, value in figures.items():  # printed with 4 significant digits
+        assert printed[name] == pytest.approx(value, rel=1e-3)
+
+
+def test_memory_benchmark_runs_in_subprocesses():
+    lines = []
+    figures = bench.run_benchmarks(["memory"], model="tiny", sizes=TINY_SIZES, emit=lines.append)
+    assert set(figures) == {
+        "averaging_peak_mem_ratio", "averaging_peak_mem_mb_4", "averaging_peak_mem_mb_16",
+        "averaging_peak_growth_mb_4", "averaging_peak_growth_mb_16",
+    }
+    check_values(parse(lines))
+    assert figures["averaging_peak_mem_ratio"] == pytest.approx(
+        figures["averaging_peak_mem_mb_16"] / figures["averaging_peak_mem_mb_4"]
+    )
+
+
+def test_main_command_line(capsys, monkeypatch):
+    assert bench.QUICK.constant_lengths == (128, 256, 512)
+    monkeypatch.setattr(bench, "QUICK", TINY_SIZES)  # --quick, made even smaller for the test
+    threads = torch.get_num_threads()
+    try:
+        assert bench.main(["constant", "--quick", "--model", "tiny", "--threads", "1", "--clock", "process"]) == 0
+        assert torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(threads)
+    out = capsys.readouterr().out.strip().splitlines()
+    figures = parse(out)
+    assert {"constant_vs_original_L16", "constant_vs_original_L32", "flop_limit_L32"} <= set(figures)
+    assert out[-1].startswith("# total wall time")
+    assert "process clock" in out[0]
+    assert bench._clock is bench.CLOCKS["wall"]  # restored
+    check_values(figures)
+    with pytest.raises(SystemExit):
+        bench.main(["nonsense", "--model", "tiny"])
+
+
+def test_unknown_benchmark_and_bad_options_raise():
+    with pytest.raises(ValueError, match="unknown benchmark 'speed'"):
+        bench.run_benchmarks(["speed"], emit=None)
+    with pytest.raises(ValueError, match="unknown clock 'sundial'"):
+        bench.run_benchmarks(["constant"], clock="sundial", emit=None)
+    with pytest.raises(ValueError, match="unknown dtype"):
+        bench.load_bench_model("tiny", dtype="fp8")
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="CUDA is not available"):
+            bench.load_bench_model("tiny", device="cuda")
+
+
+def test_model_from_environment(monkeypatch):
+    monkeypatch.setenv(bench.MODEL_ENV, "tiny")
+    model, tokenizer = bench.load_bench_model(None)
+    assert model.papa_model_id == "tiny-random-bert"
+    assert model.config.vocab_size == len(tokenizer)
+
+
+def test_flop_model_matches_the_formula():
+    n, d, f = 128, 384, 1536
+    original = 4 * n * d * d * 2 + 2 * n * n * d * 2 + 2 * n * d * f * 2
+    constant = 2 * n * d * d * 2 + n * n * d * 2 + 2 * n * d * f * 2
+    assert bench.layer_flops(n, d, f, constant=False) == original
+    assert bench.layer_flops(n, d, f, constant=True) == constant
+    assert bench.flop_limit(n, d, f) == pytest.approx(original / constant)
+    assert bench.flop_limit(128, 384, 1536) == pytest.approx(1.2258, abs=1e-4)
+    # long sequences: the n² terms dominate and the limit tends to 2; it grows with n
+    assert bench.flop_limit(10**7, d, f) == pytest.approx(2.0, abs=1e-3)
+    assert bench.flop_limit(128, d, f) < bench.flop_limit(256, d, f) < bench.flop_limit(512, d, f)
+
+
+def test_benchmark_sentences_cycle_and_fall_back(monkeypatch, tmp_path):
+    texts, labels, source = bench.benchmark_sentences(3)
+    assert len(texts) == len(labels) == 3 and all(isinstance(t, str) and t for t in texts)
+    if source == "SST-2 dev":
+        many, _, _ = bench.benchmark_sentences(2000)  # more than the 872 dev sentences: cycled
+        assert len(many) == 2000 and many[872] == many[0]
+    monkeypatch.setattr(bench, "SST2_DEV", tmp_path / "missing.tsv")
+    generated, generated_labels, source = bench.benchmark_sentences(5)
+    assert source == "generated" and len(generated) == 5 and set(generated_labels) <= {0, 1}
+    assert generated == bench.benchmark_sentences(5)[0]  # deterministic
+    with pytest.raises(ValueError, match="count must be positive"):
+        bench.benchmark_sentences(0)
