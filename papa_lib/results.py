@@ -429,6 +429,24 @@ class ResultsStore:
         rows.sort(key=lambda row: (row.get("finished_at", ""), row["run_id"]))
         self._write_table(columns, rows)
 
+    def merge(self, other: "ResultsStore | str | Path") -> int:
+        """Add the records of another store (e.g. a grid shard run in parallel) whose ``run_id`` is not here yet.
+
+        Records are copied as stored (same run ids, same values); one atomic write. Returns how many were added.
+        """
+        other = other if isinstance(other, ResultsStore) else ResultsStore(other)
+        other_header, other_rows = other._read_table()
+        header, rows = self._read_table()
+        known = {row["run_id"] for row in rows}
+        new = [row for row in other_rows if row["run_id"] not in known]
+        if not new:
+            return 0
+        extras = sorted({c for c in header + other_header if c not in RECORD_FIELDS})
+        rows = rows + new
+        rows.sort(key=lambda row: (row.get("finished_at", ""), row["run_id"]))
+        self._write_table(list(RECORD_FIELDS) + extras, rows)
+        return len(new)
+
     def _write_table(self, columns: list[str], rows: list[dict[str, str]]) -> None:
         """Write the full table to a temp file next to it, fsync, then ``os.replace`` it over the old one."""
         buffer = io.StringIO()

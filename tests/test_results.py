@@ -466,3 +466,14 @@ def test_package_versions_json():
     import transformers
 
     assert versions["transformers"] == transformers.__version__
+
+
+def test_merge_adds_only_unknown_runs(tmp_path):
+    main, shard = ResultsStore(tmp_path / "main"), ResultsStore(tmp_path / "shard")
+    main.append(make_record("a", value=0.5))
+    shard.append(make_record("a", value=0.9))  # same run id: the stored one wins
+    shard.append(make_record("b", value=0.7))
+    assert main.merge(shard) == 1
+    frame = main.frame().set_index("run_id")
+    assert frame.loc["a", "value"] == 0.5 and frame.loc["b", "value"] == 0.7
+    assert main.merge(tmp_path / "shard") == 0
