@@ -6,16 +6,18 @@ plots or prints. Means, 95% confidence intervals and relative drops come from :f
 and :func:`papa_lib.results.relative_drop`; this module only chooses *which rows* feed them:
 
 * :func:`fraction_curves` -- Fig. 2: score vs fraction of input-dependent heads (1, 1/2, 1/8, 1/16, 0).
-* :func:`all_constant_drop`, :func:`half_heads_drop` -- the Sec. 4.2 headline numbers (8% average and at most
-  20% relative drop with every head constant; no major drop with half of them) and Fig. 3's points.
+* :func:`all_constant_drop`, :func:`half_heads_drop`, :func:`headline_comparison` -- the Sec. 4.2 headline
+  numbers (8% average and at most 20% relative drop with every head constant; no major drop with half of them),
+  with a verdict against the paper's, and Fig. 3's points (:meth:`DropSummary.per_model`).
 * :func:`matrix_type_summary`, :func:`matrix_type_table`, :func:`average_vs_data_free` -- Table 1 / Table 4.
 * :func:`transfer_summary`, :func:`transfer_table`, :func:`transfer_differences` -- Table 2 / Table 5.
 * :func:`with_paper` -- our numbers beside the paper's (``papa_lib.paper``), in one long frame for a chart.
-* :func:`stored_matrices`, :func:`column_mass`, :func:`position_coverage` -- where the constant matrices of
-  Sec. 5.3 put their weight, and how often a position holds a real token (App. A layout).
-* :func:`grid_coverage` -- which runs of a declared grid are in the table (results may be partial).
-* :func:`run_costs`, :func:`estimate_compute`, :func:`encoder_cost_ratio` -- compute estimates from measured
-  wall times.
+* :func:`stored_matrices`, :func:`column_mass`, :func:`diagonal_mass`, :func:`position_coverage` -- where the
+  stored constant matrices put their weight (Sec. 5.1, 5.3), how often a position holds a real token (App. A).
+* :func:`grid_coverage`, :func:`grid_plan`, :func:`task_lengths`, :func:`per_task_setting` -- what a declared grid
+  asks for and which of its runs are in the table (results may be partial).
+* :func:`run_costs`, :func:`estimate_compute`, :func:`encoder_cost_ratio`, :func:`feature_cache_bytes` -- compute
+  and memory estimates from measured wall times.
 
 Canonical rows (see :mod:`papa_lib.experiments`): the model with every head input-dependent (fraction 1) is stored
 once as ``matrix_type="original"``, ``selection_order="none"``; with every head replaced (fraction 0) the order
@@ -718,6 +720,30 @@ def position_coverage(constants, position: int) -> float:
 # ----------------------------------------------------------------------------------------------------------------
 
 
+def _block_variants(block) -> Iterable[tuple[str, str, object]]:
+    """(block name, task, canonical :class:`~papa_lib.experiments.Variant`) for every run of a grid block, without
+    repeats inside the block (blocks are GridBlock objects or plain mappings with the same keys)."""
+    from .experiments import Variant
+    from .selection import PAPER_FRACTIONS
+
+    get = block.get if isinstance(block, Mapping) else (lambda key: getattr(block, key, None))
+    fractions = get("fractions") if get("fractions") is not None else list(PAPER_FRACTIONS)
+    for task in get("tasks") or []:
+        seen = []
+        for matrix_type in get("matrix_types") or ["average"]:
+            for order in get("orders") or ["lambda"]:
+                for fraction in fractions:
+                    variant = Variant.make(matrix_type, order, fraction, get("matrices_from"))
+                    if variant not in seen:
+                        seen.append(variant)
+                        yield get("name"), task, variant
+
+
+def _grid_seeds(spec: Mapping) -> list[int]:
+    seeds = spec.get("seeds", 3)
+    return list(range(seeds)) if isinstance(seeds, int) else [int(s) for s in seeds]
+
+
 def grid_coverage(frame: pd.DataFrame, spec: Mapping, blocks: Iterable[str] | None = None,
                   model: str | None = None) -> pd.DataFrame:
     """How much of a declared grid (:func:`papa_lib.experiments.load_grid`) the results table holds.
@@ -726,13 +752,10 @@ def grid_coverage(frame: pd.DataFrame, spec: Mapping, blocks: Iterable[str] | No
     ``model`` only when given) and ``missing`` = expected - done. A run counts as done when a row has its task,
     matrix type, order, fraction, matrices source and seed.
     """
-    from .experiments import Variant
-
     _check_frame(frame, "grid_coverage")
     if not isinstance(spec, Mapping) or "blocks" not in spec:
         raise ValueError("grid_coverage: spec must be a grid mapping with 'blocks' (papa_lib.experiments.load_grid)")
-    seeds = spec.get("seeds", 3)
-    seeds = list(range(seeds)) if isinstance(seeds, int) else [int(s) for s in seeds]
+    seeds = _grid_seeds(spec)
     wanted = None if blocks is None else set(blocks)
     if model is not None:
         frame = frame[frame["model"] == model]
@@ -740,28 +763,18 @@ def grid_coverage(frame: pd.DataFrame, spec: Mapping, blocks: Iterable[str] | No
     for row in frame.itertuples(index=False):
         done_keys.add((row.task, row.matrix_type, row.selection_order, round(float(row.fraction), 9),
                        row.matrices_from if isinstance(row.matrices_from, str) else None, int(row.seed)))
-    records = []
+    counts: dict[tuple[str, str], list[int]] = {}
     for block in spec["blocks"]:
-        name = getattr(block, "name", None) or block.get("name")
-        if wanted is not None and name not in wanted:
-            continue
-        get = (lambda k, d=None: getattr(block, k, d)) if not isinstance(block, Mapping) else block.get
-        for task in get("tasks") or []:
-            variants = []
-            for matrix_type in get("matrix_types") or ["average"]:
-                for order in get("orders") or ["lambda"]:
-                    for fraction in get("fractions") if get("fractions") is not None else [1, 0.5, 0.125, 0.0625, 0]:
-                        variant = Variant.make(matrix_type, order, fraction, get("matrices_from"))
-                        if variant not in variants:
-                            variants.append(variant)
-            expected = done = 0
-            for variant in variants:
-                source = variant.matrices_from or (task if variant.matrix_type in AVERAGE_TYPES else None)
-                for seed in seeds:
-                    expected += 1
-                    key = (task, variant.matrix_type, variant.selection_order, round(variant.fraction, 9), source, seed)
-                    done += key in done_keys
-            records.append((name, task, expected, done, expected - done))
+        for name, task, variant in _block_variants(block):
+            if wanted is not None and name not in wanted:
+                continue
+            source = variant.matrices_from or (task if variant.matrix_type in AVERAGE_TYPES else None)
+            tally = counts.setdefault((name, task), [0, 0])
+            for seed in seeds:
+                tally[0] += 1
+                tally[1] += (task, variant.matrix_type, variant.selection_order, round(variant.fraction, 9), source,
+                             seed) in done_keys
+    records = [(name, task, expected, done, expected - done) for (name, task), (expected, done) in counts.items()]
     return pd.DataFrame(records, columns=["block", "task", "expected", "done", "missing"])
 
 
@@ -808,34 +821,22 @@ def grid_plan(spec: Mapping, blocks: Iterable[str] | None = None) -> pd.DataFram
     """The runs a grid declares, per (block, task, kind): ``runs`` = distinct canonical variants x seeds.
 
     ``kind`` is ``in-loop`` for trainable matrices and ``frozen`` otherwise (see :func:`run_costs`). A variant that
-    several blocks share (e.g. the original model) is counted in the first block that declares it, as
-    :func:`papa_lib.experiments.grid_runs` runs it once.
+    several of the chosen ``blocks`` share (e.g. the original model) is counted in the first block that declares
+    it, as :func:`papa_lib.experiments.grid_runs` runs it once.
     """
-    from .experiments import Variant
-
     if not isinstance(spec, Mapping) or "blocks" not in spec:
         raise ValueError("grid_plan: spec must be a grid mapping with 'blocks' (papa_lib.experiments.load_grid)")
-    seeds = spec.get("seeds", 3)
-    n_seeds = seeds if isinstance(seeds, int) else len(list(seeds))
+    n_seeds = len(_grid_seeds(spec))
     wanted = None if blocks is None else set(blocks)
     seen: set = set()
     counts: dict[tuple[str, str, str], int] = {}
     for block in spec["blocks"]:
-        get = block.get if isinstance(block, Mapping) else (lambda k, b=block: getattr(b, k, None))
-        name = get("name")
-        if wanted is not None and name not in wanted:
-            continue
-        fractions = get("fractions") if get("fractions") is not None else [1, 0.5, 0.125, 0.0625, 0]
-        for task in get("tasks") or []:
-            for matrix_type in get("matrix_types") or ["average"]:
-                for order in get("orders") or ["lambda"]:
-                    for fraction in fractions:
-                        variant = Variant.make(matrix_type, order, fraction, get("matrices_from"))
-                        if (task, variant) in seen:
-                            continue
-                        seen.add((task, variant))
-                        key = (name, task, _run_kind(variant.matrix_type))
-                        counts[key] = counts.get(key, 0) + n_seeds
+        for name, task, variant in _block_variants(block):
+            if (wanted is not None and name not in wanted) or (task, variant) in seen:
+                continue
+            seen.add((task, variant))
+            key = (name, task, _run_kind(variant.matrix_type))
+            counts[key] = counts.get(key, 0) + n_seeds
     rows = [(block, task, kind, runs) for (block, task, kind), runs in counts.items()]
     return pd.DataFrame(rows, columns=["block", "task", "kind", "runs"])
 

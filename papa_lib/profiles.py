@@ -145,12 +145,15 @@ def resolve(profile: str = "local", model_name: str | None = None, data_dir: str
             results_dir: str | Path | None = None, device: str = "cpu", root: str | Path | None = None) -> Setup:
     """Resolve a chapter's parameters into a :class:`Setup`.
 
+    ``model_name=None`` means the embedded MiniLM (smoke: a tiny random BERT; paper: ``roberta-base``).
     ``data_dir=None`` means: smoke — generated data (written once to a temp folder); local — ``../shared/data`` next
     to the repository when it exists; paper — the hub. Relative paths are taken from the repository root.
     """
     if profile not in PROFILES:
         raise ValueError(f"unknown profile {profile!r}; choose one of {PROFILES}")
     root = find_repo_root(root)
+    if profile == "paper" and model_name is None:
+        model_name = "roberta-base"  # the model of the paper's Sec. 5 analyses; pass another hub id per run
     if profile == "smoke":
         import torch
 

@@ -1,0 +1,341 @@
+"""Tests for papa_lib.figures: results table -> the paper's figures and tables (Fig. 2-3, Tables 1-2, Sec. 4.2).
+
+Every expectation below is computed by hand from the constructed rows (two seeds -> Student-t interval with
+t_{0.975, 1} = 12.7062).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from papa_lib import figures, paper
+from papa_lib.experiments import GridBlock
+from papa_lib.results import ResultsStore
+
+T1 = 12.706204736174698  # Student t, 97.5% quantile, 1 degree of freedom
+
+
+def row(task, matrix_type, fraction, seed, value, order=None, matrices_from="own", model="m", metric=None, **extra):
+    """One canonical results row (fraction 1 -> original; fraction 0 -> order none)."""
+    if order is None:
+        order = "none" if fraction in (0, 1) else "lambda"
+    if matrices_from == "own":
+        matrices_from = task if matrix_type in figures.AVERAGE_TYPES else None
+    return {"run_id": f"{model}-{task}-{matrix_type}-{order}-{fraction}-{matrices_from}-{seed}", "model": model,
+            "task": task, "matrix_type": matrix_type, "matrices_from": matrices_from, "selection_order": order,
+            "fraction": float(fraction), "seed": seed, "metric": metric or ("matthews_corrcoef" if task == "cola" else "accuracy"),
+            "value": float(value), **extra}
+
+
+def example_frame() -> pd.DataFrame:
+    rows = [
+        # SST-2: original 0.85, half 0.85 (drop 0), all-constant 0.76 (drop 0.09/0.85)
+        row("sst2", "original", 1, 0, 0.80), row("sst2", "original", 1, 1, 0.90),
+        row("sst2", "average", 0.5, 0, 0.84), row("sst2", "average", 0.5, 1, 0.86),
+        row("sst2", "average", 0.125, 0, 0.80),
+        row("sst2", "average", 0, 0, 0.75), row("sst2", "average", 0, 1, 0.77),
+        # rows the Fig. 2 curve must ignore
+        row("sst2", "average", 0.5, 0, 0.10, order="first_to_last"),
+        row("sst2", "average", 0, 0, 0.50, matrices_from="mnli"), row("sst2", "average", 0, 1, 0.52, matrices_from="mnli"),
+        row("sst2", "identity", 0, 0, 0.70),
+        row("sst2", "toeplitz", 0, 0, 0.72), row("sst2", "toeplitz", 0, 1, 0.74),
+        row("sst2", "trainable_average", 0, 0, 0.78),
+        # CoLA: original 0.40, half 0.42 (drop -0.05), all-constant 0.32 (drop 0.2)
+        row("cola", "original", 1, 0, 0.40), row("cola", "original", 1, 1, 0.40),
+        row("cola", "average", 0.5, 0, 0.42), row("cola", "average", 0.5, 1, 0.42),
+        row("cola", "average", 0, 0, 0.30), row("cola", "average", 0, 1, 0.34),
+        row("cola", "zeros", 0, 0, 0.35),
+        # NER: original score 0 -> relative drop undefined
+        row("ner", "original", 1, 0, 0.0, metric="seqeval_f1"), row("ner", "average", 0, 0, 0.0, metric="seqeval_f1"),
+        # POS: only the all-constant rows (no original yet: a partial table)
+        row("pos", "average", 0, 0, 0.9),
+    ]
+    return pd.DataFrame(rows)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def test_fraction_label():
+    assert [figures.fraction_label(f) for f in (1, 0.5, 0.125, 0.0625, 0)] == ["1", "1/2", "1/8", "1/16", "0"]
+    with pytest.raises(ValueError, match="fraction"):
+        figures.fraction_label(1.5)
+
+
+def test_format_mean_ci():
+    assert figures.format_mean_ci(0.85, 0.80, 0.90, 2) == "0.85 ± 0.05"
+    assert figures.format_mean_ci(0.7, 0.7, 0.7, 1) == "0.70"
+    assert figures.format_mean_ci(float("nan"), float("nan"), float("nan"), 0) == "—"
+
+
+def test_fraction_curves_selects_the_curve_rows():
+    curves = figures.fraction_curves(example_frame(), tasks=["sst2"])
+    assert list(curves["fraction"]) == [1.0, 0.5, 0.125, 0.0]
+    assert list(curves["fraction_label"]) == ["1", "1/2", "1/8", "0"]
+    assert curves["mean"].tolist() == pytest.approx([0.85, 0.85, 0.80, 0.76])  # not 0.10 (first_to_last) nor 0.51 (mnli)
+    assert curves["n"].tolist() == [2, 2, 1, 2]
+    original = curves.iloc[0]
+    half_width = T1 * np.std([0.8, 0.9], ddof=1) / math.sqrt(2)
+    assert (original.ci_low, original.ci_high) == pytest.approx((0.85 - half_width, 0.85 + half_width))
+    assert curves["relative_drop"].tolist() == pytest.approx([0.0, 0.0, 0.05 / 0.85, 0.09 / 0.85])
+
+
+def test_fraction_curves_other_order_other_source_and_partial_tasks():
+    frame = example_frame()
+    other = figures.fraction_curves(frame, tasks=["sst2"], order="first_to_last")
+    assert other["mean"].tolist() == pytest.approx([0.85, 0.10, 0.76])
+    mnli = figures.fraction_curves(frame, tasks=["sst2"], matrices_from="mnli")
+    assert mnli["mean"].tolist() == pytest.approx([0.85, 0.51])
+    curves = figures.fraction_curves(frame)  # every task; ner has an undefined drop, pos has no original
+    assert list(dict.fromkeys(curves["task"])) == ["cola", "sst2", "ner", "pos"]  # the paper's column order
+    assert curves[curves.task == "ner"]["relative_drop"].isna().all()
+    assert curves[curves.task == "pos"]["relative_drop"].isna().all()
+    assert figures.fraction_curves(frame, tasks=["mrpc"]).empty
+    with pytest.raises(ValueError, match="unknown task"):
+        figures.fraction_curves(frame, tasks=["sst-2"])
+    with pytest.raises(ValueError, match="lacks column"):
+        figures.fraction_curves(frame.drop(columns="selection_order"))
+
+
+def test_all_constant_drop_headline_numbers():
+    summary = figures.all_constant_drop(example_frame())
+    per = summary.per_task.set_index("task")
+    assert list(per.index) == ["cola", "sst2"]
+    assert per.loc["sst2", "original"] == pytest.approx(0.85)
+    assert per.loc["sst2", "replaced"] == pytest.approx(0.76)
+    assert per.loc["sst2", "relative_drop"] == pytest.approx(0.09 / 0.85)
+    assert per.loc["cola", "relative_drop"] == pytest.approx(0.2)
+    assert per.loc["cola", "n_original"] == 2 and per.loc["cola", "n_replaced"] == 2
+    assert summary.mean == pytest.approx((0.09 / 0.85 + 0.2) / 2)
+    assert summary.max == pytest.approx(0.2)
+    assert summary.worst == "cola"
+    assert summary.count == 2
+    assert any(note.startswith("m/ner") and "undefined" in note for note in summary.missing)
+    assert any(note.startswith("m/pos") and "no original" in note for note in summary.missing)
+
+
+def test_half_heads_drop_and_empty_frames():
+    half = figures.half_heads_drop(example_frame())
+    per = half.per_task.set_index("task")
+    assert per.loc["sst2", "relative_drop"] == pytest.approx(0.0)
+    assert per.loc["cola", "relative_drop"] == pytest.approx(-0.05)  # an improvement
+    assert half.mean == pytest.approx(-0.025) and half.max == pytest.approx(0.0) and half.worst == "sst2"
+    assert any(note.startswith("m/ner") and "undefined" in note for note in half.missing)
+    frame = example_frame()
+    no_half = frame[~((frame.task == "sst2") & (frame.fraction == 0.5))]
+    partial = figures.half_heads_drop(no_half)
+    assert list(partial.per_task.task) == ["cola"]
+    assert "m/sst2: no rows at fraction 1/2" in partial.missing
+    empty = figures.all_constant_drop(example_frame().iloc[0:0])
+    assert empty.per_task.empty and math.isnan(empty.mean) and empty.worst is None
+    with pytest.raises(ValueError, match="strictly between"):
+        figures.half_heads_drop(example_frame(), fraction=1)
+
+
+def test_headline_comparison_verdicts():
+    frame = example_frame()
+    table = figures.headline_comparison(figures.all_constant_drop(frame), figures.half_heads_drop(frame),
+                                        paper_mean=0.08, paper_max=0.20).set_index("claim")
+    mean = table.loc["average relative drop, every head constant"]
+    assert mean.ours == pytest.approx((0.09 / 0.85 + 0.2) / 2) and mean.paper == 0.08
+    assert mean.verdict == "larger than the paper's"  # 0.153 vs 0.08: more than 4 points apart
+    assert table.loc["largest relative drop, every head constant", "verdict"] == "within the paper's bound"  # 0.20
+    assert table.loc["largest relative drop, 1/2 of the heads input-dependent", "verdict"] == "no major drop, as in the paper"
+    strict = figures.headline_comparison(figures.all_constant_drop(frame), figures.half_heads_drop(frame),
+                                         paper_mean=0.15, paper_max=0.19, tolerance=0.01)
+    assert strict.verdict.tolist()[:2] == ["close to the paper", "above the paper's bound"]
+    empty = figures.all_constant_drop(frame.iloc[0:0])
+    assert set(figures.headline_comparison(empty, figures.half_heads_drop(frame.iloc[0:0]), 0.08, 0.2).verdict) == {
+        "not measured yet"}
+
+
+def test_per_model_points_for_fig3():
+    frame = pd.concat([example_frame(), example_frame().assign(model="big", value=lambda f: f.value * 0.5)])
+    summary = figures.all_constant_drop(frame)
+    assert summary.count == 4 and summary.worst in ("big/cola", "m/cola")
+    per_model = summary.per_model().set_index("model")
+    assert per_model.loc["m", "original"] == pytest.approx((0.85 + 0.40) / 2)
+    assert per_model.loc["big", "original"] == pytest.approx((0.85 + 0.40) / 4)
+    assert per_model.loc["m", "relative_drop"] == pytest.approx((0.09 / 0.85 + 0.2) / 2)
+    assert per_model.loc["m", "tasks"] == 2
+
+
+def test_matrix_type_summary_and_table():
+    frame = example_frame()
+    summary = figures.matrix_type_summary(frame, tasks=["sst2", "cola"])
+    sst2 = summary[summary.task == "sst2"].set_index("matrix_type")
+    assert list(sst2.index) == ["original", "identity", "toeplitz", "trainable_average", "average"]
+    assert sst2.loc["average", "mean"] == pytest.approx(0.76)  # own text only, not the mnli-built 0.51
+    assert sst2.loc["toeplitz", "mean"] == pytest.approx(0.73)
+    assert sst2.loc["identity", "construction"] == "data-free"
+    table = figures.matrix_type_table(frame, tasks=["cola", "sst2", "mrpc"])
+    assert list(table.index) == ["original", "identity", "toeplitz", "zeros", "trainable_average", "average"]
+    assert list(table.columns) == ["cola", "sst2", "mrpc"]
+    assert table.loc["original", "sst2"] == f"0.85 ± {T1 * np.std([0.8, 0.9], ddof=1) / math.sqrt(2):.2f}"
+    assert table.loc["identity", "sst2"] == "0.70"  # one seed: no interval
+    assert table.loc["zeros", "sst2"] == "—" and table.loc["zeros", "cola"] == "0.35"
+    assert (table["mrpc"] == "—").all()  # asked for, not run yet
+
+
+def test_average_vs_data_free():
+    summary = figures.matrix_type_summary(example_frame())
+    verdict = figures.average_vs_data_free(summary).set_index("task")
+    assert verdict.loc["sst2", "best_data_free"] == "toeplitz"
+    assert verdict.loc["sst2", "margin"] == pytest.approx(0.03)
+    assert verdict.loc["sst2", "beats"] is True and verdict.loc["sst2", "data_free_types"] == 2
+    assert verdict.loc["cola", "best_data_free"] == "zeros" and verdict.loc["cola", "beats"] is False
+    assert verdict.loc["pos", "beats"] is None  # no data-free row measured
+    assert verdict.loc["sst2", "minus_trainable_average"] == pytest.approx(0.76 - 0.78)
+    assert math.isnan(verdict.loc["sst2", "minus_trainable_toeplitz"])
+
+
+def test_transfer_summary_table_and_differences():
+    frame = example_frame()
+    summary = figures.transfer_summary(frame)
+    assert set(summary.matrices_from) == {"per-task", "mnli"}
+    table = figures.transfer_table(frame, tasks=["cola", "sst2", "mnli"])
+    assert list(table.index) == ["per-task", "mnli"] and list(table.columns) == ["cola", "sst2"]
+    assert table.loc["mnli", "sst2"].startswith("0.51 ± ")
+    assert table.loc["mnli", "cola"] == "—"
+    diff = figures.transfer_differences(frame).set_index("task")
+    assert diff.loc["sst2", "difference"] == pytest.approx(0.51 - 0.76)
+    assert diff.loc["sst2", "per_task_ci_half_width"] == pytest.approx(T1 * np.std([0.75, 0.77], ddof=1) / math.sqrt(2))
+    assert math.isnan(diff.loc["cola", "mnli"])
+    assert diff.loc["sst2", "within_ci"] is False  # |0.51 - 0.76| > 0.127
+    assert diff.loc["cola", "within_ci"] is None
+
+
+def test_with_paper_keeps_the_cells_we_report():
+    ours = figures.matrix_type_summary(example_frame(), tasks=["sst2"])
+    both = figures.with_paper(ours, paper.table_long("table1"), "matrix_type", "ours (m, local)")
+    mine = both[both.source == "ours (m, local)"]
+    theirs = both[both.source == "Hassid et al. 2022, Table 1"].set_index("matrix_type")
+    assert len(mine) == len(ours) == len(theirs)
+    assert theirs.loc["original", "mean"] == pytest.approx(0.91)
+    assert theirs.loc["average", "mean"] == pytest.approx(0.87)
+    assert (theirs["model"] == "RoBERTa-base").all() and (theirs["n"] == 0).all()
+    everything = figures.with_paper(figures.transfer_summary(example_frame().iloc[0:0]), paper.table_long("table2"), "matrices_from", "ours")
+    assert len(everything) == 10  # 2 rows x 5 tasks of Table 2
+
+
+def test_grid_coverage_counts_done_and_missing():
+    spec = {"seeds": [0, 1], "blocks": [
+        GridBlock(name="fig2", tasks=["sst2", "cola"], fractions=[1, 0.5, 0]),
+        {"name": "table2", "tasks": ["sst2"], "matrix_types": ["average"], "matrices_from": "mnli", "fractions": [0]},
+    ]}
+    coverage = figures.grid_coverage(example_frame(), spec).set_index(["block", "task"])
+    assert coverage.loc[("fig2", "sst2"), "expected"] == 6 and coverage.loc[("fig2", "sst2"), "done"] == 6
+    assert coverage.loc[("fig2", "cola"), "done"] == 6
+    assert coverage.loc[("table2", "sst2"), "done"] == 2 and coverage.loc[("table2", "sst2"), "missing"] == 0
+    only = figures.grid_coverage(example_frame().iloc[0:3], spec, blocks=["fig2"])
+    assert set(only.block) == {"fig2"} and only.set_index("task").loc["sst2", "done"] == 3
+    assert figures.grid_coverage(example_frame(), spec, model="other")["done"].sum() == 0
+
+
+def test_frame_from_a_results_store(tmp_path):
+    store = ResultsStore(tmp_path)
+    base = {"eval_size": 10, "train_size": 100, "config_hash": "x", "profile": "smoke", "data_source": "generated",
+            "versions": "{}", "device": "cpu", "wall_time_s": 1.0}
+    for record in example_frame().to_dict(orient="records"):
+        matrices_from = record["matrices_from"]
+        record["matrices_from"] = None if matrices_from is None or (isinstance(matrices_from, float) and math.isnan(matrices_from)) else matrices_from
+        store.append({**base, **record})
+    summary = figures.all_constant_drop(store.frame())
+    assert summary.mean == pytest.approx((0.09 / 0.85 + 0.2) / 2)
+    assert figures.fraction_curves(store.frame(), tasks=["sst2"])["mean"].tolist() == pytest.approx([0.85, 0.85, 0.80, 0.76])
+
+
+def _constants(tmp_path=None):
+    import torch
+
+    from papa_lib.averaging import ConstantAttention
+
+    matrices = torch.zeros(1, 2, 4, 4)
+    matrices[0, 0, :, 2] = 0.5  # head 0 puts half of every row on key 2
+    matrices[0, 1, :, 3] = 1.0  # head 1 puts everything on key 3
+    matrices[0, 0, 3, 2] = 0.9  # ... except in a row never seen (ignored)
+    counts = torch.tensor([[10, 10, 4, 0], [10, 10, 4, 0], [4, 4, 4, 0], [0, 0, 0, 0]])
+    return ConstantAttention(matrices, counts, {"num_examples": 10, "model": "m"})
+
+
+def test_column_mass_and_position_coverage(tmp_path):
+    constants = _constants()
+    mass = figures.column_mass(constants, 2)
+    assert mass.values.tolist() == [[0, 0, 0.5], [0, 1, 0.0]]
+    assert figures.column_mass(constants, 3)["mass"].tolist() == [0.0, 1.0]
+    assert figures.diagonal_mass(constants)["mass"].tolist() == pytest.approx([0.5 / 3, 0.0])  # rows 0-2: 0, 0, 0.5
+    assert figures.position_coverage(constants, 2) == pytest.approx(0.4)
+    assert figures.position_coverage(constants, 3) == 0.0
+    with pytest.raises(ValueError, match="outside"):
+        figures.column_mass(constants, 4)
+    assert figures.stored_matrices(tmp_path, "mnli", 4) is None
+    constants.save(tmp_path / "matrices" / "mnli-L4-abc.safetensors")
+    loaded = figures.stored_matrices(tmp_path, "mnli", 4)
+    assert loaded is not None and loaded.metadata["model"] == "m"
+    assert figures.stored_matrices(tmp_path, "mnli", 4, model="other") is None
+    assert figures.stored_matrices(tmp_path, "mnli", 8) is None
+
+
+def test_task_lengths():
+    assert figures.task_lengths({"max_length": {"default": 64, "mnli": 128}}, ["sst2", "mnli"]) == {"sst2": 64, "mnli": 128}
+    assert figures.task_lengths({"max_length": 32}, ["ner"]) == {"ner": 32}
+    assert figures.task_lengths({}, ["mnli", "mrpc", "pos"]) == {"mnli": 256, "mrpc": 128, "pos": 128}  # Table 3
+    with pytest.raises(ValueError, match="unknown task"):
+        figures.task_lengths({}, ["qqp"])
+
+
+def test_per_task_setting_and_grid_plan():
+    spec = {"seeds": [0, 1, 2], "inloop_epochs": {"default": 3, "cola": 5}, "blocks": [
+        GridBlock(name="fig2", tasks=["sst2"], fractions=[1, 0.5, 0]),
+        GridBlock(name="table1", tasks=["sst2"], matrix_types=["average", "identity", "trainable_average"], fractions=[1, 0]),
+    ]}
+    assert figures.per_task_setting(spec, "inloop_epochs", ["sst2", "cola"]) == {"sst2": 3, "cola": 5}
+    assert figures.per_task_setting(spec, "epochs", ["sst2"], {"sst2": 4}) == {"sst2": 4}
+    plan = figures.grid_plan(spec).set_index(["block", "task", "kind"])["runs"].to_dict()
+    # fig2: original, average 1/2, average 0 -> 3 variants; table1 adds identity 0 (frozen) and trainable_average 0
+    assert plan == {("fig2", "sst2", "frozen"): 9, ("table1", "sst2", "frozen"): 3, ("table1", "sst2", "in-loop"): 3}
+    assert figures.grid_plan(spec, blocks=["table1"])["runs"].sum() == 3 * 4  # original + 3 types at fraction 0
+    with pytest.raises(ValueError, match="blocks"):
+        figures.grid_plan({"seeds": 1})
+
+
+def test_feature_cache_bytes():
+    assert figures.feature_cache_bytes("sentence", 10, 2, 4, length=8) == 10 * 3 * 8 * 4 * 2
+    assert figures.feature_cache_bytes("token", 10, 2, 4) == 10 * 3 * 4 * 2
+    with pytest.raises(ValueError, match="length"):
+        figures.feature_cache_bytes("sentence", 10, 2, 4)
+    with pytest.raises(ValueError, match="kind"):
+        figures.feature_cache_bytes("pair", 10, 2, 4, 8)
+
+
+def test_encoder_cost_ratio():
+    assert figures.encoder_cost_ratio(figures.MODEL_SHAPES["roberta-base"]) == pytest.approx(8.0)
+    assert figures.encoder_cost_ratio(figures.MODEL_SHAPES["roberta-large"]) == pytest.approx(301989888 / 10616832)
+    with pytest.raises(ValueError, match="layers, hidden"):
+        figures.encoder_cost_ratio((12, 768))
+
+
+def test_run_costs_and_estimate_compute():
+    frame = pd.DataFrame([
+        row("sst2", "original", 1, 0, 0.8, wall_time_s=100.0, train_size=1000),
+        row("sst2", "average", 0, 0, 0.7, wall_time_s=300.0, train_size=1000),
+        row("sst2", "trainable_average", 0, 0, 0.7, wall_time_s=640.0, train_size=1000),
+        row("cola", "original", 1, 0, 0.4, wall_time_s=float("nan"), train_size=1000),  # unfinished timing: ignored
+    ])
+    costs = figures.run_costs(frame, {"default": 64})
+    frozen = costs.set_index(["task", "kind"]).loc[("sst2", "frozen")]
+    assert frozen["runs"] == 2 and frozen["wall_hours"] == pytest.approx(400 / 3600)
+    assert frozen["seconds_per_token"] == pytest.approx(200 / 64000)
+    plan = pd.DataFrame({"task": ["sst2", "mnli", "sst2"], "kind": ["frozen", "frozen", "in-loop"], "runs": [3, 2, 1]})
+    estimate = figures.estimate_compute(costs, plan, {"sst2": 64, "mnli": 256}, {"sst2": 2000, "mnli": 1000},
+                                        cost_ratio=8, speedup=4, epoch_factor={"sst2": 2})
+    assert estimate["hours"].tolist() == pytest.approx([2400 / 3600, 3200 / 3600, 5120 / 3600])
+    assert estimate["source"].tolist() == ["measured", "mean of measured frozen runs", "measured"]
+    with pytest.raises(ValueError, match="no measured run costs"):
+        figures.estimate_compute(costs.iloc[0:0], plan, {"sst2": 64}, {"sst2": 1})
+    with pytest.raises(ValueError, match="no sequence length"):
+        figures.run_costs(frame, {"cola": 64})
