@@ -32,6 +32,18 @@ at a time and its accumulators do not grow with the corpus (see its docstring).
 
 Architectures are described by one small function each in ``_PROJECTION_GETTERS`` (keyed by ``config.model_type``),
 returning the value and output projections of one encoder layer.
+
+Norm-aware PAPA (beyond both papers; book chapter "Norm-based analysis"):
+
+* ``norm_weighted_attention`` builds constant matrices like PAPA's Eq. 2 (pad-aware per-entry means) from the
+  row-normalised norm-weighted attention ``w_ij = alpha_ij ||f(x_j)|| / sum_k alpha_ik ||f(x_k)||`` (matrix type
+  ``norm_average`` of :mod:`papa_lib.experiments`);
+* ``input_dependence_scores`` ranks heads without labels by the pooled per-entry variance of ``alpha`` (or ``w``)
+  across inputs — the mean squared error of replacing the head by its constant matrix (orders
+  ``attention_variance`` and ``norm_variance``);
+* ``norm_aware_blocks``/``norm_aware_grid`` declare the grid (``data/results/norms-minilm/grid.yaml``), and
+  ``run_analyses``/``read_analyses``, ``label_free_comparison``, ``matrix_comparison`` and friends produce the
+  chapter's tables.
 """
 
 from __future__ import annotations
@@ -66,6 +78,31 @@ __all__ = [
     "fx_norm_by_category",
     "token_frequency_table",
     "frequency_norm_correlation",
+    "INPUT_DEPENDENCE_WEIGHTINGS",
+    "norm_weighted_rows",
+    "norm_weighted_attention",
+    "input_dependence_scores",
+    "matrix_total_variation",
+    "NORM_RESULT_FOLDERS",
+    "NORM_AWARE_ORDERS",
+    "NORM_AWARE_FRACTIONS",
+    "norm_aware_blocks",
+    "norm_aware_grid",
+    "ANALYSIS_FILES",
+    "wikitext_pairs",
+    "run_analyses",
+    "read_analyses",
+    "decomposition_check",
+    "head_level_correlation",
+    "find_constant_matrices",
+    "norm_results_folder",
+    "norm_aware_results",
+    "label_free_comparison",
+    "matrix_comparison",
+    "sentence_shares",
+    "missing_norm_runs",
+    "head_score_table",
+    "score_agreement",
 ]
 
 #: Token categories of Kobayashi et al. Sec. 4.2, in the order used by every category axis of this module.
@@ -408,7 +445,8 @@ class CorpusNormStatistics:
     memory independent of corpus size.  ``share_sum[..., m]``: m = 0 weight-based (alpha), m = 1 norm-based
     (``||alpha f(x)||``), each the per-query-row share of the category, summed over query rows.
     ``sep_observations``: a uniform reservoir sample (at most ``max_sep_observations`` rows) of [SEP] occurrences,
-    each row [Ly, H, 2] = (mean alpha given to this [SEP] by the real queries of its sentence, ``||f^h([SEP])||``).
+    each row [Ly, H, 2] = (mean alpha given to this [SEP] by the real queries of its sentence, ``||f^h([SEP])||``);
+    ``cls_observations`` the same for [CLS] (a reservoir of the same size).
     """
 
     num_layers: int
@@ -435,6 +473,8 @@ class CorpusNormStatistics:
     num_sentences: int = 0
     num_tokens: int = 0
     token_strings: dict[int, str] = field(default_factory=dict)  # id -> token string, for the ids seen
+    cls_observations: torch.Tensor = field(default_factory=lambda: torch.zeros(0, 0, 0, 2))  # like sep_observations
+    cls_observations_seen: int = 0
 
 
 def _empty_statistics(layers: int, heads: int, vocab: int, replicates: int, max_sep: int) -> CorpusNormStatistics:
@@ -464,6 +504,7 @@ def _empty_statistics(layers: int, heads: int, vocab: int, replicates: int, max_
         token_count=torch.zeros(vocab, dtype=torch.long),
         token_fx_sum=zeros(layers, vocab),
         sep_observations=torch.zeros(0, layers, heads, 2, dtype=torch.float32),
+        cls_observations=torch.zeros(0, layers, heads, 2, dtype=torch.float32),
     )
 
 
@@ -474,24 +515,27 @@ def _row_shares(contribution: torch.Tensor, key_onehot: torch.Tensor) -> torch.T
     return torch.where(total != 0, per_category / torch.where(total != 0, total, 1.0), 0.0)
 
 
-def _reservoir_add(stats: CorpusNormStatistics, rows: torch.Tensor, generator: torch.Generator) -> None:
-    """Uniform reservoir sampling (Vitter's algorithm R) of observation rows."""
+def _reservoir_add(stats: CorpusNormStatistics, rows: torch.Tensor, generator: torch.Generator, token: str = "sep") -> None:
+    """Uniform reservoir sampling (Vitter's algorithm R) of observation rows (``token``: "sep" or "cls")."""
     cap = stats.max_sep_observations
+    seen_name, kept_name = f"{token}_observations_seen", f"{token}_observations"
     if cap <= 0 or rows.shape[0] == 0:
-        stats.sep_observations_seen += rows.shape[0]
+        setattr(stats, seen_name, getattr(stats, seen_name) + rows.shape[0])
         return
-    kept = stats.sep_observations
+    kept = getattr(stats, kept_name)
+    seen = getattr(stats, seen_name)
     take = min(cap - kept.shape[0], rows.shape[0])
     if take > 0:
         kept = torch.cat([kept, rows[:take]])
-        stats.sep_observations_seen += take
+        seen += take
         rows = rows[take:]
     for row in rows:  # reservoir full: row t (1-based) replaces a random slot with probability cap / t
-        stats.sep_observations_seen += 1
-        slot = int(torch.randint(0, stats.sep_observations_seen, (1,), generator=generator))
+        seen += 1
+        slot = int(torch.randint(0, seen, (1,), generator=generator))
         if slot < cap:
             kept[slot] = row
-    stats.sep_observations = kept
+    setattr(stats, kept_name, kept)
+    setattr(stats, seen_name, seen)
 
 
 def corpus_norm_statistics(
@@ -551,8 +595,9 @@ def corpus_norm_statistics(
         share = torch.zeros(batch_size, layers, heads, num_categories, 2, dtype=torch.float64)
         summed_share = torch.zeros(batch_size, layers, num_categories, dtype=torch.float64)
         category_fx = torch.zeros(batch_size, layers, heads, num_categories, dtype=torch.float64)
-        sep_rows = []
-        sep_b, sep_j = torch.nonzero((categories == _SEP) & mask, as_tuple=True)
+        special = {token: torch.nonzero((categories == category) & mask, as_tuple=True)
+                   for token, category in (("sep", _SEP), ("cls", _CLS))}
+        special_rows = {token: [] for token in special}
 
         for layer_norms in _iter_layer_norms(model, inputs):
             # the [B, H, L, L] work stays on the model's device in the norms' dtype; per-sentence totals go to CPU
@@ -576,12 +621,14 @@ def corpus_norm_statistics(
 
             stats.token_fx_sum[ell].index_add_(0, real_ids, fx64.mean(dim=1).reshape(-1)[real])
 
-            if sep_b.numel():
-                b_index, j_index = sep_b.to(device), sep_j.to(device)
-                to_sep = alpha[b_index, :, :, j_index]  # [N, H, L]: weight from every query to this [SEP]
-                mean_to_sep = (to_sep * real_mask[b_index][:, None, :]).sum(-1).to("cpu", torch.float64)
-                mean_to_sep = mean_to_sep / tokens_per_sentence[sep_b][:, None]
-                sep_rows.append(torch.stack([mean_to_sep, fx64[sep_b, :, sep_j]], dim=-1))  # [N, H, 2]
+            for token, (tok_b, tok_j) in special.items():
+                if not tok_b.numel():
+                    continue
+                b_index, j_index = tok_b.to(device), tok_j.to(device)
+                to_token = alpha[b_index, :, :, j_index]  # [N, H, L]: weight from every query to this token
+                mean_to_token = (to_token * real_mask[b_index][:, None, :]).sum(-1).to("cpu", torch.float64)
+                mean_to_token = mean_to_token / tokens_per_sentence[tok_b][:, None]
+                special_rows[token].append(torch.stack([mean_to_token, fx64[tok_b, :, tok_j]], dim=-1))  # [N, H, 2]
 
         stats.num_sentences += batch_size
         stats.num_tokens += int(mask.sum())
@@ -604,8 +651,9 @@ def corpus_norm_statistics(
             stats.boot_summed_share_sum += torch.einsum("rb,blc->rlc", weights, summed_share)
             stats.boot_category_count += weights @ onehot.sum(dim=1)
             stats.boot_category_fx_sum += torch.einsum("rb,blhc->rlhc", weights, category_fx)
-        if sep_rows:
-            _reservoir_add(stats, torch.stack(sep_rows, dim=1).to(torch.float32), generator)
+        for token, rows in special_rows.items():
+            if rows:
+                _reservoir_add(stats, torch.stack(rows, dim=1).to(torch.float32), generator, token)
 
     if empty:
         raise ValueError("batches was empty; nothing to accumulate")
@@ -732,18 +780,28 @@ def _correlations(x: np.ndarray, y: np.ndarray) -> tuple[float, float, float, fl
     return float(pearson.statistic), float(pearson.pvalue), float(spearman.statistic), float(spearman.pvalue)
 
 
-def sep_weight_norm_correlation(stats: CorpusNormStatistics, confidence: float = 0.95) -> pd.DataFrame:
+_SPECIAL_TOKENS = ("sep", "cls")
+
+
+def _special_observations(stats: CorpusNormStatistics, token: str) -> np.ndarray:
+    if token not in _SPECIAL_TOKENS:
+        raise ValueError(f"token must be one of {_SPECIAL_TOKENS}, got {token!r}")
+    return getattr(stats, f"{token}_observations").to(torch.float64).numpy()
+
+
+def sep_weight_norm_correlation(stats: CorpusNormStatistics, confidence: float = 0.95, token: str = "sep") -> pd.DataFrame:
     """Correlation between the attention weight given to [SEP] and ``||f^h([SEP])||`` per head (Kobayashi Fig. 4).
 
     One observation per [SEP] occurrence (from the reservoir sample): x = mean over the sentence's real query tokens
     of alpha to that [SEP], y = ``||f^h([SEP])||``.  Intervals: Fisher z (Spearman with variance 1.06/(n-3)); they
     treat the [SEP] occurrences as independent, which is optimistic when a sentence has several.
+    ``token="cls"`` does the same for [CLS] (one occurrence per sentence; column names say ``cls``).
 
     Columns: layer, head, n_observations, mean_alpha_to_sep, mean_fx_norm_sep, pearson_r, pearson_p,
     pearson_ci_low, pearson_ci_high, spearman_rho, spearman_p, spearman_ci_low, spearman_ci_high.
     """
     _check_confidence(confidence)
-    observations = stats.sep_observations.to(torch.float64).numpy()
+    observations = _special_observations(stats, token)
     n = observations.shape[0]
     rows = []
     for layer in range(stats.num_layers):
@@ -757,8 +815,8 @@ def sep_weight_norm_correlation(stats: CorpusNormStatistics, confidence: float =
                     "layer": layer,
                     "head": head,
                     "n_observations": n,
-                    "mean_alpha_to_sep": float(x.mean()) if n else math.nan,
-                    "mean_fx_norm_sep": float(y.mean()) if n else math.nan,
+                    f"mean_alpha_to_{token}": float(x.mean()) if n else math.nan,
+                    f"mean_fx_norm_{token}": float(y.mean()) if n else math.nan,
                     "pearson_r": pr,
                     "pearson_p": pp,
                     "pearson_ci_low": p_low,
@@ -772,12 +830,15 @@ def sep_weight_norm_correlation(stats: CorpusNormStatistics, confidence: float =
     return pd.DataFrame(rows)
 
 
-def sep_observations(stats: CorpusNormStatistics, layer: int | None = None, head: int | None = None) -> pd.DataFrame:
+def sep_observations(
+    stats: CorpusNormStatistics, layer: int | None = None, head: int | None = None, token: str = "sep"
+) -> pd.DataFrame:
     """The reservoir of [SEP] observations in long form, for scatter plots (Kobayashi Fig. 4).
 
     Columns: observation, layer, head, alpha_to_sep, fx_norm_sep; optionally filtered to one layer and/or head.
+    ``token="cls"``: the [CLS] reservoir (columns alpha_to_cls, fx_norm_cls).
     """
-    observations = stats.sep_observations.to(torch.float64).numpy()
+    observations = _special_observations(stats, token)
     for name, value, limit in (("layer", layer, stats.num_layers), ("head", head, stats.num_heads)):
         if value is not None and not 0 <= value < limit:
             raise ValueError(f"{name} {value} out of range [0, {limit})")
@@ -789,8 +850,8 @@ def sep_observations(stats: CorpusNormStatistics, layer: int | None = None, head
             "observation": obs.ravel(),
             "layer": lay.ravel(),
             "head": hd.ravel(),
-            "alpha_to_sep": observations[..., 0].ravel(),
-            "fx_norm_sep": observations[..., 1].ravel(),
+            f"alpha_to_{token}": observations[..., 0].ravel(),
+            f"fx_norm_{token}": observations[..., 1].ravel(),
         }
     )
     if layer is not None:
@@ -886,3 +947,732 @@ def frequency_norm_correlation(
             }
         )
     return pd.DataFrame(rows)
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Norm-aware PAPA (beyond both papers): norm-weighted constant matrices and label-free head scores
+# ----------------------------------------------------------------------------------------------------------------------
+
+INPUT_DEPENDENCE_WEIGHTINGS: tuple[str, ...] = ("attention", "norm")
+
+
+def _fx_norms(proj: AttentionProjections, hidden_states: torch.Tensor) -> torch.Tensor:
+    """``||f^h(x_j)||`` [B, H, L] without building the [B, H, L, D] vectors.
+
+    With ``v = x W_V^h + b_V^h`` (size d') and ``W_O^h`` the [D, d'] columns of the output projection,
+    ``||v W_O^h||^2 = v^T (W_O^h^T W_O^h) v``: a d' x d' Gram matrix per head, evaluated in float64.
+    """
+    values = torch.nn.functional.linear(hidden_states, proj.value_weight, proj.value_bias)
+    values = values.view(*hidden_states.shape[:2], proj.num_heads, proj.head_size).to(torch.float64)  # [B, L, H, d']
+    output_weight = proj.output_weight.view(proj.output_weight.shape[0], proj.num_heads, proj.head_size)
+    output_weight = output_weight.to(torch.float64)
+    gram = torch.einsum("dhp,dhq->hpq", output_weight, output_weight)  # [H, d', d']
+    squared = torch.einsum("blhp,hpq,blhq->bhl", values, gram, values)
+    return squared.clamp_min_(0.0).sqrt_().to(hidden_states.dtype)
+
+
+def _iter_alpha_and_fx_norms(model: torch.nn.Module, inputs: Mapping[str, torch.Tensor]):
+    """Run the model once; yield ``(layer, alpha [B, H, L, L], fx_norm [B, H, L])`` layer by layer (inputs prepared)."""
+    getter = _projection_getter(model)
+    if model.training:
+        raise ValueError("model is in training mode (dropout would perturb alpha); call model.eval() first")
+    base = getattr(model, "base_model", model)
+    layers = encoder_layers(model)
+    with torch.no_grad():
+        outputs = base(**inputs, output_attentions=True, output_hidden_states=True, return_dict=True)
+    attentions, hidden_states = outputs.attentions, outputs.hidden_states
+    if attentions is None or len(attentions) != len(layers) or any(a is None for a in attentions):
+        raise ValueError(
+            "the model did not return one attention tensor per layer; load it with "
+            "attn_implementation='eager' so that output_attentions=True works"
+        )
+    for index, layer in enumerate(layers):
+        with torch.no_grad():
+            yield index, attentions[index], _fx_norms(getter(layer), hidden_states[index])
+
+
+def norm_weighted_rows(alpha: torch.Tensor, fx_norm: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    """Row-normalised norm-weighted attention ``w_ij = alpha_ij ||f(x_j)|| / sum_{k real} alpha_ik ||f(x_k)||``.
+
+    Args:
+        alpha: [B, H, L, L] attention weights (query i, key j).
+        fx_norm: [B, H, L] ``||f^h(x_j)||``.
+        attention_mask: [B, L], 1 for real tokens.
+
+    Returns:
+        [B, H, L, L] float32: every row over the real keys sums to 1 (padded keys get 0); a row whose norm-weighted
+        total is 0 is all zeros.  Like ``alpha``, ``w`` is a distribution over keys, but it measures how much of the
+        head's output (its share of ``sum_j ||alpha_ij f(x_j)||``) comes from each key (Kobayashi Sec. 3).
+    """
+    if alpha.dim() != 4 or fx_norm.shape != alpha.shape[:3] or alpha.shape[-1] != alpha.shape[-2]:
+        raise ValueError(
+            f"alpha must be [B, H, L, L] and fx_norm [B, H, L]; got {tuple(alpha.shape)} and {tuple(fx_norm.shape)}"
+        )
+    if tuple(attention_mask.shape) != (alpha.shape[0], alpha.shape[-1]):
+        raise ValueError(f"attention_mask must be [B, L] = {(alpha.shape[0], alpha.shape[-1])}, got {tuple(attention_mask.shape)}")
+    keys = attention_mask.to(device=alpha.device, dtype=torch.float32)[:, None, None, :]
+    weighted = alpha.float().abs() * fx_norm.float()[:, :, None, :] * keys
+    total = weighted.sum(dim=-1, keepdim=True)
+    return torch.where(total > 0, weighted / torch.where(total > 0, total, 1.0), 0.0)
+
+
+def _pair_mask(attention_mask: torch.Tensor) -> torch.Tensor:
+    real = attention_mask.to(torch.float32)
+    return real[:, :, None] * real[:, None, :]
+
+
+def _layer_weights(weighting: str, alpha: torch.Tensor, fx_norm: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    if weighting == "norm":
+        return norm_weighted_rows(alpha, fx_norm, mask)
+    return alpha.float()
+
+
+def _check_width(width: int, length: int | None) -> None:
+    if length is not None and width != length:
+        raise ValueError(f"all batches must have the same width L; got {width} after {length}")
+
+
+def norm_weighted_attention(
+    model: torch.nn.Module,
+    batches: Iterable[Mapping[str, torch.Tensor]],
+    progress: bool = True,
+    source: str = "unspecified",
+    total: int | None = None,
+):
+    """Constant matrices from norm-weighted attention: PAPA's Eq. 2 average applied to ``norm_weighted_rows``.
+
+    For every example and head, ``w_ij = alpha_ij ||f^h(x_j)||`` is row-normalised over the real keys
+    (:func:`norm_weighted_rows`); entry (q, k) of the result is the mean of ``w_qk`` over the examples in which both q
+    and k are real, exactly like :func:`papa_lib.averaging.average_attention` (same ``counts``; entries no example
+    covers are 0).  Where ``||f(x)||`` is the same for every token the result equals the plain average.  A constant
+    matrix built this way puts its mass where a head's output comes from rather than where its weights are: a head that
+    gives large weight to [SEP] but reads a short vector there (Kobayashi Sec. 4.2) gets a matrix that mostly averages
+    the other tokens.  Beyond both papers; compared with plain averages in the book's "Norm-based analysis" chapter.
+
+    Args:
+        model: an encoder of a supported ``model_type`` in eval mode with eager attention.
+        batches: iterable of encoded batches (``input_ids``, ``attention_mask``, optionally ``token_type_ids``), all
+            of width L.
+        progress: show a progress bar.
+        source: where the text came from (stored in the metadata).
+        total: number of batches, for the progress bar only.
+
+    Returns:
+        A :class:`papa_lib.averaging.ConstantAttention` with ``metadata['kind'] == 'norm_average'``.
+
+    Memory does not grow with the corpus: one float64 ``[H, L, L]`` running sum per layer and one ``[L, L]`` count.
+    """
+    from tqdm.auto import tqdm
+
+    from .averaging import PadAwareAverage
+
+    average = PadAwareAverage(len(encoder_layers(model)), attention_projections(model, 0).num_heads, kind="norm_average")
+    for batch in tqdm(batches, total=total, disable=not progress, desc="norm-weighted averaging", unit="batch"):
+        inputs = _prepare_batch(model, batch)
+        mask = inputs["attention_mask"]
+        per_layer = ((layer, norm_weighted_rows(alpha, fx_norm, mask)) for layer, alpha, fx_norm in _iter_alpha_and_fx_norms(model, inputs))
+        average.add(per_layer, mask, getattr(batch, "layout", None))
+    return average.result(model, source)
+
+
+def input_dependence_scores(
+    model: torch.nn.Module,
+    batches: Iterable[Mapping[str, torch.Tensor]],
+    weighting: str = "attention",
+    progress: bool = True,
+) -> torch.Tensor:
+    """A label-free score of how input-dependent each head's attention is (low = replaced first).
+
+    For head h and every entry (q, k) let ``a_b`` be its value in example b (``alpha_qk`` for ``weighting="attention"``,
+    the norm-weighted ``w_qk`` of :func:`norm_weighted_rows` for ``"norm"``), taken over the examples in which both q
+    and k are real, and ``m_qk`` the mean of those values — the head's constant matrix (PAPA Eq. 2, or
+    :func:`norm_weighted_attention`).  The score is the pooled within-entry variance
+
+        score_h = sum_{q,k} sum_b (a_b - m_qk)^2 / sum_{q,k} n_qk
+
+    i.e. the mean squared error, per real (query, key) entry of the corpus, that replacing the head's attention by
+    its constant matrix makes.  A head with score 0 already is constant on this corpus.  Ranking heads by this score
+    needs no labels and no training, unlike PAPA's λ (Sec. 3.2); ``papa_lib.experiments`` uses it as the orders
+    ``attention_variance`` and ``norm_variance`` (beyond the paper).
+
+    Computed streaming with Chan et al.'s pairwise update of per-entry counts, means and sums of squared deviations
+    (float64), so memory is ``3 * layers * H * L * L`` values whatever the corpus size.
+
+    Returns:
+        float64 tensor ``[layers, heads]``.
+    """
+    from tqdm.auto import tqdm
+
+    if weighting not in INPUT_DEPENDENCE_WEIGHTINGS:
+        raise ValueError(f"unknown weighting {weighting!r}; choose one of {INPUT_DEPENDENCE_WEIGHTINGS}")
+    layers = len(encoder_layers(model))
+    heads = attention_projections(model, 0).num_heads
+    means: list[torch.Tensor] = []
+    squares: list[torch.Tensor] = []
+    counts = None
+    length = None
+    for batch in tqdm(batches, disable=not progress, desc=f"{weighting} input dependence", unit="batch"):
+        inputs = _prepare_batch(model, batch)
+        width = int(inputs["input_ids"].shape[1])
+        _check_width(width, length)
+        if length is None:
+            length = width
+            device = inputs["input_ids"].device
+            means = [torch.zeros(heads, width, width, dtype=torch.float64, device=device) for _ in range(layers)]
+            squares = [torch.zeros_like(m) for m in means]
+            counts = torch.zeros(width, width, dtype=torch.float64, device=device)
+        mask = inputs["attention_mask"]
+        pair = _pair_mask(mask)
+        batch_counts = pair.sum(0).double()  # [L, L]
+        seen = batch_counts > 0
+        merged = counts + batch_counts
+        for layer, alpha, fx_norm in _iter_alpha_and_fx_norms(model, inputs):
+            values = _layer_weights(weighting, alpha, fx_norm, mask)  # [B, H, L, L]
+            batch_mean = torch.einsum("bhqk,bqk->hqk", values, pair).double() / batch_counts.clamp_min(1)
+            deviation = (values - batch_mean.float()[None]) * pair[:, None]
+            batch_squares = deviation.pow(2).sum(0).double()
+            delta = batch_mean - means[layer]
+            gain = torch.where(seen, batch_counts / merged.clamp_min(1), 0.0)
+            means[layer] = torch.where(seen, means[layer] + delta * gain, means[layer])
+            squares[layer] = squares[layer] + torch.where(seen, batch_squares + delta.pow(2) * counts * gain, 0.0)
+        counts = merged
+    if length is None:
+        raise ValueError("input_dependence_scores got an empty corpus: no batches")
+    total = counts.sum()
+    if total <= 0:
+        raise ValueError("input_dependence_scores: the batches have no real tokens")
+    return torch.stack([s.sum(dim=(-1, -2)) for s in squares]).cpu() / float(total)
+
+
+def matrix_total_variation(first, second) -> pd.DataFrame:
+    """Per-head total-variation distance between two sets of constant matrices (e.g. norm-weighted vs plain).
+
+    Each entry of a constant matrix is averaged over its own set of examples (pad-aware), so a row need not sum to
+    exactly 1; like the override, which renormalises a row over the real keys of each input, every row is first
+    renormalised to sum to 1.  Then ``TV_q = 0.5 * sum_k |P1_qk - P2_qk|`` is in [0, 1] (0: same row, 1: disjoint
+    support), and rows are averaged with weight ``counts[q, q]`` (how many examples had q as a real token), so rows
+    that real inputs use count more.  Both arguments are :class:`papa_lib.averaging.ConstantAttention` of the same
+    shape.
+
+    Columns: layer, head, total_variation.
+    """
+    if tuple(first.matrices.shape) != tuple(second.matrices.shape):
+        raise ValueError(
+            f"matrices differ in shape: {tuple(first.matrices.shape)} vs {tuple(second.matrices.shape)}"
+        )
+    weights = torch.diagonal(first.counts.to(torch.float64)).clamp_min(0)
+    if float(weights.sum()) <= 0:
+        raise ValueError("the constant matrices cover no query position (all counts are 0)")
+    def rows(matrices):
+        matrices = matrices.double().clamp_min(0)
+        total = matrices.sum(-1, keepdim=True)
+        return torch.where(total > 0, matrices / torch.where(total > 0, total, 1.0), 0.0)
+
+    row_tv = 0.5 * (rows(first.matrices) - rows(second.matrices)).abs().sum(-1)  # [Ly, H, L]
+    tv = (row_tv * weights).sum(-1) / weights.sum()
+    layer, head = np.meshgrid(np.arange(tv.shape[0]), np.arange(tv.shape[1]), indexing="ij")
+    return pd.DataFrame({"layer": layer.ravel(), "head": head.ravel(), "total_variation": tv.numpy().ravel()})
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# The norm-aware PAPA grid (run by papa_lib.experiments.run_grid)
+# ----------------------------------------------------------------------------------------------------------------------
+
+#: Where each profile keeps the norm-aware grid's results (relative to the repository root).
+NORM_RESULT_FOLDERS = {"smoke": "runs/smoke/norms", "local": "data/results/norms-minilm", "paper": "data/results/norms-paper"}
+#: Head orders and constant matrices the norm-aware grid compares with PAPA's λ order and plain averages.
+NORM_AWARE_ORDERS: tuple[str, ...] = ("attention_variance", "norm_variance")
+NORM_AWARE_FRACTIONS: tuple[float, ...] = (0.5, 0.125, 0.0625)
+
+
+def norm_aware_blocks(
+    label_free_tasks: Iterable[str] = ("sst2", "mnli"),
+    matrix_tasks: Iterable[str] = ("sst2", "cola", "mnli", "ner", "pos"),
+    fractions: Iterable[float] = NORM_AWARE_FRACTIONS,
+    with_reference: bool = False,
+) -> list:
+    """Grid blocks (:class:`papa_lib.experiments.GridBlock`) of the norm-aware PAPA experiments.
+
+    * ``label_free``: the label-free orders :data:`NORM_AWARE_ORDERS` (:func:`input_dependence_scores`) with plain
+      average matrices at ``fractions`` of input-dependent heads, on ``label_free_tasks``;
+    * ``norm_matrices``: every head replaced (fraction 0) by :func:`norm_weighted_attention` matrices, on
+      ``matrix_tasks``.
+
+    What they are compared with — the λ order at the same fractions, the original model (fraction 1) and plain
+    averages at fraction 0 — is part of the main grid (blocks fig2 and table1).  ``with_reference=True`` adds those
+    runs as blocks ``reference_lambda`` and ``reference_average``, for a self-contained grid (the smoke profile).
+    """
+    from .experiments import GridBlock
+
+    label_free_tasks, matrix_tasks, fractions = list(label_free_tasks), list(matrix_tasks), [float(f) for f in fractions]
+    blocks = []
+    if label_free_tasks:
+        blocks.append(GridBlock("label_free", label_free_tasks, ["average"], list(NORM_AWARE_ORDERS), fractions))
+    if matrix_tasks:
+        blocks.append(GridBlock("norm_matrices", matrix_tasks, ["norm_average"], ["lambda"], [0.0]))
+    if with_reference:
+        if label_free_tasks:
+            blocks.append(GridBlock("reference_lambda", label_free_tasks, ["average"], ["lambda"], [1.0, *fractions, 0.0]))
+        if matrix_tasks:
+            blocks.append(GridBlock("reference_average", matrix_tasks, ["average"], ["lambda"], [1.0, 0.0]))
+    return blocks
+
+
+def norm_aware_grid(reference_spec: Mapping, **block_options) -> dict:
+    """A grid spec with ``reference_spec``'s top-level settings (model, data, seeds, sizes, epochs...) and the
+    :func:`norm_aware_blocks` (``block_options`` are passed on).  Identical settings give identical run ids, so the
+    λ-order and plain-average rows of the reference grid's results are directly comparable."""
+    spec = {key: value for key, value in reference_spec.items() if key != "blocks"}
+    spec["blocks"] = norm_aware_blocks(**block_options)
+    return spec
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# The chapter's corpus analyses, end to end (WikiText, Kobayashi Sec. 4)
+# ----------------------------------------------------------------------------------------------------------------------
+
+#: The CSV files written by :func:`run_analyses` (name -> what it holds).
+ANALYSIS_FILES = {
+    "fx_norm_variation": "coefficient of variation of ||f(x)|| per head (Sec. 4.1)",
+    "attention_share": "weight-based vs norm-based share of attention per layer and token category (Sec. 4.2, Fig. 3)",
+    "attention_share_per_head": "the same per head",
+    "sep_correlation": "correlation between the weight given to [SEP] and ||f([SEP])|| per head (Sec. 4.2, Fig. 4)",
+    "sep_observations": "a sample of [SEP] observations (alpha to [SEP], ||f([SEP])||) per head, for scatter plots",
+    "cls_correlation": "the same correlation for [CLS] (one per sequence)",
+    "cls_observations": "a sample of [CLS] observations per head",
+    "fx_norm_by_category": "mean ||f(x)|| per layer, head and token category (Sec. 4.2)",
+    "frequency_correlation": "Spearman correlation between frequency rank and ||f(x)|| per layer, for token types seen "
+                             "at least min_count times (Sec. 4.3, Fig. 5)",
+    "token_frequency": "frequent token types with their rank and mean ||f(x)|| per layer (Sec. 4.3, Fig. 5)",
+}
+
+
+def wikitext_pairs(tokenizer, data_dir, n_sequences: int, max_length: int = 128, layout: str = "standard",
+                   split: str = "validation"):
+    """Kobayashi's inputs ``[CLS] paragraph [SEP] next paragraph [SEP]`` from WikiText, encoded with
+    :func:`papa_lib.encode`: consecutive article lines (headings dropped) are paired, the first ``n_sequences`` pairs
+    are kept.  ``layout="standard"`` is the ordinary BERT input the model was pretrained on (PAPA's fixed-position
+    layout is for constant matrices and is not needed here).  The WikiText token-file conventions are undone first
+    (``<unk>`` becomes the tokenizer's unknown token, `` @-@ `` a hyphen, `` @,@ ``/`` @.@ `` digit separators), so that
+    they do not turn into frequent sub-word junk (``<``, ``un``, ``##k``, ``>``, ``@``) in the frequency analysis.
+    Returns ``(EncodedBatch, source description)``.
+    """
+    from .layout import encode
+    from .tasks import load_wikitext
+
+    if n_sequences < 1:
+        raise ValueError(f"n_sequences must be >= 1, got {n_sequences}")
+    lines = [_detokenize_wikitext(line, tokenizer) for line in load_wikitext(split, data_dir=data_dir, name="wikitext-2")]
+    pairs = len(lines) // 2
+    if pairs == 0:
+        raise ValueError(f"WikiText {split} in {data_dir} has fewer than two article lines")
+    n = min(n_sequences, pairs)
+    first, second = lines[0 : 2 * n : 2], lines[1 : 2 * n : 2]
+    encoded = encode(tokenizer, first, second, max_length=max_length, layout=layout)
+    where = "the hub" if data_dir is None else str(data_dir)
+    return encoded, f"WikiText-2 {split} ({where}): {n} pairs of consecutive paragraphs, L={max_length}, {layout} layout"
+
+
+_WIKITEXT_MARKUP = ((" @-@ ", "-"), (" @,@ ", ","), (" @.@ ", "."))
+
+
+def _detokenize_wikitext(line: str, tokenizer) -> str:
+    for marker, text in _WIKITEXT_MARKUP:
+        line = line.replace(marker, text)
+    unknown = getattr(tokenizer, "unk_token", None) or ""
+    return line.replace("<unk>", unknown)
+
+
+def run_analyses(
+    model: torch.nn.Module,
+    tokenizer,
+    data_dir,
+    out_dir,
+    n_sequences: int = 300,
+    max_length: int = 128,
+    *,
+    batch_size: int = 16,
+    bootstrap_replicates: int = 200,
+    max_sep_per_head: int = 150,
+    min_token_count: int = 3,
+    frequency_min_counts: Iterable[int] = (1, 5, 25),
+    layout: str = "standard",
+    seed: int = 0,
+    progress: bool = False,
+) -> dict[str, pd.DataFrame]:
+    """Kobayashi et al.'s four corpus analyses on WikiText-2, saved as tidy CSVs (one per :data:`ANALYSIS_FILES`).
+
+    Streams :func:`corpus_norm_statistics` over :func:`wikitext_pairs` and writes ``out_dir/<name>.csv`` plus
+    ``out_dir/metadata.json`` (model, data, sizes, seconds).  ``out_dir=None`` writes nothing.  Returns the tables.
+    The correlations use every [SEP]/[CLS] occurrence (up to the 20,000 of ``corpus_norm_statistics``' reservoir); the
+    saved ``sep_observations``/``cls_observations`` keep at most ``max_sep_per_head`` of them per head (for plots);
+    ``token_frequency`` lists the
+    types seen at least ``min_token_count`` times; ``frequency_correlation`` is computed over the types seen at least
+    ``m`` times for each ``m`` in ``frequency_min_counts`` (column ``min_count``; 1 = every type, as in Sec. 4.3; a
+    type's mean norm is noisy when it was seen once).
+    """
+    import json
+    import time
+    from pathlib import Path
+
+    from tqdm.auto import tqdm
+
+    from .layout import batched
+    from .models import model_id
+
+    started = time.time()
+    encoded, source = wikitext_pairs(tokenizer, data_dir, n_sequences, max_length, layout)
+    batches = tqdm(batched(encoded, batch_size), total=math.ceil(encoded.batch_size / batch_size), disable=not progress,
+                   desc="norm statistics", unit="batch")
+    stats = corpus_norm_statistics(model, batches, tokenizer, bootstrap_replicates=bootstrap_replicates, seed=seed)
+    def sample(token):
+        observations = sep_observations(stats, token=token)
+        return observations[observations["observation"] < max_sep_per_head].reset_index(drop=True)
+
+    frequency = pd.concat(
+        [frequency_norm_correlation(stats, min_count=int(m)).assign(min_count=int(m)) for m in frequency_min_counts],
+        ignore_index=True,
+    )
+    tables = {
+        "fx_norm_variation": fx_norm_variation(stats),
+        "attention_share": attention_share_by_category(stats),
+        "attention_share_per_head": attention_share_by_category(stats, per_head=True),
+        "sep_correlation": sep_weight_norm_correlation(stats),
+        "sep_observations": sample("sep"),
+        "cls_correlation": sep_weight_norm_correlation(stats, token="cls"),
+        "cls_observations": sample("cls"),
+        "fx_norm_by_category": fx_norm_by_category(stats),
+        "frequency_correlation": frequency[["min_count", *[c for c in frequency.columns if c != "min_count"]]],
+        "token_frequency": token_frequency_table(stats, min_count=min_token_count),
+    }
+    if out_dir is not None:
+        out = Path(out_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        for name, table in tables.items():
+            table.to_csv(out / f"{name}.csv", index=False, float_format="%.6g")
+        metadata = {
+            "model": model_id(model),
+            "data": source,
+            "n_sequences": int(encoded.batch_size),
+            "n_tokens": int(stats.num_tokens),
+            "max_length": max_length,
+            "layout": layout,
+            "bootstrap_replicates": bootstrap_replicates,
+            "sep_observations_seen": int(stats.sep_observations_seen),
+            "cls_observations_seen": int(stats.cls_observations_seen),
+            "seed": seed,
+            "seconds": round(time.time() - started, 1),
+            "files": ANALYSIS_FILES,
+        }
+        (out / "metadata.json").write_text(json.dumps(metadata, indent=2) + "\n")
+    return tables
+
+
+def read_analyses(folder) -> dict[str, pd.DataFrame]:
+    """The tables written by :func:`run_analyses` (and ``metadata`` as a dict under key ``"metadata"``)."""
+    import json
+    from pathlib import Path
+
+    folder = Path(folder)
+    missing = [name for name in ANALYSIS_FILES if not (folder / f"{name}.csv").exists()]
+    if missing:
+        raise FileNotFoundError(f"{folder} lacks the analysis tables {missing}; run papa_lib.norms.run_analyses first")
+    tables = {name: pd.read_csv(folder / f"{name}.csv", keep_default_na=False, na_values=[""])
+              for name in ANALYSIS_FILES}
+    meta = folder / "metadata.json"
+    tables["metadata"] = json.loads(meta.read_text()) if meta.exists() else {}
+    return tables
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# What the book chapter shows: the exactness check, head-level relations, and the norm-aware grid's tables
+# ----------------------------------------------------------------------------------------------------------------------
+
+
+def decomposition_check(model: torch.nn.Module, batch: Mapping[str, torch.Tensor]) -> pd.DataFrame:
+    """Check Kobayashi's Eq. 5-7 on one batch: ``sum_h sum_j alpha_ij f^h(x_j) + b_O`` against the model's own output.
+
+    The attention output projection of every layer is hooked while the model runs; its output (before dropout,
+    residual and LayerNorm) is compared with the rebuilt sum over the real query positions.
+    Columns: layer, n_positions, max_abs_error, max_abs_output, relative_error (= max_abs_error / max_abs_output).
+    """
+    layers = encoder_layers(model)
+    inputs = _prepare_batch(model, batch)
+    captured: dict[int, torch.Tensor] = {}
+    handles = [
+        layer.attention.output.dense.register_forward_hook(lambda m, i, o, k=k: captured.__setitem__(k, o.detach()))
+        for k, layer in enumerate(layers)
+    ]
+    try:
+        results = attention_norms(model, inputs)
+        with torch.no_grad():
+            hidden = getattr(model, "base_model", model)(**inputs, output_hidden_states=True).hidden_states
+    finally:
+        for handle in handles:
+            handle.remove()
+    real = inputs["attention_mask"].bool()
+    rows = []
+    for layer_norms in results:
+        index = layer_norms.layer
+        with torch.no_grad():
+            vectors = transformed_vectors(model, index, hidden[index])  # [B, H, L, D]
+            rebuilt = torch.einsum("bhij,bhjd->bid", layer_norms.alpha.to(vectors.dtype), vectors)
+            rebuilt = rebuilt + attention_projections(model, index).output_bias
+        error = (rebuilt - captured[index])[real].abs().max().item()
+        scale = captured[index][real].abs().max().item()
+        rows.append({"layer": index, "n_positions": int(real.sum()), "max_abs_error": error, "max_abs_output": scale,
+                     "relative_error": error / scale if scale else math.nan})
+    return pd.DataFrame(rows)
+
+
+def head_level_correlation(correlation_table: pd.DataFrame, token: str = "sep", confidence: float = 0.95) -> dict:
+    """Across heads: Spearman correlation between the mean weight a head gives ``token`` and its mean
+    ``||f(token)||`` (Kobayashi Sec. 4.2, "Evidence 2": heads that attend much to [SEP] read a short vector there).
+
+    ``correlation_table`` is :func:`sep_weight_norm_correlation`'s output (or the saved CSV).  Returns a dict with
+    n_heads, spearman_rho, spearman_p, ci_low, ci_high (Fisher z with variance 1.06/(n-3)).
+    """
+    x_name, y_name = f"mean_alpha_to_{token}", f"mean_fx_norm_{token}"
+    if x_name not in correlation_table or y_name not in correlation_table:
+        raise ValueError(f"the table has no columns {x_name!r} and {y_name!r}; pass the {token} correlation table")
+    part = correlation_table[[x_name, y_name]].dropna()
+    _, _, rho, p = _correlations(part[x_name].to_numpy(float), part[y_name].to_numpy(float))
+    low, high = _fisher_interval(rho, len(part), confidence, 1.06)
+    return {"n_heads": len(part), "spearman_rho": rho, "spearman_p": p, "ci_low": low, "ci_high": high}
+
+
+def find_constant_matrices(results_dir, task: str, kind: str = "average"):
+    """The constant matrices the experiments saved under ``results_dir/matrices`` for ``task`` (built from that task's
+    own training text), or ``None`` when there are none.  ``kind``: "average" or "norm_average".  When several
+    files match (different settings), the most recently written one is returned."""
+    from pathlib import Path
+
+    from .averaging import ConstantAttention
+
+    if kind not in ("average", "norm_average"):
+        raise ValueError(f"kind must be 'average' or 'norm_average', got {kind!r}")
+    folder = Path(results_dir) / "matrices"
+    prefix = task if kind == "average" else f"{task}-{kind}"
+    files = sorted(folder.glob(f"{prefix}-L*.safetensors"), key=lambda p: p.stat().st_mtime) if folder.is_dir() else []
+    return ConstantAttention.load(files[-1]) if files else None
+
+
+def norm_results_folder(setup, results_dir=None):
+    """The norm-aware grid's results folder of a :class:`papa_lib.profiles.Setup` (:data:`NORM_RESULT_FOLDERS`)."""
+    from pathlib import Path
+
+    folder = Path(results_dir) if results_dir else Path(NORM_RESULT_FOLDERS[setup.profile])
+    return folder if folder.is_absolute() else setup.root / folder
+
+
+def norm_aware_results(setup, tasks: Iterable[str], ranking_tasks: Iterable[str], run_missing: bool = False,
+                       results_dir=None, progress: bool = False) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """``(norm_frame, reference_frame)``: the norm-aware grid's records and the records they are compared with.
+
+    With ``run_missing``, first runs what :func:`norm_aware_grid` (with the profile's grid settings, ``ranking_tasks``
+    for the label-free orders, ``tasks`` for norm-weighted matrices) still lacks.  The smoke profile's grid is
+    self-contained (``with_reference=True``, one folder); other profiles compare with the profile's main results
+    (blocks fig2 and table1, also run when ``run_missing``).
+    """
+    from .experiments import run_grid
+    from .results import ResultsStore
+
+    folder = norm_results_folder(setup, results_dir)
+    self_contained = setup.profile == "smoke"
+    if run_missing:
+        spec = norm_aware_grid(setup.grid(), label_free_tasks=list(ranking_tasks), matrix_tasks=list(tasks),
+                               with_reference=self_contained)
+        overrides = {"data_dir": str(setup.data_dir) if setup.data_dir else None, "device": setup.device}
+        if setup.profile != "smoke":
+            overrides["model"] = setup.model_name
+        model, tokenizer = setup.encoder()
+        run_grid(spec, folder, model=model, tokenizer=tokenizer, progress=progress, overrides=overrides)
+    norm_frame = ResultsStore(folder).frame() if (folder / "results.csv").exists() else _empty_frame()
+    if self_contained:
+        return norm_frame, norm_frame
+    reference = setup.results(run_missing=run_missing, blocks=["fig2", "table1"], progress=progress)
+    return norm_frame, reference
+
+
+def _empty_frame() -> pd.DataFrame:
+    from .results import RECORD_FIELDS
+
+    return pd.DataFrame({c: pd.Series(dtype="float64" if c in ("fraction", "value") else "object") for c in RECORD_FIELDS})
+
+
+def _own_matrices(frame: pd.DataFrame) -> pd.DataFrame:
+    """Rows whose matrices (if any) come from the task's own training text (Table 2's cross-task rows excluded)."""
+    if frame.empty:
+        return frame
+    own = frame["matrices_from"].isna() | (frame["matrices_from"] == frame["task"])
+    return frame[own]
+
+
+def label_free_comparison(norm_frame: pd.DataFrame, reference: pd.DataFrame, tasks: Iterable[str],
+                          orders: Iterable[str] = ("lambda", *NORM_AWARE_ORDERS)) -> pd.DataFrame:
+    """Score vs fraction of input-dependent heads for each head order, mean over seeds with a 95% CI.
+
+    Plain-average matrices only.  The λ order and the shared end points come from ``reference`` (fraction 1: the
+    original model; fraction 0: every head constant, which no order changes); the label-free orders from
+    ``norm_frame``.  The end points are repeated for every order so that each curve is complete.
+    Columns: task, order, fraction, mean, ci_low, ci_high, n, source ("norm grid" / "main grid" / "shared").
+    """
+    from .results import summarize
+
+    tasks, orders = list(tasks), list(orders)
+    pieces = []
+    for frame, source, wanted in ((reference, "main grid", ["lambda"]), (norm_frame, "norm grid", list(NORM_AWARE_ORDERS))):
+        part = _own_matrices(frame)
+        if part.empty:
+            continue
+        part = part[part["task"].isin(tasks) & (part["matrix_type"] == "average")
+                    & part["selection_order"].isin([o for o in wanted if o in orders]) & part["fraction"].between(0, 1, inclusive="neither")]
+        if not part.empty:
+            pieces.append(summarize(part.rename(columns={"selection_order": "order"}), ["task", "order", "fraction"]).assign(source=source))
+    ends = []
+    reference_own = _own_matrices(reference)
+    if not reference_own.empty:
+        original = reference_own[reference_own["task"].isin(tasks) & (reference_own["matrix_type"] == "original")]
+        constant = reference_own[reference_own["task"].isin(tasks) & (reference_own["matrix_type"] == "average")
+                                 & (reference_own["fraction"] == 0)]
+        for part in (original, constant):
+            if not part.empty:
+                summary = summarize(part, ["task", "fraction"])
+                ends.extend(summary.assign(order=order, source="shared") for order in orders)
+    columns = ["task", "order", "fraction", "mean", "ci_low", "ci_high", "n", "source"]
+    if not pieces and not ends:
+        return pd.DataFrame(columns=columns)
+    table = pd.concat([*pieces, *ends], ignore_index=True)[columns]
+    return table.sort_values(["task", "order", "fraction"], ignore_index=True)
+
+
+def matrix_comparison(norm_frame: pd.DataFrame, reference: pd.DataFrame, tasks: Iterable[str]) -> pd.DataFrame:
+    """Every head replaced (fraction 0) by norm-weighted vs plain average matrices, and the original model.
+
+    Columns: task, matrix_type ("original", "average", "norm_average"), mean, ci_low, ci_high, n.
+    """
+    from .results import summarize
+
+    tasks = list(tasks)
+    frames = [f for f in (_own_matrices(reference), _own_matrices(norm_frame)) if not f.empty]
+    columns = ["task", "matrix_type", "mean", "ci_low", "ci_high", "n"]
+    if not frames:
+        return pd.DataFrame(columns=columns)
+    data = pd.concat(frames, ignore_index=True).drop_duplicates("run_id")
+    keep = data["task"].isin(tasks) & (
+        (data["matrix_type"] == "original")
+        | (data["matrix_type"].isin(["average", "norm_average"]) & (data["fraction"] == 0))
+    )
+    data = data[keep]
+    if data.empty:
+        return pd.DataFrame(columns=columns)
+    return summarize(data, ["task", "matrix_type"])[columns]
+
+
+def sentence_shares(model: torch.nn.Module, tokenizer, text: str, max_length: int = 64) -> pd.DataFrame:
+    """Where one sentence's attention looks (weights) vs where its output comes from (norms), per layer and token.
+
+    For every layer, key token j gets ``mean over heads and real queries i`` of its row share
+    ``alpha_ij / sum_k alpha_ik`` (method "weight") and ``||alpha_ij f^h(x_j)|| / sum_k ||alpha_ik f^h(x_k)||``
+    (method "norm") — Kobayashi's Fig. 3 for a single input.  The text is encoded in the standard layout.
+    Columns: layer, position, token, category, method, share.
+    """
+    from .layout import encode
+
+    batch = encode(tokenizer, [text], max_length=max_length, layout="standard")
+    real = batch["attention_mask"][0].bool()
+    n = int(real.sum())
+    ids = batch["input_ids"][0, :n]
+    tokens = tokenizer.convert_ids_to_tokens(ids.tolist())
+    categories = [CATEGORY_NAMES[int(c)] for c in TokenCategorizer(tokenizer, model.config.vocab_size)(ids)]
+    rows = []
+    for layer_norms in attention_norms(model, batch):
+        for method, contribution in (("weight", layer_norms.alpha), ("norm", layer_norms.afx_norm)):
+            part = contribution[0, :, :n, :n].double()  # real queries and keys only
+            shares = (part / part.sum(-1, keepdim=True)).mean(dim=(0, 1))  # [n]
+            rows.extend({"layer": layer_norms.layer, "position": j, "token": tokens[j], "category": categories[j],
+                         "method": method, "share": float(shares[j])} for j in range(n))
+    return pd.DataFrame(rows)
+
+
+def missing_norm_runs(norm_frame: pd.DataFrame, reference: pd.DataFrame, tasks: Iterable[str],
+                      ranking_tasks: Iterable[str], seeds: int) -> pd.DataFrame:
+    """The runs the chapter compares that are not (or not for every seed) in the two results tables.
+
+    Expected: the :func:`norm_aware_blocks` variants plus their references (λ order at the same fractions, the original
+    model, plain averages at fraction 0).  Columns: task, matrix_type, selection_order, fraction, seeds_found, seeds.
+    """
+    from .experiments import grid_runs
+
+    blocks = norm_aware_blocks(list(ranking_tasks), list(tasks), with_reference=True)
+    frames = [f for f in (_own_matrices(norm_frame), _own_matrices(reference)) if not f.empty]
+    data = pd.concat(frames, ignore_index=True).drop_duplicates("run_id") if frames else _empty_frame()
+    rows = []
+    for task, variants in grid_runs(blocks).items():
+        for variant in variants:
+            found = data[(data["task"] == task) & (data["matrix_type"] == variant.matrix_type)
+                         & (data["selection_order"] == variant.selection_order)
+                         & np.isclose(data["fraction"].astype(float), variant.fraction)]
+            count = found["seed"].nunique() if not found.empty else 0
+            if count < seeds:
+                rows.append({"task": task, "matrix_type": variant.matrix_type, "selection_order": variant.selection_order,
+                             "fraction": variant.fraction, "seeds_found": int(count), "seeds": int(seeds)})
+    return pd.DataFrame(rows, columns=["task", "matrix_type", "selection_order", "fraction", "seeds_found", "seeds"])
+
+
+def head_score_table(model: torch.nn.Module, tokenizer, spec: Mapping, tasks: Iterable[str], lambdas_dir=None,
+                     progress: bool = False) -> pd.DataFrame:
+    """Per head and task: the two label-free scores and, where available, PAPA's learned λ (Sec. 3.2).
+
+    The scores are :func:`input_dependence_scores` on the task's training subset exactly as the grid ``spec``
+    (:func:`papa_lib.experiments.load_grid` output or :func:`norm_aware_grid`) defines it — the scores the
+    ``attention_variance``/``norm_variance`` runs used.  λ is read from ``lambdas_dir/<task>-from-<task>-*.pt``
+    (written by the main grid; the newest file when several match); missing λ gives NaN.
+    Columns: task, layer, head, lambda, attention_variance, norm_variance.
+    """
+    from pathlib import Path
+
+    from .experiments import ExperimentConfig, TaskExperiment
+
+    def per_task(value, task):
+        return value.get(task, value.get("default")) if isinstance(value, Mapping) else value
+
+    frames = []
+    for task in tasks:
+        config = ExperimentConfig(task=task, data_dir=spec.get("data_dir"), profile=spec.get("profile", "local"),
+                                  limit=spec.get("limit"), max_length=per_task(spec.get("max_length"), task),
+                                  device=str(next(model.parameters()).device))
+        experiment = TaskExperiment(config, model, tokenizer, progress=progress)
+        scores = {order: experiment.head_scores(order).numpy() for order in NORM_AWARE_ORDERS}
+        layers, heads = scores[NORM_AWARE_ORDERS[0]].shape
+        lambdas = np.full((layers, heads), np.nan)
+        folder = Path(lambdas_dir) if lambdas_dir is not None else None
+        files = sorted(folder.glob(f"{task}-from-{task}-*.pt"), key=lambda p: p.stat().st_mtime) if folder and folder.is_dir() else []
+        if files:
+            lambdas = torch.load(files[-1]).detach().to(torch.float64).cpu().numpy().reshape(layers, heads)
+        layer, head = np.meshgrid(np.arange(layers), np.arange(heads), indexing="ij")
+        frames.append(pd.DataFrame({"task": task, "layer": layer.ravel(), "head": head.ravel(), "lambda": lambdas.ravel(),
+                                    **{order: value.ravel() for order, value in scores.items()}}))
+    return pd.concat(frames, ignore_index=True)
+
+
+def score_agreement(table: pd.DataFrame, confidence: float = 0.95) -> pd.DataFrame:
+    """Spearman correlation between every pair of head scores of :func:`head_score_table`, per task.
+
+    A high ρ between λ and a label-free score means both rank the heads alike (both replace low scores first).
+    Columns: task, first, second, n_heads, spearman_rho, ci_low, ci_high (Fisher z, variance 1.06/(n-3)).
+    """
+    names = ["lambda", *NORM_AWARE_ORDERS]
+    missing = [c for c in ("task", *names) if c not in table]
+    if missing:
+        raise ValueError(f"the head-score table lacks columns {missing}")
+    rows = []
+    for task, part in table.groupby("task", sort=False):
+        for i, first in enumerate(names):
+            for second in names[i + 1:]:
+                pair = part[[first, second]].dropna()
+                _, _, rho, _ = _correlations(pair[first].to_numpy(float), pair[second].to_numpy(float))
+                low, high = _fisher_interval(rho, len(pair), confidence, 1.06)
+                rows.append({"task": task, "first": first, "second": second, "n_heads": len(pair),
+                             "spearman_rho": rho, "ci_low": low, "ci_high": high})
+    return pd.DataFrame(rows, columns=["task", "first", "second", "n_heads", "spearman_rho", "ci_low", "ci_high"])

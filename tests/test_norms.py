@@ -536,3 +536,356 @@ def test_real_minilm_decomposition_and_categories():
     stats = norms.corpus_norm_statistics(model, [batch], tokenizer, bootstrap_replicates=10)
     shares = norms.attention_share_by_category(stats)
     np.testing.assert_allclose(shares.groupby(["layer", "method"])["share"].sum(), 1.0, rtol=1e-6)
+
+
+# ------------------------------------------------------------------------------------------------- norm-aware PAPA
+
+def _naive_weights(model, batches, weighting):
+    """Per example: (real mask, [Ly, H, L, L] weights) computed the slow way, one sentence and one head at a time."""
+    out = []
+    for batch in batches:
+        with torch.no_grad():
+            outputs = model(**batch, output_attentions=True, output_hidden_states=True)
+        for b in range(batch["input_ids"].shape[0]):
+            real = batch["attention_mask"][b].bool()
+            per_layer = []
+            for layer in range(LAYERS):
+                alpha = outputs.attentions[layer][b].double()  # [H, L, L]
+                if weighting == "norm":
+                    with torch.no_grad():
+                        vectors = norms.transformed_vectors(model, layer, outputs.hidden_states[layer][b : b + 1])[0]
+                    fx = vectors.double().norm(dim=-1)  # [H, L]
+                    weights = torch.zeros_like(alpha)
+                    for h in range(HEADS):
+                        for i in range(alpha.shape[-1]):
+                            row = [float(alpha[h, i, j] * fx[h, j]) if real[j] else 0.0 for j in range(alpha.shape[-1])]
+                            weights[h, i] = torch.tensor(row, dtype=torch.float64) / sum(row)
+                else:
+                    weights = alpha
+                per_layer.append(weights)
+            out.append((real, torch.stack(per_layer)))
+    return out
+
+
+def _naive_entry_values(examples, length):
+    """{(q, k): [Ly, H, n] values over the examples where q and k are both real}."""
+    entries = {}
+    for q in range(length):
+        for k in range(length):
+            values = [w[:, :, q, k] for real, w in examples if real[q] and real[k]]
+            if values:
+                entries[(q, k)] = torch.stack(values, dim=-1)
+    return entries
+
+
+@pytest.fixture(scope="module")
+def papa_corpus():
+    model = tiny_model("bert", seed=21)
+    batches = [padded_batch(model, batch_size=3, length=7, seed=s) for s in (22, 23)]
+    batches[1]["attention_mask"][0, 1:] = 0  # an example with a single real token
+    batches[1]["input_ids"][0, 1:] = 0
+    return model, batches
+
+
+def test_fx_norms_shortcut_matches_transformed_vectors(papa_corpus):
+    model, batches = papa_corpus
+    with torch.no_grad():
+        hidden = model(**batches[0], output_hidden_states=True).hidden_states
+    for layer in range(LAYERS):
+        proj = norms.attention_projections(model, layer)
+        expected = norms.transformed_vectors(model, layer, hidden[layer]).norm(dim=-1)
+        torch.testing.assert_close(norms._fx_norms(proj, hidden[layer]), expected, rtol=1e-5, atol=1e-6)
+
+
+def test_norm_weighted_rows_are_distributions_over_real_keys():
+    generator = torch.Generator().manual_seed(3)
+    alpha = torch.rand(2, 3, 5, 5, generator=generator)
+    fx = torch.rand(2, 3, 5, generator=generator) + 0.1
+    mask = torch.tensor([[1, 1, 1, 0, 1], [1, 1, 0, 0, 0]])
+    w = norms.norm_weighted_rows(alpha, fx, mask)
+    assert torch.all(w[:, :, :, (mask == 0).nonzero()[:, 1]][0, :, :, 0] == 0)  # padded key 3 of row 0
+    assert torch.all(w[1, :, :, 2:] == 0)
+    torch.testing.assert_close(w.sum(-1), torch.ones(2, 3, 5))
+    expected = alpha[0, 1, 2, 4] * fx[0, 1, 4] / (alpha[0, 1, 2, [0, 1, 2, 4]] * fx[0, 1, [0, 1, 2, 4]]).sum()
+    torch.testing.assert_close(w[0, 1, 2, 4], expected)
+    # equal norms give back the (renormalised) attention weights
+    torch.testing.assert_close(norms.norm_weighted_rows(alpha, torch.ones(2, 3, 5), torch.ones(2, 5, dtype=torch.long)),
+                               alpha / alpha.sum(-1, keepdim=True))
+    with pytest.raises(ValueError, match="attention_mask"):
+        norms.norm_weighted_rows(alpha, fx, mask[:, :4])
+    with pytest.raises(ValueError, match="fx_norm"):
+        norms.norm_weighted_rows(alpha, fx[:, :2], mask)
+
+
+def test_norm_weighted_attention_matches_naive_reference(papa_corpus):
+    model, batches = papa_corpus
+    constants = norms.norm_weighted_attention(model, batches, progress=False, source="test")
+    entries = _naive_entry_values(_naive_weights(model, batches, "norm"), 7)
+    expected = torch.zeros(LAYERS, HEADS, 7, 7, dtype=torch.float64)
+    counts = torch.zeros(7, 7, dtype=torch.long)
+    for (q, k), values in entries.items():
+        expected[:, :, q, k] = values.mean(-1)
+        counts[q, k] = values.shape[-1]
+    torch.testing.assert_close(constants.matrices.double(), expected, rtol=1e-5, atol=1e-6)
+    assert torch.equal(constants.counts, counts)
+    assert counts[0, 0] == 6 and counts[1, 1] == 5  # the single-token example only covers (0, 0)
+    assert constants.metadata["kind"] == "norm_average" and constants.metadata["num_examples"] == 6
+    # same counts as the plain average, and different matrices
+    from papa_lib.averaging import average_attention
+
+    plain = average_attention(model, batches, progress=False)
+    assert torch.equal(plain.counts, constants.counts)
+    assert not torch.allclose(plain.matrices, constants.matrices, atol=1e-3)
+    # streaming: one batch at a time or all at once gives the same matrices
+    merged = {k: torch.cat([b[k] for b in batches]) for k in batches[0]}
+    torch.testing.assert_close(norms.norm_weighted_attention(model, [merged], progress=False).matrices, constants.matrices)
+    tv = norms.matrix_total_variation(constants, plain)
+    assert list(tv.columns) == ["layer", "head", "total_variation"] and len(tv) == LAYERS * HEADS
+    assert ((tv["total_variation"] > 0) & (tv["total_variation"] <= 1)).all()
+    scaled = type(plain)(plain.matrices * 3.0, plain.counts, {})  # rows are renormalised before comparing
+    assert norms.matrix_total_variation(scaled, plain)["total_variation"].abs().max() < 1e-7
+    disjoint_a, disjoint_b = plain.matrices.clone().zero_(), plain.matrices.clone().zero_()
+    disjoint_a[..., 0], disjoint_b[..., 1] = 1.0, 1.0
+    far = norms.matrix_total_variation(type(plain)(disjoint_a, plain.counts, {}), type(plain)(disjoint_b, plain.counts, {}))
+    np.testing.assert_allclose(far["total_variation"], 1.0)
+    assert (norms.matrix_total_variation(plain, plain)["total_variation"] == 0).all()
+    with pytest.raises(ValueError, match="empty"):
+        norms.norm_weighted_attention(model, [], progress=False)
+    with pytest.raises(ValueError, match="same width"):
+        norms.norm_weighted_attention(model, [batches[0], padded_batch(model, length=6)], progress=False)
+
+
+@pytest.mark.parametrize("weighting", ["attention", "norm"])
+def test_input_dependence_scores_match_naive_reference(papa_corpus, weighting):
+    model, batches = papa_corpus
+    scores = norms.input_dependence_scores(model, batches, weighting=weighting, progress=False)
+    entries = _naive_entry_values(_naive_weights(model, batches, weighting), 7)
+    squared = sum(((v - v.mean(-1, keepdim=True)) ** 2).sum(-1) for v in entries.values())
+    total = sum(v.shape[-1] for v in entries.values())
+    assert scores.shape == (LAYERS, HEADS) and scores.dtype == torch.float64
+    torch.testing.assert_close(scores, squared / total, rtol=1e-4, atol=1e-9)
+    assert (scores > 0).all()
+    # batching does not change the result (Chan et al.'s merge is exact)
+    split = [{k: v[i : i + 1] for k, v in b.items()} for b in batches for i in range(3)]
+    torch.testing.assert_close(norms.input_dependence_scores(model, split, weighting=weighting, progress=False), scores,
+                               rtol=1e-5, atol=1e-10)
+
+
+def test_input_dependence_scores_zero_for_constant_attention_and_errors(papa_corpus):
+    model, batches = papa_corpus
+    same = {k: v[:1].repeat(4, 1) for k, v in batches[0].items()}  # four identical inputs: nothing varies
+    assert norms.input_dependence_scores(model, [same], progress=False).abs().max() < 1e-12
+    with pytest.raises(ValueError, match="weighting"):
+        norms.input_dependence_scores(model, batches, weighting="lambda", progress=False)
+    with pytest.raises(ValueError, match="empty"):
+        norms.input_dependence_scores(model, [], progress=False)
+
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_norm_aware_blocks_and_the_committed_grid():
+    from papa_lib import experiments
+
+    blocks = norms.norm_aware_blocks()
+    assert [b.name for b in blocks] == ["label_free", "norm_matrices"]
+    runs = experiments.grid_runs(blocks)
+    assert len(runs["sst2"]) == 7 and len(runs["cola"]) == 1
+    assert {v.selection_order for v in runs["mnli"]} == {"attention_variance", "norm_variance", "none"}
+    assert all(v.fraction not in (0.0, 1.0) for v in runs["sst2"] if v.matrix_type == "average")
+    reference = norms.norm_aware_blocks(["sst2"], [], fractions=[0.5], with_reference=True)
+    assert [b.name for b in reference] == ["label_free", "reference_lambda"]
+    assert reference[1].fractions == [1.0, 0.5, 0.0]
+    spec = norms.norm_aware_grid({"seeds": [0], "limit": 5, "blocks": ["ignored"]}, matrix_tasks=[])
+    assert spec["seeds"] == [0] and spec["limit"] == 5 and [b.name for b in spec["blocks"]] == ["label_free"]
+
+    grid_file = REPO / norms.NORM_RESULT_FOLDERS["local"] / "grid.yaml"
+    main_file = REPO / "data" / "results" / "local-minilm" / "grid.yaml"
+    if not grid_file.exists() or not main_file.exists():
+        pytest.skip("the committed grid files are not there")
+    committed, main = experiments.load_grid(grid_file), experiments.load_grid(main_file)
+    assert committed["blocks"] == blocks
+    settings = {k: v for k, v in committed.items() if k != "blocks"}
+    assert settings == {k: v for k, v in main.items() if k != "blocks"}, (
+        f"{grid_file} must keep the top-level settings of {main_file} (comparable run ids)"
+    )
+
+
+@pytest.fixture(scope="module")
+def smoke_setup(tmp_path_factory):
+    from papa_lib.smoke import generate_data_dir, tiny_encoder
+
+    data_dir = generate_data_dir(tmp_path_factory.mktemp("smoke-data"), n_train=24, n_dev=12)
+    model, tokenizer = tiny_encoder("bert")
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if "bias" in name:
+                param.normal_(0.0, 0.2)
+    return model, tokenizer, data_dir
+
+
+def test_norm_aware_grid_runs_through_the_experiments(smoke_setup, tmp_path):
+    from papa_lib import experiments
+
+    model, tokenizer, data_dir = smoke_setup
+    reference = {"profile": "smoke", "seeds": [0], "max_length": 16, "epochs": 1, "data_dir": str(data_dir)}
+    spec = norms.norm_aware_grid(reference, label_free_tasks=["sst2"], matrix_tasks=["sst2"], fractions=[0.5])
+    frame = experiments.run_grid(spec, tmp_path, model=model, tokenizer=tokenizer, progress=False).frame()
+    assert sorted(frame["selection_order"]) == ["attention_variance", "none", "norm_variance"]
+    assert set(frame["matrix_type"]) == {"average", "norm_average"}
+    assert frame["value"].between(0, 1).all()
+    matrices = sorted(p.name for p in (tmp_path / "matrices").iterdir())
+    assert any("norm_average" in name for name in matrices) and len(matrices) == 2
+    # the label-free order replaces the heads with the lowest score first
+    config = experiments.ExperimentConfig(task="sst2", data_dir=str(data_dir), profile="smoke", max_length=16, epochs=1)
+    experiment = experiments.TaskExperiment(config, model, tokenizer, progress=False)
+    scores = experiment.head_scores("norm_variance")
+    split = experiment.split("train")
+    from papa_lib import layout
+
+    expected = norms.input_dependence_scores(model, layout.batched(split.encoded, 64), weighting="norm", progress=False)
+    torch.testing.assert_close(scores, expected)
+    state = experiment.override_for(experiments.Variant.make("average", "norm_variance", 0.5))
+    order = np.argsort(expected.numpy().ravel(), kind="stable")[:4]  # 8 heads, half replaced: the 4 lowest scores
+    assert set(state.plan) == {divmod(int(i), 4) for i in order}
+
+
+def test_run_analyses_writes_and_reads_the_tables(smoke_setup, tmp_path):
+    model, tokenizer, data_dir = smoke_setup
+    tables = norms.run_analyses(model, tokenizer, data_dir, tmp_path, n_sequences=10, max_length=32,
+                                bootstrap_replicates=10, max_sep_per_head=5, min_token_count=2)
+    assert set(tables) == set(norms.ANALYSIS_FILES)
+    read = norms.read_analyses(tmp_path)
+    assert read["metadata"]["n_sequences"] == 10 and read["metadata"]["max_length"] == 32
+    assert "WikiText-2 validation" in read["metadata"]["data"]
+    shares = read["attention_share"]
+    np.testing.assert_allclose(shares.groupby(["layer", "method"])["share"].sum(), 1.0, rtol=1e-4)
+    assert len(read["fx_norm_variation"]) == 2 * 4 and read["fx_norm_variation"]["cv"].gt(0).all()
+    assert read["sep_observations"]["observation"].max() < 5
+    assert read["token_frequency"]["count"].min() >= 2
+    assert len(read["frequency_correlation"]) == 2 * 3 and set(read["frequency_correlation"]["min_count"]) == {1, 5, 25}
+    assert read["cls_correlation"]["n_observations"].eq(10).all()  # one [CLS] per sequence
+    assert {"alpha_to_cls", "fx_norm_cls"} <= set(read["cls_observations"].columns)
+    for name, table in tables.items():
+        assert len(read[name]) == len(table), name
+    (tmp_path / "sep_correlation.csv").unlink()
+    with pytest.raises(FileNotFoundError, match="sep_correlation"):
+        norms.read_analyses(tmp_path)
+    with pytest.raises(ValueError, match="n_sequences"):
+        norms.wikitext_pairs(tokenizer, data_dir, 0)
+
+
+def _record(task, matrix_type, order, fraction, seed, value, matrices_from=None):
+    return {"run_id": f"{task}-{matrix_type}-{order}-{fraction}-{seed}-{matrices_from}", "model": "m", "task": task,
+            "matrix_type": matrix_type, "matrices_from": matrices_from if matrices_from else (task if matrix_type != "original" else None),
+            "selection_order": order, "fraction": fraction, "seed": seed, "metric": "accuracy", "value": value}
+
+
+def test_label_free_and_matrix_comparisons():
+    import pandas as pd
+
+    reference = pd.DataFrame(
+        [_record("sst2", "original", "none", 1.0, s, 0.9 + 0.01 * s) for s in (0, 1)]
+        + [_record("sst2", "average", "none", 0.0, s, 0.7) for s in (0, 1)]
+        + [_record("sst2", "average", "lambda", 0.5, s, 0.85 + 0.02 * s) for s in (0, 1)]
+        + [_record("sst2", "average", "none", 0.0, s, 0.1, matrices_from="mnli") for s in (0, 1)]  # Table 2: excluded
+        + [_record("cola", "average", "lambda", 0.5, 0, 0.3)]
+    )
+    norm = pd.DataFrame(
+        [_record("sst2", "average", "norm_variance", 0.5, s, 0.8) for s in (0, 1)]
+        + [_record("sst2", "norm_average", "none", 0.0, s, 0.75 + 0.01 * s) for s in (0, 1)]
+    )
+    curves = norms.label_free_comparison(norm, reference, ["sst2"])
+    assert set(curves["order"]) == {"lambda", "attention_variance", "norm_variance"}
+    lam = curves[(curves["order"] == "lambda")].set_index("fraction")
+    assert lam.loc[0.5, "mean"] == pytest.approx(0.86) and lam.loc[0.5, "n"] == 2 and lam.loc[0.5, "source"] == "main grid"
+    assert lam.loc[1.0, "mean"] == pytest.approx(0.905) and lam.loc[0.0, "mean"] == pytest.approx(0.7)  # Table 2 excluded
+    nv = curves[curves["order"] == "norm_variance"].set_index("fraction")
+    assert list(nv.index) == [0.0, 0.5, 1.0] and nv.loc[0.5, "ci_low"] == pytest.approx(0.8)
+    assert len(curves[curves["order"] == "attention_variance"]) == 2  # only the shared end points
+    assert "cola" not in set(curves["task"])
+    assert norms.label_free_comparison(norm.iloc[:0], reference.iloc[:0], ["sst2"]).empty
+
+    table = norms.matrix_comparison(norm, reference, ["sst2", "cola"]).set_index("matrix_type")
+    assert set(table.index) == {"original", "average", "norm_average"}
+    assert table.loc["average", "mean"] == pytest.approx(0.7) and table.loc["norm_average", "mean"] == pytest.approx(0.755)
+    both = pd.concat([norm, reference])  # one self-contained frame passed twice (smoke): no double counting
+    assert norms.matrix_comparison(both, both, ["sst2"]).set_index("matrix_type").loc["original", "n"] == 2
+
+
+def test_decomposition_check_and_head_level_correlation(papa_corpus):
+    import pandas as pd
+
+    model, batches = papa_corpus
+    check = norms.decomposition_check(model, batches[0])
+    assert list(check["layer"]) == [0, 1] and (check["relative_error"] < 1e-5).all()
+    assert (check["max_abs_output"] > 0.01).all() and (check["n_positions"] == int(batches[0]["attention_mask"].sum())).all()
+    table = pd.DataFrame({"mean_alpha_to_sep": [0.1, 0.2, 0.3, 0.4, 0.5], "mean_fx_norm_sep": [5.0, 4.0, 3.5, 1.0, 0.5]})
+    result = norms.head_level_correlation(table)
+    assert result["spearman_rho"] == pytest.approx(-1.0) and result["n_heads"] == 5
+    with pytest.raises(ValueError, match="cls"):
+        norms.head_level_correlation(table, token="cls")
+
+
+def test_find_constant_matrices(papa_corpus, tmp_path):
+    model, batches = papa_corpus
+    assert norms.find_constant_matrices(tmp_path, "sst2") is None
+    constants = norms.norm_weighted_attention(model, batches, progress=False)
+    constants.save(tmp_path / "matrices" / "sst2-norm_average-L7-abc.safetensors")
+    assert norms.find_constant_matrices(tmp_path, "sst2") is None  # plain averages are not norm-weighted ones
+    found = norms.find_constant_matrices(tmp_path, "sst2", "norm_average")
+    torch.testing.assert_close(found.matrices, constants.matrices)
+    with pytest.raises(ValueError, match="kind"):
+        norms.find_constant_matrices(tmp_path, "sst2", "zeros")
+
+
+def test_sentence_shares_and_missing_runs(smoke_setup):
+    import pandas as pd
+
+    model, tokenizer, _ = smoke_setup
+    shares = norms.sentence_shares(model, tokenizer, "the movie was very good .")
+    assert set(shares["method"]) == {"weight", "norm"} and set(shares["layer"]) == {0, 1}
+    np.testing.assert_allclose(shares.groupby(["layer", "method"])["share"].sum(), 1.0, rtol=1e-9)
+    first = shares[shares["position"] == 0]
+    assert (first["token"] == "[CLS]").all() and (first["category"] == "cls").all()
+    assert set(shares[shares["token"] == "."]["category"]) == {"punctuation"}
+
+    reference = pd.DataFrame([_record("sst2", "original", "none", 1.0, s, 0.9) for s in (0, 1)]
+                             + [_record("sst2", "average", "lambda", 0.5, 0, 0.8)])
+    missing = norms.missing_norm_runs(reference.iloc[:0], reference, ["sst2"], ["sst2"], seeds=2)
+    assert not ((missing["matrix_type"] == "original")).any()
+    lam = missing[(missing["selection_order"] == "lambda") & (missing["fraction"] == 0.5)]
+    assert lam["seeds_found"].tolist() == [1]
+    # 3 orders x 3 fractions + norm_average + average at 0, minus nothing else found
+    assert len(missing) == 3 * 3 + 2
+
+
+def test_head_score_table_and_agreement(smoke_setup, tmp_path):
+    import pandas as pd
+
+    model, tokenizer, data_dir = smoke_setup
+    spec = {"data_dir": str(data_dir), "profile": "smoke", "max_length": {"default": 16}}
+    (tmp_path / "lambdas").mkdir()
+    lambdas = torch.linspace(0.1, 0.9, 8).view(2, 4)
+    torch.save(lambdas, tmp_path / "lambdas" / "sst2-from-sst2-abc.pt")
+    table = norms.head_score_table(model, tokenizer, spec, ["sst2", "cola"], lambdas_dir=tmp_path / "lambdas")
+    assert list(table.columns) == ["task", "layer", "head", "lambda", "attention_variance", "norm_variance"]
+    assert len(table) == 2 * 8 and table[table["task"] == "cola"]["lambda"].isna().all()
+    sst2 = table[table["task"] == "sst2"]
+    np.testing.assert_allclose(sst2["lambda"], lambdas.numpy().ravel(), rtol=1e-6)
+    from papa_lib import experiments, layout
+
+    config = experiments.ExperimentConfig(task="sst2", data_dir=str(data_dir), profile="smoke", max_length=16)
+    split = experiments.TaskExperiment(config, model, tokenizer, progress=False).split("train")
+    expected = norms.input_dependence_scores(model, layout.batched(split.encoded, 64), progress=False)
+    np.testing.assert_allclose(sst2["attention_variance"], expected.numpy().ravel())
+    agreement = norms.score_agreement(table)
+    assert len(agreement) == 2 * 3
+    cola_lambda = agreement[(agreement["task"] == "cola") & (agreement["first"] == "lambda")]
+    assert cola_lambda["spearman_rho"].isna().all() and (cola_lambda["n_heads"] == 0).all()
+    same = norms.score_agreement(pd.DataFrame({"task": "t", "lambda": [1.0, 2, 3, 4, 5], "attention_variance": [2.0, 4, 6, 8, 10],
+                                               "norm_variance": [5.0, 4, 3, 2, 1]}))
+    assert same["spearman_rho"].tolist() == pytest.approx([1.0, -1.0, -1.0])
+    with pytest.raises(ValueError, match="lacks"):
+        norms.score_agreement(pd.DataFrame({"task": ["t"]}))
