@@ -644,7 +644,8 @@ def run_grid(spec: dict, results_dir: str | Path, model=None, tokenizer=None, pr
 
     ``spec`` is :func:`load_grid`'s output. Top-level keys: ``model``, ``data_dir``, ``profile``, ``seeds`` (list or
     count), ``limit``, ``eval_limit``, ``max_length`` (int or per-task mapping with ``default``), ``epochs``,
-    ``lambda_epochs``, ``inloop_epochs``, ``lambda_learning_rate``, ``device``. ``overrides`` replace top-level keys (the CLI's flags).
+    ``lambda_epochs``, ``inloop_epochs``, ``lambda_learning_rate``, ``learning_rate``, ``batch_size``, ``device`` (each of
+    the per-task ones may be a mapping ``{task: value, default: value}``). ``overrides`` replace top-level keys (the CLI's flags).
     """
     from tqdm.auto import tqdm
 
@@ -671,6 +672,8 @@ def run_grid(spec: dict, results_dir: str | Path, model=None, tokenizer=None, pr
             lambda_epochs=_per_task(settings.get("lambda_epochs"), task),
             inloop_epochs=_per_task(settings.get("inloop_epochs"), task),
             lambda_learning_rate=_per_task(settings.get("lambda_learning_rate"), task),
+            learning_rate=_per_task(settings.get("learning_rate"), task),
+            batch_size=_per_task(settings.get("batch_size"), task),
             device=settings.get("device", "cpu"),
         )
         experiment = TaskExperiment(config, model, tokenizer, results_dir=results_dir, progress=progress)
