@@ -419,8 +419,10 @@ def test_profile_runners_at_smoke_size(tmp_path):
         mlm.run_profile_mlm_curve(setup, results_dir=tmp_path / "mlm", seqs=3)
     with pytest.raises(ValueError, match="tiny random BERT only"):
         mlm.run_profile_mlm_curve(setup, model_name="roberta-base", results_dir=tmp_path / "mlm")
-    with pytest.raises(ValueError, match="hub model name"):
-        mlm.run_mnli_curve(profiles.resolve("paper", results_dir=tmp_path / "paper"))
+    paper = profiles.resolve("paper", results_dir=tmp_path / "paper")
+    assert paper.model_name == "roberta-base"  # the paper profile defaults to the model of Sec. 5
+    with pytest.raises(FileNotFoundError, match="no grid file"):
+        mlm.run_mnli_curve(paper)
     store = mlm.run_mnli_curve(setup)
     stored = store.frame()
     assert set(stored["task"]) == {"mnli"} and len(stored) == 10  # 5 fractions x 2 seeds
