@@ -135,19 +135,24 @@ class AttentionProjections:
     head_size: int
 
 
-def _bert_like_projections(layer: torch.nn.Module) -> AttentionProjections:
-    """BERT, RoBERTa, ELECTRA (and MiniLM, a BERT): ``attention.self.value`` and ``attention.output.dense``."""
+def _with_output_projection(layer: torch.nn.Module, value_weight, value_bias) -> AttentionProjections:
+    """Pair a layer's value projection with its attention output projection (``attention.output.dense``)."""
     self_attention = layer.attention.self
-    value = self_attention.value
     dense = layer.attention.output.dense
     return AttentionProjections(
-        value_weight=value.weight,
-        value_bias=value.bias,
+        value_weight=value_weight,
+        value_bias=value_bias,
         output_weight=dense.weight,
         output_bias=dense.bias,
         num_heads=self_attention.num_attention_heads,
         head_size=self_attention.attention_head_size,
     )
+
+
+def _bert_like_projections(layer: torch.nn.Module) -> AttentionProjections:
+    """BERT, RoBERTa, ELECTRA (and MiniLM, a BERT): ``attention.self.value`` and ``attention.output.dense``."""
+    value = layer.attention.self.value
+    return _with_output_projection(layer, value.weight, value.bias)
 
 
 def _deberta_projections(layer: torch.nn.Module) -> AttentionProjections:
@@ -166,30 +171,13 @@ def _deberta_projections(layer: torch.nn.Module) -> AttentionProjections:
     value_bias = self_attention.v_bias
     if self_attention.in_proj.bias is not None:  # not in the reference implementation, kept exact if ever present
         value_bias = value_bias + self_attention.in_proj.bias.view(num_heads, 3, head_size)[:, 2].reshape(-1)
-    dense = layer.attention.output.dense
-    return AttentionProjections(
-        value_weight=value_weight,
-        value_bias=value_bias,
-        output_weight=dense.weight,
-        output_bias=dense.bias,
-        num_heads=num_heads,
-        head_size=head_size,
-    )
+    return _with_output_projection(layer, value_weight, value_bias)
 
 
 def _deberta_v2_projections(layer: torch.nn.Module) -> AttentionProjections:
     """DeBERTa-v2/v3: ``attention.self.value_proj`` and ``attention.output.dense``."""
-    self_attention = layer.attention.self
-    value = self_attention.value_proj
-    dense = layer.attention.output.dense
-    return AttentionProjections(
-        value_weight=value.weight,
-        value_bias=value.bias,
-        output_weight=dense.weight,
-        output_bias=dense.bias,
-        num_heads=self_attention.num_attention_heads,
-        head_size=self_attention.attention_head_size,
-    )
+    value = layer.attention.self.value_proj
+    return _with_output_projection(layer, value.weight, value.bias)
 
 
 _PROJECTION_GETTERS: dict[str, Callable[[torch.nn.Module], AttentionProjections]] = {
