@@ -108,7 +108,8 @@ class ConstantAttention:
         return cls(tensors["matrices"], tensors["counts"], metadata)
 
 
-def _pair_mask(attention_mask: torch.Tensor) -> torch.Tensor:
+def pair_mask(attention_mask: torch.Tensor) -> torch.Tensor:
+    """``[B, L]`` real-token mask -> ``[B, L, L]`` float mask, 1 where query and key are both real."""
     real = attention_mask.to(torch.float32)
     return real[:, :, None] * real[:, None, :]
 
@@ -140,10 +141,10 @@ class PadAwareAverage:
             self.counts = torch.zeros(width, width, dtype=torch.float64, device=attention_mask.device)
         elif width != self.length:
             raise ValueError(f"all batches must have the same width L; got {width} after {self.length}")
-        pair_mask = _pair_mask(attention_mask)
+        pair = pair_mask(attention_mask)
         for layer, matrices in per_layer:
-            self.sums[layer] += torch.einsum("bhqk,bqk->hqk", matrices.float(), pair_mask).double()
-        self.counts += pair_mask.sum(0).double()
+            self.sums[layer] += torch.einsum("bhqk,bqk->hqk", matrices.float(), pair).double()
+        self.counts += pair.sum(0).double()
         self.num_examples += int(attention_mask.shape[0])
 
     def result(self, model, source: str) -> ConstantAttention:

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import math
 import time
+from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Iterable
@@ -199,7 +200,7 @@ def extract_features(model, split: EncodedSplit, kind: str, batch_size: int = 64
     from tqdm.auto import tqdm
 
     chunks, masks, labels = [], [], []
-    context = state.applied(model) if state is not None else _nullcontext()
+    context = state.applied(model) if state is not None else nullcontext()
     total = math.ceil(split.encoded.batch_size / batch_size)
     with context:
         for start, part in tqdm(enumerate(layout.batched(split.encoded, batch_size)), total=total, disable=not progress, desc=desc, leave=False):
@@ -216,14 +217,6 @@ def extract_features(model, split: EncodedSplit, kind: str, batch_size: int = 64
                 masks.append(part["attention_mask"].cpu())
                 labels.append(split.labels[rows])
     return FeatureSet(torch.cat(chunks), torch.cat(labels), torch.cat(masks) if masks else None)
-
-
-class _nullcontext:
-    def __enter__(self):
-        return None
-
-    def __exit__(self, *exc):
-        return False
 
 
 class BackboneProbe(nn.Module):
@@ -481,7 +474,7 @@ class TaskExperiment:
                 params.append({"params": theta, "lr": self.config.lambda_learning_rate})
             if matrices:
                 params.append({"params": matrices})
-        context = state.applied(self.model) if state is not None else _nullcontext()
+        context = state.applied(self.model) if state is not None else nullcontext()
         with context:
             probes.train_probe(wrapper, params, _encoded_batches(self.split("train"), self.config.batch_size, seed), epochs,
                                self.config.learning_rate, device=self.config.device, progress=self.progress)

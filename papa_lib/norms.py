@@ -57,6 +57,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 import torch
+
+from .averaging import pair_mask
 from scipy import stats as scipy_stats
 
 __all__ = [
@@ -320,24 +322,34 @@ def _summed_norm(alpha: torch.Tensor, vectors: torch.Tensor) -> torch.Tensor:
     return out.clamp_min_(0.0).sqrt_().to(alpha.dtype)
 
 
-def _iter_layer_norms(model: torch.nn.Module, batch: Mapping[str, torch.Tensor]):
-    """Run the model once and yield ``LayerNorms`` layer by layer (shared by the public functions)."""
+def _attentions_and_hidden_states(model: torch.nn.Module, inputs: Mapping[str, torch.Tensor]):
+    """Run the model once (no grad) on prepared inputs; return ``(getter, layers, attentions, hidden_states)``.
+
+    Raises if the model is training (dropout would perturb alpha) or does not return one attention tensor per layer
+    and ``num_layers + 1`` hidden states.
+    """
     getter = _projection_getter(model)
     if model.training:
         raise ValueError("model is in training mode (dropout would perturb alpha); call model.eval() first")
-    inputs = _prepare_batch(model, batch)
     base = getattr(model, "base_model", model)
     layers = encoder_layers(model)
     with torch.no_grad():
         outputs = base(**inputs, output_attentions=True, output_hidden_states=True, return_dict=True)
-        attentions, hidden_states = outputs.attentions, outputs.hidden_states
-        if attentions is None or len(attentions) != len(layers) or any(a is None for a in attentions):
-            raise ValueError(
-                "the model did not return one attention tensor per layer; load it with "
-                "attn_implementation='eager' so that output_attentions=True works"
-            )
-        if hidden_states is None or len(hidden_states) != len(layers) + 1:
-            raise ValueError("the model did not return num_layers + 1 hidden states with output_hidden_states=True")
+    attentions, hidden_states = outputs.attentions, outputs.hidden_states
+    if attentions is None or len(attentions) != len(layers) or any(a is None for a in attentions):
+        raise ValueError(
+            "the model did not return one attention tensor per layer; load it with "
+            "attn_implementation='eager' so that output_attentions=True works"
+        )
+    if hidden_states is None or len(hidden_states) != len(layers) + 1:
+        raise ValueError("the model did not return num_layers + 1 hidden states with output_hidden_states=True")
+    return getter, layers, attentions, hidden_states
+
+
+def _iter_layer_norms(model: torch.nn.Module, batch: Mapping[str, torch.Tensor]):
+    """Run the model once and yield ``LayerNorms`` layer by layer (shared by the public functions)."""
+    getter, layers, attentions, hidden_states = _attentions_and_hidden_states(model, _prepare_batch(model, batch))
+    with torch.no_grad():
         for index, layer in enumerate(layers):
             alpha = attentions[index]
             proj = getter(layer)
@@ -961,19 +973,7 @@ def _fx_norms(proj: AttentionProjections, hidden_states: torch.Tensor) -> torch.
 
 def _iter_alpha_and_fx_norms(model: torch.nn.Module, inputs: Mapping[str, torch.Tensor]):
     """Run the model once; yield ``(layer, alpha [B, H, L, L], fx_norm [B, H, L])`` layer by layer (inputs prepared)."""
-    getter = _projection_getter(model)
-    if model.training:
-        raise ValueError("model is in training mode (dropout would perturb alpha); call model.eval() first")
-    base = getattr(model, "base_model", model)
-    layers = encoder_layers(model)
-    with torch.no_grad():
-        outputs = base(**inputs, output_attentions=True, output_hidden_states=True, return_dict=True)
-    attentions, hidden_states = outputs.attentions, outputs.hidden_states
-    if attentions is None or len(attentions) != len(layers) or any(a is None for a in attentions):
-        raise ValueError(
-            "the model did not return one attention tensor per layer; load it with "
-            "attn_implementation='eager' so that output_attentions=True works"
-        )
+    getter, layers, attentions, hidden_states = _attentions_and_hidden_states(model, inputs)
     for index, layer in enumerate(layers):
         with torch.no_grad():
             yield index, attentions[index], _fx_norms(getter(layer), hidden_states[index])
@@ -1002,11 +1002,6 @@ def norm_weighted_rows(alpha: torch.Tensor, fx_norm: torch.Tensor, attention_mas
     weighted = alpha.float().abs() * fx_norm.float()[:, :, None, :] * keys
     total = weighted.sum(dim=-1, keepdim=True)
     return torch.where(total > 0, weighted / torch.where(total > 0, total, 1.0), 0.0)
-
-
-def _pair_mask(attention_mask: torch.Tensor) -> torch.Tensor:
-    real = attention_mask.to(torch.float32)
-    return real[:, :, None] * real[:, None, :]
 
 
 def _layer_weights(weighting: str, alpha: torch.Tensor, fx_norm: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -1110,7 +1105,7 @@ def input_dependence_scores(
             squares = [torch.zeros_like(m) for m in means]
             counts = torch.zeros(width, width, dtype=torch.float64, device=device)
         mask = inputs["attention_mask"]
-        pair = _pair_mask(mask)
+        pair = pair_mask(mask)
         batch_counts = pair.sum(0).double()  # [L, L]
         seen = batch_counts > 0
         merged = counts + batch_counts
