@@ -1,20 +1,12 @@
 """papa_lib: PAPA (Hassid et al. 2022) — how much do pretrained Transformers use their input-dependent attention?
 
-One module per concept of the paper:
+Layers (each imports only from the ones before it):
 
-- :mod:`papa_lib.models`     supported encoders, the embedded default model, per-architecture adapters
-- :mod:`papa_lib.layout`     the fixed-position input layout (App. A)
-- :mod:`papa_lib.averaging`  constant matrices C^h = pad-aware average of A^h (Sec. 3.1, Eq. 2)
-- :mod:`papa_lib.override`   the single seam that replaces/mixes attention per head (Sec. 3.2 Eq. 3, Sec. 5.2)
-- :mod:`papa_lib.selection`  which heads to replace first (Sec. 3.2, 5.4)
-- :mod:`papa_lib.probes`     frozen-model probing classifiers (Sec. 3.3)
-- :mod:`papa_lib.tasks`      CoLA, SST-2, MRPC, MNLI, CoNLL NER/POS: data and metrics (Sec. 4.1, App. B)
-- :mod:`papa_lib.results`    the tidy results store, confidence intervals, relative drops
-- :mod:`papa_lib.norms`      norm-based attention analysis (Kobayashi et al. 2020) and norm-aware PAPA
-- :mod:`papa_lib.mlm`        masked-language-model probing under PAPA (Sec. 5.5)
-- :mod:`papa_lib.experiments` variants, feature cache, λ learning and declared grids (Sec. 4, 5)
-- :mod:`papa_lib.profiles`   smoke / local / paper run profiles for the book
-- :mod:`papa_lib.cli`        the ``papa`` command
+- :mod:`papa_lib.core`        encoders and adapters, App. A layout, averaging (Eq. 2), the override seam, fast path
+- :mod:`papa_lib.experiments` tasks and metrics, probes, head selection, results store, the experiment engine
+- :mod:`papa_lib.analysis`    norm-based analysis (Kobayashi et al. 2020), attention patterns, MLM probing
+- :mod:`papa_lib.book`        figures, offline charts, profiles, the paper's numbers, chapter pages, the book build
+- :mod:`papa_lib.cli`, :mod:`papa_lib.bench`  the ``papa`` command and the benchmarks
 
 The core API is importable from the package itself::
 
@@ -28,10 +20,11 @@ The core API is importable from the package itself::
 
 __version__ = "0.1.0"
 
-from .averaging import ConstantAttention, average_attention
-from .layout import EncodedBatch, encode, encode_words
-from .models import SUPPORTED_MODEL_TYPES, UnsupportedModelError, load_encoder
-from .override import MODES, AttentionOverride, override, toeplitz_matrix
+from .core.averaging import ConstantAttention, average_attention
+from .core.layout import EncodedBatch, encode, encode_words
+from .core.models import SUPPORTED_MODEL_TYPES, UnsupportedModelError, load_encoder
+from .core.override import MODES, AttentionOverride, override, toeplitz_matrix
+from .core.packing import PackedBatch, pack, unpack
 
 __all__ = [
     "AttentionOverride",
@@ -45,6 +38,9 @@ __all__ = [
     "encode_words",
     "load_encoder",
     "override",
+    "pack",
+    "PackedBatch",
+    "unpack",
     "toeplitz_matrix",
     "__version__",
 ]

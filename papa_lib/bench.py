@@ -14,12 +14,12 @@ Figures
     on two batches; the figure is the median of the per-repetition ratios.
 ``cached_vs_recomputed_epoch``
     Time of one probing epoch that recomputes the frozen backbone at every step divided by the time of one epoch on
-    features cached once by :func:`papa_lib.experiments.extract_features` (256 sentences, L = 64, batch 32, the same
+    features cached once by :func:`papa_lib.experiments.engine.extract_features` (256 sentences, L = 64, batch 32, the same
     batches and probe initialisation; median of three interleaved repetitions). The cached path is exactly the one
-    :class:`papa_lib.experiments.TaskExperiment` uses for frozen variants; the recomputing path is its :class:`~papa_lib.experiments.BackboneProbe` with the backbone's weights not requiring gradients
+    :class:`papa_lib.experiments.engine.TaskExperiment` uses for frozen variants; the recomputing path is its :class:`~papa_lib.experiments.engine.BackboneProbe` with the backbone's weights not requiring gradients
     (what a frozen variant would cost without the cache). ``feature_extraction_s`` is the one-off caching cost.
 ``constant_vs_original_L{128,256,512}``
-    Speed-up of a forward pass with every head ``constant`` (fast path, :mod:`papa_lib.fastpath`) over the original
+    Speed-up of a forward pass with every head ``constant`` (fast path, :mod:`papa_lib.core.fastpath`) over the original
     eager forward pass, same batch (8 sequences of random ids, every token real), median of four interleaved
     repetitions after a warm-up, measured in the steady state of a long-running override (the per-override matrix
     cache stays warm).
@@ -61,9 +61,10 @@ from typing import Callable, Iterable
 
 import torch
 
-BENCHMARK_NAMES = ("averaging", "probe", "constant", "memory")
+BENCHMARK_NAMES = ("averaging", "probe", "constant", "packing", "memory")
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
-SST2_DEV = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "glue" / "SST-2" / "dev.tsv"
+SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+SST2_DEV = SHARED_DATA / "glue" / "SST-2" / "dev.tsv"
 MODEL_ENV = "PAPA_BENCH_MODEL"
 #: How time is read: wall-clock (default) or the CPU time of this process (all its threads), which is much less
 #: sensitive to other processes on a shared machine (use it with ``--threads 1``; CPU devices only).
@@ -87,12 +88,16 @@ class BenchSizes:
     constant_repeats: int = 4
     memory_sentences: tuple[int, int] = (256, 1024)
     memory_batch: int = 32
+    packing_sentences: int = 1024
+    packing_batch: int = 32
+    packing_repeats: int = 3
 
 
 FULL = BenchSizes()
 QUICK = BenchSizes(
     averaging_sentences=32, averaging_batch=16, averaging_repeats=2, probe_sentences=32, probe_batch=16,
     probe_repeats=1, constant_batch=1, constant_repeats=2, memory_sentences=(32, 128), memory_batch=8,
+    packing_sentences=64, packing_batch=16, packing_repeats=1,
 )
 
 
@@ -153,7 +158,7 @@ def load_bench_model(spec: str | None, device: str = "cpu", dtype: str = "fp32")
     """
     from transformers import AutoModel, AutoTokenizer, BertConfig
 
-    from .models import embedded_model_path, load_encoder
+    from .core.models import embedded_model_path, load_encoder
 
     if dtype not in DTYPES:
         raise ValueError(f"unknown dtype {dtype!r}; choose one of {sorted(DTYPES)}")
@@ -210,9 +215,9 @@ def _median_ratio(numerators: list[float], denominators: list[float]) -> float:
 # ---------------------------------------------------------------------------------------------- benchmarks
 def bench_averaging(model, tokenizer, sizes: BenchSizes, device) -> dict[str, float]:
     """``averaging_vs_forward``: averaging throughput / plain forward (``output_attentions=True``) throughput."""
-    from .averaging import average_attention
-    from .layout import batched, encode
-    from .models import model_inputs
+    from .core.averaging import average_attention
+    from .core.layout import batched, encode
+    from .core.models import model_inputs
 
     texts, _, _ = benchmark_sentences(sizes.averaging_sentences)
     encoded = encode(tokenizer, texts, max_length=sizes.averaging_length)
@@ -257,41 +262,49 @@ def _frozen(model):
 def bench_probe(model, tokenizer, sizes: BenchSizes, device) -> dict[str, float]:
     """``cached_vs_recomputed_epoch``: one probe epoch recomputing the backbone / one epoch on cached features.
 
-    Uses the lead's feature cache (:func:`papa_lib.experiments.extract_features`, float16 hidden states of every
-    layer) and the in-loop :class:`~papa_lib.experiments.BackboneProbe`, with the SST-2 probing settings of Table 3
+    Uses the engine's real-token features (:class:`papa_lib.experiments.features.BackboneRunner`, float16 hidden
+    states of every layer) with the probe trainer of :mod:`papa_lib.experiments.training`, and the in-loop
+    :class:`~papa_lib.experiments.inloop.BackboneProbe`, with the SST-2 probing settings of Table 3
     (batch 32, lr 1e-4, L = 64).
     """
-    from . import experiments, probes
-    from .layout import encode
+    from .core.layout import encode
+    from .experiments import probes
+    from .experiments.features import BackboneRunner
+    from .experiments.inloop import BackboneProbe, train_inloop
+    from .experiments.training import SeedPlan, train_seeds
 
     length, learning_rate, seed = 64, 1e-4, 0
     texts, labels, _ = benchmark_sentences(sizes.probe_sentences)
-    split = experiments.EncodedSplit(encode(tokenizer, texts, max_length=length), torch.tensor(labels, dtype=torch.long))
+    encoded = encode(tokenizer, texts, max_length=length)
+    labels = torch.tensor(labels, dtype=torch.long)
     layers = int(model.config.num_hidden_layers) + 1
     hidden = int(model.config.hidden_size)
+    rows = torch.arange(len(labels))
+    plan = SeedPlan(seed, rows, rows[:1])
 
-    def new_probe():
+    def new_probe(_seed=seed):
         probes.set_seed(seed)
         return probes.make_probe("sentence", layers, length, hidden, 2)
 
     extraction = []
+    runner = BackboneRunner(model, encoded, labels, "sentence", batch_size=sizes.probe_batch)
 
     def extract():
-        extraction.append(experiments.extract_features(model, split, "sentence", batch_size=sizes.probe_batch))
+        extraction.append(runner.rows(rows))
 
     extract_s = _timed(extract, device)
     features = extraction[-1]
 
     def cached_epoch():
-        probe = new_probe()
-        batches = experiments._feature_batches(features, "sentence", sizes.probe_batch, seed)
-        probes.train_probe(probe, probe.parameters(), batches, 1, learning_rate, device=device)
+        train_seeds(new_probe, [plan], lambda chunk: (features, chunk), lambda p: (features, p.heldout),
+                    lambda p, predictions: 0.0, labels, "sentence", pool_size=len(labels),
+                    batch_size=sizes.probe_batch, learning_rate=learning_rate, max_epochs=1, patience=1, device=device)
 
     def recomputed_epoch():
-        wrapper = experiments.BackboneProbe(model, new_probe(), "sentence")
-        batches = experiments._encoded_batches(split, sizes.probe_batch, seed)
+        wrapper = BackboneProbe(model, new_probe(), "sentence")
         with _frozen(model):
-            probes.train_probe(wrapper, wrapper.probe.parameters(), batches, 1, learning_rate, device=device)
+            train_inloop(wrapper, None, encoded, labels, "sentence", rows, seed=seed, epochs=1,
+                         learning_rate=learning_rate, batch_size=sizes.probe_batch, device=device)
 
     # The feature extraction above has warmed the backbone up; no separate warm-up.
     times = _interleaved({"cached": cached_epoch, "recomputed": recomputed_epoch}, sizes.probe_repeats, device, [])
@@ -303,10 +316,53 @@ def bench_probe(model, tokenizer, sizes: BenchSizes, device) -> dict[str, float]
     }
 
 
+def bench_packing(model, tokenizer, sizes: BenchSizes, device, data_dir: Path | None = None) -> dict[str, float]:
+    """``packed_vs_padded_{sst2,cola}_L64``: feature-extraction throughput on real training sentences, packed (real
+    tokens only, App. A position ids, batches of similar length) over padded to L = 64; same sentences, same batch
+    size, same :class:`~papa_lib.experiments.features.BackboneRunner`. Also what the feature store keeps per SST-2
+    example (fp16 real-token rows of every layer) and the padded equivalent, and the largest difference between the
+    two runs' hidden states.
+    """
+    from .experiments import tasks
+    from .experiments.engine import encode_split
+    from .experiments.features import BackboneRunner
+
+    data_dir = Path(data_dir) if data_dir is not None else SHARED_DATA
+    figures: dict[str, float] = {}
+    for task in ("sst2", "cola"):
+        try:
+            examples = tasks.load_task(task, "train", data_dir=data_dir, limit=sizes.packing_sentences, seed=0)
+        except (FileNotFoundError, ValueError) as error:
+            print(f"# packing: no {task} training data under {data_dir} ({error}); skipped")
+            continue
+        split = encode_split(tokenizer, tasks.TASKS[task], examples, 64)
+        rows = torch.arange(len(split))
+        runners = {mode: BackboneRunner(model, split.encoded, split.labels, "sentence", sizes.packing_batch,
+                                        packed=(mode == "packed")) for mode in ("packed", "padded")}
+        outputs = {}
+
+        def extract(mode):
+            return lambda: outputs.__setitem__(mode, runners[mode].rows(rows))
+
+        times = _interleaved({mode: extract(mode) for mode in runners}, sizes.packing_repeats, device)
+        figures[f"packed_vs_padded_{task}_L64"] = _median_ratio(times["padded"], times["packed"])
+        figures[f"real_tokens_per_example_{task}_L64"] = float(split.encoded["attention_mask"].sum()) / len(split)
+        figures[f"packed_vs_padded_max_abs_diff_{task}"] = float(
+            (outputs["packed"].values.float() - outputs["padded"].values.float()).abs().max())
+        if task == "sst2":
+            values = outputs["packed"].values
+            per_example = values.numel() * values.element_size() / len(split)
+            padded = 64 * values.shape[1] * values.shape[2] * values.element_size()
+            figures["feature_bytes_per_example_sst2_L64"] = per_example
+            figures["feature_bytes_per_example_padded_sst2_L64"] = float(padded)
+            figures["feature_bytes_padded_vs_stored_sst2_L64"] = padded / per_example
+    return figures
+
+
 def bench_constant(model, tokenizer, sizes: BenchSizes, device) -> dict[str, float]:
     """``constant_vs_original_L*``, ``flop_limit_L*``: all-constant forward (fast path) vs the original forward."""
-    from .models import model_inputs, num_layers_and_heads
-    from .override import AttentionOverride
+    from .core.models import model_inputs, num_layers_and_heads
+    from .core.override import AttentionOverride
 
     layers, heads = num_layers_and_heads(model)
     hidden, intermediate = int(model.config.hidden_size), int(model.config.intermediate_size)
@@ -384,8 +440,8 @@ def memory_child(sentences: int, batch_size: int, model_spec: str | None, device
 
     Runs in a fresh process (see :func:`bench_memory`); returns ``peak_mb``, ``before_mb`` and the method used.
     """
-    from .averaging import average_attention
-    from .layout import encode
+    from .core.averaging import average_attention
+    from .core.layout import encode
 
     model, tokenizer = load_bench_model(model_spec, device, dtype)
     texts, _, _ = benchmark_sentences(sentences)
@@ -466,7 +522,7 @@ def run_benchmarks(
     sizes: BenchSizes | None = None,
     clock: str = "wall",
 ) -> dict[str, float]:
-    """Run the named benchmarks (``averaging``, ``probe``, ``constant``, ``memory`` or ``all``) and return the figures.
+    """Run the named benchmarks (``averaging``, ``probe``, ``constant``, ``packing``, ``memory`` or ``all``).
 
     Args:
         names: which benchmarks to run.
@@ -480,7 +536,7 @@ def run_benchmarks(
         clock: ``wall`` (default) or ``process`` (CPU time of this process; see :data:`CLOCKS`).
 
     Returns:
-        ``{figure name: value}`` in the order measured.
+        ``{figure name: value}`` in the order measured (the figures of every benchmark run).
     """
     global _clock
     selected = _expand(names)
@@ -507,7 +563,8 @@ def run_benchmarks(
                     say(f"# model: {getattr(loaded[0], 'papa_model_id', '?')}, device {device}, dtype {dtype}, "
                         f"torch threads {torch.get_num_threads()}, {clock} clock, {label} sizes, "
                         f"sentences from {benchmark_sentences(1)[2]}")
-                function = {"averaging": bench_averaging, "probe": bench_probe, "constant": bench_constant}[name]
+                function = {"averaging": bench_averaging, "probe": bench_probe, "constant": bench_constant,
+                            "packing": bench_packing}[name]
                 result = function(loaded[0], loaded[1], sizes, device)
             for key, value in result.items():
                 figures[key] = float(value)
@@ -518,9 +575,12 @@ def run_benchmarks(
     return figures
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Command line: ``python -m papa_lib.bench [averaging|probe|constant|memory|all] [--quick] [--device cuda] ...``."""
-    parser = argparse.ArgumentParser(prog="papa bench", description="PAPA library speed and memory benchmarks")
+def main(argv: list[str] | None = None, parser_class: type[argparse.ArgumentParser] = argparse.ArgumentParser) -> int:
+    """Command line: ``python -m papa_lib.bench [averaging|probe|constant|memory|all] [--quick] [--device cuda] ...``.
+
+    ``papa bench ...`` calls this with its own ``parser_class`` (one-line errors, exit status 2).
+    """
+    parser = parser_class(prog="papa bench", description="PAPA library speed and memory benchmarks")
     parser.add_argument("benchmarks", nargs="*", default=["all"], help=f"any of {', '.join(BENCHMARK_NAMES)}, or all")
     parser.add_argument("--quick", action="store_true", help="small sizes (a smoke run, < 60 s)")
     parser.add_argument("--device", default="cpu", help="cpu (default) or cuda")

@@ -5,46 +5,175 @@ Subcommands::
     papa averages   build constant matrices C^h for a task's training text (Sec. 3.1) and save them
     papa select     learn λ per head (Sec. 3.2) and print/save the replacement order
     papa probe      probe variants (matrix type x order x fraction) for a task, append records (Sec. 3.3, 4, 5)
-    papa grid       run a declared grid of runs from a YAML file, resuming where it stopped
+    papa grid       run a declared grid of runs from a YAML file, resuming where it stopped (--executor ray: on a
+                    Ray cluster, :mod:`papa_lib.experiments.executors`)
     papa bench      speed and memory benchmarks (see BENCHMARKS.md)
     papa reproduce  execute every book chapter through papermill for a profile (smoke, local, paper)
     papa book       sync the chapter notebooks and build the HTML book
 
 Shared flags: ``--model --task --data-dir --max-length --limit --seeds --epochs --device --results-dir``.
+``--task custom --train F --validation F --text-columns A[,B] --label-column C`` probes a task of your own
+(:mod:`papa_lib.experiments.custom`).
+
+A user error (a bad or empty file, a bad value, an unsupported model, a wrong L, a missing data folder, an
+unreachable hub) prints one line, ``papa: error: <what went wrong> (<file>:<line>)``, to stderr and exits with 2;
+``--debug`` adds the traceback. Anything else is a bug and shows its traceback.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 from pathlib import Path
 
+CUSTOM = "custom"
+_CUSTOM_OPTIONS = ("train", "validation", "text_columns", "label_column", "metric", "delimiter", "name")
 
-def _shared(parser: argparse.ArgumentParser, task_required: bool = True) -> None:
-    from .tasks import TASKS
+
+class UsageError(Exception):
+    """A bad command line (what argparse would print under the usage text)."""
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with one-line errors: :func:`main` prints them as ``papa: error: ...`` and exits with 2."""
+
+    def error(self, message):
+        raise UsageError(f"{message} (see '{self.prog} --help')")
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
+    return value
+
+
+def _non_negative_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected zero or more, got {text!r}")
+    return value
+
+
+def _shared(parser: argparse.ArgumentParser, task_required: bool = True, custom: bool = True) -> None:
+    from .experiments.tasks import TASKS
 
     group = parser.add_argument_group("shared options")
     group.add_argument("--model", default=None, help="hub id or local folder; default: the embedded all-MiniLM-L6-v2")
-    group.add_argument("--task", required=task_required, choices=sorted(TASKS), help="downstream task")
+    if custom:
+        group.add_argument("--task", required=task_required, choices=sorted(TASKS) + [CUSTOM],
+                           help="downstream task, or 'custom' for your own files (see below)")
+    else:
+        group.add_argument("--task", default=None, help="run only this task of the grid")
     group.add_argument("--data-dir", default=None, help="local data folder laid out like ../shared/data; default: the hub")
-    group.add_argument("--max-length", type=int, default=None, help="sequence length L (default: paper Table 3 per task)")
-    group.add_argument("--limit", type=int, default=None, help="subsample the training data to N examples (seeded)")
-    group.add_argument("--seeds", type=int, default=None, help="number of seeds (0..N-1); default 3 (grid: the file's value)")
-    group.add_argument("--epochs", type=int, default=None, help="probe epochs (default: Table 3)")
+    group.add_argument("--max-length", type=_positive_int, default=None, help="sequence length L (default: paper Table 3 per task)")
+    group.add_argument("--limit", type=_positive_int, default=None, help="subsample the training data to N examples (seeded)")
+    group.add_argument("--seeds", type=_positive_int, default=None, help="number of seeds (0..N-1); default 3 (grid: the file's value)")
+    group.add_argument("--epochs", type=_positive_int, default=None, help="probe epochs (default: Table 3)")
     group.add_argument("--device", default=None, help="cpu, cuda, cuda:1, ... (default: cpu)")
     group.add_argument("--results-dir", default="data/results/cli", help="where records, matrices and λ are stored")
+    if custom:
+        group = parser.add_argument_group(
+            "your own task (--task custom)",
+            "Single-text or pair classification from TSV/CSV files with a header row; the label set is the "
+            "training file's, sorted. Defaults: SST-2's row of Table 3, L = 128.")
+        group.add_argument("--train", metavar="FILE", help="training file (.tsv or .csv, header row)")
+        group.add_argument("--validation", metavar="FILE", help="validation file (results are reported on it)")
+        group.add_argument("--text-columns", metavar="A[,B]", help="text column, or two columns for a pair")
+        group.add_argument("--label-column", metavar="C", help="label column (strings or integers)")
+        group.add_argument("--metric", choices=["accuracy", "f1", "mcc"], default=None,
+                           help="accuracy (default), f1 (positive class = second sorted label), mcc")
+        group.add_argument("--delimiter", default=None, help="field separator (default: from the extension; 'tab' for a tab)")
+        group.add_argument("--name", default=None, help="the task's name in records (default: custom)")
+
+
+def _register_custom(args) -> None:
+    """``--task custom``: register the files as a task (its name replaces ``args.task``)."""
+    given = [f"--{key.replace('_', '-')}" for key in _CUSTOM_OPTIONS if getattr(args, key, None) is not None]
+    if args.task != CUSTOM:
+        if given:
+            raise UsageError(f"{', '.join(given)} only apply to --task custom")
+        return
+    missing = [f"--{key.replace('_', '-')}" for key in _CUSTOM_OPTIONS[:4] if getattr(args, key) is None]
+    if missing:
+        raise UsageError(f"--task custom needs {', '.join(missing)}")
+    from .experiments.custom import CustomTask, register_custom_task
+
+    options = {} if args.epochs is None else {"epochs": args.epochs}
+    task = CustomTask(name=args.name or CUSTOM, train=args.train, validation=args.validation,
+                      text_columns=args.text_columns, label_column=args.label_column, metric=args.metric or "accuracy",
+                      max_length=args.max_length, delimiter=args.delimiter, **options)
+    register_custom_task(task)
+    args.task = task.name
+
+
+def _check_data_dir(data_dir) -> None:
+    if data_dir is not None and not Path(data_dir).is_dir():
+        raise FileNotFoundError(f"data directory not found: {data_dir}")
+
+
+def _position_limit(model) -> int | None:
+    """Longest L the model's absolute position embeddings allow (None: relative positions only, no limit)."""
+    config = model.config
+    if getattr(config, "position_biased_input", True) is False:
+        return None
+    limit = getattr(config, "max_position_embeddings", None)
+    if limit is not None and config.model_type == "roberta":  # positions start after the padding index
+        limit -= (config.pad_token_id or 0) + 1
+    return limit
+
+
+def _check_length(model, lengths, where: str = "--max-length") -> None:
+    from .core.models import model_id
+
+    limit = _position_limit(model)
+    for length in lengths:
+        if limit is not None and length is not None and length > limit:
+            raise ValueError(f"{where} {length} is longer than the {limit} positions of {model_id(model)}; "
+                             f"use {limit} or less")
+
+
+def _load_model(name, device):
+    from .core.models import load_encoder
+
+    try:
+        return load_encoder(name, device=device)
+    except OSError as error:  # transformers' "not found / could not connect" (an unreachable hub), a bad folder
+        raise OSError(f"could not load the model {name!r}: {error}") from error
 
 
 def _experiment(args):
-    from .experiments import ExperimentConfig, TaskExperiment
+    from .experiments.engine import ExperimentConfig, TaskExperiment
 
+    _register_custom(args)
+    _check_data_dir(args.data_dir)
     config = ExperimentConfig(
         task=args.task, model=args.model, data_dir=args.data_dir, max_length=args.max_length, limit=args.limit,
         epochs=args.epochs, device=args.device or "cpu", profile=getattr(args, "profile", "local"),
         lambda_learning_rate=getattr(args, "lambda_lr", None), lambda_epochs=getattr(args, "lambda_epochs", None),
     )
-    return TaskExperiment(config, results_dir=args.results_dir)
+    model, tokenizer = _load_model(args.model, config.device)
+    experiment = TaskExperiment(config, model, tokenizer, results_dir=args.results_dir)
+    _check_length(experiment.model, [experiment.config.max_length])
+    return experiment
 
 
 def cmd_averages(args) -> int:
@@ -59,7 +188,7 @@ def cmd_averages(args) -> int:
 
 
 def cmd_select(args) -> int:
-    from .selection import replacement_order
+    from .experiments.selection import replacement_order
 
     experiment = _experiment(args)
     lambdas = experiment.learn_lambdas(args.matrices_from)
@@ -77,7 +206,7 @@ def cmd_select(args) -> int:
 
 
 def cmd_probe(args) -> int:
-    from .experiments import Variant
+    from .experiments.engine import Variant
 
     experiment = _experiment(args)
     seeds = range(args.seeds if args.seeds is not None else 3)
@@ -94,32 +223,73 @@ def cmd_probe(args) -> int:
 
 
 def cmd_grid(args) -> int:
-    from .experiments import load_grid, run_grid
+    from .analysis import norm_rankings  # noqa: F401  (registers norm-weighted matrices and label-free rankings)
+    from .experiments.engine import load_grid
+    from .experiments.features import parse_bytes
 
     spec = load_grid(args.grid)
+    if args.task and not any(args.task in block.tasks for block in spec["blocks"]):
+        raise UsageError(f"--task {args.task}: no block of {args.grid} runs it")
+    _check_data_dir(args.data_dir)
     overrides = {
         "model": args.model, "data_dir": args.data_dir, "max_length": args.max_length, "limit": args.limit,
         "epochs": args.epochs, "device": args.device,
         "seeds": list(range(args.seeds)) if args.seeds is not None else None,
+        "cache_budget": parse_bytes(args.cache_budget) if args.cache_budget is not None else None,
     }
+    if args.plan:
+        from .experiments.plan import plan_grid
+
+        if args.task:
+            spec["blocks"] = [b for b in spec["blocks"] if args.task in b.tasks]
+            for block in spec["blocks"]:
+                block.tasks = [args.task]
+        print(plan_grid(spec, overrides, model_name=args.model))
+        return 0
     if args.task:
         spec["blocks"] = [b for b in spec["blocks"] if args.task in b.tasks]
         for block in spec["blocks"]:
             block.tasks = [args.task]
+    if args.blocks:
+        names = args.blocks.split(",")
+        unknown = sorted(set(names) - {b.name for b in spec["blocks"]})
+        if unknown:
+            raise UsageError(f"{args.grid}: no block named {', '.join(unknown)}")
+        spec["blocks"] = [b for b in spec["blocks"] if b.name in names]
+    executor = _executor(args)
     results_dir = args.results_dir or str(Path(args.grid).parent)
-    store = run_grid(spec, results_dir, overrides=overrides)
+    device = "cpu" if executor.name == "ray" else args.device or spec.get("device", "cpu")  # workers move it
+    model, tokenizer = _load_model(args.model or spec.get("model"), device)
+    lengths = args.max_length or spec.get("max_length")
+    _check_length(model, lengths.values() if isinstance(lengths, dict) else [lengths],
+                  "--max-length" if args.max_length else f"max_length of {args.grid}")
+    try:
+        store = executor.run_grid(spec, results_dir, model, tokenizer, overrides=overrides, only_seeds=args.only_seed)
+    except ImportError as error:  # --executor ray without Ray installed
+        raise UsageError(str(error)) from error
     print(f"{len(store)} records in {store.path}")
     return 0
 
 
-def cmd_bench(args) -> int:
+def _executor(args):
+    """The grid's executor: ``local`` (default) or ``ray`` with its options."""
+    from .experiments.executors import make_executor
+
+    options = {"address": args.address, "cpus_per_run": args.cpus_per_run, "gpus_per_run": args.gpus_per_run}
+    if args.executor == "local" and any(value is not None for value in options.values()):
+        given = [f"--{key.replace('_', '-')}" for key, value in options.items() if value is not None]
+        raise UsageError(f"{', '.join(given)} only apply to --executor ray")
+    return make_executor(args.executor, **options)
+
+
+def cmd_bench(args) -> int:  # reached only through build_parser(); main() hands 'bench ...' to bench.main directly
     from . import bench
 
-    return bench.main(args.rest) or 0
+    return bench.main(args.rest, parser_class=_Parser) or 0
 
 
 def cmd_reproduce(args) -> int:
-    from .book import run_chapters
+    from .book.build import run_chapters
 
     parameters = {}
     if args.model:
@@ -135,7 +305,7 @@ def cmd_reproduce(args) -> int:
 
 
 def cmd_book(args) -> int:
-    from .book import build_book, sync_notebooks
+    from .book.build import build_book, sync_notebooks
 
     sync_notebooks("book")
     html = build_book(".", warnings_as_errors=not args.allow_warnings)
@@ -144,22 +314,33 @@ def cmd_book(args) -> int:
 
 
 def _fraction(text) -> float:
+    """A fraction of input-dependent heads: ``0.5``, ``1/8``; in [0, 1]."""
     if isinstance(text, float):
         return text
-    if "/" in str(text):
-        num, den = str(text).split("/")
-        return float(num) / float(den)
-    return float(text)
+    try:
+        if "/" in str(text):
+            num, den = str(text).split("/")
+            value = float(num) / float(den)
+        else:
+            value = float(text)
+    except (ValueError, ZeroDivisionError):
+        raise argparse.ArgumentTypeError(f"expected a fraction such as 0.5 or 1/8, got {text!r}") from None
+    if not 0.0 <= value <= 1.0:
+        raise argparse.ArgumentTypeError(f"a fraction of heads must be in [0, 1], got {text!r}")
+    return value
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from .experiments import MATRIX_TYPES
-    from .experiments import ALL_ORDERS as ORDERS
-    from .selection import PAPER_FRACTIONS
+    from .experiments.engine import MATRIX_TYPES
+    from .analysis import norm_rankings  # noqa: F401  (registers the label-free rankings and norm-weighted matrices)
+    from .experiments.engine import all_orders
+    ORDERS = all_orders()
+    from .experiments.selection import PAPER_FRACTIONS
 
-    parser = argparse.ArgumentParser(prog="papa", description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter,
-                                     epilog="Run 'papa <command> --help' for a command's options.")
+    parser = _Parser(prog="papa", description=__doc__.split("\n\n")[0],
+                     formatter_class=argparse.RawDescriptionHelpFormatter,
+                     epilog="Run 'papa <command> --help' for a command's options.")
+    parser.add_argument("--debug", action="store_true", help="show the traceback of an error (anywhere on the line)")
     sub = parser.add_subparsers(dest="command", required=True, metavar="command")
 
     p = sub.add_parser("averages", help="build and save constant matrices (Sec. 3.1)",
@@ -173,8 +354,8 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Train B = λA + (1-λ)C mixing weights jointly with a probe; smallest λ is replaced first.")
     _shared(p)
     p.add_argument("--matrices-from", default=None, help="task whose average matrices are mixed in")
-    p.add_argument("--lambda-lr", type=float, default=None, help="learning rate for θ (default: the probe's)")
-    p.add_argument("--lambda-epochs", type=int, default=None, help="epochs of λ training (default: the probe's)")
+    p.add_argument("--lambda-lr", type=_positive_float, default=None, help="learning rate for θ (default: the probe's)")
+    p.add_argument("--lambda-epochs", type=_positive_int, default=None, help="epochs of λ training (default: the probe's)")
     p.add_argument("--out", default=None, help="save the order and λ as CSV")
     p.set_defaults(func=cmd_select)
 
@@ -183,21 +364,42 @@ def build_parser() -> argparse.ArgumentParser:
     _shared(p)
     p.add_argument("--matrix-type", nargs="+", default=["average"], choices=MATRIX_TYPES)
     p.add_argument("--order", nargs="+", default=["lambda"], choices=ORDERS)
-    p.add_argument("--fraction", nargs="+", default=[str(f) for f in PAPER_FRACTIONS],
+    p.add_argument("--fraction", nargs="+", type=_fraction, default=list(PAPER_FRACTIONS),
                    help="fractions of heads kept input-dependent, e.g. 1 1/2 1/8 1/16 0")
     p.add_argument("--matrices-from", default=None, help="average matrices from another task's text (Sec. 5.3)")
-    p.add_argument("--lambda-lr", type=float, default=None, help="learning rate for θ in λ learning")
-    p.add_argument("--lambda-epochs", type=int, default=None, help="epochs of λ learning")
+    p.add_argument("--lambda-lr", type=_positive_float, default=None, help="learning rate for θ in λ learning")
+    p.add_argument("--lambda-epochs", type=_positive_int, default=None, help="epochs of λ learning")
     p.set_defaults(func=cmd_probe)
 
     p = sub.add_parser("grid", help="run a declared grid (YAML), resuming finished runs",
                        description="Run every run of a grid file; records go to --results-dir (default: the grid file's folder).")
     p.add_argument("grid", help="grid YAML file (see data/results/local-minilm/grid.yaml)")
-    _shared(p, task_required=False)
+    p.add_argument("--plan", action="store_true",
+                   help="print per task the examples, variants, backbone passes, feature bytes, cache or stream and "
+                        "an estimated time from throughput measured here; run nothing")
+    p.add_argument("--blocks", default=None, help="run only these blocks of the file (comma-separated names)")
+    p.add_argument("--only-seed", type=int, action="append", default=None,
+                   help="run only this seed of the file's seeds (repeatable); training subsets stay those of the "
+                        "full grid, so shards run in parallel give the same records")
+    p.add_argument("--cache-budget", default=None,
+                   help="bytes of cached features per variant before streaming (e.g. 8G; default: a quarter of RAM)")
+    group = p.add_argument_group(
+        "scale-out (--executor ray)",
+        "Each run is a Ray task; constant matrices, λ and shared features are computed once, by tasks the runs "
+        "depend on. Every worker must see the results folder (and the data) at the same path.")
+    group.add_argument("--executor", choices=["local", "ray"], default="local",
+                       help="local: one run after another in this process (default); ray: a Ray cluster")
+    group.add_argument("--address", default=None, metavar="ADDR",
+                       help="join this Ray cluster (e.g. auto, head:6379, ray://head:10001); default: start a local "
+                            "Ray instance on this machine")
+    group.add_argument("--cpus-per-run", type=_positive_float, default=None, metavar="N", help="CPUs of each Ray task (default 1)")
+    group.add_argument("--gpus-per-run", type=_non_negative_float, default=None, metavar="N",
+                       help="GPUs of each Ray task, fractions allowed (default 0; with GPUs the device is cuda)")
+    _shared(p, task_required=False, custom=False)
     p.set_defaults(func=cmd_grid, results_dir=None)
 
-    p = sub.add_parser("bench", help="speed and memory benchmarks", add_help=False,
-                       description="Forward to python -m papa_lib.bench (use 'papa bench --help').")
+    p = sub.add_parser("bench", help="speed and memory benchmarks ('papa bench --help')", add_help=False,
+                       description="Forwarded to python -m papa_lib.bench.")
     p.add_argument("rest", nargs=argparse.REMAINDER)
     p.set_defaults(func=cmd_bench)
 
@@ -219,12 +421,63 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _user_errors() -> tuple[type[BaseException], ...]:
+    """Exceptions that report a user's mistake or environment (printed in one line), not a bug in papa."""
+    import yaml
+
+    from .core.models import UnsupportedModelError
+    from .experiments.tasks import HubUnavailableError
+
+    return (UsageError, ValueError, OSError, UnsupportedModelError, HubUnavailableError, yaml.YAMLError)
+
+
+_AT_LINE = re.compile(r"(?P<file>[^\n]+?):(?P<line>\d+): (?P<what>.+)", re.S)
+_AT_FILE = re.compile(r"(?P<file>[^\n:]+?): (?P<what>.+)", re.S)
+
+
+def describe(error: BaseException) -> str:
+    """One line for a user error: the library's message, with a leading ``file:line:`` moved to the end."""
+    if isinstance(error, OSError) and error.strerror and error.filename:
+        text = f"{error.strerror}: {error.filename}"
+    else:
+        text = str(error) or type(error).__name__
+    text = " ".join(text.split())
+    for pattern in (_AT_LINE, _AT_FILE):
+        match = pattern.fullmatch(text)
+        if match and Path(match["file"]).exists():
+            where = match["file"] + (f":{match['line']}" if "line" in pattern.groupindex else "")
+            return f"{match['what']} ({where})"
+    return text
+
+
 def main(argv=None) -> int:
-    if "--data-dir" in (argv if argv is not None else sys.argv):
+    """Run the command line; returns the exit status (2 for a user error, printed as one line)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    debug = "--debug" in argv
+    argv = [arg for arg in argv if arg != "--debug"]
+    if "--data-dir" in argv or "--train" in argv:
         os.environ.setdefault("HF_HUB_OFFLINE", "1")  # local files given: do not wait on an unreachable hub
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    return int(args.func(args) or 0)
+    if not debug:  # the hub client's own warnings would repeat our one-line error about an unreachable hub
+        os.environ.setdefault("HF_HUB_VERBOSITY", "error")
+    try:
+        if argv[:1] == ["bench"]:  # bench has its own parser (options such as --quick, --help pass straight through)
+            from . import bench
+
+            return int(bench.main(argv[1:], parser_class=_Parser) or 0)
+        args = build_parser().parse_args(argv)
+        return int(args.func(args) or 0)
+    except KeyboardInterrupt:
+        print("papa: interrupted", file=sys.stderr)
+        return 130
+    except Exception as error:
+        if not isinstance(error, _user_errors()):
+            raise
+        if debug:
+            import traceback
+
+            traceback.print_exc()
+        print(f"papa: error: {describe(error)}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":  # pragma: no cover

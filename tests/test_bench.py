@@ -128,3 +128,28 @@ def test_benchmark_sentences_cycle_and_fall_back(monkeypatch, tmp_path):
     assert generated == bench.benchmark_sentences(5)[0]  # deterministic
     with pytest.raises(ValueError, match="count must be positive"):
         bench.benchmark_sentences(0)
+
+
+def test_packing_benchmark_on_generated_task_files(tmp_path):
+    """Packed and padded extraction see the same sentences; the stored bytes are exactly the real-token rows."""
+    words = "the film a story is very not moving dull funny sad long with of and but".split()
+    rng = __import__("random").Random(0)
+    sentences = [" ".join(rng.choice(words) for _ in range(rng.randint(3, 20))) for _ in range(12)]
+    (tmp_path / "glue" / "SST-2").mkdir(parents=True)
+    (tmp_path / "glue" / "CoLA").mkdir(parents=True)
+    (tmp_path / "glue" / "SST-2" / "train.tsv").write_text(
+        "sentence\tlabel\n" + "".join(f"{s}\t{i % 2}\n" for i, s in enumerate(sentences)))
+    (tmp_path / "glue" / "CoLA" / "train.tsv").write_text(
+        "".join(f"src\t{i % 2}\t\t{s}\n" for i, s in enumerate(sentences)))
+    model, tokenizer = bench.load_bench_model("tiny")
+    sizes = bench.BenchSizes(packing_sentences=12, packing_batch=4, packing_repeats=1)
+    figures = bench.bench_packing(model, tokenizer, sizes, "cpu", data_dir=tmp_path)
+    for task in ("sst2", "cola"):
+        assert figures[f"packed_vs_padded_{task}_L64"] > 0
+        assert figures[f"packed_vs_padded_max_abs_diff_{task}"] < 5e-3  # fp16 storage rounding only
+    layers, hidden = model.config.num_hidden_layers + 1, model.config.hidden_size
+    real = figures["real_tokens_per_example_sst2_L64"]
+    assert figures["feature_bytes_per_example_sst2_L64"] == pytest.approx(real * layers * hidden * 2)
+    assert figures["feature_bytes_per_example_padded_sst2_L64"] == 64 * layers * hidden * 2
+    assert figures["feature_bytes_padded_vs_stored_sst2_L64"] == pytest.approx(64 / real)
+    assert bench.bench_packing(model, tokenizer, sizes, "cpu", data_dir=tmp_path / "none") == {}

@@ -4,12 +4,12 @@ Builds a minimal copy of the book (``book/intro.md`` only; set ``PAPA_BROWSER_FU
 build the whole ``_toc.yml``) once per session, serves it on 127.0.0.1 and opens every chapter
 page in headless Chromium with every other host unreachable.  Chromium is driven through the
 DevTools protocol with the small stdlib websocket client below (no extra dependency).  Checks:
-each altair container (``papa_lib.charts``) holds a non-empty SVG with the model/data/profile
+each altair container (``papa_lib.book.charts``) holds a non-empty SVG with the model/data/profile
 caption, tooltips work, nothing raises or logs a console error, no local asset is missing.  A
 full-page screenshot of the first chapter is kept in ``$PAPA_TEST_ARTIFACTS`` (default: the
 session's pytest tmp dir; its path is printed).
 
-The tests of ``papa_lib.charts`` output and of the built HTML need no browser; those that do
+The tests of ``papa_lib.book.charts`` output and of the built HTML need no browser; those that do
 are marked ``browser`` and skip when no Chromium binary is found.
 """
 
@@ -34,7 +34,8 @@ from pathlib import Path
 
 import pytest
 
-from papa_lib import book, charts
+from papa_lib.book import build
+from papa_lib.book import charts, sphinx_hooks
 
 REPO = Path(__file__).resolve().parents[1]
 BUNDLE = charts.BUNDLE_FILENAME
@@ -84,7 +85,7 @@ needs_chromium = pytest.mark.skipif(CHROMIUM is None, reason="no chromium binary
 
 
 # ---------------------------------------------------------------------------------------------
-# papa_lib.charts output (no browser)
+# papa_lib.book.charts output (no browser)
 # ---------------------------------------------------------------------------------------------
 
 
@@ -202,7 +203,7 @@ def built_book(tmp_path_factory) -> Path:
         for suffix in (".md", ".ipynb"):
             shutil.copy2(REPO / "book" / f"intro{suffix}", root / "book" / f"intro{suffix}")
         (root / "book" / "math_check.md").write_text(MATH_PAGE, encoding="utf-8")
-    return book.build_book(root, warnings_as_errors=True)
+    return build.build_book(root, warnings_as_errors=True)
 
 
 def _chapter_pages(html_dir: Path) -> list[Path]:
@@ -225,7 +226,7 @@ def test_built_pages_load_the_local_vega_bundle(built_book):
         assert html.count("const THEBE_JS_URL") <= 1, f"{page.name}: duplicated thebe config script"
     intro = (built_book / "book" / "intro.html").read_text(encoding="utf-8")
     assert intro.count(f'class="{charts.CHART_CLASS}"') >= 1
-    assert book.colab_url("book/intro.md", REPO / "_config.yml") in intro  # badge and launch button
+    assert build.colab_url("book/intro.md", REPO / "_config.yml") in intro  # badge and launch button
 
 
 def _math_pages(html_dir: Path) -> list[Path]:
@@ -256,12 +257,12 @@ def test_copy_mathjax_copies_what_pages_load_and_skips_the_rest(tmp_path):
         (source / part).parent.mkdir(parents=True, exist_ok=True)
         (source / part).write_text(part, encoding="utf-8")
     target = tmp_path / "out"
-    assert book.copy_mathjax(target, source) == 3
+    assert sphinx_hooks.copy_mathjax(target, source) == 3
     copied = sorted(p.relative_to(target).as_posix() for p in target.rglob("*") if p.is_file())
     assert copied == ["MathJax.js", "config/TeX-AMS-MML_HTMLorMML-full.js", "localization/en/en.js"]
-    assert book.copy_mathjax(target, source) == 0  # incremental: nothing changed
+    assert sphinx_hooks.copy_mathjax(target, source) == 0  # incremental: nothing changed
     with pytest.raises(FileNotFoundError, match="jupyter-server-mathjax"):
-        book.copy_mathjax(target, tmp_path / "nowhere")
+        sphinx_hooks.copy_mathjax(target, tmp_path / "nowhere")
 
 
 def test_offline_mathjax_hook_falls_back_to_the_cdn_with_a_warning(tmp_path, monkeypatch, caplog):
@@ -269,13 +270,13 @@ def test_offline_mathjax_hook_falls_back_to_the_cdn_with_a_warning(tmp_path, mon
 
     config = SimpleNamespace(mathjax_path="mathjax/MathJax.js", mathjax3_config={"options": {}})
     app = SimpleNamespace(builder=SimpleNamespace(format="html"), config=config, outdir=str(tmp_path))
-    monkeypatch.setattr(book, "mathjax_source", lambda: None)
-    book._install_offline_mathjax(app)
-    assert config.mathjax_path == book.MATHJAX_CDN_FALLBACK and config.mathjax3_config is None
+    monkeypatch.setattr(sphinx_hooks, "mathjax_source", lambda: None)
+    sphinx_hooks._install_offline_mathjax(app)
+    assert config.mathjax_path == sphinx_hooks.MATHJAX_CDN_FALLBACK and config.mathjax3_config is None
     assert "jupyter-server-mathjax" in caplog.text
     # a CDN path in the config is left alone
     config.mathjax_path = "https://example.org/MathJax.js"
-    book._install_offline_mathjax(app)
+    sphinx_hooks._install_offline_mathjax(app)
     assert config.mathjax_path == "https://example.org/MathJax.js"
 
 

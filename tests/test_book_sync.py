@@ -16,7 +16,7 @@ import jupytext
 import nbformat
 import pytest
 
-from papa_lib import book
+from papa_lib.book import build
 
 REPO = Path(__file__).resolve().parents[1]
 BOOK_DIR = REPO / "book"
@@ -81,13 +81,13 @@ def test_no_orphan_notebooks():
 
 
 def test_check_notebooks_reports_nothing_for_the_repo():
-    assert book.check_notebooks(BOOK_DIR) == []
+    assert build.check_notebooks(BOOK_DIR) == []
 
 
 @pytest.mark.parametrize("chapter", CHAPTERS, ids=lambda p: p.name)
 def test_chapter_has_one_parameters_cell_defining_profile(chapter):
     notebook = jupytext.read(chapter)
-    cells = _tagged(notebook, book.PARAMETERS_TAG)
+    cells = _tagged(notebook, build.PARAMETERS_TAG)
     assert len(cells) == 1, f"{chapter.name}: needs exactly one code cell tagged 'parameters', found {len(cells)}"
     tree = ast.parse(cells[0][1].source)
     names = {t.id for node in tree.body if isinstance(node, ast.Assign) for t in node.targets if isinstance(t, ast.Name)}
@@ -99,7 +99,7 @@ def test_chapter_has_one_parameters_cell_defining_profile(chapter):
 
 @pytest.mark.parametrize("chapter", CHAPTERS, ids=lambda p: p.name)
 def test_chapter_has_colab_badge_from_config(chapter):
-    badge = book.colab_badge(chapter.relative_to(REPO), CONFIG)
+    badge = build.colab_badge(chapter.relative_to(REPO), CONFIG)
     assert badge in chapter.read_text(encoding="utf-8"), (
         f"{chapter.name}: missing or stale Colab badge (expected {badge}); {HINT}"
     )
@@ -121,16 +121,16 @@ def _is_colab_guard(node: ast.AST) -> bool:
 @pytest.mark.parametrize("chapter", CHAPTERS, ids=lambda p: p.name)
 def test_chapter_has_guarded_install_cell(chapter):
     notebook = jupytext.read(chapter)
-    cells = _tagged(notebook, book.INSTALL_TAG)
+    cells = _tagged(notebook, build.INSTALL_TAG)
     assert len(cells) == 1, f"{chapter.name}: needs exactly one code cell tagged 'install', found {len(cells)}"
     index, cell = cells[0]
-    parameters_index = _tagged(notebook, book.PARAMETERS_TAG)[0][0]
+    parameters_index = _tagged(notebook, build.PARAMETERS_TAG)[0][0]
     assert index < parameters_index, f"{chapter.name}: the install cell must come before the parameters cell"
     guards = [node for node in ast.parse(cell.source).body if _is_colab_guard(node)]
     assert guards, f'{chapter.name}: the install cell must be guarded by `if "google.colab" in sys.modules:`'
     body = "\n".join(ast.unparse(node) for node in guards[0].body)
-    assert "pip" in body and book.install_spec(CONFIG) in body, (
-        f"{chapter.name}: the guarded install must pip-install {book.install_spec(CONFIG)}; {HINT}"
+    assert "pip" in body and build.install_spec(CONFIG) in body, (
+        f"{chapter.name}: the guarded install must pip-install {build.install_spec(CONFIG)}; {HINT}"
     )
 
 
@@ -178,26 +178,26 @@ def _make_book(root: Path, url: str = "https://github.com/someone/somebook", cha
 def test_colab_badge_and_install_spec(tmp_path):
     _make_book(tmp_path)
     config = tmp_path / "_config.yml"
-    assert book.colab_url("book/ch1.md", config) == (
+    assert build.colab_url("book/ch1.md", config) == (
         "https://colab.research.google.com/github/someone/somebook/blob/dev/book/ch1.ipynb"
     )
-    assert book.colab_badge(tmp_path / "book" / "ch1.md", config) == (
+    assert build.colab_badge(tmp_path / "book" / "ch1.md", config) == (
         "[![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)]"
         "(https://colab.research.google.com/github/someone/somebook/blob/dev/book/ch1.ipynb)"
     )
-    assert book.install_spec(config) == "git+https://github.com/someone/somebook@dev"
+    assert build.install_spec(config) == "git+https://github.com/someone/somebook@dev"
 
 
 def test_colab_url_needs_a_github_repository(tmp_path):
     _make_book(tmp_path, url="https://gitlab.com/a/b")
     with pytest.raises(ValueError, match="GitHub"):
-        book.colab_url("book/x.md", tmp_path / "_config.yml")
+        build.colab_url("book/x.md", tmp_path / "_config.yml")
 
 
 def test_chapter_without_myst_header_is_rejected(tmp_path):
     _make_book(tmp_path, chapters={"plain": "# Just markdown\n"})
     with pytest.raises(ValueError, match=r"plain\.md.*format_name: myst"):
-        book.sync_notebooks(tmp_path / "book")
+        build.sync_notebooks(tmp_path / "book")
 
 
 def test_sync_is_deterministic_and_refreshes_links(tmp_path):
@@ -224,34 +224,34 @@ def test_sync_is_deterministic_and_refreshes_links(tmp_path):
     )
     _make_book(tmp_path, chapters={"ch": text})
     md = tmp_path / "book" / "ch.md"
-    written = book.sync_notebooks(tmp_path / "book")
+    written = build.sync_notebooks(tmp_path / "book")
     twin = md.with_suffix(".ipynb")
     assert written == [twin]
     first = twin.read_bytes()
-    assert book.sync_notebooks(tmp_path / "book") == []  # unchanged content is not rewritten
+    assert build.sync_notebooks(tmp_path / "book") == []  # unchanged content is not rewritten
     twin.unlink()
-    book.sync_notebooks(tmp_path / "book")
+    build.sync_notebooks(tmp_path / "book")
     assert twin.read_bytes() == first  # same bytes every time (stable cell ids)
     new_text = md.read_text(encoding="utf-8")
-    assert book.colab_badge("book/ch.md", tmp_path / "_config.yml") in new_text
+    assert build.colab_badge("book/ch.md", tmp_path / "_config.yml") in new_text
     assert "git+https://github.com/someone/somebook@dev" in new_text and "old/repo" not in new_text
     stored = json.loads(first)
     assert stored["metadata"]["jupytext"]["formats"] == "ipynb,md:myst"
     assert [c["metadata"].get("tags") for c in stored["cells"]] == [None, ["parameters"], None]
     assert all(c.get("execution_count") is None for c in stored["cells"] if c["cell_type"] == "code")
-    assert book.check_notebooks(tmp_path / "book") == []
+    assert build.check_notebooks(tmp_path / "book") == []
 
     md.write_text(md.read_text(encoding="utf-8").replace('print("', 'print("changed '), encoding="utf-8")
-    problems = book.check_notebooks(tmp_path / "book")
+    problems = build.check_notebooks(tmp_path / "book")
     assert len(problems) == 1 and problems[0].startswith("ch.md:") and "python -m papa_lib.book sync" in problems[0]
     (tmp_path / "book" / "gone.ipynb").write_text(first.decode(), encoding="utf-8")
-    assert any(p.startswith("gone.ipynb") for p in book.check_notebooks(tmp_path / "book"))
+    assert any(p.startswith("gone.ipynb") for p in build.check_notebooks(tmp_path / "book"))
 
 
 def test_toc_chapters_follow_reading_order(tmp_path):
     chapter = _chapter("# x\n")
     _make_book(tmp_path, chapters={"b_first": chapter, "a_second": chapter})
-    assert [p.name for p in book.toc_chapters(tmp_path)] == ["b_first.md", "a_second.md"]
+    assert [p.name for p in build.toc_chapters(tmp_path)] == ["b_first.md", "a_second.md"]
 
 
 def test_run_chapters_injects_parameters_resumes_and_keeps_done_chapters(tmp_path):
@@ -289,8 +289,8 @@ def test_run_chapters_injects_parameters_resumes_and_keeps_done_chapters(tmp_pat
     )
     root = _make_book(tmp_path / "repo", chapters={"good": good, "bad": bad})
     runs = tmp_path / "runs"
-    with pytest.raises(book.ChapterExecutionError, match=r"chapter bad .*smoke.*deliberate failure smoke"):
-        book.run_chapters("smoke", runs, parameters={"value": 5}, root=root)
+    with pytest.raises(build.ChapterExecutionError, match=r"chapter bad .*smoke.*deliberate failure smoke"):
+        build.run_chapters("smoke", runs, parameters={"value": 5}, root=root)
     # the good chapter ran in the repository root with the injected parameters, and is kept
     assert json.loads((root / "out.json").read_text()) == {"profile": "smoke", "value": 5}
     done_nb = runs / "smoke" / "good.ipynb"
@@ -304,7 +304,7 @@ def test_run_chapters_injects_parameters_resumes_and_keeps_done_chapters(tmp_pat
     (root / "book" / "bad.md").write_text(bad.replace('raise RuntimeError("deliberate failure " + profile)', "ok = True"))
     mtime = done_nb.stat().st_mtime_ns
     (root / "out.json").unlink()
-    paths = book.run_chapters("smoke", runs, parameters={"value": 5}, root=root)
+    paths = build.run_chapters("smoke", runs, parameters={"value": 5}, root=root)
     assert [p.name for p in paths] == ["good.ipynb", "bad.ipynb"]
     assert done_nb.stat().st_mtime_ns == mtime and not (root / "out.json").exists()  # resumed, not re-run
     assert (runs / "smoke" / "bad.done").is_file()
@@ -313,8 +313,8 @@ def test_run_chapters_injects_parameters_resumes_and_keeps_done_chapters(tmp_pat
 def test_run_chapters_rejects_bad_arguments(tmp_path):
     root = _make_book(tmp_path, chapters={"c": _chapter("# c\n")})
     with pytest.raises(ValueError, match="profile"):
-        book.run_chapters("../escape", tmp_path / "runs", root=root)
+        build.run_chapters("../escape", tmp_path / "runs", root=root)
     with pytest.raises(ValueError, match="profile"):
-        book.run_chapters("smoke", tmp_path / "runs", parameters={"profile": "x"}, root=root)
+        build.run_chapters("smoke", tmp_path / "runs", parameters={"profile": "x"}, root=root)
     with pytest.raises(FileNotFoundError, match="nope"):
-        book.run_chapters("smoke", tmp_path / "runs", chapters=["nope"], root=root)
+        build.run_chapters("smoke", tmp_path / "runs", chapters=["nope"], root=root)

@@ -19,12 +19,13 @@ import nbformat
 import pytest
 import yaml
 
-from papa_lib import book, charts
-from papa_lib.experiments import load_grid
-from papa_lib.profiles import PAPER_MODELS
+from papa_lib.book import build
+from papa_lib.book import charts
+from papa_lib.experiments.engine import load_grid
+from papa_lib.book.profiles import PAPER_MODELS
 
 REPO = Path(__file__).resolve().parents[1]
-TOC_CHAPTERS = book.toc_chapters(REPO)
+TOC_CHAPTERS = build.toc_chapters(REPO)
 CHART_CODE = re.compile(r"\balt\.(Chart|layer|hconcat|vconcat)\(")
 
 
@@ -72,11 +73,11 @@ def test_toc_lists_every_chapter_and_nothing_else():
 @pytest.mark.parametrize("chapter", TOC_CHAPTERS, ids=lambda p: p.stem)
 def test_chapter_executes_at_smoke_profile(chapter, smoke_run):
     try:
-        executed = book.run_chapters(
+        executed = build.run_chapters(
             "smoke", smoke_run["out"], parameters={"results_dir": str(smoke_run["results"])}, chapters=[chapter],
             resume=False, root=REPO,
         )
-    except book.ChapterExecutionError as error:
+    except build.ChapterExecutionError as error:
         pytest.fail(f"{chapter.name} failed at the smoke profile: {error}")
     assert [p.name for p in executed] == [f"{chapter.stem}.ipynb"]
     notebook = executed[0]

@@ -9,8 +9,8 @@ import torch
 from conftest import ARCHITECTURES, random_batch, tiny_model
 
 import papa_lib
-from papa_lib.models import model_inputs
-from papa_lib.override import MODES
+from papa_lib.core.models import model_inputs
+from papa_lib.core.override import MODES
 
 
 def run(model, batch, **kwargs):
@@ -198,7 +198,7 @@ def test_zeros_head_contributes_exactly_nothing(arch):
     model = tiny_model(arch)
     batch = random_batch()
     captured = {}
-    module = papa_lib.models.self_attention_modules(model)[1]
+    module = papa_lib.core.models.self_attention_modules(model)[1]
     handle = module.register_forward_hook(lambda m, a, out: captured.__setitem__("context", out[0]))
     with papa_lib.override(model, None, heads=[(1, 2)], mode="zeros"):
         run(model, batch)

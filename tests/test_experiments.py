@@ -5,8 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from papa_lib import experiments, results, smoke
-from papa_lib.experiments import ExperimentConfig, TaskExperiment, Variant
+from papa_lib.experiments import engine
+from papa_lib.experiments import results
+from papa_lib import smoke
+from papa_lib.experiments.engine import ExperimentConfig, TaskExperiment, Variant
 
 
 @pytest.fixture(scope="module")
@@ -34,33 +36,89 @@ def test_variants_are_canonical():
 
 
 def test_grid_runs_deduplicate_shared_cells():
-    blocks = [experiments.GridBlock("a", ["sst2"], orders=["lambda", "random"], fractions=[1, 0.5, 0]),
-              experiments.GridBlock("b", ["sst2"], matrix_types=["average", "zeros"], fractions=[0])]
-    plan = experiments.grid_runs(blocks)
+    blocks = [engine.GridBlock("a", ["sst2"], orders=["lambda", "random"], fractions=[1, 0.5, 0]),
+              engine.GridBlock("b", ["sst2"], matrix_types=["average", "zeros"], fractions=[0])]
+    plan = engine.grid_runs(blocks)
     assert plan["sst2"] == [Variant(), Variant("average", "lambda", 0.5), Variant("average", "none", 0.0),
                             Variant("average", "random", 0.5), Variant("zeros", "none", 0.0)]
 
 
-def test_frozen_features_are_computed_once_and_reused(tiny, data_dir):
+def test_frozen_features_are_computed_once_and_reused(tiny, data_dir, tmp_path, monkeypatch):
     model, tokenizer = tiny
-    experiment = TaskExperiment(ExperimentConfig("sst2", data_dir=str(data_dir), max_length=16, epochs=1), model, tokenizer, progress=False)
+    config = ExperimentConfig("sst2", data_dir=str(data_dir), max_length=16, epochs=1, seeds=(0, 1),
+                              keep_features=True)
+    experiment = TaskExperiment(config, model, tokenizer, results_dir=tmp_path, progress=False)
     calls = []
-    original = experiments.extract_features
+    original = engine.BackboneRunner.rows
+    monkeypatch.setattr(engine.BackboneRunner, "rows", lambda self, *a, **k: calls.append(1) or original(self, *a, **k))
+    variant = Variant.make("average", "first_to_last", 0.5)
+    experiment.run_variant(variant, [0, 1])
+    assert len(calls) == 2  # train + validation once, shared by both seeds
+    experiment.run(Variant.make("zeros", "none", 0.0), 0)
+    assert len(calls) == 4
+    # a new experiment over the same store reads the features from disk
+    TaskExperiment(config, model, tokenizer, results_dir=tmp_path / "other", progress=False)
+    again = TaskExperiment(config, model, tokenizer, results_dir=tmp_path, progress=False)
+    again.compute_record(Variant.make("zeros", "none", 0.0), 1)
+    assert len(calls) == 4
+    # without keep_features a variant's store is deleted once its records are written
+    lean = TaskExperiment(ExperimentConfig("sst2", data_dir=str(data_dir), max_length=16, epochs=1, seeds=(0,)),
+                          model, tokenizer, results_dir=tmp_path / "lean", progress=False)
+    lean.run(Variant(), 0)
+    assert not any((tmp_path / "lean" / "features").glob("*/*.json"))
 
-    def counting(*args, **kwargs):
-        calls.append(1)
-        return original(*args, **kwargs)
 
-    experiments.extract_features = counting
-    try:
-        variant = Variant.make("average", "first_to_last", 0.5)
-        experiment.run(variant, 0)
-        experiment.run(variant, 1)
-        assert len(calls) == 2  # train + validation once, shared by both seeds
-        experiment.run(Variant.make("zeros", "none", 0.0), 0)
-        assert len(calls) == 4
-    finally:
-        experiments.extract_features = original
+def test_cached_and_streamed_features_give_the_same_numbers(tiny, data_dir, tmp_path):
+    model, tokenizer = tiny
+    variant = Variant.make("average", "first_to_last", 0.5)
+    numbers = {}
+    for task in ("sst2", "ner"):
+        for name, budget in (("cached", None), ("streamed", 0)):
+            config = ExperimentConfig(task, data_dir=str(data_dir), max_length=16, epochs=3, patience=2,
+                                      seeds=(0, 1), cache_budget=budget, learning_rate=1e-3)
+            experiment = TaskExperiment(config, model, tokenizer, results_dir=tmp_path / task / name, progress=False)
+            records = experiment.compute_records(variant, [0, 1])
+            assert {r["feature_mode"] for r in records} == {name}
+            numbers[(task, name)] = [(r["value"], r["best_epoch"], r["updates"]) for r in records]
+        assert numbers[(task, "cached")] == numbers[(task, "streamed")]
+
+
+def test_a_seed_trained_alone_matches_the_joint_pass(tiny, data_dir):
+    model, tokenizer = tiny
+    config = ExperimentConfig("mnli", data_dir=str(data_dir), max_length=32, epochs=3, patience=2, seeds=(0, 1, 2),
+                              limit=24, learning_rate=1e-3)
+    joint = TaskExperiment(config, model, tokenizer, progress=False).compute_records(Variant(), [0, 1, 2])
+    alone = TaskExperiment(config, model, tokenizer, progress=False).compute_record(Variant(), 2)
+    assert joint[2]["value"] == alone["value"] and joint[2]["updates"] == alone["updates"]
+
+
+def test_each_seed_draws_its_own_subset_and_heldout_slice(tiny, data_dir):
+    model, tokenizer = tiny
+    experiment = TaskExperiment(ExperimentConfig("sst2", data_dir=str(data_dir), max_length=16, limit=20), model,
+                                tokenizer, progress=False)
+    plans = [experiment.seed_plan(seed) for seed in (0, 1)]
+    for plan in plans:
+        assert len(plan.train) + len(plan.heldout) == 20
+        assert not set(plan.train.tolist()) & set(plan.heldout.tolist())
+    assert set(plans[0].train.tolist()) != set(plans[1].train.tolist())
+    assert experiment.seed_plan(0).train.tolist() == plans[0].train.tolist()  # seeded
+    full = TaskExperiment(ExperimentConfig("sst2", data_dir=str(data_dir), max_length=16), model, tokenizer,
+                          progress=False)
+    assert sorted(full.seed_rows(0).tolist()) == list(range(len(full.split("train"))))
+
+
+def test_records_carry_baseline_curve_and_mode(tiny, data_dir, tmp_path):
+    model, tokenizer = tiny
+    config = ExperimentConfig("cola", data_dir=str(data_dir), max_length=16, epochs=2, seeds=(0,))
+    experiment = TaskExperiment(config, model, tokenizer, results_dir=tmp_path, progress=False)
+    record = experiment.run(Variant.make("trainable_average", "none", 0.0), 0)
+    assert record["majority_baseline"] == 0.0  # MCC of a constant prediction
+    assert record["feature_mode"] == "in-loop" and record["matrices_moved"] > 0
+    assert (tmp_path / record["curve_file"]).read_text().startswith("epoch,updates,train_loss,heldout_loss,heldout_score")
+    assert 1 <= record["best_epoch"] <= record["epochs_run"] <= 2
+    assert record["peak_memory_mb"] > 0
+    frozen = experiment.run(Variant(), 0)
+    assert frozen["feature_mode"] == "cached" and isinstance(frozen["single_class"], bool)
 
 
 def test_same_seed_gives_the_same_number(tiny, data_dir):
@@ -74,12 +132,14 @@ def test_same_seed_gives_the_same_number(tiny, data_dir):
 
 def test_token_task_features_keep_one_vector_per_kept_word(tiny, data_dir):
     model, tokenizer = tiny
-    experiment = TaskExperiment(ExperimentConfig("ner", data_dir=str(data_dir), max_length=16, epochs=1), model, tokenizer, progress=False)
-    train, _ = experiment.features(Variant())
+    experiment = TaskExperiment(ExperimentConfig("ner", data_dir=str(data_dir), max_length=16, epochs=1), model,
+                                tokenizer, progress=False)
     split = experiment.split("train")
-    assert len(train) == int((split.labels != -100).sum())
-    assert train.features.shape[1:] == (model.config.num_hidden_layers + 1, model.config.hidden_size)
-    assert train.features.dtype == torch.float16
+    rows = torch.arange(len(split))
+    train = experiment._cached_rows(None, "train", rows)
+    assert train.values.shape[0] == int((split.labels != -100).sum())
+    assert train.values.shape[1:] == (model.config.num_hidden_layers + 1, model.config.hidden_size)
+    assert train.values.dtype == torch.float16
 
 
 def test_lambda_learning_moves_theta(tiny, data_dir):
@@ -96,13 +156,13 @@ def test_one_epoch_grid_end_to_end_and_resume(tiny, data_dir, tmp_path):
         "data_dir": str(data_dir), "profile": "smoke", "seeds": [0, 1], "max_length": {"default": 16, "mnli": 32},
         "epochs": 1, "lambda_epochs": 1, "inloop_epochs": 1,
         "blocks": [
-            experiments.GridBlock("fig2", ["sst2", "ner"], fractions=[1, 0.5, 0]),
-            experiments.GridBlock("table1", ["pos"], matrix_types=list(experiments.MATRIX_TYPES[1:7]), fractions=[0]),
-            experiments.GridBlock("table2", ["cola"], matrices_from="mnli", fractions=[0]),
-            experiments.GridBlock("fig5", ["mnli"], orders=list(experiments.selection.ORDERS), fractions=[0.5]),
+            engine.GridBlock("fig2", ["sst2", "ner"], fractions=[1, 0.5, 0]),
+            engine.GridBlock("table1", ["pos"], matrix_types=["average", "identity", "toeplitz", "zeros", "trainable_toeplitz", "trainable_average"], fractions=[0]),
+            engine.GridBlock("table2", ["cola"], matrices_from="mnli", fractions=[0]),
+            engine.GridBlock("fig5", ["mnli"], orders=list(engine.selection.ORDERS), fractions=[0.5]),
         ],
     }
-    store = experiments.run_grid(spec, tmp_path, model=model, tokenizer=tokenizer, progress=False)
+    store = engine.run_grid(spec, tmp_path, model=model, tokenizer=tokenizer, progress=False)
     frame = store.frame()
     assert len(frame) == 2 * (3 + 3 + 6 + 1 + 5)
     assert set(frame.task) == {"sst2", "ner", "pos", "cola", "mnli"}
@@ -111,12 +171,12 @@ def test_one_epoch_grid_end_to_end_and_resume(tiny, data_dir, tmp_path):
     assert (tmp_path / "matrices").is_dir() and (tmp_path / "lambdas").is_dir()
     # re-running the same grid finds every run finished and computes nothing
     calls = []
-    original = TaskExperiment.evaluate_variant
-    TaskExperiment.evaluate_variant = lambda self, *a: calls.append(a) or original(self, *a)
+    original = TaskExperiment.compute_records
+    TaskExperiment.compute_records = lambda self, *a: calls.append(a) or original(self, *a)
     try:
-        experiments.run_grid(spec, tmp_path, model=model, tokenizer=tokenizer, progress=False)
+        engine.run_grid(spec, tmp_path, model=model, tokenizer=tokenizer, progress=False)
     finally:
-        TaskExperiment.evaluate_variant = original
+        TaskExperiment.compute_records = original
     assert calls == []
     assert len(results.ResultsStore(tmp_path).frame()) == len(frame)
 
@@ -125,21 +185,21 @@ def test_grid_file_errors_name_the_problem(tmp_path):
     bad = tmp_path / "grid.yaml"
     bad.write_text("blocks:\n  - name: x\n    tasks: [sst2]\n    colour: red\n")
     with pytest.raises(ValueError, match="unknown keys \\['colour'\\]"):
-        experiments.load_grid(bad)
+        engine.load_grid(bad)
     bad.write_text("blocks:\n  - name: x\n    tasks: [sts]\n")
     with pytest.raises(ValueError, match="unknown task 'sts'"):
-        experiments.load_grid(bad)
+        engine.load_grid(bad)
     bad.write_text("blocks: [\n  - oops: {\n")
     with pytest.raises(ValueError, match="grid.yaml:\\d+: invalid YAML"):
-        experiments.load_grid(bad)
+        engine.load_grid(bad)
 
 
 def test_committed_local_grid_file_parses():
     from pathlib import Path
 
-    spec = experiments.load_grid(Path(__file__).resolve().parents[1] / "data" / "results" / "local-minilm" / "grid.yaml")
-    plan = experiments.grid_runs(spec["blocks"])
-    assert set(plan) == {"sst2", "cola", "mnli", "ner", "pos"}
+    spec = engine.load_grid(Path(__file__).resolve().parents[1] / "data" / "results" / "local-minilm" / "grid.yaml")
+    plan = engine.grid_runs(spec["blocks"])
+    assert set(plan) == {"sst2", "cola", "mrpc", "mnli", "ner", "pos"}
     assert len(plan["mnli"]) == 1 + 4 + 5 + 12  # original + λ fractions/zero + other types + Fig. 5 orders
 
 
@@ -156,12 +216,32 @@ def test_cli_help_explains_itself(capsys):
 
 
 def test_cli_probe_runs_on_local_files(tmp_path, data_dir, monkeypatch):
-    from papa_lib import cli, models
+    from papa_lib import cli
+    from papa_lib.core import models
 
     monkeypatch.setattr(models, "load_encoder", lambda *a, **k: smoke.tiny_encoder("bert"))
-    monkeypatch.setattr(experiments, "load_encoder", lambda *a, **k: smoke.tiny_encoder("bert"))
+    monkeypatch.setattr(engine, "load_encoder", lambda *a, **k: smoke.tiny_encoder("bert"))
     code = cli.main(["probe", "--task", "sst2", "--data-dir", str(data_dir), "--max-length", "16", "--epochs", "1", "--seeds", "1",
                      "--fraction", "1", "1/2", "--order", "random", "--results-dir", str(tmp_path)])
     assert code == 0
     frame = results.ResultsStore(tmp_path).frame()
     assert sorted(frame.fraction) == [0.5, 1.0]
+
+
+def test_plan_counts_work_without_running_anything(tiny, data_dir, monkeypatch):
+    from papa_lib.core import models
+    from papa_lib.experiments import plan
+
+    monkeypatch.setattr(models, "load_encoder", lambda *a, **k: tiny)
+    spec = {"data_dir": str(data_dir), "seeds": [0, 1], "max_length": 16, "epochs": 2, "limit": {"sst2": 10},
+            "blocks": [engine.GridBlock("fig2", ["sst2", "ner"], fractions=[1, 0.5, 0]),
+                       engine.GridBlock("t1", ["sst2"], matrix_types=["trainable_average"], fractions=[0])]}
+    text = plan.plan_grid(spec, {"cache_budget": 10**12})
+    lines = {line.split()[0]: line.split() for line in text.splitlines()[2:-1]}
+    assert set(lines) == {"sst2", "ner"}
+    sst2 = lines["sst2"]
+    assert sst2[2] == "10" and sst2[5] == "4"  # 10 examples per seed; original, λ at 1/2, all-constant, trainable
+    assert sst2[7] == "2" and sst2[8] == "2"  # trainable runs for 2 seeds; λ learned per seed
+    assert "cache" in lines["ner"] and "measured" in lines["ner"][-1]
+    streamed = plan.plan_grid(spec, {"cache_budget": 1})
+    assert all("stream" in line for line in streamed.splitlines()[2:-1])

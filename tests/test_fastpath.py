@@ -9,8 +9,8 @@ import torch
 from conftest import random_batch, tiny_model
 
 import papa_lib
-from papa_lib import fastpath
-from papa_lib.models import model_inputs, self_attention_modules
+from papa_lib.core import fastpath
+from papa_lib.core.models import model_inputs, self_attention_modules
 
 INTERFACE_ARCHITECTURES = ("bert", "roberta", "electra")
 REPLACING_MODES = ("constant", "identity", "zeros", "toeplitz")

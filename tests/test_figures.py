@@ -1,4 +1,4 @@
-"""Tests for papa_lib.figures: results table -> the paper's figures and tables (Fig. 2-3, Tables 1-2, Sec. 4.2).
+"""Tests for papa_lib.book.figures: results table -> the paper's figures and tables (Fig. 2-3, Tables 1-2, Sec. 4.2).
 
 Every expectation below is computed by hand from the constructed rows (two seeds -> Student-t interval with
 t_{0.975, 1} = 12.7062).
@@ -12,9 +12,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from papa_lib import figures, paper
-from papa_lib.experiments import GridBlock
-from papa_lib.results import ResultsStore
+from papa_lib.book import costs, figures
+from papa_lib.book import paper
+from papa_lib.experiments.engine import GridBlock
+from papa_lib.experiments.results import ResultsStore
 
 T1 = 12.706204736174698  # Student t, 97.5% quantile, 1 degree of freedom
 
@@ -252,7 +253,7 @@ def test_frame_from_a_results_store(tmp_path):
 def _constants(tmp_path=None):
     import torch
 
-    from papa_lib.averaging import ConstantAttention
+    from papa_lib.core.averaging import ConstantAttention
 
     matrices = torch.zeros(1, 2, 4, 4)
     matrices[0, 0, :, 2] = 0.5  # head 0 puts half of every row on key 2
@@ -295,28 +296,28 @@ def test_per_task_setting_and_grid_plan():
     ]}
     assert figures.per_task_setting(spec, "inloop_epochs", ["sst2", "cola"]) == {"sst2": 3, "cola": 5}
     assert figures.per_task_setting(spec, "epochs", ["sst2"], {"sst2": 4}) == {"sst2": 4}
-    plan = figures.grid_plan(spec).set_index(["block", "task", "kind"])["runs"].to_dict()
+    plan = costs.grid_plan(spec).set_index(["block", "task", "kind"])["runs"].to_dict()
     # fig2: original, average 1/2, average 0 -> 3 variants; table1 adds identity 0 (frozen) and trainable_average 0
     assert plan == {("fig2", "sst2", "frozen"): 9, ("table1", "sst2", "frozen"): 3, ("table1", "sst2", "in-loop"): 3}
-    assert figures.grid_plan(spec, blocks=["table1"])["runs"].sum() == 3 * 4  # original + 3 types at fraction 0
+    assert costs.grid_plan(spec, blocks=["table1"])["runs"].sum() == 3 * 4  # original + 3 types at fraction 0
     with pytest.raises(ValueError, match="blocks"):
-        figures.grid_plan({"seeds": 1})
+        costs.grid_plan({"seeds": 1})
 
 
 def test_feature_cache_bytes():
-    assert figures.feature_cache_bytes("sentence", 10, 2, 4, length=8) == 10 * 3 * 8 * 4 * 2
-    assert figures.feature_cache_bytes("token", 10, 2, 4) == 10 * 3 * 4 * 2
+    assert costs.feature_cache_bytes("sentence", 10, 2, 4, length=8) == 10 * 3 * 8 * 4 * 2
+    assert costs.feature_cache_bytes("token", 10, 2, 4) == 10 * 3 * 4 * 2
     with pytest.raises(ValueError, match="length"):
-        figures.feature_cache_bytes("sentence", 10, 2, 4)
+        costs.feature_cache_bytes("sentence", 10, 2, 4)
     with pytest.raises(ValueError, match="kind"):
-        figures.feature_cache_bytes("pair", 10, 2, 4, 8)
+        costs.feature_cache_bytes("pair", 10, 2, 4, 8)
 
 
 def test_encoder_cost_ratio():
-    assert figures.encoder_cost_ratio(figures.MODEL_SHAPES["roberta-base"]) == pytest.approx(8.0)
-    assert figures.encoder_cost_ratio(figures.MODEL_SHAPES["roberta-large"]) == pytest.approx(301989888 / 10616832)
+    assert costs.encoder_cost_ratio(costs.MODEL_SHAPES["roberta-base"]) == pytest.approx(8.0)
+    assert costs.encoder_cost_ratio(costs.MODEL_SHAPES["roberta-large"]) == pytest.approx(301989888 / 10616832)
     with pytest.raises(ValueError, match="layers, hidden"):
-        figures.encoder_cost_ratio((12, 768))
+        costs.encoder_cost_ratio((12, 768))
 
 
 def test_run_costs_and_estimate_compute():
@@ -326,16 +327,16 @@ def test_run_costs_and_estimate_compute():
         row("sst2", "trainable_average", 0, 0, 0.7, wall_time_s=640.0, train_size=1000),
         row("cola", "original", 1, 0, 0.4, wall_time_s=float("nan"), train_size=1000),  # unfinished timing: ignored
     ])
-    costs = figures.run_costs(frame, {"default": 64})
-    frozen = costs.set_index(["task", "kind"]).loc[("sst2", "frozen")]
+    measured = costs.run_costs(frame, {"default": 64})
+    frozen = measured.set_index(["task", "kind"]).loc[("sst2", "frozen")]
     assert frozen["runs"] == 2 and frozen["wall_hours"] == pytest.approx(400 / 3600)
     assert frozen["seconds_per_token"] == pytest.approx(200 / 64000)
     plan = pd.DataFrame({"task": ["sst2", "mnli", "sst2"], "kind": ["frozen", "frozen", "in-loop"], "runs": [3, 2, 1]})
-    estimate = figures.estimate_compute(costs, plan, {"sst2": 64, "mnli": 256}, {"sst2": 2000, "mnli": 1000},
+    estimate = costs.estimate_compute(measured, plan, {"sst2": 64, "mnli": 256}, {"sst2": 2000, "mnli": 1000},
                                         cost_ratio=8, speedup=4, epoch_factor={"sst2": 2})
     assert estimate["hours"].tolist() == pytest.approx([2400 / 3600, 3200 / 3600, 5120 / 3600])
     assert estimate["source"].tolist() == ["measured", "mean of measured frozen runs", "measured"]
     with pytest.raises(ValueError, match="no measured run costs"):
-        figures.estimate_compute(costs.iloc[0:0], plan, {"sst2": 64}, {"sst2": 1})
+        costs.estimate_compute(measured.iloc[0:0], plan, {"sst2": 64}, {"sst2": 1})
     with pytest.raises(ValueError, match="no sequence length"):
-        figures.run_costs(frame, {"cola": 64})
+        costs.run_costs(frame, {"cola": 64})

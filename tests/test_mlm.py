@@ -1,4 +1,5 @@
-"""Tests for papa_lib.mlm: the MLM probing experiment of paper Sec. 5.5 (Fig. 6a)."""
+"""Tests for the MLM probing experiment of paper Sec. 5.5 (Fig. 6a): papa_lib.analysis.mlm_probe (data, masking,
+probe, score), papa_lib.analysis.mlm (λ, the curve) and papa_lib.book.mlm_pages (reading the results)."""
 
 from __future__ import annotations
 
@@ -9,8 +10,9 @@ import pytest
 import torch
 
 from conftest import tiny_config, tiny_model
-from papa_lib import mlm
-from papa_lib.mlm import (
+from papa_lib.analysis import mlm
+from papa_lib.analysis.mlm import mlm_head_status, run_mlm_curve
+from papa_lib.analysis.mlm_probe import (
     KIND_MASK,
     KIND_RANDOM,
     KIND_UNCHANGED,
@@ -19,15 +21,14 @@ from papa_lib.mlm import (
     evaluate_mlm_probe,
     mask_tokens,
     masked_token_log_probs,
-    mlm_head_status,
     mlm_sequences,
     neg_log_perplexity,
-    run_mlm_curve,
     sequence_log_probs,
     train_mlm_probe,
 )
-from papa_lib.probes import set_seed
-from papa_lib.results import ResultsStore
+from papa_lib.book import mlm_pages
+from papa_lib.experiments.probes import set_seed
+from papa_lib.experiments.results import ResultsStore
 
 SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 WORDS = (
@@ -324,7 +325,7 @@ def test_mlm_curves_and_drops_from_a_partial_table():
         {**_mlm_row("roberta-base", 1.0, 0, 0.9), "task": "mnli"},
     ]
     frame = pd.DataFrame(rows)
-    curves = mlm.mlm_curves(frame)
+    curves = mlm_pages.mlm_curves(frame)
     roberta = curves[curves["model"] == "roberta-base"].set_index("fraction_label")
     assert list(roberta.index) == ["1", "1/2", "0"]  # decreasing fraction; the head and MNLI rows are left out
     assert roberta.loc["1", "mean"] == pytest.approx(-2.1) and roberta.loc["1", "n"] == 2
@@ -334,7 +335,7 @@ def test_mlm_curves_and_drops_from_a_partial_table():
     assert roberta.loc["0", "drop"] == pytest.approx(-2.1 + 3.4)
     assert roberta.loc["1", "objective"] == "MLM"
 
-    drops = mlm.mlm_drops(curves).set_index("model")
+    drops = mlm_pages.mlm_drops(curves).set_index("model")
     assert drops.loc["roberta-base", "drop"] == pytest.approx(1.3)
     assert drops.loc["roberta-base", "largest_drop"] == pytest.approx(1.3)
     assert drops.loc["roberta-base", "missing"] == "1/8, 1/16"
@@ -343,30 +344,30 @@ def test_mlm_curves_and_drops_from_a_partial_table():
     assert electra["largest_drop"] == pytest.approx(0.4) and electra["fractions"] == 2
     assert electra["objective"] == "replaced-token detection"
 
-    heads = mlm.mlm_reference_scores(frame)
+    heads = mlm_pages.mlm_reference_scores(frame)
     assert list(heads["model"]) == ["roberta-base"] and heads["value"].item() == pytest.approx(-1.0)
 
     # empty tables give empty frames with the documented columns; a frame without the needed columns is an error
-    empty = mlm.mlm_curves(frame[frame["task"] == "nothing"])
+    empty = mlm_pages.mlm_curves(frame[frame["task"] == "nothing"])
     assert empty.empty and "fraction_label" in empty.columns
-    assert mlm.mlm_drops(empty).empty and mlm.mlm_reference_scores(frame.iloc[:0]).empty
+    assert mlm_pages.mlm_drops(empty).empty and mlm_pages.mlm_reference_scores(frame.iloc[:0]).empty
     with pytest.raises(ValueError, match="selection_order"):
-        mlm.mlm_curves(frame.drop(columns="selection_order"))
+        mlm_pages.mlm_curves(frame.drop(columns="selection_order"))
 
 
 def test_load_mlm_results_and_lambdas(tmp_path):
-    missing = mlm.load_mlm_results(tmp_path / "nothing-yet")
+    missing = mlm_pages.load_mlm_results(tmp_path / "nothing-yet")
     assert missing.empty and "value" in missing.columns and not (tmp_path / "nothing-yet").exists()
-    assert mlm.load_mlm_lambdas(tmp_path / "nothing-yet").empty
+    assert mlm_pages.load_mlm_lambdas(tmp_path / "nothing-yet").empty
     (tmp_path / "mlm_lambdas.json").write_text('{"k": {"model": "m", "seed": 0, "corpus": "c", "lambdas": [[0.4, 0.6]]}}')
-    lambdas = mlm.load_mlm_lambdas(tmp_path)
+    lambdas = mlm_pages.load_mlm_lambdas(tmp_path)
     assert list(lambdas["head"]) == [0, 1] and list(lambdas["lambda"]) == pytest.approx([0.4, 0.6])
     (tmp_path / "mlm_lambdas.json").write_text('{"k": {"model": "m"}}')
     with pytest.raises(ValueError, match="mlm_lambdas.json.*'lambdas'"):
-        mlm.load_mlm_lambdas(tmp_path)
+        mlm_pages.load_mlm_lambdas(tmp_path)
     (tmp_path / "mlm_lambdas.json").write_text("{\n oops")
     with pytest.raises(ValueError, match="mlm_lambdas.json:2: invalid JSON"):
-        mlm.load_mlm_lambdas(tmp_path)
+        mlm_pages.load_mlm_lambdas(tmp_path)
 
 
 def test_committed_minilm_run_is_a_complete_curve():
@@ -375,7 +376,7 @@ def test_committed_minilm_run_is_a_complete_curve():
     folder = Path(__file__).resolve().parents[1] / "data" / "results" / "mlm"
     if not (folder / "results.csv").is_file():
         pytest.skip("no committed MLM run")
-    curves = mlm.mlm_curves(mlm.load_mlm_results(folder))
+    curves = mlm_pages.mlm_curves(mlm_pages.load_mlm_results(folder))
     minilm = curves[curves["model"] == "all-MiniLM-L6-v2"]
     assert list(minilm["fraction_label"]) == ["1", "1/2", "1/8", "1/16", "0"]
     assert bool((minilm["ci_low"] <= minilm["mean"]).all()) and bool((minilm["mean"] <= minilm["ci_high"]).all())
@@ -383,46 +384,46 @@ def test_committed_minilm_run_is_a_complete_curve():
 
 
 def test_paper_reference_and_model_names():
-    paper = mlm.paper_mlm_reference().set_index("model")
+    paper = mlm_pages.paper_mlm_reference().set_index("model")
     assert paper.loc["ELECTRA-base", "original"] == pytest.approx(-3.51)
     assert paper.loc["ELECTRA-base", "drop_low"] == paper.loc["ELECTRA-base", "drop_high"] == pytest.approx(0.44)
     assert (paper.loc["BERT-, RoBERTa-, DeBERTa-base", ["drop_low", "drop_high"]].tolist() == pytest.approx([1.0, 1.5]))
-    assert mlm.short_model_name("microsoft/deberta-base") == "DeBERTa-base"
-    assert mlm.short_model_name("my/model") == "my/model"
-    assert mlm.pretraining_objective("tiny-random-bert") == "none (random weights)"
-    assert mlm.pretraining_objective("someone/electra-small-discriminator") == "replaced-token detection"
-    assert mlm.pretraining_objective("unheard-of") == "unknown"
-    assert set(mlm.FIG6_MODELS) <= set(mlm.PRETRAINING_OBJECTIVES)
+    assert mlm_pages.short_model_name("microsoft/deberta-base") == "DeBERTa-base"
+    assert mlm_pages.short_model_name("my/model") == "my/model"
+    assert mlm_pages.pretraining_objective("tiny-random-bert") == "none (random weights)"
+    assert mlm_pages.pretraining_objective("someone/electra-small-discriminator") == "replaced-token detection"
+    assert mlm_pages.pretraining_objective("unheard-of") == "unknown"
+    assert set(mlm_pages.FIG6_MODELS) <= set(mlm_pages.PRETRAINING_OBJECTIVES)
 
 
 def test_mnli_curve_spec_keeps_fig2_mnli_only():
-    from papa_lib import profiles
+    from papa_lib.book import profiles
 
-    spec = mlm.mnli_curve_spec(profiles.resolve("smoke").grid())
+    spec = mlm_pages.mnli_curve_spec(profiles.resolve("smoke").grid())
     assert [(b.name, b.tasks) for b in spec["blocks"]] == [("fig2", ["mnli"])]
     assert spec["blocks"][0].fractions == [1, 0.5, 0.125, 0.0625, 0] and spec["seeds"] == [0, 1]
     with pytest.raises(ValueError, match="no block 'fig9'"):
-        mlm.mnli_curve_spec(profiles.resolve("smoke").grid(), block="fig9")
+        mlm_pages.mnli_curve_spec(profiles.resolve("smoke").grid(), block="fig9")
     with pytest.raises(ValueError, match="does not run task 'mrpc'"):
-        mlm.mnli_curve_spec(profiles.resolve("smoke").grid(), task="mrpc")
+        mlm_pages.mnli_curve_spec(profiles.resolve("smoke").grid(), task="mrpc")
 
 
 def test_profile_runners_at_smoke_size(tmp_path):
-    from papa_lib import profiles
+    from papa_lib.book import profiles
 
     setup = profiles.resolve("smoke", results_dir=tmp_path / "grid")
-    frame = mlm.run_profile_mlm_curve(setup, seeds=(0,), results_dir=tmp_path / "mlm", eval_sequences=4)
+    frame = mlm_pages.run_profile_mlm_curve(setup, seeds=(0,), results_dir=tmp_path / "mlm", eval_sequences=4)
     assert sorted(frame["fraction"]) == [0.0, 0.0625, 0.125, 0.5, 1.0]
     assert set(frame["train_size"]) == {24} and set(frame["eval_size"]) == {4}
-    assert len(mlm.load_mlm_results(tmp_path / "mlm")) == 5
+    assert len(mlm_pages.load_mlm_results(tmp_path / "mlm")) == 5
     with pytest.raises(ValueError, match="unknown size setting"):
-        mlm.run_profile_mlm_curve(setup, results_dir=tmp_path / "mlm", seqs=3)
+        mlm_pages.run_profile_mlm_curve(setup, results_dir=tmp_path / "mlm", seqs=3)
     with pytest.raises(ValueError, match="tiny random BERT only"):
-        mlm.run_profile_mlm_curve(setup, model_name="roberta-base", results_dir=tmp_path / "mlm")
+        mlm_pages.run_profile_mlm_curve(setup, model_name="roberta-base", results_dir=tmp_path / "mlm")
     paper = profiles.resolve("paper", results_dir=tmp_path / "paper")
     assert paper.model_name == "roberta-base"  # the paper profile defaults to the model of Sec. 5
     with pytest.raises(FileNotFoundError, match="no grid file"):
-        mlm.run_mnli_curve(paper)
-    store = mlm.run_mnli_curve(setup)
+        mlm_pages.run_mnli_curve(paper)
+    store = mlm_pages.run_mnli_curve(setup)
     stored = store.frame()
     assert set(stored["task"]) == {"mnli"} and len(stored) == 10  # 5 fractions x 2 seeds

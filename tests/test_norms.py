@@ -1,4 +1,5 @@
-"""Tests for papa_lib.norms (Kobayashi et al. 2020 norm-based attention analysis)."""
+"""Tests for the norm-based attention analysis (Kobayashi et al. 2020): papa_lib.analysis.norms, norm_statistics,
+norm_rankings, and the chapter plumbing in papa_lib.book.norms_pages."""
 
 from __future__ import annotations
 
@@ -22,7 +23,8 @@ from transformers import (
     RobertaConfig,
 )
 
-from papa_lib import norms
+from papa_lib.analysis import norm_rankings, norm_statistics, norms
+from papa_lib.book import norms_pages
 
 LAYERS, HEADS, HIDDEN = 2, 4, 32
 _COMMON = dict(
@@ -250,12 +252,12 @@ def roberta_style_tokenizer():
 
 
 def _category_of(categorizer, tokenizer, token):
-    return norms.CATEGORY_NAMES[int(categorizer(torch.tensor([tokenizer.convert_tokens_to_ids(token)]))[0])]
+    return norm_statistics.CATEGORY_NAMES[int(categorizer(torch.tensor([tokenizer.convert_tokens_to_ids(token)]))[0])]
 
 
 def test_token_categories_bert_style():
     tokenizer = bert_tokenizer()
-    categorizer = norms.TokenCategorizer(tokenizer)
+    categorizer = norm_statistics.TokenCategorizer(tokenizer)
     expected = {"[CLS]": "cls", "[SEP]": "sep", ".": "punctuation", ",": "punctuation", "!": "punctuation",
                 "##.": "punctuation", "--": "punctuation", "?": "punctuation", "the": "other", "##s": "other",
                 "[PAD]": "other", "[MASK]": "other"}
@@ -265,7 +267,7 @@ def test_token_categories_bert_style():
 
 def test_token_categories_roberta_style():
     tokenizer = roberta_style_tokenizer()
-    categorizer = norms.TokenCategorizer(tokenizer, vocab_size=20)
+    categorizer = norm_statistics.TokenCategorizer(tokenizer, vocab_size=20)
     assert len(categorizer.lookup) == 20
     expected = {"<s>": "cls", "</s>": "sep", "Ġ.": "punctuation", ".": "punctuation", "Ġ...": "punctuation",
                 "Ġthe": "other", "Ġcat": "other", "<pad>": "other"}
@@ -281,7 +283,7 @@ def test_tokenizer_without_cls_is_rejected():
         sep_token_id = 2
 
     with pytest.raises(ValueError, match="cls_token_id"):
-        norms.TokenCategorizer(NoCls())
+        norm_statistics.TokenCategorizer(NoCls())
 
 
 # ------------------------------------------------------------------------------------------------- corpus analyses
@@ -304,7 +306,7 @@ def corpus():
     model = tiny_model("bert", seed=7, vocab_size=len(tokenizer))
     batches = [dict(tokenizer(SENTENCES[i : i + 3], padding=True, return_tensors="pt")) for i in range(0, 8, 3)]
     single = [dict(tokenizer(SENTENCES, padding=True, return_tensors="pt"))]
-    stats = norms.corpus_norm_statistics(model, batches, tokenizer, bootstrap_replicates=40, seed=1)
+    stats = norm_statistics.corpus_norm_statistics(model, batches, tokenizer, bootstrap_replicates=40, seed=1)
     direct = [(batch, norms.attention_norms(model, batch)) for batch in batches]
     return {"tokenizer": tokenizer, "model": model, "batches": batches, "single": single, "stats": stats,
             "direct": direct}
@@ -319,16 +321,16 @@ def test_corpus_counts_and_streaming_invariance(corpus):
     stats = corpus["stats"]
     assert stats.num_sentences == 8
     assert stats.num_tokens == sum(int(b["attention_mask"].sum()) for b in corpus["batches"])
-    one_batch = norms.corpus_norm_statistics(corpus["model"], corpus["single"], corpus["tokenizer"], bootstrap_replicates=0)
+    one_batch = norm_statistics.corpus_norm_statistics(corpus["model"], corpus["single"], corpus["tokenizer"], bootstrap_replicates=0)
     for field in ("fx_sum", "fx_sq_sum", "share_sum", "summed_share_sum", "category_fx_sum", "token_fx_sum"):
         torch.testing.assert_close(getattr(one_batch, field), getattr(stats, field), rtol=1e-5, atol=1e-6, msg=field)
     assert torch.equal(one_batch.token_count, stats.token_count)
     with pytest.raises(ValueError, match="empty"):
-        norms.corpus_norm_statistics(corpus["model"], [], corpus["tokenizer"])
+        norm_statistics.corpus_norm_statistics(corpus["model"], [], corpus["tokenizer"])
 
 
 def test_fx_norm_variation_matches_direct_computation(corpus):
-    frame = norms.fx_norm_variation(corpus["stats"])
+    frame = norm_statistics.fx_norm_variation(corpus["stats"])
     assert len(frame) == LAYERS * HEADS
     per_layer = _real_values(corpus["direct"], lambda b, r: r.fx_norm.permute(0, 2, 1)[b["attention_mask"].bool()])
     for layer in range(LAYERS):
@@ -339,15 +341,15 @@ def test_fx_norm_variation_matches_direct_computation(corpus):
         np.testing.assert_allclose(got["mean_fx_norm"], values.mean(axis=0), rtol=1e-6)
     assert (frame["cv_ci_low"] <= frame["cv_ci_high"]).all()
     assert frame[["cv_ci_low", "cv_ci_high"]].notna().all().all()
-    no_boot = norms.corpus_norm_statistics(corpus["model"], corpus["batches"], corpus["tokenizer"], bootstrap_replicates=0)
-    assert norms.fx_norm_variation(no_boot)["cv_ci_low"].isna().all()
+    no_boot = norm_statistics.corpus_norm_statistics(corpus["model"], corpus["batches"], corpus["tokenizer"], bootstrap_replicates=0)
+    assert norm_statistics.fx_norm_variation(no_boot)["cv_ci_low"].isna().all()
     with pytest.raises(ValueError, match="confidence"):
-        norms.fx_norm_variation(corpus["stats"], confidence=1.5)
+        norm_statistics.fx_norm_variation(corpus["stats"], confidence=1.5)
 
 
 def _direct_shares(corpus, layer, use_norm):
     """Average over real queries of the per-row category share (keys restricted to real tokens), per head."""
-    categorizer = norms.TokenCategorizer(corpus["tokenizer"])
+    categorizer = norm_statistics.TokenCategorizer(corpus["tokenizer"])
     totals, count = torch.zeros(HEADS, 4, dtype=torch.float64), 0
     for batch, result in corpus["direct"]:
         mask = batch["attention_mask"].bool()
@@ -364,30 +366,30 @@ def _direct_shares(corpus, layer, use_norm):
 
 
 def test_attention_share_by_category(corpus):
-    frame = norms.attention_share_by_category(corpus["stats"])
+    frame = norm_statistics.attention_share_by_category(corpus["stats"])
     assert set(frame["method"]) == {"weight", "norm", "norm_heads_summed"}
-    assert set(frame["category"]) == set(norms.CATEGORY_NAMES)
+    assert set(frame["category"]) == set(norm_statistics.CATEGORY_NAMES)
     sums = frame.groupby(["layer", "method"])["share"].sum()
     np.testing.assert_allclose(sums.to_numpy(), 1.0, rtol=1e-6)
-    per_head = norms.attention_share_by_category(corpus["stats"], per_head=True)
+    per_head = norm_statistics.attention_share_by_category(corpus["stats"], per_head=True)
     assert len(per_head) == LAYERS * HEADS * 2 * 4
     for layer in range(LAYERS):
         for method, use_norm in (("weight", False), ("norm", True)):
             expected = _direct_shares(corpus, layer, use_norm)
             got = per_head[(per_head["layer"] == layer) & (per_head["method"] == method)]
-            for c, name in enumerate(norms.CATEGORY_NAMES):
+            for c, name in enumerate(norm_statistics.CATEGORY_NAMES):
                 part = got[got["category"] == name].sort_values("head")
                 np.testing.assert_allclose(part["share"], expected[:, c].numpy(), rtol=1e-6)
             layer_rows = frame[(frame["layer"] == layer) & (frame["method"] == method)].set_index("category")
             np.testing.assert_allclose(
-                layer_rows.loc[list(norms.CATEGORY_NAMES), "share"], expected.mean(0).numpy(), rtol=1e-6
+                layer_rows.loc[list(norm_statistics.CATEGORY_NAMES), "share"], expected.mean(0).numpy(), rtol=1e-6
             )
     assert (frame["ci_low"] <= frame["ci_high"] + 1e-12).all()
 
 
 def test_sep_correlation_and_reservoir(corpus):
     stats = corpus["stats"]
-    frame = norms.sep_weight_norm_correlation(stats)
+    frame = norm_statistics.sep_weight_norm_correlation(stats)
     assert len(frame) == LAYERS * HEADS
     assert (frame["n_observations"] == 8).all()  # one [SEP] per sentence
     # direct observations for layer 1, head 2
@@ -403,21 +405,21 @@ def test_sep_correlation_and_reservoir(corpus):
     assert row["spearman_rho"] == pytest.approx(scipy_stats.spearmanr(xs, ys).statistic, abs=1e-6)
     assert row["pearson_ci_low"] <= row["pearson_r"] <= row["pearson_ci_high"]
     assert row["spearman_ci_low"] <= row["spearman_rho"] <= row["spearman_ci_high"]
-    scatter = norms.sep_observations(stats, layer=1, head=2)
+    scatter = norm_statistics.sep_observations(stats, layer=1, head=2)
     np.testing.assert_allclose(np.sort(scatter["fx_norm_sep"]), np.sort(ys), rtol=1e-5)
 
-    small = norms.corpus_norm_statistics(
+    small = norm_statistics.corpus_norm_statistics(
         corpus["model"], corpus["batches"], corpus["tokenizer"], bootstrap_replicates=0, max_sep_observations=3
     )
     assert small.sep_observations.shape == (3, LAYERS, HEADS, 2)
     assert small.sep_observations_seen == 8
     kept = small.sep_observations[:, 1, 2, 1].numpy()
     assert all(np.isclose(ys, value, rtol=1e-5).any() for value in kept)
-    assert norms.sep_weight_norm_correlation(small)["n_observations"].eq(3).all()
+    assert norm_statistics.sep_weight_norm_correlation(small)["n_observations"].eq(3).all()
 
 
 def test_fx_norm_by_category(corpus):
-    frame = norms.fx_norm_by_category(corpus["stats"])
+    frame = norm_statistics.fx_norm_by_category(corpus["stats"])
     assert len(frame) == LAYERS * HEADS * 4
     cls_rows = frame[frame["category"] == "cls"]
     assert (cls_rows["n_tokens"] == 8).all()
@@ -429,7 +431,7 @@ def test_fx_norm_by_category(corpus):
 
 def test_frequency_table_and_correlation(corpus):
     stats, tokenizer = corpus["stats"], corpus["tokenizer"]
-    table = norms.token_frequency_table(stats)
+    table = norm_statistics.token_frequency_table(stats)
     counts = Counter()
     for batch in corpus["batches"]:
         counts.update(batch["input_ids"][batch["attention_mask"].bool()].tolist())
@@ -449,7 +451,7 @@ def test_frequency_table_and_correlation(corpus):
     layer1 = table[table["layer"] == 1].set_index("token_id")
     assert layer1.loc[the_id, "mean_fx_norm"] == pytest.approx(float(occurrences.double().mean()), rel=1e-6)
 
-    correlation = norms.frequency_norm_correlation(stats, min_count=1)
+    correlation = norm_statistics.frequency_norm_correlation(stats, min_count=1)
     assert list(correlation["layer"]) == list(range(LAYERS))
     for layer in range(LAYERS):
         part = table[table["layer"] == layer]
@@ -458,20 +460,18 @@ def test_frequency_table_and_correlation(corpus):
         assert row["spearman_rho"] == pytest.approx(expected)
         assert row["n_token_types"] == len(counts)
         assert row["ci_low"] <= row["spearman_rho"] <= row["ci_high"]
-    frequent = norms.token_frequency_table(stats, min_count=3)
+    frequent = norm_statistics.token_frequency_table(stats, min_count=3)
     assert (frequent["count"] >= 3).all() and len(frequent) < len(table)
     with pytest.raises(ValueError, match="min_count"):
-        norms.token_frequency_table(stats, min_count=0)
+        norm_statistics.token_frequency_table(stats, min_count=0)
 
 
 # ------------------------------------------------------------------------------------------------- PAPA override
 
 def _override_module():
-    if not (Path(norms.__file__).parent / "override.py").exists():
-        pytest.skip("papa_lib/override.py does not exist yet")
     import importlib
 
-    return importlib.import_module("papa_lib.override")  # the package re-exports a function of the same name
+    return importlib.import_module("papa_lib.core.override")  # the package re-exports a function of the same name
 
 
 @pytest.mark.parametrize("name", ["bert", "deberta"])
@@ -528,13 +528,13 @@ def test_real_minilm_decomposition_and_categories():
     assert (batch["attention_mask"] == 0).any()
     result = assert_decomposition_exact(model, batch, atol=1e-4)
     assert len(result) == 6 and result[0].alpha.shape[1] == 12
-    categorizer = norms.TokenCategorizer(tokenizer, vocab_size=model.config.vocab_size)
+    categorizer = norm_statistics.TokenCategorizer(tokenizer, vocab_size=model.config.vocab_size)
     categories = categorizer(batch["input_ids"][0, : int(batch["attention_mask"][0].sum())])
-    names = [norms.CATEGORY_NAMES[int(c)] for c in categories]
+    names = [norm_statistics.CATEGORY_NAMES[int(c)] for c in categories]
     assert names[0] == "cls" and names[-1] == "sep" and names[-2] == "punctuation"
     assert names.count("other") == 6
-    stats = norms.corpus_norm_statistics(model, [batch], tokenizer, bootstrap_replicates=10)
-    shares = norms.attention_share_by_category(stats)
+    stats = norm_statistics.corpus_norm_statistics(model, [batch], tokenizer, bootstrap_replicates=10)
+    shares = norm_statistics.attention_share_by_category(stats)
     np.testing.assert_allclose(shares.groupby(["layer", "method"])["share"].sum(), 1.0, rtol=1e-6)
 
 
@@ -602,24 +602,24 @@ def test_norm_weighted_rows_are_distributions_over_real_keys():
     alpha = torch.rand(2, 3, 5, 5, generator=generator)
     fx = torch.rand(2, 3, 5, generator=generator) + 0.1
     mask = torch.tensor([[1, 1, 1, 0, 1], [1, 1, 0, 0, 0]])
-    w = norms.norm_weighted_rows(alpha, fx, mask)
+    w = norm_rankings.norm_weighted_rows(alpha, fx, mask)
     assert torch.all(w[:, :, :, (mask == 0).nonzero()[:, 1]][0, :, :, 0] == 0)  # padded key 3 of row 0
     assert torch.all(w[1, :, :, 2:] == 0)
     torch.testing.assert_close(w.sum(-1), torch.ones(2, 3, 5))
     expected = alpha[0, 1, 2, 4] * fx[0, 1, 4] / (alpha[0, 1, 2, [0, 1, 2, 4]] * fx[0, 1, [0, 1, 2, 4]]).sum()
     torch.testing.assert_close(w[0, 1, 2, 4], expected)
     # equal norms give back the (renormalised) attention weights
-    torch.testing.assert_close(norms.norm_weighted_rows(alpha, torch.ones(2, 3, 5), torch.ones(2, 5, dtype=torch.long)),
+    torch.testing.assert_close(norm_rankings.norm_weighted_rows(alpha, torch.ones(2, 3, 5), torch.ones(2, 5, dtype=torch.long)),
                                alpha / alpha.sum(-1, keepdim=True))
     with pytest.raises(ValueError, match="attention_mask"):
-        norms.norm_weighted_rows(alpha, fx, mask[:, :4])
+        norm_rankings.norm_weighted_rows(alpha, fx, mask[:, :4])
     with pytest.raises(ValueError, match="fx_norm"):
-        norms.norm_weighted_rows(alpha, fx[:, :2], mask)
+        norm_rankings.norm_weighted_rows(alpha, fx[:, :2], mask)
 
 
 def test_norm_weighted_attention_matches_naive_reference(papa_corpus):
     model, batches = papa_corpus
-    constants = norms.norm_weighted_attention(model, batches, progress=False, source="test")
+    constants = norm_rankings.norm_weighted_attention(model, batches, progress=False, source="test")
     entries = _naive_entry_values(_naive_weights(model, batches, "norm"), 7)
     expected = torch.zeros(LAYERS, HEADS, 7, 7, dtype=torch.float64)
     counts = torch.zeros(7, 7, dtype=torch.long)
@@ -631,34 +631,34 @@ def test_norm_weighted_attention_matches_naive_reference(papa_corpus):
     assert counts[0, 0] == 6 and counts[1, 1] == 5  # the single-token example only covers (0, 0)
     assert constants.metadata["kind"] == "norm_average" and constants.metadata["num_examples"] == 6
     # same counts as the plain average, and different matrices
-    from papa_lib.averaging import average_attention
+    from papa_lib.core.averaging import average_attention
 
     plain = average_attention(model, batches, progress=False)
     assert torch.equal(plain.counts, constants.counts)
     assert not torch.allclose(plain.matrices, constants.matrices, atol=1e-3)
     # streaming: one batch at a time or all at once gives the same matrices
     merged = {k: torch.cat([b[k] for b in batches]) for k in batches[0]}
-    torch.testing.assert_close(norms.norm_weighted_attention(model, [merged], progress=False).matrices, constants.matrices)
-    tv = norms.matrix_total_variation(constants, plain)
+    torch.testing.assert_close(norm_rankings.norm_weighted_attention(model, [merged], progress=False).matrices, constants.matrices)
+    tv = norm_rankings.matrix_total_variation(constants, plain)
     assert list(tv.columns) == ["layer", "head", "total_variation"] and len(tv) == LAYERS * HEADS
     assert ((tv["total_variation"] > 0) & (tv["total_variation"] <= 1)).all()
     scaled = type(plain)(plain.matrices * 3.0, plain.counts, {})  # rows are renormalised before comparing
-    assert norms.matrix_total_variation(scaled, plain)["total_variation"].abs().max() < 1e-7
+    assert norm_rankings.matrix_total_variation(scaled, plain)["total_variation"].abs().max() < 1e-7
     disjoint_a, disjoint_b = plain.matrices.clone().zero_(), plain.matrices.clone().zero_()
     disjoint_a[..., 0], disjoint_b[..., 1] = 1.0, 1.0
-    far = norms.matrix_total_variation(type(plain)(disjoint_a, plain.counts, {}), type(plain)(disjoint_b, plain.counts, {}))
+    far = norm_rankings.matrix_total_variation(type(plain)(disjoint_a, plain.counts, {}), type(plain)(disjoint_b, plain.counts, {}))
     np.testing.assert_allclose(far["total_variation"], 1.0)
-    assert (norms.matrix_total_variation(plain, plain)["total_variation"] == 0).all()
+    assert (norm_rankings.matrix_total_variation(plain, plain)["total_variation"] == 0).all()
     with pytest.raises(ValueError, match="empty"):
-        norms.norm_weighted_attention(model, [], progress=False)
+        norm_rankings.norm_weighted_attention(model, [], progress=False)
     with pytest.raises(ValueError, match="same width"):
-        norms.norm_weighted_attention(model, [batches[0], padded_batch(model, length=6)], progress=False)
+        norm_rankings.norm_weighted_attention(model, [batches[0], padded_batch(model, length=6)], progress=False)
 
 
 @pytest.mark.parametrize("weighting", ["attention", "norm"])
 def test_input_dependence_scores_match_naive_reference(papa_corpus, weighting):
     model, batches = papa_corpus
-    scores = norms.input_dependence_scores(model, batches, weighting=weighting, progress=False)
+    scores = norm_rankings.input_dependence_scores(model, batches, weighting=weighting, progress=False)
     entries = _naive_entry_values(_naive_weights(model, batches, weighting), 7)
     squared = sum(((v - v.mean(-1, keepdim=True)) ** 2).sum(-1) for v in entries.values())
     total = sum(v.shape[-1] for v in entries.values())
@@ -667,43 +667,43 @@ def test_input_dependence_scores_match_naive_reference(papa_corpus, weighting):
     assert (scores > 0).all()
     # batching does not change the result (Chan et al.'s merge is exact)
     split = [{k: v[i : i + 1] for k, v in b.items()} for b in batches for i in range(3)]
-    torch.testing.assert_close(norms.input_dependence_scores(model, split, weighting=weighting, progress=False), scores,
+    torch.testing.assert_close(norm_rankings.input_dependence_scores(model, split, weighting=weighting, progress=False), scores,
                                rtol=1e-5, atol=1e-10)
 
 
 def test_input_dependence_scores_zero_for_constant_attention_and_errors(papa_corpus):
     model, batches = papa_corpus
     same = {k: v[:1].repeat(4, 1) for k, v in batches[0].items()}  # four identical inputs: nothing varies
-    assert norms.input_dependence_scores(model, [same], progress=False).abs().max() < 1e-12
+    assert norm_rankings.input_dependence_scores(model, [same], progress=False).abs().max() < 1e-12
     with pytest.raises(ValueError, match="weighting"):
-        norms.input_dependence_scores(model, batches, weighting="lambda", progress=False)
+        norm_rankings.input_dependence_scores(model, batches, weighting="lambda", progress=False)
     with pytest.raises(ValueError, match="empty"):
-        norms.input_dependence_scores(model, [], progress=False)
+        norm_rankings.input_dependence_scores(model, [], progress=False)
 
 
 REPO = Path(__file__).resolve().parents[1]
 
 
 def test_norm_aware_blocks_and_the_committed_grid():
-    from papa_lib import experiments
+    from papa_lib.experiments import engine
 
-    blocks = norms.norm_aware_blocks()
+    blocks = norm_rankings.norm_aware_blocks()
     assert [b.name for b in blocks] == ["label_free", "norm_matrices"]
-    runs = experiments.grid_runs(blocks)
+    runs = engine.grid_runs(blocks)
     assert len(runs["sst2"]) == 7 and len(runs["cola"]) == 1
     assert {v.selection_order for v in runs["mnli"]} == {"attention_variance", "norm_variance", "none"}
     assert all(v.fraction not in (0.0, 1.0) for v in runs["sst2"] if v.matrix_type == "average")
-    reference = norms.norm_aware_blocks(["sst2"], [], fractions=[0.5], with_reference=True)
+    reference = norm_rankings.norm_aware_blocks(["sst2"], [], fractions=[0.5], with_reference=True)
     assert [b.name for b in reference] == ["label_free", "reference_lambda"]
     assert reference[1].fractions == [1.0, 0.5, 0.0]
-    spec = norms.norm_aware_grid({"seeds": [0], "limit": 5, "blocks": ["ignored"]}, matrix_tasks=[])
+    spec = norm_rankings.norm_aware_grid({"seeds": [0], "limit": 5, "blocks": ["ignored"]}, matrix_tasks=[])
     assert spec["seeds"] == [0] and spec["limit"] == 5 and [b.name for b in spec["blocks"]] == ["label_free"]
 
-    grid_file = REPO / norms.NORM_RESULT_FOLDERS["local"] / "grid.yaml"
+    grid_file = REPO / norms_pages.NORM_RESULT_FOLDERS["local"] / "grid.yaml"
     main_file = REPO / "data" / "results" / "local-minilm" / "grid.yaml"
     if not grid_file.exists() or not main_file.exists():
         pytest.skip("the committed grid files are not there")
-    committed, main = experiments.load_grid(grid_file), experiments.load_grid(main_file)
+    committed, main = engine.load_grid(grid_file), engine.load_grid(main_file)
     assert committed["blocks"] == blocks
     settings = {k: v for k, v in committed.items() if k != "blocks"}
     assert settings == {k: v for k, v in main.items() if k != "blocks"}, (
@@ -726,37 +726,37 @@ def smoke_setup(tmp_path_factory):
 
 
 def test_norm_aware_grid_runs_through_the_experiments(smoke_setup, tmp_path):
-    from papa_lib import experiments
+    from papa_lib.experiments import engine
 
     model, tokenizer, data_dir = smoke_setup
     reference = {"profile": "smoke", "seeds": [0], "max_length": 16, "epochs": 1, "data_dir": str(data_dir)}
-    spec = norms.norm_aware_grid(reference, label_free_tasks=["sst2"], matrix_tasks=["sst2"], fractions=[0.5])
-    frame = experiments.run_grid(spec, tmp_path, model=model, tokenizer=tokenizer, progress=False).frame()
+    spec = norm_rankings.norm_aware_grid(reference, label_free_tasks=["sst2"], matrix_tasks=["sst2"], fractions=[0.5])
+    frame = engine.run_grid(spec, tmp_path, model=model, tokenizer=tokenizer, progress=False).frame()
     assert sorted(frame["selection_order"]) == ["attention_variance", "none", "norm_variance"]
     assert set(frame["matrix_type"]) == {"average", "norm_average"}
     assert frame["value"].between(0, 1).all()
     matrices = sorted(p.name for p in (tmp_path / "matrices").iterdir())
     assert any("norm_average" in name for name in matrices) and len(matrices) == 2
     # the label-free order replaces the heads with the lowest score first
-    config = experiments.ExperimentConfig(task="sst2", data_dir=str(data_dir), profile="smoke", max_length=16, epochs=1)
-    experiment = experiments.TaskExperiment(config, model, tokenizer, progress=False)
+    config = engine.ExperimentConfig(task="sst2", data_dir=str(data_dir), profile="smoke", max_length=16, epochs=1)
+    experiment = engine.TaskExperiment(config, model, tokenizer, progress=False)
     scores = experiment.head_scores("norm_variance")
     split = experiment.split("train")
-    from papa_lib import layout
+    from papa_lib.core import layout
 
-    expected = norms.input_dependence_scores(model, layout.batched(split.encoded, 64), weighting="norm", progress=False)
+    expected = norm_rankings.input_dependence_scores(model, layout.batched(split.encoded, 64), weighting="norm", progress=False)
     torch.testing.assert_close(scores, expected)
-    state = experiment.override_for(experiments.Variant.make("average", "norm_variance", 0.5))
+    state = experiment.override_for(engine.Variant.make("average", "norm_variance", 0.5))
     order = np.argsort(expected.numpy().ravel(), kind="stable")[:4]  # 8 heads, half replaced: the 4 lowest scores
     assert set(state.plan) == {divmod(int(i), 4) for i in order}
 
 
 def test_run_analyses_writes_and_reads_the_tables(smoke_setup, tmp_path):
     model, tokenizer, data_dir = smoke_setup
-    tables = norms.run_analyses(model, tokenizer, data_dir, tmp_path, n_sequences=10, max_length=32,
+    tables = norms_pages.run_analyses(model, tokenizer, data_dir, tmp_path, n_sequences=10, max_length=32,
                                 bootstrap_replicates=10, max_sep_per_head=5, min_token_count=2)
-    assert set(tables) == set(norms.ANALYSIS_FILES)
-    read = norms.read_analyses(tmp_path)
+    assert set(tables) == set(norms_pages.ANALYSIS_FILES)
+    read = norms_pages.read_analyses(tmp_path)
     assert read["metadata"]["n_sequences"] == 10 and read["metadata"]["max_length"] == 32
     assert "WikiText-2 validation" in read["metadata"]["data"]
     shares = read["attention_share"]
@@ -771,9 +771,9 @@ def test_run_analyses_writes_and_reads_the_tables(smoke_setup, tmp_path):
         assert len(read[name]) == len(table), name
     (tmp_path / "sep_correlation.csv").unlink()
     with pytest.raises(FileNotFoundError, match="sep_correlation"):
-        norms.read_analyses(tmp_path)
+        norms_pages.read_analyses(tmp_path)
     with pytest.raises(ValueError, match="n_sequences"):
-        norms.wikitext_pairs(tokenizer, data_dir, 0)
+        norms_pages.wikitext_pairs(tokenizer, data_dir, 0)
 
 
 def _record(task, matrix_type, order, fraction, seed, value, matrices_from=None):
@@ -796,7 +796,7 @@ def test_label_free_and_matrix_comparisons():
         [_record("sst2", "average", "norm_variance", 0.5, s, 0.8) for s in (0, 1)]
         + [_record("sst2", "norm_average", "none", 0.0, s, 0.75 + 0.01 * s) for s in (0, 1)]
     )
-    curves = norms.label_free_comparison(norm, reference, ["sst2"])
+    curves = norms_pages.label_free_comparison(norm, reference, ["sst2"])
     assert set(curves["order"]) == {"lambda", "attention_variance", "norm_variance"}
     lam = curves[(curves["order"] == "lambda")].set_index("fraction")
     assert lam.loc[0.5, "mean"] == pytest.approx(0.86) and lam.loc[0.5, "n"] == 2 and lam.loc[0.5, "source"] == "main grid"
@@ -805,13 +805,13 @@ def test_label_free_and_matrix_comparisons():
     assert list(nv.index) == [0.0, 0.5, 1.0] and nv.loc[0.5, "ci_low"] == pytest.approx(0.8)
     assert len(curves[curves["order"] == "attention_variance"]) == 2  # only the shared end points
     assert "cola" not in set(curves["task"])
-    assert norms.label_free_comparison(norm.iloc[:0], reference.iloc[:0], ["sst2"]).empty
+    assert norms_pages.label_free_comparison(norm.iloc[:0], reference.iloc[:0], ["sst2"]).empty
 
-    table = norms.matrix_comparison(norm, reference, ["sst2", "cola"]).set_index("matrix_type")
+    table = norms_pages.matrix_comparison(norm, reference, ["sst2", "cola"]).set_index("matrix_type")
     assert set(table.index) == {"original", "average", "norm_average"}
     assert table.loc["average", "mean"] == pytest.approx(0.7) and table.loc["norm_average", "mean"] == pytest.approx(0.755)
     both = pd.concat([norm, reference])  # one self-contained frame passed twice (smoke): no double counting
-    assert norms.matrix_comparison(both, both, ["sst2"]).set_index("matrix_type").loc["original", "n"] == 2
+    assert norms_pages.matrix_comparison(both, both, ["sst2"]).set_index("matrix_type").loc["original", "n"] == 2
 
 
 def test_decomposition_check_and_head_level_correlation(papa_corpus):
@@ -822,29 +822,29 @@ def test_decomposition_check_and_head_level_correlation(papa_corpus):
     assert list(check["layer"]) == [0, 1] and (check["relative_error"] < 1e-5).all()
     assert (check["max_abs_output"] > 0.01).all() and (check["n_positions"] == int(batches[0]["attention_mask"].sum())).all()
     table = pd.DataFrame({"mean_alpha_to_sep": [0.1, 0.2, 0.3, 0.4, 0.5], "mean_fx_norm_sep": [5.0, 4.0, 3.5, 1.0, 0.5]})
-    result = norms.head_level_correlation(table)
+    result = norm_statistics.head_level_correlation(table)
     assert result["spearman_rho"] == pytest.approx(-1.0) and result["n_heads"] == 5
     with pytest.raises(ValueError, match="cls"):
-        norms.head_level_correlation(table, token="cls")
+        norm_statistics.head_level_correlation(table, token="cls")
 
 
 def test_find_constant_matrices(papa_corpus, tmp_path):
     model, batches = papa_corpus
-    assert norms.find_constant_matrices(tmp_path, "sst2") is None
-    constants = norms.norm_weighted_attention(model, batches, progress=False)
+    assert norms_pages.find_constant_matrices(tmp_path, "sst2") is None
+    constants = norm_rankings.norm_weighted_attention(model, batches, progress=False)
     constants.save(tmp_path / "matrices" / "sst2-norm_average-L7-abc.safetensors")
-    assert norms.find_constant_matrices(tmp_path, "sst2") is None  # plain averages are not norm-weighted ones
-    found = norms.find_constant_matrices(tmp_path, "sst2", "norm_average")
+    assert norms_pages.find_constant_matrices(tmp_path, "sst2") is None  # plain averages are not norm-weighted ones
+    found = norms_pages.find_constant_matrices(tmp_path, "sst2", "norm_average")
     torch.testing.assert_close(found.matrices, constants.matrices)
     with pytest.raises(ValueError, match="kind"):
-        norms.find_constant_matrices(tmp_path, "sst2", "zeros")
+        norms_pages.find_constant_matrices(tmp_path, "sst2", "zeros")
 
 
 def test_sentence_shares_and_missing_runs(smoke_setup):
     import pandas as pd
 
     model, tokenizer, _ = smoke_setup
-    shares = norms.sentence_shares(model, tokenizer, "the movie was very good .")
+    shares = norms_pages.sentence_shares(model, tokenizer, "the movie was very good .")
     assert set(shares["method"]) == {"weight", "norm"} and set(shares["layer"]) == {0, 1}
     np.testing.assert_allclose(shares.groupby(["layer", "method"])["share"].sum(), 1.0, rtol=1e-9)
     first = shares[shares["position"] == 0]
@@ -853,7 +853,7 @@ def test_sentence_shares_and_missing_runs(smoke_setup):
 
     reference = pd.DataFrame([_record("sst2", "original", "none", 1.0, s, 0.9) for s in (0, 1)]
                              + [_record("sst2", "average", "lambda", 0.5, 0, 0.8)])
-    missing = norms.missing_norm_runs(reference.iloc[:0], reference, ["sst2"], ["sst2"], seeds=2)
+    missing = norms_pages.missing_norm_runs(reference.iloc[:0], reference, ["sst2"], ["sst2"], seeds=2)
     assert not ((missing["matrix_type"] == "original")).any()
     lam = missing[(missing["selection_order"] == "lambda") & (missing["fraction"] == 0.5)]
     assert lam["seeds_found"].tolist() == [1]
@@ -869,23 +869,24 @@ def test_head_score_table_and_agreement(smoke_setup, tmp_path):
     (tmp_path / "lambdas").mkdir()
     lambdas = torch.linspace(0.1, 0.9, 8).view(2, 4)
     torch.save(lambdas, tmp_path / "lambdas" / "sst2-from-sst2-abc.pt")
-    table = norms.head_score_table(model, tokenizer, spec, ["sst2", "cola"], lambdas_dir=tmp_path / "lambdas")
+    table = norms_pages.head_score_table(model, tokenizer, spec, ["sst2", "cola"], lambdas_dir=tmp_path / "lambdas")
     assert list(table.columns) == ["task", "layer", "head", "lambda", "attention_variance", "norm_variance"]
     assert len(table) == 2 * 8 and table[table["task"] == "cola"]["lambda"].isna().all()
     sst2 = table[table["task"] == "sst2"]
     np.testing.assert_allclose(sst2["lambda"], lambdas.numpy().ravel(), rtol=1e-6)
-    from papa_lib import experiments, layout
+    from papa_lib.experiments import engine
+    from papa_lib.core import layout
 
-    config = experiments.ExperimentConfig(task="sst2", data_dir=str(data_dir), profile="smoke", max_length=16)
-    split = experiments.TaskExperiment(config, model, tokenizer, progress=False).split("train")
-    expected = norms.input_dependence_scores(model, layout.batched(split.encoded, 64), progress=False)
+    config = engine.ExperimentConfig(task="sst2", data_dir=str(data_dir), profile="smoke", max_length=16)
+    split = engine.TaskExperiment(config, model, tokenizer, progress=False).split("train")
+    expected = norm_rankings.input_dependence_scores(model, layout.batched(split.encoded, 64), progress=False)
     np.testing.assert_allclose(sst2["attention_variance"], expected.numpy().ravel())
-    agreement = norms.score_agreement(table)
+    agreement = norms_pages.score_agreement(table)
     assert len(agreement) == 2 * 3
     cola_lambda = agreement[(agreement["task"] == "cola") & (agreement["first"] == "lambda")]
     assert cola_lambda["spearman_rho"].isna().all() and (cola_lambda["n_heads"] == 0).all()
-    same = norms.score_agreement(pd.DataFrame({"task": "t", "lambda": [1.0, 2, 3, 4, 5], "attention_variance": [2.0, 4, 6, 8, 10],
+    same = norms_pages.score_agreement(pd.DataFrame({"task": "t", "lambda": [1.0, 2, 3, 4, 5], "attention_variance": [2.0, 4, 6, 8, 10],
                                                "norm_variance": [5.0, 4, 3, 2, 1]}))
     assert same["spearman_rho"].tolist() == pytest.approx([1.0, -1.0, -1.0])
     with pytest.raises(ValueError, match="lacks"):
-        norms.score_agreement(pd.DataFrame({"task": ["t"]}))
+        norms_pages.score_agreement(pd.DataFrame({"task": ["t"]}))

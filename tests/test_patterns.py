@@ -1,4 +1,4 @@
-"""papa_lib.patterns: input-dependence, Sec. 5.1 pattern statistics, λ files, Fig. 5 order curves, packed heat maps."""
+"""papa_lib.analysis.patterns: input-dependence, Sec. 5.1 pattern statistics, λ files, Fig. 5 order curves, packed heat maps."""
 
 from __future__ import annotations
 
@@ -11,7 +11,8 @@ import pytest
 import torch
 
 import papa_lib
-from papa_lib import patterns, selection
+from papa_lib.analysis import patterns
+from papa_lib.experiments import selection
 from papa_lib.smoke import tiny_model
 
 from conftest import random_batch
@@ -238,7 +239,7 @@ def test_order_curves_share_the_endpoints():
 
 
 def test_compare_orders_ranks_each_fraction():
-    from papa_lib.results import summarize
+    from papa_lib.experiments.results import summarize
 
     curves = patterns.order_curves(_results_frame(), orders=("lambda", "reversed", "random", "first_to_last"))
     table = patterns.compare_orders(summarize(curves, ["selection_order", "fraction"]))

@@ -1,11 +1,11 @@
-"""Tests for papa_lib.probes: probing classifiers of paper Sec. 3.3 and their AdamW training loop."""
+"""Tests for papa_lib.experiments.probes: probing classifiers of paper Sec. 3.3 and their AdamW training loop."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from papa_lib.probes import (
+from papa_lib.experiments.probes import (
     IGNORE_INDEX,
     SentenceProbe,
     TokenProbe,
@@ -227,3 +227,52 @@ def test_bad_inputs_raise_clear_errors():
         train_probe(probe, probe.parameters(), lambda e: [], epochs=1, lr=0.0)
     with pytest.raises(ValueError, match="seed"):
         set_seed("zero")
+
+
+def test_sentence_probe_on_packed_real_tokens_equals_padded():
+    """Ragged (pad-free) features with their App. A positions give the padded input's logits, also for pair layouts
+    whose real positions are not contiguous."""
+    torch.manual_seed(0)
+    probe = SentenceProbe(num_layers=3, max_length=10, hidden_size=4, num_labels=2).eval()
+    torch.nn.init.normal_(probe.position_logits)
+    mask = torch.tensor([[1, 1, 1, 0, 0, 1, 1, 0, 0, 1], [1, 1, 0, 0, 0, 0, 0, 0, 0, 1]])
+    features = torch.randn(2, 3, 10, 4)
+    padded = probe(features, mask)
+    width = int(mask.sum(1).max())
+    packed = torch.zeros(2, 3, width, 4)
+    positions = torch.full((2, width), -1)
+    packed_mask = torch.zeros(2, width, dtype=torch.long)
+    for row in range(2):
+        real = mask[row].nonzero().flatten()
+        packed[row, :, : len(real)] = features[row][:, real]
+        positions[row, : len(real)] = real
+        packed_mask[row, : len(real)] = 1
+    assert torch.allclose(probe(packed, packed_mask, positions), padded, atol=1e-6)
+    with pytest.raises(ValueError, match="exceeds the probe's max_length"):
+        probe(packed, packed_mask, positions.clamp_min(0) + 10)
+
+
+def test_ragged_sentence_rows_give_the_padded_probe_output_and_gradients():
+    """SentenceProbe pools real-token rows directly (no padded tensor); same logits and gradients as padded."""
+    from papa_lib.experiments.features import RaggedRows
+
+    torch.manual_seed(3)
+    lengths = torch.tensor([3, 7, 1, 5])
+    offsets = torch.zeros(5, dtype=torch.long)
+    offsets[1:] = lengths.cumsum(0)
+    values = torch.randn(int(offsets[-1]), 3, 8).half()
+    positions = torch.cat([torch.randperm(10)[:n].sort().values for n in lengths.tolist()])  # App. A gaps
+    rows = RaggedRows(values, offsets, positions)
+    probe = SentenceProbe(3, 10, 8, 3).eval()
+    with torch.no_grad():
+        probe.position_logits.normal_()
+    examples = torch.tensor([2, 0, 3, 1])
+    padded = probe(*rows.sentence_batch(examples))
+    padded.square().sum().backward()
+    expected = [p.grad.clone() for p in probe.parameters()]
+    probe.zero_grad()
+    ragged = probe(rows.ragged_sentences(examples))
+    ragged.square().sum().backward()
+    torch.testing.assert_close(ragged, padded, atol=1e-6, rtol=1e-5)
+    for got, want in zip((p.grad for p in probe.parameters()), expected):
+        torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-5)

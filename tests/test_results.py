@@ -1,4 +1,4 @@
-"""Tests for papa_lib.results: the atomic, resumable results store and the seed summaries (paper Sec. 4)."""
+"""Tests for papa_lib.experiments.results: the atomic, resumable results store and the seed summaries (paper Sec. 4)."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ import pandas as pd
 import pytest
 from scipy import stats
 
-from papa_lib import results
-from papa_lib.results import (
+from papa_lib.experiments import results
+from papa_lib.experiments.results import (
     RECORD_FIELDS,
     ResultsStore,
     config_hash,

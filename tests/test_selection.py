@@ -1,4 +1,4 @@
-"""Tests for papa_lib.selection: head-replacement orders of paper Sec. 3.2 and Sec. 5.4."""
+"""Tests for papa_lib.experiments.selection: head-replacement orders of paper Sec. 3.2 and Sec. 5.4."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from papa_lib.selection import (
+from papa_lib.experiments.selection import (
     ORDERS,
     PAPER_FRACTIONS,
     heads_by_layer,

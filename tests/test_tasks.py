@@ -1,4 +1,4 @@
-"""Tests for papa_lib.tasks: task specs, local file parsing, subsampling and metrics."""
+"""Tests for papa_lib.experiments.tasks: task specs, local file parsing, subsampling and metrics."""
 
 from __future__ import annotations
 
@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from papa_lib.tasks import (
+from papa_lib.experiments.metrics import compute_metric
+from papa_lib.experiments.tasks import (
     MLM_HPARAMS,
     NER_TAG_NAMES,
     POS_TAG_NAMES,
@@ -15,7 +16,6 @@ from papa_lib.tasks import (
     HubUnavailableError,
     SentenceExamples,
     TokenExamples,
-    compute_metric,
     convert_iob1_to_iob2,
     load_task,
     load_wikitext,
@@ -54,7 +54,7 @@ def test_task_specs_match_table_3():
 def test_task_spec_kinds_metrics_labels():
     assert {n: TASKS[n].metric for n in TASKS} == {
         "cola": "matthews_corrcoef", "sst2": "accuracy", "mrpc": "f1",
-        "mnli": "accuracy", "ner": "seqeval_f1", "pos": "accuracy",
+        "mnli": "accuracy", "ner": "seqeval_f1", "pos": "seqeval_f1",
     }
     assert [n for n in TASKS if TASKS[n].is_pair] == ["mrpc", "mnli"]
     assert {n for n in TASKS if TASKS[n].kind == "token"} == {"ner", "pos"}
@@ -493,12 +493,15 @@ def test_ner_modes_differ_on_ill_formed_predictions():
         compute_metric("ner", preds, refs, ner_mode="lenient")
 
 
-def test_pos_token_accuracy():
+def test_pos_seqeval_f1():
     refs = [["NNP", "VBZ", "JJ"], ["NN", "."]]
     preds = [["NNP", "VBZ", "NN"], ["NN", ","]]
-    assert compute_metric("pos", preds, refs) == pytest.approx(3 / 5)  # over tokens, not sentences
+    # seqeval reads NNP as type NP, VBZ as BZ, JJ as J, NN as N; '.' and ',' open no chunk. Reference chunks
+    # NP, BZ, J, N; predicted NP, BZ, N, N: 3 of 4 match (P = R = F1 = 0.75; token accuracy would be 3/5).
+    assert compute_metric("pos", preds, refs) == pytest.approx(0.75)
+    assert compute_metric("pos", refs, refs) == pytest.approx(1.0)
     ids = lambda seqs: [[POS_TAG_NAMES.index(t) for t in s] for s in seqs]  # noqa: E731
-    assert compute_metric("pos", ids(preds), ids(refs)) == pytest.approx(3 / 5)
+    assert compute_metric("pos", ids(preds), ids(refs)) == pytest.approx(0.75)
     with pytest.raises(ValueError, match="sentence 1 has 1 predicted tags but 2"):
         compute_metric("pos", [["NN", "NN", "NN"], ["NN"]], refs)
     with pytest.raises(ValueError, match="out of range"):

@@ -1,9 +1,9 @@
 """From the results table to the paper's figures and tables (Hassid et al. 2022, Sec. 4.2, 5.2, 5.3, App. C).
 
-Every function here takes the tidy results table of :class:`papa_lib.results.ResultsStore` (``.frame()``: one
-row per run, see :data:`papa_lib.results.RECORD_FIELDS`) and returns a small tidy or wide frame that a chapter
-plots or prints. Means, 95% confidence intervals and relative drops come from :func:`papa_lib.results.summarize`
-and :func:`papa_lib.results.relative_drop`; this module only chooses *which rows* feed them:
+Every function here takes the tidy results table of :class:`papa_lib.experiments.results.ResultsStore` (``.frame()``: one
+row per run, see :data:`papa_lib.experiments.results.RECORD_FIELDS`) and returns a small tidy or wide frame that a chapter
+plots or prints. Means, 95% confidence intervals and relative drops come from :func:`papa_lib.experiments.results.summarize`
+and :func:`papa_lib.experiments.results.relative_drop`; this module only chooses *which rows* feed them:
 
 * :func:`fraction_curves` -- Fig. 2: score vs fraction of input-dependent heads (1, 1/2, 1/8, 1/16, 0).
 * :func:`all_constant_drop`, :func:`half_heads_drop`, :func:`headline_comparison` -- the Sec. 4.2 headline
@@ -11,15 +11,14 @@ and :func:`papa_lib.results.relative_drop`; this module only chooses *which rows
   with a verdict against the paper's, and Fig. 3's points (:meth:`DropSummary.per_model`).
 * :func:`matrix_type_summary`, :func:`matrix_type_table`, :func:`average_vs_data_free` -- Table 1 / Table 4.
 * :func:`transfer_summary`, :func:`transfer_table`, :func:`transfer_differences` -- Table 2 / Table 5.
-* :func:`with_paper` -- our numbers beside the paper's (``papa_lib.paper``), in one long frame for a chart.
+* :func:`with_paper` -- our numbers beside the paper's (``papa_lib.book.paper``), in one long frame for a chart.
 * :func:`stored_matrices`, :func:`column_mass`, :func:`diagonal_mass`, :func:`position_coverage` -- where the
   stored constant matrices put their weight (Sec. 5.1, 5.3), how often a position holds a real token (App. A).
-* :func:`grid_coverage`, :func:`grid_plan`, :func:`task_lengths`, :func:`per_task_setting` -- what a declared grid
+* :func:`grid_coverage`, :func:`task_lengths`, :func:`per_task_setting` -- what a declared grid
   asks for and which of its runs are in the table (results may be partial).
-* :func:`run_costs`, :func:`estimate_compute`, :func:`encoder_cost_ratio`, :func:`feature_cache_bytes` -- compute
-  and memory estimates from measured wall times.
+* compute estimates (run costs, encoder shapes, cache bytes) live in :mod:`papa_lib.book.costs`.
 
-Canonical rows (see :mod:`papa_lib.experiments`): the model with every head input-dependent (fraction 1) is stored
+Canonical rows (see :mod:`papa_lib.experiments.engine`): the model with every head input-dependent (fraction 1) is stored
 once as ``matrix_type="original"``, ``selection_order="none"``; with every head replaced (fraction 0) the order
 is ``"none"``. Average-type matrices record the task whose text built them in ``matrices_from`` (the task itself,
 or ``"mnli"`` for Sec. 5.3); data-free types leave it empty.
@@ -38,7 +37,7 @@ from fractions import Fraction
 import numpy as np
 import pandas as pd
 
-from .results import relative_drop, summarize
+from ..experiments.results import relative_drop, summarize
 
 __all__ = [
     "AVERAGE_TYPES",
@@ -46,30 +45,22 @@ __all__ = [
     "DATA_FREE_TYPES",
     "DropSummary",
     "MATRIX_TYPE_LABELS",
-    "MODEL_SHAPES",
     "PAPER_TASK_ORDER",
-    "PAPER_TRAIN_SIZES",
-    "PAPER_TRAIN_WORDS",
     "TABLE1_ORDER",
     "all_constant_drop",
     "average_vs_data_free",
     "column_mass",
     "diagonal_mass",
-    "encoder_cost_ratio",
-    "estimate_compute",
-    "feature_cache_bytes",
     "format_mean_ci",
     "fraction_curves",
     "fraction_label",
     "grid_coverage",
-    "grid_plan",
     "per_task_setting",
     "half_heads_drop",
     "headline_comparison",
     "matrix_type_summary",
     "matrix_type_table",
     "position_coverage",
-    "run_costs",
     "stored_matrices",
     "task_lengths",
     "transfer_differences",
@@ -109,21 +100,6 @@ CONSTRUCTION = {
 }
 #: Column order of the paper's tables.
 PAPER_TASK_ORDER = ("cola", "mrpc", "sst2", "mnli", "ner", "pos")
-#: Training-set sizes of the paper's data (GLUE train splits; CoNLL-2003 eng.train sentences), for estimates.
-PAPER_TRAIN_SIZES = {"cola": 8551, "sst2": 67349, "mrpc": 3668, "mnli": 392702, "ner": 14041, "pos": 14041}
-#: Words in CoNLL-2003 eng.train (the token tasks' probe sees one vector per word).
-PAPER_TRAIN_WORDS = {"ner": 203621, "pos": 203621}
-#: (layers, hidden size, feed-forward size) of the encoders the book runs, for :func:`encoder_cost_ratio`.
-MODEL_SHAPES = {
-    "all-MiniLM-L6-v2": (6, 384, 1536),
-    "bert-base-uncased": (12, 768, 3072),
-    "roberta-base": (12, 768, 3072),
-    "microsoft/deberta-base": (12, 768, 3072),
-    "google/electra-base-discriminator": (12, 768, 3072),
-    "bert-large-uncased": (24, 1024, 4096),
-    "roberta-large": (24, 1024, 4096),
-    "microsoft/deberta-large": (24, 1024, 4096),
-}
 
 _FRAME_COLUMNS = ("model", "task", "matrix_type", "matrices_from", "selection_order", "fraction", "seed", "metric", "value")
 _SUMMARY_COLUMNS = ["mean", "ci_low", "ci_high", "n"]
@@ -146,12 +122,12 @@ def _check_frame(frame: pd.DataFrame, what: str, extra: Sequence[str] = ()) -> p
 
 
 def _check_tasks(tasks: Iterable[str] | None, what: str) -> list[str] | None:
-    """Validate task names against :data:`papa_lib.tasks.TASKS` (a typo is an error; an absent task is not)."""
+    """Validate task names against :data:`papa_lib.experiments.tasks.TASKS` (a typo is an error; an absent task is not)."""
     if tasks is None:
         return None
     if isinstance(tasks, str):
         tasks = [tasks]
-    from .tasks import TASKS
+    from ..experiments.tasks import TASKS
 
     tasks = list(tasks)
     unknown = [t for t in tasks if t not in TASKS]
@@ -361,7 +337,7 @@ def all_constant_drop(frame: pd.DataFrame, tasks: Iterable[str] | None = None, m
                       matrices_from: str | None = None) -> DropSummary:
     """Relative drop with every head replaced (fraction 0) per (model, task), and its mean and max (Sec. 4.2).
 
-    The paper: an 8% relative drop on average, never more than 20% (:func:`papa_lib.paper.headline`).
+    The paper: an 8% relative drop on average, never more than 20% (:func:`papa_lib.book.paper.headline`).
     """
     _check_frame(frame, "all_constant_drop")
     return _drop_at(frame, 0.0, "none", matrix_type, matrices_from, _check_tasks(tasks, "all_constant_drop"))
@@ -585,7 +561,7 @@ def transfer_differences(frame: pd.DataFrame, tasks: Iterable[str] | None = None
 
 
 def with_paper(ours: pd.DataFrame, paper_long: pd.DataFrame, key: str, ours_label: str) -> pd.DataFrame:
-    """Our tidy summary and the paper's table (``papa_lib.paper.table_long``) in one long frame for a chart.
+    """Our tidy summary and the paper's table (``papa_lib.book.paper.table_long``) in one long frame for a chart.
 
     ``key`` is the row variable (``matrix_type`` or ``matrices_from``). Columns: source (``ours_label`` or the
     paper's "Hassid et al. 2022, Table N"), model, key, task, mean, ci_low, ci_high, n (NaN/0 for the paper, which
@@ -597,7 +573,7 @@ def with_paper(ours: pd.DataFrame, paper_long: pd.DataFrame, key: str, ours_labe
             raise ValueError(f"with_paper: our summary lacks column {name!r}")
     for name in (key, "task", "value", "source", "model"):
         if name not in paper_long.columns:
-            raise ValueError(f"with_paper: the paper table lacks column {name!r} (use papa_lib.paper.table_long)")
+            raise ValueError(f"with_paper: the paper table lacks column {name!r} (use papa_lib.book.paper.table_long)")
     columns = ["source", "model", key, "task", *_SUMMARY_COLUMNS]
     mine = ours.copy()
     mine["source"] = ours_label
@@ -621,7 +597,7 @@ def with_paper(ours: pd.DataFrame, paper_long: pd.DataFrame, key: str, ours_labe
 
 def per_task_setting(spec: Mapping, key: str, tasks: Iterable[str], fallback: Mapping[str, object] | None = None) -> dict:
     """A grid setting per task: ``spec[key]`` is one value or a mapping by task with a ``default``
-    (as :func:`papa_lib.experiments.run_grid` reads it); unset values come from ``fallback`` (or are None)."""
+    (as :func:`papa_lib.experiments.engine.run_grid` reads it); unset values come from ``fallback`` (or are None)."""
     tasks = _check_tasks(tasks, "per_task_setting") or []
     value = spec.get(key) if isinstance(spec, Mapping) else None
     settings = {}
@@ -633,8 +609,8 @@ def per_task_setting(spec: Mapping, key: str, tasks: Iterable[str], fallback: Ma
 
 def task_lengths(spec: Mapping, tasks: Iterable[str]) -> dict[str, int]:
     """The sequence length L each task runs at under a grid: its ``max_length`` (an int, or a mapping by task with
-    a ``default``), else Table 3's length for the task (:data:`papa_lib.tasks.TASKS`)."""
-    from .tasks import TASKS
+    a ``default``), else Table 3's length for the task (:data:`papa_lib.experiments.tasks.TASKS`)."""
+    from ..experiments.tasks import TASKS
 
     tasks = _check_tasks(tasks, "task_lengths") or []
     table3 = {task: TASKS[task].max_length for task in tasks}
@@ -644,13 +620,13 @@ def task_lengths(spec: Mapping, tasks: Iterable[str]) -> dict[str, int]:
 def stored_matrices(results_dir, source: str, max_length: int, model: str | None = None):
     """The constant matrices a grid saved under ``results_dir/matrices`` for text of ``source`` at length L.
 
-    Files are named ``<source>-L<L>-<hash>.safetensors`` (:meth:`papa_lib.experiments.TaskExperiment.constants`);
+    Files are named ``<source>-L<L>-<hash>.safetensors`` (:meth:`papa_lib.experiments.engine.TaskExperiment.constants`);
     when several match (other data folders, sizes or models), the newest one (for ``model`` when given) is returned.
     ``None`` when there is none.
     """
     from pathlib import Path
 
-    from .averaging import ConstantAttention
+    from ..core.averaging import ConstantAttention
 
     folder = Path(results_dir) / "matrices"
     if int(max_length) <= 0:
@@ -721,10 +697,10 @@ def position_coverage(constants, position: int) -> float:
 
 
 def _block_variants(block) -> Iterable[tuple[str, str, object]]:
-    """(block name, task, canonical :class:`~papa_lib.experiments.Variant`) for every run of a grid block, without
+    """(block name, task, canonical :class:`~papa_lib.experiments.engine.Variant`) for every run of a grid block, without
     repeats inside the block (blocks are GridBlock objects or plain mappings with the same keys)."""
-    from .experiments import Variant
-    from .selection import PAPER_FRACTIONS
+    from ..experiments.engine import Variant
+    from ..experiments.selection import PAPER_FRACTIONS
 
     get = block.get if isinstance(block, Mapping) else (lambda key: getattr(block, key, None))
     fractions = get("fractions") if get("fractions") is not None else list(PAPER_FRACTIONS)
@@ -746,7 +722,7 @@ def _grid_seeds(spec: Mapping) -> list[int]:
 
 def grid_coverage(frame: pd.DataFrame, spec: Mapping, blocks: Iterable[str] | None = None,
                   model: str | None = None) -> pd.DataFrame:
-    """How much of a declared grid (:func:`papa_lib.experiments.load_grid`) the results table holds.
+    """How much of a declared grid (:func:`papa_lib.experiments.engine.load_grid`) the results table holds.
 
     Per (block, task): ``expected`` runs (canonical variants x seeds), ``done`` (those found in ``frame``; for
     ``model`` only when given) and ``missing`` = expected - done. A run counts as done when a row has its task,
@@ -754,7 +730,7 @@ def grid_coverage(frame: pd.DataFrame, spec: Mapping, blocks: Iterable[str] | No
     """
     _check_frame(frame, "grid_coverage")
     if not isinstance(spec, Mapping) or "blocks" not in spec:
-        raise ValueError("grid_coverage: spec must be a grid mapping with 'blocks' (papa_lib.experiments.load_grid)")
+        raise ValueError("grid_coverage: spec must be a grid mapping with 'blocks' (papa_lib.experiments.engine.load_grid)")
     seeds = _grid_seeds(spec)
     wanted = None if blocks is None else set(blocks)
     if model is not None:
@@ -776,137 +752,3 @@ def grid_coverage(frame: pd.DataFrame, spec: Mapping, blocks: Iterable[str] | No
                              seed) in done_keys
     records = [(name, task, expected, done, expected - done) for (name, task), (expected, done) in counts.items()]
     return pd.DataFrame(records, columns=["block", "task", "expected", "done", "missing"])
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# Compute estimates from measured wall times
-# ----------------------------------------------------------------------------------------------------------------
-
-
-def encoder_cost_ratio(shape: Sequence[int], reference: Sequence[int] = MODEL_SHAPES["all-MiniLM-L6-v2"]) -> float:
-    """Per-token compute of an encoder relative to ``reference``, from (layers, hidden, feed-forward) sizes.
-
-    A layer costs about ``4 d^2`` (Q, K, V, output projections) + ``2 d d_ff`` (feed-forward) multiply-adds per
-    token; the attention product itself (``~2 L d`` per token) is small at L <= 256 and left out.
-    """
-    def per_token(dims: Sequence[int]) -> float:
-        if len(dims) != 3 or any(int(v) <= 0 for v in dims):
-            raise ValueError(f"encoder_cost_ratio: a shape is (layers, hidden, feed_forward) > 0, got {tuple(dims)}")
-        layers, hidden, ff = (int(v) for v in dims)
-        return layers * (4 * hidden * hidden + 2 * hidden * ff)
-
-    return per_token(shape) / per_token(reference)
-
-
-def feature_cache_bytes(kind: str, examples: int, layers: int, hidden: int, length: int | None = None,
-                        bytes_per_value: int = 2) -> int:
-    """Memory of the frozen-feature cache of one split (:class:`papa_lib.experiments.FeatureSet`, float16).
-
-    Sentence tasks keep every position of every layer, embeddings included: ``examples x (layers+1) x L x D``;
-    token tasks keep one vector per word and layer: ``examples (words) x (layers+1) x D``.
-    """
-    if kind not in ("sentence", "token"):
-        raise ValueError(f"feature_cache_bytes: kind must be 'sentence' or 'token', got {kind!r}")
-    if kind == "sentence" and not length:
-        raise ValueError("feature_cache_bytes: a sentence task needs its length L")
-    per_example = (int(layers) + 1) * int(hidden) * (int(length) if kind == "sentence" else 1)
-    return int(examples) * per_example * int(bytes_per_value)
-
-
-def _run_kind(matrix_type: str) -> str:
-    return "in-loop" if str(matrix_type).startswith("trainable") else "frozen"
-
-
-def grid_plan(spec: Mapping, blocks: Iterable[str] | None = None) -> pd.DataFrame:
-    """The runs a grid declares, per (block, task, kind): ``runs`` = distinct canonical variants x seeds.
-
-    ``kind`` is ``in-loop`` for trainable matrices and ``frozen`` otherwise (see :func:`run_costs`). A variant that
-    several of the chosen ``blocks`` share (e.g. the original model) is counted in the first block that declares
-    it, as :func:`papa_lib.experiments.grid_runs` runs it once.
-    """
-    if not isinstance(spec, Mapping) or "blocks" not in spec:
-        raise ValueError("grid_plan: spec must be a grid mapping with 'blocks' (papa_lib.experiments.load_grid)")
-    n_seeds = len(_grid_seeds(spec))
-    wanted = None if blocks is None else set(blocks)
-    seen: set = set()
-    counts: dict[tuple[str, str, str], int] = {}
-    for block in spec["blocks"]:
-        for name, task, variant in _block_variants(block):
-            if (wanted is not None and name not in wanted) or (task, variant) in seen:
-                continue
-            seen.add((task, variant))
-            key = (name, task, _run_kind(variant.matrix_type))
-            counts[key] = counts.get(key, 0) + n_seeds
-    rows = [(block, task, kind, runs) for (block, task, kind), runs in counts.items()]
-    return pd.DataFrame(rows, columns=["block", "task", "kind", "runs"])
-
-
-def run_costs(frame: pd.DataFrame, lengths: Mapping[str, int] | int) -> pd.DataFrame:
-    """Measured cost per (task, kind) of run: ``frozen`` (cached features) or ``in-loop`` (trainable matrices).
-
-    ``lengths``: the sequence length L each task ran at (a mapping with an optional ``default``, or one int).
-    Columns: task, kind, runs, wall_hours (total), mean_wall_s (per run), train_size (mean), seconds_per_token
-    (mean over runs of ``wall_time_s / (train_size * L)``, the unit :func:`estimate_compute` scales).
-    """
-    _check_frame(frame, "run_costs", extra=("wall_time_s", "train_size"))
-    columns = ["task", "kind", "runs", "wall_hours", "mean_wall_s", "train_size", "seconds_per_token"]
-    rows = frame[frame["wall_time_s"].notna() & frame["train_size"].notna()].copy()
-    if rows.empty:
-        return _empty(columns)
-
-    def length(task: str) -> int:
-        if isinstance(lengths, Mapping):
-            value = lengths.get(task, lengths.get("default"))
-        else:
-            value = lengths
-        if value is None or int(value) <= 0:
-            raise ValueError(f"run_costs: no sequence length for task {task!r} in {lengths!r}")
-        return int(value)
-
-    rows["kind"] = rows["matrix_type"].map(_run_kind)
-    rows["train_size"] = rows["train_size"].astype(float)
-    rows["seconds_per_token"] = rows["wall_time_s"] / (rows["train_size"] * rows["task"].map(length))
-    grouped = rows.groupby(["task", "kind"], sort=False)
-    out = grouped.agg(runs=("wall_time_s", "size"), wall_hours=("wall_time_s", "sum"), mean_wall_s=("wall_time_s", "mean"),
-                      train_size=("train_size", "mean"), seconds_per_token=("seconds_per_token", "mean")).reset_index()
-    out["wall_hours"] = out["wall_hours"] / 3600.0
-    return _sort_by_task(out, before=(), after=["kind"])[columns]
-
-
-def estimate_compute(costs: pd.DataFrame, plan: pd.DataFrame, lengths: Mapping[str, int],
-                     train_sizes: Mapping[str, int] = PAPER_TRAIN_SIZES, cost_ratio: float = 1.0,
-                     speedup: float = 1.0, epoch_factor: Mapping[str, float] | None = None) -> pd.DataFrame:
-    """Scale measured per-token costs (:func:`run_costs`) to a planned grid.
-
-    ``plan`` has one row per (task, kind) with ``runs`` (variants x seeds). Each planned run costs
-    ``seconds_per_token x train_sizes[task] x lengths[task] x cost_ratio / speedup`` seconds, times
-    ``epoch_factor[task]`` for ``in-loop`` runs (target over measured epochs; default 1). A (task, kind) we did not
-    measure borrows the mean per-token cost of that kind over the measured tasks (``source`` says so); with no
-    measurement of the kind at all, the mean over every measurement. Columns: task, kind, runs, seconds_per_token,
-    source, hours.
-    """
-    for name in ("task", "kind", "runs"):
-        if name not in plan.columns:
-            raise ValueError(f"estimate_compute: plan lacks column {name!r}")
-    if cost_ratio <= 0 or speedup <= 0:
-        raise ValueError(f"estimate_compute: cost_ratio and speedup must be > 0, got {cost_ratio}, {speedup}")
-    columns = ["task", "kind", "runs", "seconds_per_token", "source", "hours"]
-    if costs.empty:
-        raise ValueError("estimate_compute: no measured run costs (the results table has no wall times yet)")
-    measured = {(r.task, r.kind): r.seconds_per_token for r in costs.itertuples(index=False)}
-    per_kind = costs.groupby("kind")["seconds_per_token"].mean().to_dict()
-    overall = float(costs["seconds_per_token"].mean())
-    records = []
-    for row in plan.itertuples(index=False):
-        if row.task not in train_sizes or row.task not in lengths:
-            raise ValueError(f"estimate_compute: no training-set size or length for task {row.task!r}")
-        if (row.task, row.kind) in measured:
-            unit, source = measured[(row.task, row.kind)], "measured"
-        elif row.kind in per_kind:
-            unit, source = per_kind[row.kind], f"mean of measured {row.kind} runs"
-        else:
-            unit, source = overall, "mean of all measured runs"
-        factor = (epoch_factor or {}).get(row.task, 1.0) if row.kind == "in-loop" else 1.0
-        seconds = row.runs * unit * train_sizes[row.task] * lengths[row.task] * cost_ratio * factor / speedup
-        records.append((row.task, row.kind, int(row.runs), unit, source, seconds / 3600.0))
-    return pd.DataFrame(records, columns=columns)

@@ -2,11 +2,11 @@
 
 Sec. 3.4 of the paper notes that a head with a constant matrix C^h needs neither queries nor keys nor a softmax: its
 output is C^h V^h, which cuts a head's cost from 2n²d′ + 3nd′² (the Q, K, V projections plus QKᵀ and AV) to
-n²d′ + nd′² (the V projection plus CV). The reference path of :mod:`papa_lib.override` computes exactly the same
+n²d′ + nd′² (the V projection plus CV). The reference path of :mod:`papa_lib.core.override` computes exactly the same
 numbers but pays the full price: it still projects queries and keys, still builds every head's ``[B, L, L]``
 weight matrix for every example, and multiplies the values with it. This module is the cheap way to the same result.
 
-What it does, for BERT, RoBERTa and ELECTRA (the ``AttentionInterface`` route of :mod:`papa_lib.models`):
+What it does, for BERT, RoBERTa and ELECTRA (the ``AttentionInterface`` route of :mod:`papa_lib.core.models`):
 
 * ``constant`` and ``toeplitz`` heads: the weights of the reference path are C masked to the real keys and
   row-normalised, ``W = (C ⊙ m_k) / ((C ⊙ m_k) 1)``. Since ``(C ⊙ m_k) V = C (m_k ⊙ V)``, the output is
@@ -22,7 +22,7 @@ What it does, for BERT, RoBERTa and ELECTRA (the ``AttentionInterface`` route of
   ``state_dict`` and module tree stay untouched) by one that returns a zero-stride view of a single zero of the right
   shape; leaving the override deletes the replacement and the modules are exactly as before.
 
-When the fast path steps aside (the reference path of :mod:`papa_lib.override` runs instead):
+When the fast path steps aside (the reference path of :mod:`papa_lib.core.override` runs instead):
 
 * the layer has a ``mix`` or ``trainable`` head (their weights depend on trainable parameters; ``trainable`` layers
   still skip the Q/K projections, since they never read them);
@@ -43,6 +43,8 @@ from typing import Callable
 
 import torch
 from torch import nn
+
+from .masks import real_tokens_from_additive_mask
 
 #: Modes the fast path can compute for a layer (a layer with any other mode uses the reference path).
 FAST_MODES = frozenset({"original", "constant", "identity", "zeros", "toeplitz"})
@@ -175,8 +177,6 @@ def fast_attention(
     plan = layer_plan(override.layer_modes(layer))
     if plan is None or attentions_requested():
         return None
-    from .override import real_tokens_from_additive_mask
-
     batch, heads, length, head_size = value.shape
     dtype, device = value.dtype, value.device
     real = real_tokens_from_additive_mask(attention_mask, batch, length, device)  # [B, L] bool
@@ -186,7 +186,16 @@ def fast_attention(
     all_matrix = len(plan.matrix) == heads
     output = None if all_matrix else value.new_zeros(batch, length, heads, head_size)
 
-    if plan.matrix:
+    if plan.matrix and override.positions is not None:
+        # Packed input: every example reads its own entries C[pos_q, pos_k] (no batch-shared product).
+        idx = list(plan.matrix)
+        weights = override.replacement_weights(layer, real, dtype)[:, idx]  # [B, m, W, W]
+        result = torch.matmul(weights, value[:, idx]).transpose(1, 2)  # [B, W, m, d′]
+        if all_matrix:
+            output = result.contiguous()
+        else:
+            output[:, :, idx] = result
+    elif plan.matrix:
         m = len(plan.matrix)
         matrices, may_be_empty = _matrix_heads(override, layer, plan, length, device, dtype)  # [m, L, L]
         values = (value if all_matrix else value[:, list(plan.matrix)]).permute(1, 2, 0, 3)  # [m, L, B, d′]

@@ -119,7 +119,7 @@ class PadAwareAverage:
 
     Entry (q, k) is averaged over the examples in which both q and k are real tokens; entries no example covers stay 0.
     Memory is one float64 ``[heads, L, L]`` running sum per layer plus one ``[L, L]`` count, whatever the corpus size.
-    Used for PAPA's attention averages here and for norm-weighted averages in :mod:`papa_lib.norms`.
+    Used for PAPA's attention averages here and for norm-weighted averages in :mod:`papa_lib.analysis.norms`.
     """
 
     def __init__(self, num_layers: int, num_heads: int, kind: str = "average"):
@@ -131,9 +131,15 @@ class PadAwareAverage:
         self.num_examples = 0
         self.started = time.time()
 
-    def add(self, per_layer: Iterable[tuple[int, torch.Tensor]], attention_mask: torch.Tensor, layout: str | None = None) -> None:
-        """Add one batch: ``per_layer`` yields ``(layer, matrices [B, heads, L, L])``; ``attention_mask`` is ``[B, L]``."""
-        width = int(attention_mask.shape[1])
+    def add(self, per_layer: Iterable[tuple[int, torch.Tensor]], attention_mask: torch.Tensor, layout: str | None = None,
+            positions: torch.Tensor | None = None, length: int | None = None) -> None:
+        """Add one batch: ``per_layer`` yields ``(layer, matrices [B, heads, W, W])``; ``attention_mask`` is ``[B, W]``.
+
+        A padded batch has ``W = L``. A packed batch (:func:`papa_lib.core.packing.pack`) gives ``positions``
+        ``[B, W]`` (App. A position of each token) and ``length`` L: entry (i, j) of example b is added at
+        ``(positions[b, i], positions[b, j])``, so the sums equal the padded batch's.
+        """
+        width = int(length if positions is not None else attention_mask.shape[1])
         if self.length is None:
             self.length, self.layout = width, layout
             self.sums = [torch.zeros(self.num_heads, width, width, dtype=torch.float64, device=attention_mask.device)
@@ -141,10 +147,20 @@ class PadAwareAverage:
             self.counts = torch.zeros(width, width, dtype=torch.float64, device=attention_mask.device)
         elif width != self.length:
             raise ValueError(f"all batches must have the same width L; got {width} after {self.length}")
-        pair = pair_mask(attention_mask)
-        for layer, matrices in per_layer:
-            self.sums[layer] += torch.einsum("bhqk,bqk->hqk", matrices.float(), pair).double()
-        self.counts += pair.sum(0).double()
+        if positions is None:
+            pair = pair_mask(attention_mask)
+            for layer, matrices in per_layer:
+                self.sums[layer] += torch.einsum("bhqk,bqk->hqk", matrices.float(), pair).double()
+            self.counts += pair.sum(0).double()
+        else:
+            real = attention_mask.bool()
+            pair = real[:, :, None] & real[:, None, :]  # [B, W, W]
+            index = positions.to(attention_mask.device).clamp_min(0)
+            flat = (index[:, :, None] * width + index[:, None, :])[pair]  # App. A entry of every real pair
+            for layer, matrices in per_layer:
+                values = matrices.transpose(0, 1)[:, pair].double()  # [heads, pairs]
+                self.sums[layer].view(self.num_heads, -1).index_add_(1, flat, values)
+            self.counts.view(-1).index_add_(0, flat, torch.ones_like(flat, dtype=torch.float64))
         self.num_examples += int(attention_mask.shape[0])
 
     def result(self, model, source: str) -> ConstantAttention:
@@ -178,7 +194,9 @@ def average_attention(
 
     Args:
         model: an encoder from :func:`papa_lib.load_encoder` (eager attention).
-        batches: an iterable of dicts as returned by :func:`papa_lib.encode` (all of the same width L).
+        batches: an iterable of dicts as returned by :func:`papa_lib.encode` (all of the same width L), or packed
+            batches (:func:`papa_lib.core.packing.pack`) of the same L, whose entries are added at their App. A
+            positions: the same average, computed on real tokens only.
         progress: show a progress bar.
         source: where the text came from (stored in the metadata).
         total: number of batches, for the progress bar only.
@@ -195,5 +213,6 @@ def average_attention(
         for batch in tqdm(batches, total=total, disable=not progress, desc="averaging attention", unit="batch"):
             inputs = model_inputs(model, batch)
             outputs = model(**inputs, output_attentions=True)
-            average.add(enumerate(outputs.attentions), inputs["attention_mask"], getattr(batch, "layout", None))
+            average.add(enumerate(outputs.attentions), inputs["attention_mask"], getattr(batch, "layout", None),
+                        positions=getattr(batch, "positions", None), length=getattr(batch, "length", None))
     return average.result(model, source)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pandas as pd
 
-PAPER_DIR = Path(__file__).resolve().parents[1] / "data" / "paper"
+PAPER_DIR = Path(__file__).resolve().parents[2] / "data" / "paper"
 TABLES = {
     "table1": ("table1_roberta_base.csv", "RoBERTa-base", "Table 1"),
     "table2": ("table2_roberta_base.csv", "RoBERTa-base", "Table 2"),

@@ -7,10 +7,10 @@ returned, averaged (Sec. 3.1) and replaced (Sec. 3.2).
 Architecture specifics live in :class:`ArchitectureAdapter` instances, one per ``config.model_type``:
 
 * BERT, RoBERTa and ELECTRA (and BERT-family checkpoints such as MiniLM) route their attention through
-  transformers' ``AttentionInterface``; :mod:`papa_lib.override` registers one attention function there.
+  transformers' ``AttentionInterface``; :mod:`papa_lib.core.override` registers one attention function there.
 * DeBERTa and DeBERTa-v2/v3 compute disentangled (content + relative position) attention inside their own
   ``DisentangledSelfAttention`` module; the override reaches them through a small probabilities hook
-  (see :mod:`papa_lib.override`).
+  (see :mod:`papa_lib.core.override`).
 """
 
 from __future__ import annotations
@@ -37,19 +37,29 @@ class ArchitectureAdapter:
         route: ``"interface"`` (attention goes through transformers' ``AttentionInterface``) or
             ``"probs_hook"`` (the attention probabilities are intercepted inside the model's own module).
         uses_token_type_ids: whether the encoder has a token-type (segment) embedding.
+        position_offset: ``"none"`` (position id = sequence index) or ``"padding_idx"`` (RoBERTa: position ids start
+            at ``pad_token_id + 1``); see :meth:`first_position_id`.
+        packable: whether the encoder's positions come from position ids alone, so a batch can run on its real
+            tokens only (:func:`papa_lib.core.packing.pack`); DeBERTa's relative positions follow sequence indices.
     """
 
     model_type: str
     route: str
     uses_token_type_ids: bool = True
+    position_offset: str = "none"
+    packable: bool = True
+
+    def first_position_id(self, config) -> int:
+        """The position id of sequence index 0 (0 for BERT and ELECTRA, ``pad_token_id + 1`` for RoBERTa)."""
+        return int(config.pad_token_id) + 1 if self.position_offset == "padding_idx" else 0
 
 
 ADAPTERS: dict[str, ArchitectureAdapter] = {
     "bert": ArchitectureAdapter("bert", "interface"),
-    "roberta": ArchitectureAdapter("roberta", "interface", uses_token_type_ids=False),
+    "roberta": ArchitectureAdapter("roberta", "interface", uses_token_type_ids=False, position_offset="padding_idx"),
     "electra": ArchitectureAdapter("electra", "interface"),
-    "deberta": ArchitectureAdapter("deberta", "probs_hook"),
-    "deberta-v2": ArchitectureAdapter("deberta-v2", "probs_hook"),
+    "deberta": ArchitectureAdapter("deberta", "probs_hook", packable=False),
+    "deberta-v2": ArchitectureAdapter("deberta-v2", "probs_hook", packable=False),
 }
 SUPPORTED_MODEL_TYPES = tuple(ADAPTERS)
 
@@ -163,7 +173,7 @@ def model_device(model: nn.Module) -> torch.device:
 def model_inputs(model: nn.Module, batch: dict) -> dict:
     """The subset of an encoded batch the model takes, moved to the model's device."""
     device = model_device(model)
-    keys = ("input_ids", "attention_mask", "token_type_ids")
+    keys = ("input_ids", "attention_mask", "token_type_ids", "position_ids")
     out = {k: batch[k].to(device) for k in keys if k in batch and batch[k] is not None}
     if not adapter_for(model).uses_token_type_ids:
         out.pop("token_type_ids", None)

@@ -29,7 +29,7 @@ Patterns of the constant matrices (Sec. 5.1)
       weight mass").
 
 λ and head orders (Sec. 3.2, 5.4)
-    :func:`read_lambda_files` reads the learned λ saved by :meth:`papa_lib.experiments.TaskExperiment.learn_lambdas`;
+    :func:`read_lambda_files` reads the learned λ saved by :meth:`papa_lib.experiments.engine.TaskExperiment.learn_lambdas`;
     :func:`kept_until` turns λ into the fraction of input-dependent heads down to which each head survives;
     :func:`order_curves` and :func:`compare_orders` put the Fig. 5 runs of a results table into curves and rank them.
 
@@ -51,7 +51,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from . import selection
+from ..experiments import selection
 
 __all__ = [
     "DIAGONAL_THRESHOLD",
@@ -134,7 +134,7 @@ def restrict_to_input(constant: torch.Tensor, masks: torch.Tensor) -> torch.Tens
 
     Entries whose query or key is padding are zeroed and every real query row is normalised to sum 1; a real row with
     no mass on any real key becomes uniform over the real keys; padded query rows are all zero. This matches the
-    ``constant`` mode of :class:`papa_lib.override.AttentionOverride` (tested against it).
+    ``constant`` mode of :class:`papa_lib.core.override.AttentionOverride` (tested against it).
     """
     constant = torch.as_tensor(constant).detach().to(torch.float64)
     masks = torch.as_tensor(masks).detach()
@@ -199,7 +199,7 @@ def input_variability(attentions: torch.Tensor, masks: torch.Tensor, reference: 
 
 
 def _matrices_and_counts(constant: Any, counts: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Accept a :class:`~papa_lib.averaging.ConstantAttention` or ``(matrices [layers, heads, L, L], counts [L, L])``."""
+    """Accept a :class:`~papa_lib.core.averaging.ConstantAttention` or ``(matrices [layers, heads, L, L], counts [L, L])``."""
     if counts is None:
         if not hasattr(constant, "matrices") or not hasattr(constant, "counts"):
             raise ValueError("pass a ConstantAttention, or matrices together with their counts [L, L]")
@@ -430,7 +430,7 @@ def kept_until(lambdas: torch.Tensor, fractions: Sequence[float] = selection.PAP
                order: str = "lambda", seed: int = 0) -> torch.Tensor:
     """``[layers, heads]``: the smallest of ``fractions`` at which each head is still input-dependent.
 
-    Uses :func:`papa_lib.selection.heads_to_replace`; a head replaced already at the largest fraction below 1 gets
+    Uses :func:`papa_lib.experiments.selection.heads_to_replace`; a head replaced already at the largest fraction below 1 gets
     1.0 (it is input-dependent only in the original model). With the paper's fractions, a head with value 1/16
     survives every intermediate cut (only the fully constant model replaces it).
     """

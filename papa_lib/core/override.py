@@ -13,7 +13,7 @@ Every head h of every layer runs one of these modes:
                non-negative (clamped at 0) and masked + row-normalised when used (Sec. 5.2 (4)-(5), fn. 14)
 =============  =================================================================================================
 
-How a model is reached (architecture specifics are in :mod:`papa_lib.models`):
+How a model is reached (architecture specifics are in :mod:`papa_lib.core.models`):
 
 * BERT, RoBERTa, ELECTRA: an attention function registered in transformers' ``AttentionInterface`` under the name
   ``"papa"``, plus the eager mask function registered in ``AttentionMaskInterface`` under the same name — without
@@ -27,7 +27,7 @@ Both routes call the same :meth:`AttentionOverride.head_weights`, so every mode 
 Leaving the context restores the model exactly. With ``output_attentions=True`` the model returns the weights it
 actually used (constant, mixed, ...).
 
-On the ``AttentionInterface`` route a fast path (:mod:`papa_lib.fastpath`, Sec. 3.4) is on by default
+On the ``AttentionInterface`` route a fast path (:mod:`papa_lib.core.fastpath`, Sec. 3.4) is on by default
 (``fast=True``): heads that do not look at the input skip the query/key projections, the softmax and the per-example
 weight matrices, with the same result; ``fast=False`` runs the reference path described here.
 """
@@ -41,6 +41,7 @@ import torch
 from torch import nn
 
 from .fastpath import fast_attention, skip_query_key_projections
+from .masks import real_tokens_from_additive_mask, real_tokens_from_pair_mask
 from .models import adapter_for, model_device, num_layers_and_heads, self_attention_modules
 
 MODES = ("original", "constant", "mix", "identity", "toeplitz", "zeros", "trainable")
@@ -53,33 +54,6 @@ def toeplitz_matrix(length: int, dtype=torch.float32, device=None) -> torch.Tens
     """The Toeplitz matrix T_qk = 1 / (|q - k| + 1) of Sec. 5.2 (harmonic decay away from the diagonal)."""
     positions = torch.arange(length, device=device)
     return 1.0 / ((positions[:, None] - positions[None, :]).abs().to(dtype) + 1.0)
-
-
-def real_tokens_from_additive_mask(attention_mask: torch.Tensor | None, batch: int, length: int, device) -> torch.Tensor:
-    """Which positions are real tokens, read from the 4D mask transformers passes to attention functions.
-
-    The mask is ``[B, 1, Lq or 1, Lk]``: 0 (or True) where a key may be attended, a large negative value (or False)
-    where it is padding. For bidirectional encoder self-attention every row is the same, and a position is a real
-    query exactly when it is a real key.
-    """
-    if attention_mask is None:
-        return torch.ones(batch, length, dtype=torch.bool, device=device)
-    row = attention_mask[:, 0, 0, :] if attention_mask.dim() == 4 else attention_mask.reshape(batch, -1)[:, -length:]
-    if row.dtype == torch.bool:
-        return row
-    return row > torch.finfo(row.dtype).min / 2
-
-
-def real_tokens_from_pair_mask(attention_mask: torch.Tensor | None, batch: int, length: int, device) -> torch.Tensor:
-    """Real positions from DeBERTa's pair mask ``m_q * m_k`` (``[B, 1, L, L]``, ``[B, L, L]`` or ``[B, L]``)."""
-    if attention_mask is None:
-        return torch.ones(batch, length, dtype=torch.bool, device=device)
-    mask = attention_mask
-    if mask.dim() == 4:
-        mask = mask[:, 0]
-    if mask.dim() == 3:
-        mask = mask.diagonal(dim1=-2, dim2=-1)
-    return mask.bool()
 
 
 def _resolve_plan(num_layers: int, num_heads: int, heads, mode: str) -> dict[tuple[int, int], str]:
@@ -112,7 +86,7 @@ class AttentionOverride(nn.Module):
     Holds the mixing parameters θ ``[layers, heads]`` (λ = σ(θ), initialised to 0, i.e. λ = 0.5) and, for
     ``trainable`` heads, the trainable constant matrices. Train them by passing :meth:`trainable_parameters` to an
     optimiser. Apply it with :meth:`applied` (or use :func:`override`). ``fast`` turns the fast path of
-    :mod:`papa_lib.fastpath` on (default) or off (reference path).
+    :mod:`papa_lib.core.fastpath` on (default) or off (reference path).
     """
 
     def __init__(
@@ -163,6 +137,8 @@ class AttentionOverride(nn.Module):
         self.trainable = nn.ParameterDict()
         self._bases: dict[int, torch.Tensor | None] = {}
         self._dynamic_cache: dict[tuple[int, int], torch.Tensor] = {}
+        # App. A position of each token of the running batch ([B, W]); None: sequence index = position (padded run)
+        self.positions: torch.Tensor | None = None
         for layer in range(self.num_layers):
             layer_modes = [self.head_mode(layer, h) for h in range(self.num_heads)]
             if "trainable" in layer_modes:
@@ -226,24 +202,26 @@ class AttentionOverride(nn.Module):
             source = torch.where(is_trainable, self.trainable[str(layer)].clamp_min(0.0), source)
         return source.to(dtype)
 
-    def head_weights(self, layer: int, attention: torch.Tensor | None, real: torch.Tensor) -> torch.Tensor:
-        """The attention weights ``[B, H, L, L]`` each head of ``layer`` uses for this input.
-
-        Args:
-            layer: layer index.
-            attention: the model's own softmax attention A ``[B, H, L, L]`` (may be ``None`` when no head of this
-                layer is ``original`` or ``mix``).
-            real: ``[B, L]`` bool, True at real (non-padding) tokens.
-        """
+    def replacement_weights(self, layer: int, real: torch.Tensor, dtype=torch.float32) -> torch.Tensor:
+        """Every head's replacement matrix for this input, masked to real tokens and row-normalised where the mode
+        says so: ``[1 or B, H, W, W]``. With packed inputs (:attr:`positions` set) entry (i, j) of example b reads
+        the App. A entry ``(positions[b, i], positions[b, j])`` — the same numbers as the padded batch."""
         modes = self.layer_modes(layer)
-        if all(m == "original" for m in modes):
-            return attention
-        batch, length = real.shape
+        width = real.shape[1]
         device = real.device
-        dtype = attention.dtype if attention is not None else torch.float32
-        pair = (real[:, None, :, None] & real[:, None, None, :]).to(dtype)  # [B, 1, L, L]
-        source = self._replacement_source(layer, length, device, dtype)  # [H, L, L]
-        masked = source[None] * pair  # [B, H, L, L]
+        if self.positions is None:
+            source = self._replacement_source(layer, width, device, dtype)[None]  # [1, H, L, L]
+        else:
+            positions = self.positions.to(device)
+            top = int(positions.max()) + 1 if positions.numel() else 1
+            length = self.length if self.length is not None else top
+            if top > length:
+                raise ValueError(f"a token sits at App. A position {top - 1}, beyond the matrices' L={length}")
+            index = positions.clamp(0, length - 1)
+            full = self._replacement_source(layer, length, device, dtype)  # [H, L, L]
+            source = full[:, index[:, :, None], index[:, None, :]].transpose(0, 1)  # [B, H, W, W]
+        pair = (real[:, None, :, None] & real[:, None, None, :]).to(dtype)  # [B, 1, W, W]
+        masked = source * pair  # [B, H, W, W]
         row_sum = masked.sum(-1, keepdim=True)
         normalise = torch.tensor([m in _ROW_NORMALISED for m in modes], device=device)[None, :, None, None]
         normalised = masked / row_sum.clamp_min(torch.finfo(dtype).tiny)
@@ -251,7 +229,22 @@ class AttentionOverride(nn.Module):
         # uniform row over the real keys, so every used row still sums to 1.
         empty = (row_sum <= 0) & real[:, None, :, None] & normalise
         uniform = pair / pair.sum(-1, keepdim=True).clamp_min(1.0)
-        replacement = torch.where(normalise, torch.where(empty, uniform, normalised), masked)
+        return torch.where(normalise, torch.where(empty, uniform, normalised), masked)
+
+    def head_weights(self, layer: int, attention: torch.Tensor | None, real: torch.Tensor) -> torch.Tensor:
+        """The attention weights ``[B, H, W, W]`` each head of ``layer`` uses for this input.
+
+        Args:
+            layer: layer index.
+            attention: the model's own softmax attention A ``[B, H, W, W]`` (may be ``None`` when no head of this
+                layer is ``original`` or ``mix``).
+            real: ``[B, W]`` bool, True at real (non-padding) tokens.
+        """
+        modes = self.layer_modes(layer)
+        if all(m == "original" for m in modes):
+            return attention
+        dtype = attention.dtype if attention is not None else torch.float32
+        replacement = self.replacement_weights(layer, real, dtype)
 
         code = self.mode_codes[layer]
         lam = torch.sigmoid(self.theta[layer]).to(dtype)
@@ -275,7 +268,15 @@ class AttentionOverride(nn.Module):
         if any(getattr(m, "_papa_state", None) is not None for m in modules):
             raise RuntimeError("an attention override is already active on this model; overrides do not nest")
         undo = []
+        first_position = adapter.first_position_id(model.config)
+
+        def read_positions(_module, _args, kwargs):
+            position_ids = kwargs.get("position_ids")
+            self.positions = None if position_ids is None else position_ids - first_position
+
         try:
+            handle = model.register_forward_pre_hook(read_positions, with_kwargs=True)
+            undo.append(lambda: (handle.remove(), setattr(self, "positions", None)))
             for layer, module in enumerate(modules):
                 module._papa_state = (self, layer)
                 undo.append(lambda module=module: delattr(module, "_papa_state"))
@@ -382,7 +383,7 @@ def override(
 
     Args:
         model: an encoder from :func:`papa_lib.load_encoder`.
-        matrices: a :class:`~papa_lib.averaging.ConstantAttention` or a tensor ``[layers, heads, L, L]`` (needed by
+        matrices: a :class:`~papa_lib.core.averaging.ConstantAttention` or a tensor ``[layers, heads, L, L]`` (needed by
             ``constant``, ``mix`` and average-initialised ``trainable`` heads).
         heads: ``"all"``, an iterable of ``(layer, head)`` pairs (those heads run ``mode``, the rest stay original),
             or a mapping ``{(layer, head): mode}`` for a mixed plan.
@@ -390,7 +391,7 @@ def override(
         trainable_init: ``"average"`` or ``"toeplitz"`` for ``trainable`` heads.
         max_length: size of trainable matrices when no ``matrices`` are given.
         state: reuse an existing :class:`AttentionOverride` (e.g. with learned θ) instead of building a new one.
-        fast: use the fast path of :mod:`papa_lib.fastpath` (``None``: on for a new state, the state's own setting
+        fast: use the fast path of :mod:`papa_lib.core.fastpath` (``None``: on for a new state, the state's own setting
             for a given ``state``); ``False`` runs the reference path. Both give the same outputs.
 
     Yields:

@@ -1,4 +1,4 @@
-"""Downstream tasks of PAPA: task specifications, data loading and metrics.
+"""Downstream tasks of PAPA: task specifications and data loading (metrics: :mod:`papa_lib.experiments.metrics`).
 
 PAPA (Hassid et al., 2022) probes pretrained encoders on six English tasks
 (Sec. 4.1): four GLUE text-classification tasks -- CoLA, SST-2, MRPC and MNLI
@@ -42,12 +42,11 @@ files and one trained on hub data agree on what each id means.
 
 from __future__ import annotations
 
-import operator
 import random
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Sequence
+from typing import Any, Callable, Iterable, Iterator, Sequence
 
 __all__ = [
     "TaskSpec",
@@ -61,7 +60,6 @@ __all__ = [
     "load_task",
     "unlabeled_texts",
     "load_wikitext",
-    "compute_metric",
     "convert_iob1_to_iob2",
 ]
 
@@ -94,16 +92,19 @@ class TaskSpec:
         kind: ``'sentence'`` (one label per example) or ``'token'`` (one label per word).
         is_pair: whether an example is a pair of texts (MRPC, MNLI).
         metric: the metric the paper reports (footnote 10): ``'matthews_corrcoef'`` (CoLA),
-            ``'accuracy'`` (SST-2, MNLI, POS), ``'f1'`` (MRPC, F1 of the positive class
-            'equivalent') or ``'seqeval_f1'`` (NER, entity-level F1).  The paper calls its POS
-            score "F1"; with exactly one predicted tag per gold token, micro-averaged F1
-            equals token accuracy, which is what is computed for POS.
+            ``'accuracy'`` (SST-2, MNLI), ``'f1'`` (MRPC, F1 of the positive class
+            'equivalent') or ``'seqeval_f1'`` (NER entity-level F1; POS: seqeval's F1 over the
+            POS tags, as the authors' code reports it; see :mod:`papa_lib.experiments.metrics`).
         label_names: class (or tag) names; the index of a name is its label id.
         learning_rate, batch_size, epochs, max_length: probing-classifier hyperparameters
             (App. B, Table 3).
         validation_split: human-readable description of the split results are reported on.
         hub_dataset, hub_config, hub_validation_split: where :func:`load_task` finds the
             data on the Hugging Face hub.
+        loader: for a task of your own (:mod:`papa_lib.experiments.custom`), ``loader(split)``
+            returns its examples and :func:`load_task` calls it instead of reading the hub or
+            ``data_dir``.
+        provenance: for such a task, what its records must name (files, columns, delimiter).
     """
 
     name: str
@@ -119,6 +120,8 @@ class TaskSpec:
     hub_dataset: str = ""
     hub_config: str | None = None
     hub_validation_split: str = "validation"
+    loader: Callable[[str], "SentenceExamples | TokenExamples"] | None = field(default=None, compare=False, repr=False)
+    provenance: dict | None = field(default=None, compare=False)
 
     @property
     def num_labels(self) -> int:
@@ -159,7 +162,7 @@ TASKS: dict[str, TaskSpec] = {
         validation_split="CoNLL-2003 validation (eng.testa)", hub_dataset="eriktks/conll2003",
     ),
     "pos": TaskSpec(
-        name="pos", kind="token", is_pair=False, metric="accuracy",
+        name="pos", kind="token", is_pair=False, metric="seqeval_f1",
         label_names=POS_TAG_NAMES,
         learning_rate=5e-4, batch_size=8, epochs=4, max_length=128,
         validation_split="CoNLL-2003 validation (eng.testa)", hub_dataset="eriktks/conll2003",
@@ -170,6 +173,8 @@ TASKS: dict[str, TaskSpec] = {
 MLM_HPARAMS: dict[str, float | int] = dict(learning_rate=5e-4, batch_size=8, epochs=2, max_length=128)
 
 _SPLITS = ("train", "validation")
+
+
 
 
 def _task_spec(name: str) -> TaskSpec:
@@ -265,15 +270,23 @@ def load_task(
             names the file and 1-based line number).
         FileNotFoundError: the expected file is missing under ``data_dir``.
         HubUnavailableError: the hub could not be reached (pass ``data_dir`` instead).
+
+    A task with its own ``loader`` (a registered custom task) ignores ``data_dir``.  An empty
+    split raises ``ValueError`` naming its file, before anything is computed on it.
     """
     spec = _task_spec(name)
     if split not in _SPLITS:
         raise ValueError(f"unknown split {split!r} for task {name!r}; expected one of {list(_SPLITS)}")
     _check_limit(limit)
-    if data_dir is None:
+    if spec.loader is not None:
+        examples = spec.loader(split)
+    elif data_dir is None:
         examples = _load_from_hub(spec, split)
     else:
         examples = _load_local(spec, split, Path(data_dir))
+    if len(examples) == 0:
+        what = "training" if split == "train" else "validation"
+        raise ValueError(f"{examples.source}: the {what} set of {name} is empty: the file has no examples")
     return _subsample(examples, limit, seed)
 
 
@@ -702,7 +715,7 @@ def _load_from_hub(spec: TaskSpec, split: str) -> SentenceExamples | TokenExampl
 
 
 # --------------------------------------------------------------------------------------
-# Metrics (Sec. 4.1, footnote 10)
+# Tag schemes
 # --------------------------------------------------------------------------------------
 
 
@@ -725,120 +738,3 @@ def convert_iob1_to_iob2(tags: list[str]) -> list[str]:
             converted.append(tag)
         previous = tag
     return converted
-
-
-def _as_int(value: Any, what: str) -> int:
-    try:
-        return operator.index(value)
-    except TypeError:
-        raise ValueError(f"{what}: expected an integer label id, got {value!r}") from None
-
-
-def _as_tag_names(sequences: Any, names: tuple[str, ...], what: str) -> list[list[str]]:
-    result = []
-    for i, sequence in enumerate(sequences):
-        if isinstance(sequence, (str, bytes)):
-            raise ValueError(f"{what}[{i}]: expected a list of tags, got a string")
-        row = []
-        for tag in sequence:
-            if isinstance(tag, str):
-                row.append(tag)
-            else:
-                tag_id = _as_int(tag, f"{what}[{i}]")
-                if not 0 <= tag_id < len(names):
-                    raise ValueError(f"{what}[{i}]: tag id {tag_id} out of range 0..{len(names) - 1}")
-                row.append(names[tag_id])
-        result.append(row)
-    return result
-
-
-def _binary_counts(predictions: list[int], references: list[int]) -> tuple[int, int, int, int]:
-    tp = sum(1 for p, r in zip(predictions, references) if p == 1 and r == 1)
-    fp = sum(1 for p, r in zip(predictions, references) if p == 1 and r != 1)
-    fn = sum(1 for p, r in zip(predictions, references) if p != 1 and r == 1)
-    tn = len(predictions) - tp - fp - fn
-    return tp, fp, fn, tn
-
-
-def _matthews_corrcoef(predictions: list[int], references: list[int]) -> float:
-    """Matthews correlation (multi-class form of Gorodkin 2004; binary MCC for 2 classes).
-
-    Returns 0.0 when it is undefined (a constant prediction or reference).
-    """
-    classes = sorted(set(predictions) | set(references))
-    n = len(predictions)
-    correct = sum(1 for p, r in zip(predictions, references) if p == r)
-    pred_counts = [sum(1 for p in predictions if p == c) for c in classes]
-    ref_counts = [sum(1 for r in references if r == c) for c in classes]
-    covariance = correct * n - sum(p * r for p, r in zip(pred_counts, ref_counts))
-    pred_var = n * n - sum(p * p for p in pred_counts)
-    ref_var = n * n - sum(r * r for r in ref_counts)
-    if pred_var == 0 or ref_var == 0:
-        return 0.0
-    return covariance / (pred_var * ref_var) ** 0.5
-
-
-def compute_metric(task: str, predictions: Any, references: Any, *, ner_mode: str = "conlleval") -> float:
-    """The paper's metric for ``task`` (Sec. 4.1, footnote 10), as a float in [0, 1] (MCC: [-1, 1]).
-
-    Args:
-        task: task name, a key of :data:`TASKS`.
-        predictions, references: for sentence tasks, sequences of integer label ids; for
-            ``'ner'``/``'pos'``, sequences of sentences, each a sequence of tag ids or tag
-            names (``'B-PER'``, ``'NNP'``), sentence lengths matching.
-        ner_mode: how NER entities are read by ``seqeval``.  ``'conlleval'`` (default) is
-            seqeval's default mode, which reproduces the official ``conlleval`` script (and
-            the Hugging Face ``seqeval`` metric): an ``I-X`` after ``O`` or another type still
-            opens an entity.  ``'strict'`` uses ``mode='strict', scheme=IOB2``, where such
-            ill-formed entities count as wrong.  On well-formed IOB2 the two agree.
-
-    Metrics:
-        * cola: Matthews correlation coefficient (0.0 when undefined).
-        * sst2, mnli: accuracy.
-        * mrpc: F1 of the positive class (label 1, 'equivalent').
-        * ner: entity-level micro F1 (seqeval) over IOB2 tags.
-        * pos: token accuracy over all tokens (equal to micro F1, which the paper reports).
-    """
-    spec = _task_spec(task)
-    predictions = list(predictions)
-    references = list(references)
-    if len(predictions) != len(references):
-        raise ValueError(
-            f"{task}: {len(predictions)} predictions but {len(references)} references"
-        )
-    if not references:
-        raise ValueError(f"{task}: cannot compute a metric on zero examples")
-
-    if spec.kind == "sentence":
-        preds = [_as_int(p, f"{task} predictions") for p in predictions]
-        refs = [_as_int(r, f"{task} references") for r in references]
-        if spec.metric == "accuracy":
-            return sum(1 for p, r in zip(preds, refs) if p == r) / len(refs)
-        if spec.metric == "matthews_corrcoef":
-            return float(_matthews_corrcoef(preds, refs))
-        if spec.metric == "f1":
-            tp, fp, fn, _ = _binary_counts(preds, refs)
-            return 0.0 if tp == 0 else 2 * tp / (2 * tp + fp + fn)
-        raise AssertionError(f"unhandled metric {spec.metric}")  # pragma: no cover
-
-    pred_tags = _as_tag_names(predictions, spec.label_names, f"{task} predictions")
-    ref_tags = _as_tag_names(references, spec.label_names, f"{task} references")
-    for i, (p, r) in enumerate(zip(pred_tags, ref_tags)):
-        if len(p) != len(r):
-            raise ValueError(f"{task}: sentence {i} has {len(p)} predicted tags but {len(r)} reference tags")
-    if spec.name == "pos":
-        total = sum(len(r) for r in ref_tags)
-        if total == 0:
-            raise ValueError("pos: cannot compute accuracy on zero tokens")
-        correct = sum(1 for p, r in zip(pred_tags, ref_tags) for a, b in zip(p, r) if a == b)
-        return correct / total
-
-    from seqeval.metrics import f1_score
-
-    if ner_mode == "conlleval":
-        return float(f1_score(ref_tags, pred_tags, zero_division=0))
-    if ner_mode == "strict":
-        from seqeval.scheme import IOB2
-
-        return float(f1_score(ref_tags, pred_tags, mode="strict", scheme=IOB2, zero_division=0))
-    raise ValueError(f"unknown ner_mode {ner_mode!r}; expected 'conlleval' or 'strict'")

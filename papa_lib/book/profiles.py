@@ -54,7 +54,7 @@ def find_repo_root(start: str | Path | None = None) -> Path:
     for folder in (here, *here.parents):
         if (folder / "_config.yml").exists() and (folder / "papa_lib").is_dir():
             return folder
-    return Path(__file__).resolve().parents[1]
+    return Path(__file__).resolve().parents[2]
 
 
 @dataclass
@@ -99,12 +99,12 @@ class Setup:
             hf_logging.disable_progress_bar()  # keep chapter outputs free of weight-loading bars
             hf_logging.set_verbosity_error()
             if self.profile == "smoke":
-                from .smoke import tiny_encoder
+                from ..smoke import tiny_encoder
 
                 model, tokenizer = tiny_encoder("bert")
                 model.to(self.device)
             else:
-                from .models import load_encoder
+                from ..core.models import load_encoder
 
                 model, tokenizer = load_encoder(self.model_name, device=self.device)
             self._encoder = (model, tokenizer)
@@ -113,7 +113,7 @@ class Setup:
     # ------------------------------------------------------------------ results
     def grid(self) -> dict:
         """The profile's declared grid (``smoke``: built in; otherwise ``<results_dir>/grid.yaml``)."""
-        from .experiments import GridBlock, load_grid
+        from ..experiments.engine import GridBlock, load_grid
 
         if self.profile == "smoke":
             spec = copy.deepcopy(SMOKE_GRID)
@@ -126,8 +126,8 @@ class Setup:
 
     def results(self, run_missing: bool = False, blocks: list[str] | None = None, progress: bool = False):
         """The results table (pandas) of this profile; with ``run_missing``, first run what the grid lacks."""
-        from .experiments import run_grid
-        from .results import ResultsStore
+        from ..experiments.engine import run_grid
+        from ..experiments.results import ResultsStore
 
         if run_missing:
             spec = self.grid()
@@ -160,7 +160,7 @@ def resolve(profile: str = "local", model_name: str | None = None, data_dir: str
         torch.set_num_threads(1)  # tiny tensors: extra threads only contend
     if data_dir is None:
         if profile == "smoke":
-            from .smoke import generate_data_dir
+            from ..smoke import generate_data_dir
 
             data_dir = generate_data_dir(Path(tempfile.gettempdir()) / "papa-smoke-data")
         elif profile == "local":
@@ -172,3 +172,22 @@ def resolve(profile: str = "local", model_name: str | None = None, data_dir: str
     if not folder.is_absolute():
         folder = root / folder
     return Setup(profile, root, model_name, Path(data_dir) if data_dir else None, folder, device)
+
+
+def training_description(spec) -> str:
+    """How a grid trains its probes, in words: the training-set sizes (``limit``, one number or per task) and seeds."""
+    seeds = spec.get("seeds", 3)
+    n_seeds = seeds if isinstance(seeds, int) else len(seeds)
+    limit = spec.get("limit")
+    if isinstance(limit, dict):
+        default = limit.get("default")
+        capped = {task: n for task, n in limit.items() if task != "default" and n is not None}
+        names = {"cola": "CoLA", "sst2": "SST-2", "mrpc": "MRPC", "mnli": "MNLI", "ner": "NER", "pos": "POS"}
+        parts = [f"{names.get(task, task)}: {n:,} per seed" for task, n in capped.items()]
+        base = "the full training sets" if default is None else f"at most {default:,} training examples per task"
+        training = base + (f" ({'; '.join(parts)})" if parts else "")
+    elif limit is None:
+        training = "the full training sets"
+    else:
+        training = f"at most {limit:,} training examples per task"
+    return f"with {training} and {n_seeds} seed(s) per setting"

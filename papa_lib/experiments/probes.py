@@ -45,6 +45,7 @@ bit-for-bit reproducible on CPU, provided ``batches_fn`` is itself deterministic
 from __future__ import annotations
 
 import random
+from dataclasses import dataclass
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -55,6 +56,7 @@ from torch import Tensor, nn
 
 __all__ = [
     "SentenceProbe",
+    "RaggedSentences",
     "TokenProbe",
     "make_probe",
     "set_seed",
@@ -97,6 +99,17 @@ def _two_layer_mlp(
     )
 
 
+@dataclass(frozen=True)
+class RaggedSentences:
+    """A batch of sentences as real-token rows only: ``values [T, num_layers, D]``, ``example [T]`` (which sentence
+    of the batch each row belongs to, 0..size-1), ``positions [T]`` (its App. A position) and ``size`` (B)."""
+
+    values: Tensor
+    example: Tensor
+    positions: Tensor
+    size: int
+
+
 class SentenceProbe(nn.Module):
     """Sentence-level probe of paper Sec. 3.3.
 
@@ -134,22 +147,69 @@ class SentenceProbe(nn.Module):
         self.position_logits = nn.Parameter(torch.zeros(self.num_layers, self.max_length))
         self.mlp = _two_layer_mlp(self.num_layers * self.hidden_size, mlp_hidden, self.num_labels, activation, dropout)
 
-    def pooling_weights(self, attention_mask: Tensor) -> Tensor:
-        """Per-example pooling weights ``[B, num_layers, L]``: softmax over real positions, exactly 0 at padding."""
+    def pooling_weights(self, attention_mask: Tensor, positions: Tensor | None = None) -> Tensor:
+        """Per-example pooling weights ``[B, num_layers, W]``: softmax over real positions, exactly 0 at padding.
+
+        Without ``positions`` column ``j`` is App. A position ``j``; with ``positions`` ``[B, W]`` (packed, real tokens
+        only) column ``j`` of example ``b`` takes the weight of position ``positions[b, j]``.
+        """
         if attention_mask.dim() != 2:
             raise ValueError(f"attention_mask must be [batch, length], got shape {tuple(attention_mask.shape)}")
         length = attention_mask.shape[1]
-        if length > self.max_length:
-            raise ValueError(f"sequence length {length} exceeds the probe's max_length {self.max_length}")
-        real = attention_mask.to(self.position_logits.device) != 0  # [B, L]
+        real = attention_mask.to(self.position_logits.device) != 0  # [B, W]
         if not bool(real.any(dim=1).all()):
             raise ValueError("every example needs at least one real position (attention_mask row of all zeros)")
-        logits = self.position_logits[:, :length].unsqueeze(0)  # [1, n, L]
-        logits = logits.masked_fill(~real.unsqueeze(1), float("-inf"))  # [B, n, L]
+        if positions is None:
+            if length > self.max_length:
+                raise ValueError(f"sequence length {length} exceeds the probe's max_length {self.max_length}")
+            logits = self.position_logits[:, :length].unsqueeze(0)  # [1, n, L]
+        else:
+            positions = positions.to(self.position_logits.device).long()
+            if tuple(positions.shape) != tuple(real.shape):
+                raise ValueError(f"positions shape {tuple(positions.shape)} does not match attention_mask {tuple(real.shape)}")
+            top = int(positions[real].max()) if real.any() else 0
+            if top >= self.max_length:
+                raise ValueError(f"position {top} exceeds the probe's max_length {self.max_length}")
+            logits = self.position_logits[:, positions.clamp(0, self.max_length - 1)].permute(1, 0, 2)  # [B, n, W]
+        logits = logits.masked_fill(~real.unsqueeze(1), float("-inf"))  # [B, n, W]
         return torch.softmax(logits, dim=-1)
 
-    def forward(self, features: Tensor, attention_mask: Tensor) -> Tensor:
-        """``features`` [B, num_layers, L, D], ``attention_mask`` [B, L] (1 real, 0 pad) -> logits [B, num_labels]."""
+    def pool_ragged(self, batch: "RaggedSentences") -> Tensor:
+        """Per-layer pooled vectors ``[B, num_layers, D]`` computed on real tokens only (no padded tensor).
+
+        The same weighted sum as :meth:`forward`: softmax of ``position_logits[:, position]`` over each example's
+        own tokens, then a segment sum of the weighted token vectors.
+        """
+        values = batch.values.to(device=self.position_logits.device, dtype=torch.float32)  # [T, n, D]
+        example = batch.example.to(values.device)
+        positions = batch.positions.to(values.device).long()
+        if values.shape[1:] != (self.num_layers, self.hidden_size):
+            raise ValueError(f"token rows have {tuple(values.shape[1:])} (layers, hidden); probe expects "
+                             f"({self.num_layers}, {self.hidden_size})")
+        if positions.numel() and int(positions.max()) >= self.max_length:
+            raise ValueError(f"position {int(positions.max())} exceeds the probe's max_length {self.max_length}")
+        logits = self.position_logits[:, positions].t()  # [T, n]
+        index = example[:, None].expand_as(logits)
+        top = logits.new_full((batch.size, self.num_layers), float("-inf"))
+        top = top.scatter_reduce(0, index, logits.detach(), "amax", include_self=True)  # softmax is shift-invariant
+        weights = torch.exp(logits - top[example])
+        totals = weights.new_zeros((batch.size, self.num_layers)).index_add(0, example, weights)
+        weights = weights / totals[example]
+        pooled = values.new_zeros((batch.size, self.num_layers, self.hidden_size))
+        return pooled.index_add(0, example, weights[..., None] * values)
+
+    def forward(self, features, attention_mask: Tensor | None = None, positions: Tensor | None = None) -> Tensor:
+        """``features`` [B, num_layers, W, D], ``attention_mask`` [B, W] (1 real, 0 pad) -> logits [B, num_labels].
+
+        ``positions`` [B, W]: the App. A position of each column when the features hold real tokens only (packed);
+        the result then equals the padded input's. ``features`` may also be a :class:`RaggedSentences` (real-token
+        rows of a feature store), pooled without building a padded tensor (:meth:`pool_ragged`); same result.
+        """
+        if isinstance(features, RaggedSentences):
+            pooled = self.pool_ragged(features)
+            return self.mlp(pooled.reshape(features.size, self.num_layers * self.hidden_size))
+        if attention_mask is None:
+            raise ValueError("a padded features tensor needs its attention_mask")
         if features.dim() != 4:
             raise ValueError(f"features must be [batch, layers, length, hidden], got shape {tuple(features.shape)}")
         batch, layers, length, hidden = features.shape
@@ -163,7 +223,7 @@ class SentenceProbe(nn.Module):
                 f"attention_mask shape {tuple(attention_mask.shape)} does not match features [batch={batch}, length={length}]"
             )
         features = features.to(device=self.position_logits.device, dtype=torch.float32)
-        weights = self.pooling_weights(attention_mask)  # [B, n, L]
+        weights = self.pooling_weights(attention_mask, positions)  # [B, n, W]
         real = (attention_mask.to(features.device) != 0)[:, None, :, None]  # [B, 1, L, 1]
         features = torch.where(real, features, torch.zeros((), dtype=features.dtype, device=features.device))
         pooled = torch.einsum("bnl,bnld->bnd", weights, features)  # [B, n, D]

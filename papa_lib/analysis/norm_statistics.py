@@ -1,0 +1,627 @@
+"""Kobayashi et al. (2020)'s corpus analyses of attention norms (their Sec. 4), streamed over a corpus.
+
+:func:`corpus_norm_statistics` streams :func:`papa_lib.analysis.norms.attention_norms` over batches (one layer's norms
+alive at a time; accumulators that do not grow with the corpus) and the functions below turn the statistics into tidy
+tables: the coefficient of variation of ``||f(x)||`` per head (Sec. 4.1), weight-based vs norm-based attention to
+[CLS]/[SEP]/punctuation (Sec. 4.2, Fig. 3), the correlation between the weight given to [SEP] and ``||f([SEP])||``
+(Sec. 4.2, Fig. 4; :func:`head_level_correlation` across heads, "Evidence 2") and the relation between token frequency
+and ``||f(x)||`` (Sec. 4.3, Fig. 5).  Tokens fall into Kobayashi's categories :data:`CATEGORY_NAMES`
+(:class:`TokenCategorizer`).  The book's chapter runs these on WikiText through :mod:`papa_lib.book.norms_pages`.
+"""
+
+from __future__ import annotations
+
+import math
+import string
+import unicodedata
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+import torch
+from scipy import stats as scipy_stats
+
+from .norms import attention_projections, encoder_layers, iter_layer_norms, prepare_batch
+
+__all__ = [
+    "CorpusNormStatistics",
+    "TokenCategorizer",
+    "CATEGORY_NAMES",
+    "corpus_norm_statistics",
+    "fx_norm_variation",
+    "attention_share_by_category",
+    "sep_weight_norm_correlation",
+    "sep_observations",
+    "fx_norm_by_category",
+    "token_frequency_table",
+    "frequency_norm_correlation",
+    "head_level_correlation",
+    "correlations",
+    "fisher_interval",
+]
+
+CATEGORY_NAMES: tuple[str, ...] = ("cls", "sep", "punctuation", "other")
+_CLS, _SEP, _PUNCT, _OTHER = range(4)
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Token categories
+# ----------------------------------------------------------------------------------------------------------------------
+
+
+def _is_punctuation(text: str) -> bool:
+    return bool(text) and all(ch in string.punctuation or unicodedata.category(ch).startswith("P") for ch in text)
+
+
+class TokenCategorizer:
+    """Maps token ids to Kobayashi's categories ``CATEGORY_NAMES`` (cls, sep, punctuation, other).
+
+    [CLS]/[SEP] are ``tokenizer.cls_token_id``/``sep_token_id`` (``<s>``/``</s>`` for RoBERTa-style tokenizers).
+    Punctuation: every other token whose decoded text, stripped of whitespace (and of a WordPiece ``##`` prefix),
+    is non-empty and consists only of Unicode punctuation (category P*) or ASCII ``string.punctuation`` characters.
+    Everything else, including other special tokens, is "other".
+    """
+
+    def __init__(self, tokenizer, vocab_size: int | None = None):
+        cls_id, sep_id = getattr(tokenizer, "cls_token_id", None), getattr(tokenizer, "sep_token_id", None)
+        if cls_id is None or sep_id is None:
+            raise ValueError("the tokenizer needs cls_token_id and sep_token_id to categorise tokens")
+        tokenizer_size = len(tokenizer)
+        size = max(tokenizer_size, vocab_size or 0)
+        lookup = torch.full((size,), _OTHER, dtype=torch.long)
+        texts = tokenizer.batch_decode([[i] for i in range(tokenizer_size)])
+        for token_id, text in enumerate(texts):
+            text = text.strip()
+            if text.startswith("##") and len(text) > 2:
+                text = text[2:]
+            if _is_punctuation(text):
+                lookup[token_id] = _PUNCT
+        lookup[cls_id] = _CLS
+        lookup[sep_id] = _SEP
+        self.lookup = lookup
+        self.cls_token_id, self.sep_token_id = cls_id, sep_id
+
+    def __call__(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """Category index (into ``CATEGORY_NAMES``) of every id in ``input_ids``."""
+        input_ids = torch.as_tensor(input_ids)
+        if input_ids.numel() and int(input_ids.max()) >= len(self.lookup):
+            raise ValueError(f"token id {int(input_ids.max())} is outside the tokenizer vocabulary ({len(self.lookup)})")
+        return self.lookup.to(input_ids.device)[input_ids]
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Corpus statistics
+# ----------------------------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class CorpusNormStatistics:
+    """Streaming accumulators for the corpus analyses (float64 on the CPU), built by ``corpus_norm_statistics``.
+
+    ``Ly`` layers, ``H`` heads, ``C = len(CATEGORY_NAMES)`` categories, ``R`` bootstrap replicates, ``V`` vocabulary.
+
+    Totals over real (non-padding) tokens; query rows are real tokens and keys are restricted to real tokens.
+    ``boot_*`` arrays hold the same totals for ``R`` Poisson-bootstrap replicates over sentences (each sentence gets
+    weight ~ Poisson(1) in each replicate; Hanley & MacGibbon 2006), which gives percentile confidence intervals with
+    memory independent of corpus size.  ``share_sum[..., m]``: m = 0 weight-based (alpha), m = 1 norm-based
+    (``||alpha f(x)||``), each the per-query-row share of the category, summed over query rows.
+    ``sep_observations``: a uniform reservoir sample (at most ``max_sep_observations`` rows) of [SEP] occurrences,
+    each row [Ly, H, 2] = (mean alpha given to this [SEP] by the real queries of its sentence, ``||f^h([SEP])||``);
+    ``cls_observations`` the same for [CLS] (a reservoir of the same size).
+    """
+
+    num_layers: int
+    num_heads: int
+    bootstrap_replicates: int
+    max_sep_observations: int
+    fx_sum: torch.Tensor  # [Ly, H] sum of ||f^h(x)|| over real tokens
+    fx_sq_sum: torch.Tensor  # [Ly, H] sum of ||f^h(x)||^2
+    share_sum: torch.Tensor  # [Ly, H, C, 2]
+    summed_share_sum: torch.Tensor  # [Ly, C]  norm-based with heads combined (||sum_h alpha f^h||)
+    category_count: torch.Tensor  # [C] real tokens per category
+    category_fx_sum: torch.Tensor  # [Ly, H, C]
+    boot_tokens: torch.Tensor  # [R]
+    boot_fx_sum: torch.Tensor  # [R, Ly, H]
+    boot_fx_sq_sum: torch.Tensor  # [R, Ly, H]
+    boot_share_sum: torch.Tensor  # [R, Ly, H, C, 2]
+    boot_summed_share_sum: torch.Tensor  # [R, Ly, C]
+    boot_category_count: torch.Tensor  # [R, C]
+    boot_category_fx_sum: torch.Tensor  # [R, Ly, H, C]
+    token_count: torch.Tensor  # [V] occurrences of each token id (real tokens), int64
+    token_fx_sum: torch.Tensor  # [Ly, V] sum over occurrences of mean_h ||f^h(x)||
+    sep_observations: torch.Tensor  # [N <= max_sep_observations, Ly, H, 2] float32
+    sep_observations_seen: int = 0
+    num_sentences: int = 0
+    num_tokens: int = 0
+    token_strings: dict[int, str] = field(default_factory=dict)  # id -> token string, for the ids seen
+    cls_observations: torch.Tensor = field(default_factory=lambda: torch.zeros(0, 0, 0, 2))  # like sep_observations
+    cls_observations_seen: int = 0
+
+
+def _empty_statistics(layers: int, heads: int, vocab: int, replicates: int, max_sep: int) -> CorpusNormStatistics:
+    c = len(CATEGORY_NAMES)
+
+    def zeros(*shape):
+        return torch.zeros(*shape, dtype=torch.float64)
+
+    return CorpusNormStatistics(
+        num_layers=layers,
+        num_heads=heads,
+        bootstrap_replicates=replicates,
+        max_sep_observations=max_sep,
+        fx_sum=zeros(layers, heads),
+        fx_sq_sum=zeros(layers, heads),
+        share_sum=zeros(layers, heads, c, 2),
+        summed_share_sum=zeros(layers, c),
+        category_count=zeros(c),
+        category_fx_sum=zeros(layers, heads, c),
+        boot_tokens=zeros(replicates),
+        boot_fx_sum=zeros(replicates, layers, heads),
+        boot_fx_sq_sum=zeros(replicates, layers, heads),
+        boot_share_sum=zeros(replicates, layers, heads, c, 2),
+        boot_summed_share_sum=zeros(replicates, layers, c),
+        boot_category_count=zeros(replicates, c),
+        boot_category_fx_sum=zeros(replicates, layers, heads, c),
+        token_count=torch.zeros(vocab, dtype=torch.long),
+        token_fx_sum=zeros(layers, vocab),
+        sep_observations=torch.zeros(0, layers, heads, 2, dtype=torch.float32),
+        cls_observations=torch.zeros(0, layers, heads, 2, dtype=torch.float32),
+    )
+
+
+def _row_shares(contribution: torch.Tensor, key_onehot: torch.Tensor) -> torch.Tensor:
+    """Per-row share of each key category: contribution [B, (H,) L, L] (masked keys), key_onehot [B, L, C]."""
+    total = contribution.sum(dim=-1, keepdim=True)
+    per_category = torch.matmul(contribution, key_onehot.unsqueeze(1) if contribution.dim() == 4 else key_onehot)
+    return torch.where(total != 0, per_category / torch.where(total != 0, total, 1.0), 0.0)
+
+
+def _reservoir_add(stats: CorpusNormStatistics, rows: torch.Tensor, generator: torch.Generator, token: str = "sep") -> None:
+    """Uniform reservoir sampling (Vitter's algorithm R) of observation rows (``token``: "sep" or "cls")."""
+    cap = stats.max_sep_observations
+    seen_name, kept_name = f"{token}_observations_seen", f"{token}_observations"
+    if cap <= 0 or rows.shape[0] == 0:
+        setattr(stats, seen_name, getattr(stats, seen_name) + rows.shape[0])
+        return
+    kept = getattr(stats, kept_name)
+    seen = getattr(stats, seen_name)
+    take = min(cap - kept.shape[0], rows.shape[0])
+    if take > 0:
+        kept = torch.cat([kept, rows[:take]])
+        seen += take
+        rows = rows[take:]
+    for row in rows:  # reservoir full: row t (1-based) replaces a random slot with probability cap / t
+        seen += 1
+        slot = int(torch.randint(0, seen, (1,), generator=generator))
+        if slot < cap:
+            kept[slot] = row
+    setattr(stats, kept_name, kept)
+    setattr(stats, seen_name, seen)
+
+
+def corpus_norm_statistics(
+    model: torch.nn.Module,
+    batches: Iterable[Mapping[str, torch.Tensor]],
+    tokenizer,
+    *,
+    bootstrap_replicates: int = 200,
+    max_sep_observations: int = 20_000,
+    seed: int = 0,
+) -> CorpusNormStatistics:
+    """Stream ``attention_norms`` over ``batches`` and accumulate what the analysis functions need.
+
+    Args:
+        model: as for ``attention_norms``.
+        batches: iterable of batches (mappings with ``input_ids``, ``attention_mask``, optionally ``token_type_ids``);
+            consumed once.
+        tokenizer: the model's tokenizer, used for the token categories (``TokenCategorizer``) and token strings.
+        bootstrap_replicates: ``R``, number of Poisson-bootstrap replicates over sentences (0 disables intervals).
+        max_sep_observations: size of the reservoir of [SEP] observations for the correlation analysis.
+        seed: seeds the bootstrap weights and the reservoir.
+
+    Memory does not depend on the corpus size: besides one batch's forward pass (the model's attentions and hidden
+    states of all layers) and one layer's norms at a time, it holds ``O(R*Ly*H*C + Ly*V + max_sep_observations*Ly*H)``
+    numbers.
+    """
+    if bootstrap_replicates < 0:
+        raise ValueError(f"bootstrap_replicates must be >= 0, got {bootstrap_replicates}")
+    if max_sep_observations < 0:
+        raise ValueError(f"max_sep_observations must be >= 0, got {max_sep_observations}")
+    layers = len(encoder_layers(model))
+    heads = attention_projections(model, 0).num_heads
+    vocab = int(getattr(model.config, "vocab_size", 0) or 0)
+    categorizer = TokenCategorizer(tokenizer, vocab_size=vocab)
+    vocab = len(categorizer.lookup)
+    generator = torch.Generator().manual_seed(seed)
+    stats = _empty_statistics(layers, heads, vocab, bootstrap_replicates, max_sep_observations)
+    num_categories = len(CATEGORY_NAMES)
+    empty = True
+
+    for batch in batches:
+        empty = False
+        inputs = prepare_batch(model, batch)
+        input_ids = inputs["input_ids"].cpu()
+        mask = inputs["attention_mask"].cpu().bool()
+        batch_size = input_ids.shape[0]
+        categories = categorizer(input_ids)
+        onehot = torch.nn.functional.one_hot(categories, num_categories).to(torch.float64) * mask[..., None]
+        mask64 = mask.to(torch.float64)
+        tokens_per_sentence = mask64.sum(dim=1)  # [B]
+        real = mask.reshape(-1)
+        real_ids = input_ids.reshape(-1)[real]
+
+        # per-sentence totals of this batch, filled layer by layer
+        fx_sum = torch.zeros(batch_size, layers, heads, dtype=torch.float64)
+        fx_sq_sum = torch.zeros_like(fx_sum)
+        share = torch.zeros(batch_size, layers, heads, num_categories, 2, dtype=torch.float64)
+        summed_share = torch.zeros(batch_size, layers, num_categories, dtype=torch.float64)
+        category_fx = torch.zeros(batch_size, layers, heads, num_categories, dtype=torch.float64)
+        special = {token: torch.nonzero((categories == category) & mask, as_tuple=True)
+                   for token, category in (("sep", _SEP), ("cls", _CLS))}
+        special_rows = {token: [] for token in special}
+
+        for layer_norms in iter_layer_norms(model, inputs):
+            # the [B, H, L, L] work stays on the model's device in the norms' dtype; per-sentence totals go to CPU
+            # float64 (float32 per-row shares are accurate to ~1e-7, far below the sampling noise)
+            ell, device, dtype = layer_norms.layer, layer_norms.fx_norm.device, layer_norms.fx_norm.dtype
+            alpha = layer_norms.alpha.to(dtype)
+            fx = layer_norms.fx_norm
+            real_mask = mask.to(device=device, dtype=dtype)
+            key_onehot = onehot.to(device=device, dtype=dtype)
+
+            fx64 = fx.to("cpu", torch.float64)
+            fx_real = fx64 * mask64[:, None, :]
+            fx_sum[:, ell] = fx_real.sum(-1)
+            fx_sq_sum[:, ell] = (fx_real * fx64).sum(-1)
+            category_fx[:, ell] = torch.einsum("bhj,bjc->bhc", fx64, onehot)
+            for method, contribution in enumerate((alpha, layer_norms.afx_norm)):
+                shares = _row_shares(contribution * real_mask[:, None, None, :], key_onehot)  # [B, H, L, C]
+                share[:, ell, :, :, method] = (shares * real_mask[:, None, :, None]).sum(dim=2).to("cpu", torch.float64)
+            summed_shares = _row_shares(layer_norms.summed_afx_norm * real_mask[:, None, :], key_onehot)  # [B, L, C]
+            summed_share[:, ell] = (summed_shares * real_mask[:, :, None]).sum(dim=1).to("cpu", torch.float64)
+
+            stats.token_fx_sum[ell].index_add_(0, real_ids, fx64.mean(dim=1).reshape(-1)[real])
+
+            for token, (tok_b, tok_j) in special.items():
+                if not tok_b.numel():
+                    continue
+                b_index, j_index = tok_b.to(device), tok_j.to(device)
+                to_token = alpha[b_index, :, :, j_index]  # [N, H, L]: weight from every query to this token
+                mean_to_token = (to_token * real_mask[b_index][:, None, :]).sum(-1).to("cpu", torch.float64)
+                mean_to_token = mean_to_token / tokens_per_sentence[tok_b][:, None]
+                special_rows[token].append(torch.stack([mean_to_token, fx64[tok_b, :, tok_j]], dim=-1))  # [N, H, 2]
+
+        stats.num_sentences += batch_size
+        stats.num_tokens += int(mask.sum())
+        stats.token_count.index_add_(0, real_ids, torch.ones_like(real_ids))
+        for token_id in torch.unique(real_ids).tolist():
+            if token_id not in stats.token_strings:
+                stats.token_strings[token_id] = tokenizer.convert_ids_to_tokens(token_id)
+        stats.fx_sum += fx_sum.sum(0)
+        stats.fx_sq_sum += fx_sq_sum.sum(0)
+        stats.share_sum += share.sum(0)
+        stats.summed_share_sum += summed_share.sum(0)
+        stats.category_count += onehot.sum(dim=(0, 1))
+        stats.category_fx_sum += category_fx.sum(0)
+        if bootstrap_replicates:
+            weights = torch.poisson(torch.ones(bootstrap_replicates, batch_size, dtype=torch.float64), generator)
+            stats.boot_tokens += weights @ tokens_per_sentence
+            stats.boot_fx_sum += torch.einsum("rb,blh->rlh", weights, fx_sum)
+            stats.boot_fx_sq_sum += torch.einsum("rb,blh->rlh", weights, fx_sq_sum)
+            stats.boot_share_sum += torch.einsum("rb,blhcm->rlhcm", weights, share)
+            stats.boot_summed_share_sum += torch.einsum("rb,blc->rlc", weights, summed_share)
+            stats.boot_category_count += weights @ onehot.sum(dim=1)
+            stats.boot_category_fx_sum += torch.einsum("rb,blhc->rlhc", weights, category_fx)
+        for token, rows in special_rows.items():
+            if rows:
+                _reservoir_add(stats, torch.stack(rows, dim=1).to(torch.float32), generator, token)
+
+    if empty:
+        raise ValueError("batches was empty; nothing to accumulate")
+    return stats
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Analyses (tidy DataFrames; layers and heads are 0-based)
+# ----------------------------------------------------------------------------------------------------------------------
+
+
+def _check_confidence(confidence: float) -> float:
+    if not 0.0 < confidence < 1.0:
+        raise ValueError(f"confidence must be in (0, 1), got {confidence}")
+    return (1.0 - confidence) / 2.0
+
+
+def _percentile_interval(replicates: np.ndarray, confidence: float) -> tuple[np.ndarray, np.ndarray]:
+    """Percentile bootstrap interval over axis 0; NaN where there are no replicates."""
+    tail = _check_confidence(confidence)
+    shape = replicates.shape[1:]
+    if replicates.shape[0] == 0:
+        return np.full(shape, np.nan), np.full(shape, np.nan)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        low, high = np.nanquantile(replicates, [tail, 1.0 - tail], axis=0)
+    return low, high
+
+
+def _coefficient_of_variation(n, s1, s2):
+    with np.errstate(invalid="ignore", divide="ignore"):
+        mean = s1 / n
+        variance = np.clip(s2 / n - mean**2, 0.0, None) * n / (n - 1)  # sample variance (ddof=1)
+        std = np.sqrt(variance)
+        return mean, std, std / mean
+
+
+def fx_norm_variation(stats: CorpusNormStatistics, confidence: float = 0.95) -> pd.DataFrame:
+    """Coefficient of variation of ``||f^h(x)||`` over the corpus's real tokens, per head (Kobayashi Sec. 4.1).
+
+    Columns: layer, head, n_tokens, mean_fx_norm, std_fx_norm (ddof=1), cv, cv_ci_low, cv_ci_high (percentile
+    Poisson bootstrap over sentences).
+    """
+    n = float(stats.num_tokens)
+    mean, std, cv = _coefficient_of_variation(n, stats.fx_sum.numpy(), stats.fx_sq_sum.numpy())
+    _, _, boot_cv = _coefficient_of_variation(
+        stats.boot_tokens.numpy()[:, None, None], stats.boot_fx_sum.numpy(), stats.boot_fx_sq_sum.numpy()
+    )
+    low, high = _percentile_interval(boot_cv, confidence)
+    layer, head = np.meshgrid(np.arange(stats.num_layers), np.arange(stats.num_heads), indexing="ij")
+    return pd.DataFrame(
+        {
+            "layer": layer.ravel(),
+            "head": head.ravel(),
+            "n_tokens": stats.num_tokens,
+            "mean_fx_norm": mean.ravel(),
+            "std_fx_norm": std.ravel(),
+            "cv": cv.ravel(),
+            "cv_ci_low": low.ravel(),
+            "cv_ci_high": high.ravel(),
+        }
+    )
+
+
+_SHARE_METHODS = ("weight", "norm")
+
+
+def attention_share_by_category(
+    stats: CorpusNormStatistics, per_head: bool = False, confidence: float = 0.95
+) -> pd.DataFrame:
+    """Weight-based vs norm-based share of attention given to each token category (Kobayashi Sec. 4.2, Fig. 3).
+
+    For each real query row, the share of category c is ``sum_{j in c} alpha_ij / sum_j alpha_ij`` (method
+    "weight") or the same with ``||alpha_ij f^h(x_j)||`` (method "norm"), keys restricted to real tokens; shares are
+    averaged over all real query tokens of the corpus.  With ``per_head=False`` the per-head shares are averaged
+    over the heads of each layer and a third method "norm_heads_summed" uses ``||sum_h alpha^h_ij f^h(x_j)||``.
+
+    Columns: layer, [head,] method, category, share, ci_low, ci_high (percentile Poisson bootstrap over sentences).
+    """
+    n = float(stats.num_tokens)
+    boot_n = stats.boot_tokens.numpy()
+    with np.errstate(invalid="ignore", divide="ignore"):
+        if per_head:
+            value = stats.share_sum.numpy() / n  # [Ly, H, C, M]
+            boot = stats.boot_share_sum.numpy() / boot_n[:, None, None, None, None]
+        else:
+            per_layer = stats.share_sum.numpy().mean(axis=1) / n  # [Ly, C, M]
+            boot_layer = stats.boot_share_sum.numpy().mean(axis=2) / boot_n[:, None, None, None]
+            summed = stats.summed_share_sum.numpy() / n  # [Ly, C]
+            boot_summed = stats.boot_summed_share_sum.numpy() / boot_n[:, None, None]
+            value = np.concatenate([per_layer, summed[..., None]], axis=-1)
+            boot = np.concatenate([boot_layer, boot_summed[..., None]], axis=-1)
+    low, high = _percentile_interval(boot, confidence)
+    methods = _SHARE_METHODS if per_head else (*_SHARE_METHODS, "norm_heads_summed")
+    index_names = ["layer", "head", "category", "method"] if per_head else ["layer", "category", "method"]
+    grids = np.meshgrid(*[np.arange(s) for s in value.shape], indexing="ij")
+    frame = pd.DataFrame({name: grid.ravel() for name, grid in zip(index_names, grids)})
+    frame["category"] = np.asarray(CATEGORY_NAMES)[frame["category"].to_numpy()]
+    frame["method"] = np.asarray(methods)[frame["method"].to_numpy()]
+    frame["share"] = value.ravel()
+    frame["ci_low"] = low.ravel()
+    frame["ci_high"] = high.ravel()
+    columns = ["layer", "head"] if per_head else ["layer"]
+    return frame[[*columns, "method", "category", "share", "ci_low", "ci_high"]].sort_values(
+        [*columns, "method", "category"], ignore_index=True
+    )
+
+
+def fisher_interval(r: float, n: int, confidence: float, variance_factor: float = 1.0) -> tuple[float, float]:
+    """Fisher z interval for a correlation; variance_factor 1.06 for Spearman (Fieller, Hartley & Pearson 1957)."""
+    tail = _check_confidence(confidence)
+    if n <= 3 or not np.isfinite(r):
+        return math.nan, math.nan
+    z = math.atanh(min(max(r, -0.9999999), 0.9999999))
+    half = scipy_stats.norm.ppf(1.0 - tail) * math.sqrt(variance_factor / (n - 3))
+    return math.tanh(z - half), math.tanh(z + half)
+
+
+def correlations(x: np.ndarray, y: np.ndarray) -> tuple[float, float, float, float]:
+    """Pearson r, its p-value, Spearman rho, its p-value (NaN when undefined)."""
+    if len(x) < 3 or np.ptp(x) == 0 or np.ptp(y) == 0:
+        return math.nan, math.nan, math.nan, math.nan
+    pearson = scipy_stats.pearsonr(x, y)
+    spearman = scipy_stats.spearmanr(x, y)
+    return float(pearson.statistic), float(pearson.pvalue), float(spearman.statistic), float(spearman.pvalue)
+
+
+_SPECIAL_TOKENS = ("sep", "cls")
+
+
+def _special_observations(stats: CorpusNormStatistics, token: str) -> np.ndarray:
+    if token not in _SPECIAL_TOKENS:
+        raise ValueError(f"token must be one of {_SPECIAL_TOKENS}, got {token!r}")
+    return getattr(stats, f"{token}_observations").to(torch.float64).numpy()
+
+
+def sep_weight_norm_correlation(stats: CorpusNormStatistics, confidence: float = 0.95, token: str = "sep") -> pd.DataFrame:
+    """Correlation between the attention weight given to [SEP] and ``||f^h([SEP])||`` per head (Kobayashi Fig. 4).
+
+    One observation per [SEP] occurrence (from the reservoir sample): x = mean over the sentence's real query tokens
+    of alpha to that [SEP], y = ``||f^h([SEP])||``.  Intervals: Fisher z (Spearman with variance 1.06/(n-3)); they
+    treat the [SEP] occurrences as independent, which is optimistic when a sentence has several.
+    ``token="cls"`` does the same for [CLS] (one occurrence per sentence; column names say ``cls``).
+
+    Columns: layer, head, n_observations, mean_alpha_to_sep, mean_fx_norm_sep, pearson_r, pearson_p,
+    pearson_ci_low, pearson_ci_high, spearman_rho, spearman_p, spearman_ci_low, spearman_ci_high.
+    """
+    _check_confidence(confidence)
+    observations = _special_observations(stats, token)
+    n = observations.shape[0]
+    rows = []
+    for layer in range(stats.num_layers):
+        for head in range(stats.num_heads):
+            x, y = observations[:, layer, head, 0], observations[:, layer, head, 1]
+            pr, pp, sr, sp = correlations(x, y)
+            p_low, p_high = fisher_interval(pr, n, confidence)
+            s_low, s_high = fisher_interval(sr, n, confidence, 1.06)
+            rows.append(
+                {
+                    "layer": layer,
+                    "head": head,
+                    "n_observations": n,
+                    f"mean_alpha_to_{token}": float(x.mean()) if n else math.nan,
+                    f"mean_fx_norm_{token}": float(y.mean()) if n else math.nan,
+                    "pearson_r": pr,
+                    "pearson_p": pp,
+                    "pearson_ci_low": p_low,
+                    "pearson_ci_high": p_high,
+                    "spearman_rho": sr,
+                    "spearman_p": sp,
+                    "spearman_ci_low": s_low,
+                    "spearman_ci_high": s_high,
+                }
+            )
+    return pd.DataFrame(rows)
+
+
+def sep_observations(
+    stats: CorpusNormStatistics, layer: int | None = None, head: int | None = None, token: str = "sep"
+) -> pd.DataFrame:
+    """The reservoir of [SEP] observations in long form, for scatter plots (Kobayashi Fig. 4).
+
+    Columns: observation, layer, head, alpha_to_sep, fx_norm_sep; optionally filtered to one layer and/or head.
+    ``token="cls"``: the [CLS] reservoir (columns alpha_to_cls, fx_norm_cls).
+    """
+    observations = _special_observations(stats, token)
+    for name, value, limit in (("layer", layer, stats.num_layers), ("head", head, stats.num_heads)):
+        if value is not None and not 0 <= value < limit:
+            raise ValueError(f"{name} {value} out of range [0, {limit})")
+    obs, lay, hd = np.meshgrid(
+        np.arange(observations.shape[0]), np.arange(stats.num_layers), np.arange(stats.num_heads), indexing="ij"
+    )
+    frame = pd.DataFrame(
+        {
+            "observation": obs.ravel(),
+            "layer": lay.ravel(),
+            "head": hd.ravel(),
+            f"alpha_to_{token}": observations[..., 0].ravel(),
+            f"fx_norm_{token}": observations[..., 1].ravel(),
+        }
+    )
+    if layer is not None:
+        frame = frame[frame["layer"] == layer]
+    if head is not None:
+        frame = frame[frame["head"] == head]
+    return frame.reset_index(drop=True)
+
+
+def fx_norm_by_category(stats: CorpusNormStatistics, confidence: float = 0.95) -> pd.DataFrame:
+    """Mean ``||f^h(x)||`` of each token category per layer and head (Kobayashi Sec. 4.2, "Evidence 2").
+
+    Columns: layer, head, category, n_tokens, mean_fx_norm, ci_low, ci_high (percentile Poisson bootstrap).
+    """
+    counts = stats.category_count.numpy()
+    with np.errstate(invalid="ignore", divide="ignore"):
+        mean = stats.category_fx_sum.numpy() / counts  # [Ly, H, C]
+        boot = stats.boot_category_fx_sum.numpy() / stats.boot_category_count.numpy()[:, None, None, :]
+    low, high = _percentile_interval(boot, confidence)
+    layer, head, cat = np.meshgrid(
+        np.arange(stats.num_layers), np.arange(stats.num_heads), np.arange(len(CATEGORY_NAMES)), indexing="ij"
+    )
+    return pd.DataFrame(
+        {
+            "layer": layer.ravel(),
+            "head": head.ravel(),
+            "category": np.asarray(CATEGORY_NAMES)[cat.ravel()],
+            "n_tokens": counts[cat.ravel()].astype(np.int64),
+            "mean_fx_norm": mean.ravel(),
+            "ci_low": low.ravel(),
+            "ci_high": high.ravel(),
+        }
+    )
+
+
+def token_frequency_table(stats: CorpusNormStatistics, min_count: int = 1) -> pd.DataFrame:
+    """Token types seen in the corpus with their frequency rank and mean ``||f(x)||`` per layer (Kobayashi Fig. 5).
+
+    ``frequency_rank`` is 1 for the most frequent token (ties get the average rank); ``mean_fx_norm`` is the mean
+    over occurrences of the head-averaged ``||f^h(x)||``.  Only types with ``count >= min_count`` are listed.
+    Columns: token_id, token, count, frequency_rank, layer, mean_fx_norm.
+    """
+    if min_count < 1:
+        raise ValueError(f"min_count must be >= 1, got {min_count}")
+    counts = stats.token_count.numpy()
+    ids = np.nonzero(counts >= min_count)[0]
+    if ids.size == 0:
+        return pd.DataFrame(columns=["token_id", "token", "count", "frequency_rank", "layer", "mean_fx_norm"])
+    ranks = scipy_stats.rankdata(-counts[ids], method="average")
+    means = stats.token_fx_sum.numpy()[:, ids] / counts[ids]  # [Ly, T]
+    tokens = [stats.token_strings.get(int(i), str(int(i))) for i in ids]
+    frames = [
+        pd.DataFrame(
+            {
+                "token_id": ids,
+                "token": tokens,
+                "count": counts[ids],
+                "frequency_rank": ranks,
+                "layer": layer,
+                "mean_fx_norm": means[layer],
+            }
+        )
+        for layer in range(stats.num_layers)
+    ]
+    return pd.concat(frames, ignore_index=True)
+
+
+def frequency_norm_correlation(
+    stats: CorpusNormStatistics, min_count: int = 1, confidence: float = 0.95
+) -> pd.DataFrame:
+    """Spearman correlation between a token type's frequency rank and its mean ``||f(x)||``, per layer (Sec. 4.3).
+
+    Frequencies are counted on the analysed corpus (real tokens, special tokens included).  Interval: Fisher z with
+    variance 1.06/(n-3) over the ``n`` token types (it ignores the sampling noise of each type's mean norm).
+    Columns: layer, n_token_types, spearman_rho, spearman_p, ci_low, ci_high.
+    """
+    _check_confidence(confidence)
+    table = token_frequency_table(stats, min_count=min_count)
+    rows = []
+    for layer in range(stats.num_layers):
+        part = table[table["layer"] == layer]
+        x, y = part["frequency_rank"].to_numpy(float), part["mean_fx_norm"].to_numpy(float)
+        _, _, rho, p = correlations(x, y)
+        low, high = fisher_interval(rho, len(part), confidence, 1.06)
+        rows.append(
+            {
+                "layer": layer,
+                "n_token_types": len(part),
+                "spearman_rho": rho,
+                "spearman_p": p,
+                "ci_low": low,
+                "ci_high": high,
+            }
+        )
+    return pd.DataFrame(rows)
+
+
+def head_level_correlation(correlation_table: pd.DataFrame, token: str = "sep", confidence: float = 0.95) -> dict:
+    """Across heads: Spearman correlation between the mean weight a head gives ``token`` and its mean
+    ``||f(token)||`` (Kobayashi Sec. 4.2, "Evidence 2": heads that attend much to [SEP] read a short vector there).
+
+    ``correlation_table`` is :func:`sep_weight_norm_correlation`'s output (or the saved CSV).  Returns a dict with
+    n_heads, spearman_rho, spearman_p, ci_low, ci_high (Fisher z with variance 1.06/(n-3)).
+    """
+    x_name, y_name = f"mean_alpha_to_{token}", f"mean_fx_norm_{token}"
+    if x_name not in correlation_table or y_name not in correlation_table:
+        raise ValueError(f"the table has no columns {x_name!r} and {y_name!r}; pass the {token} correlation table")
+    part = correlation_table[[x_name, y_name]].dropna()
+    _, _, rho, p = correlations(part[x_name].to_numpy(float), part[y_name].to_numpy(float))
+    low, high = fisher_interval(rho, len(part), confidence, 1.06)
+    return {"n_heads": len(part), "spearman_rho": rho, "spearman_p": p, "ci_low": low, "ci_high": high}

@@ -1,0 +1,275 @@
+"""The paper's claims, checked against our records: one verdict per claim, with the statistic, the paper's value, ours,
+a 95% interval and the rule that turns them into a verdict (``claims.csv``, shown in the intro chapter).
+
+The statistics are computed as the paper computes them:
+
+* the relative drop of a (model, task) is ``(s_orig - s) / |s_orig|`` on the mean over seeds (Sec. 4.2, Fig. 3);
+* the 8% average and the 20% bound (Sec. 4.2) are on a model's drop averaged over the six tasks: Fig. 3 plots one
+  point per model, and the paper's own Table 1 has a 34% CoLA drop for RoBERTa-base, so a per-task maximum would make
+  the paper contradict itself (:func:`paper_model_drops` recomputes them from Tables 1 and 4);
+* intervals come from resampling the seeds of every configuration with replacement (a percentile bootstrap), so
+  they show the variance between probe seeds (and, where a subset is drawn per seed, between training subsets).
+
+Claims (the book's numbering): C1 all-constant drop, C2 half of the heads, C3 better models use attention more,
+C4 average beats data-free matrices, C5 MNLI-built matrices, C6 λ order first and reversed last, C7 MLM-pretrained
+models, C8 Kobayashi et al.'s norm findings (the paper's Sec. 5.1 cites them).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import pandas as pd
+
+from . import paper
+
+COLUMNS = ["claim", "statistic", "paper", "ours", "ci_low", "ci_high", "verdict", "rule"]
+TASK_ORDER = ("cola", "mrpc", "sst2", "mnli", "ner", "pos")
+DATA_FREE = ("identity", "toeplitz", "zeros")
+FIG5_FRACTIONS = (0.5, 0.125, 0.0625)
+BOOTSTRAP = 2000
+
+
+# ---------------------------------------------------------------------------------------------- selections
+def _select(frame: pd.DataFrame, matrix_type: str, fraction: float, order: str = "none",
+            source: str | None = "own") -> pd.DataFrame:
+    """Rows of one configuration; ``source`` ``'own'``: matrices from the row's task, else a task name or None."""
+    rows = frame[(frame.matrix_type == matrix_type) & np.isclose(frame.fraction.astype(float), fraction)
+                 & (frame.selection_order.fillna("none") == order)]
+    if source == "own":
+        rows = rows[rows.matrices_from.fillna(rows.task) == rows.task]
+    elif source is not None:
+        rows = rows[rows.matrices_from == source]
+    return rows
+
+
+def original_rows(frame: pd.DataFrame) -> pd.DataFrame:
+    return frame[frame.matrix_type == "original"]
+
+
+def _seed_values(rows: pd.DataFrame) -> dict[str, np.ndarray]:
+    return {task: group.sort_values("seed").value.to_numpy(float) for task, group in rows.groupby("task")}
+
+
+# ---------------------------------------------------------------------------------------------- bootstrap
+def bootstrap(groups: dict, statistic: Callable[[dict], float], draws: int = BOOTSTRAP, seed: int = 0):
+    """``(estimate, low, high)``: ``statistic`` on the seed values of every group, and its 95% percentile interval
+    when each group's seeds are resampled with replacement (NaN bounds when a group has fewer than two seeds)."""
+    estimate = float(statistic(groups))
+    if np.isnan(estimate) or not groups or min(len(v) for v in groups.values()) < 2:
+        return estimate, float("nan"), float("nan")
+    rng = np.random.default_rng(seed)
+    samples = []
+    for _ in range(draws):
+        drawn = {k: v[rng.integers(0, len(v), len(v))] for k, v in groups.items()}
+        samples.append(statistic(drawn))
+    low, high = np.nanpercentile(samples, [2.5, 97.5])
+    return estimate, float(low), float(high)
+
+
+def _drop(orig: np.ndarray, other: np.ndarray) -> float:
+    base = float(np.mean(orig))
+    return (base - float(np.mean(other))) / abs(base) if base else float("nan")
+
+
+def mean_drop(frame: pd.DataFrame, variant: pd.DataFrame, tasks=None):
+    """Task-averaged relative drop of ``variant``'s rows from the original model, with its interval; the tasks used."""
+    originals, others = _seed_values(original_rows(frame)), _seed_values(variant)
+    tasks = [t for t in (tasks or TASK_ORDER) if t in originals and t in others]
+    groups = {**{("o", t): originals[t] for t in tasks}, **{("v", t): others[t] for t in tasks}}
+
+    def statistic(g):
+        return float(np.mean([_drop(g[("o", t)], g[("v", t)]) for t in tasks])) if tasks else float("nan")
+
+    return (*bootstrap(groups, statistic), tasks)
+
+
+# ---------------------------------------------------------------------------------------------- the paper's own
+def paper_model_drops() -> pd.DataFrame:
+    """Per model of Tables 1 and 4: the all-constant relative drop per task, its task mean and its maximum."""
+    rows = []
+    for name in ("table1", "table4"):
+        table = paper.table(name).set_index("matrix_type")
+        tasks = [c for c in table.columns if c in TASK_ORDER]
+        drops = (table.loc["original", tasks] - table.loc["average", tasks]) / table.loc["original", tasks].abs()
+        rows.append({"model": table.attrs["model"], "source": table.attrs["source"], **drops.to_dict(),
+                     "mean_drop": float(drops.mean()), "max_drop": float(drops.max())})
+    return pd.DataFrame(rows)
+
+
+# ---------------------------------------------------------------------------------------------- verdict rules
+def _band(value, low, high, target, tolerance) -> str:
+    if np.isnan(value):
+        return "not measured"
+    lo, hi = (value, value) if np.isnan(low) else (low, high)
+    if hi < target - tolerance or lo > target + tolerance:
+        return "differs"
+    return "agrees" if (target - tolerance <= value <= target + tolerance) else "inconclusive"
+
+
+def _at_most(value, low, high, bound) -> str:
+    if np.isnan(value):
+        return "not measured"
+    hi = value if np.isnan(high) else high
+    lo = value if np.isnan(low) else low
+    return "agrees" if hi <= bound else ("differs" if lo > bound else "inconclusive")
+
+
+def _row(claim, statistic, paper_value, estimate, verdict, rule) -> dict:
+    value, low, high = estimate
+    return dict(claim=claim, statistic=statistic, paper=paper_value, ours=value, ci_low=low, ci_high=high,
+                verdict=verdict, rule=rule)
+
+
+# ---------------------------------------------------------------------------------------------- the claims
+def probing_claims(frame: pd.DataFrame) -> list[dict]:
+    """C1, C2, C4, C5, C6 from a results frame of one model."""
+    rows = []
+    value, low, high, tasks = mean_drop(frame, _select(frame, "average", 0.0))
+    note = f" ({len(tasks)} of 6 tasks: {', '.join(tasks)})" if len(tasks) < 6 else ""
+    rows.append(_row("C1", "all heads constant: task-averaged relative drop" + note,
+                     paper.headline("mean_relative_drop_all_constant"), (value, low, high),
+                     _band(value, low, high, 0.08, 0.04),
+                     "agrees if the estimate lies within 0.08 ± 0.04 and the interval overlaps it; differs if the "
+                     "interval lies outside it"))
+    rows.append(_row("C1", "all heads constant: task-averaged drop within the 20% bound" + note,
+                     paper.headline("max_relative_drop_all_constant"), (value, low, high),
+                     _at_most(value, low, high, 0.20),
+                     "agrees if the interval's upper end is at most 0.20; differs if its lower end is above"))
+    value, low, high, tasks = mean_drop(frame, _select(frame, "average", 0.5, "lambda"))
+    note = f" ({len(tasks)} of 6 tasks)" if 0 < len(tasks) < 6 else ""
+    rows.append(_row("C2", "half of the heads constant (λ order): task-averaged relative drop" + note,
+                     "≈ 0 (no major drop)", (value, low, high), _at_most(value, low, high, 0.05),
+                     "'no major drop': agrees if the interval's upper end is at most 0.05"))
+    rows.append(_data_free_claim(frame))
+    rows.append(_mnli_claim(frame))
+    rows.append(_order_claim(frame))
+    return rows
+
+
+def _data_free_claim(frame: pd.DataFrame) -> dict:
+    average = _seed_values(_select(frame, "average", 0.0))
+    free = {kind: _seed_values(_select(frame, kind, 0.0, source=None)) for kind in DATA_FREE}
+    tasks = [t for t in TASK_ORDER if t in average and all(t in free[k] for k in DATA_FREE)]
+    groups = {("a", t): average[t] for t in tasks} | {(k, t): free[k][t] for k in DATA_FREE for t in tasks}
+
+    def margin(g):  # the smallest margin of the average over the best data-free matrix, across tasks
+        return min(float(np.mean(g[("a", t)])) - max(float(np.mean(g[(k, t)])) for k in DATA_FREE) for t in tasks) \
+            if tasks else float("nan")
+
+    estimate = bootstrap(groups, margin)
+    verdict = ("not measured" if not tasks else
+               "agrees" if len(tasks) == 6 and estimate[1] > 0 else
+               "differs" if estimate[2] < 0 else "inconclusive")
+    return _row("C4", f"average minus the best of identity/Toeplitz/zeros, smallest over tasks ({len(tasks)} of 6)",
+                "> 0 on every task", estimate, verdict,
+                "agrees if, on all six tasks, the interval of the smallest margin is above 0")
+
+
+def _mnli_claim(frame: pd.DataFrame) -> dict:
+    own = _seed_values(_select(frame, "average", 0.0))
+    mnli = _seed_values(_select(frame, "average", 0.0, source="mnli"))
+    tasks = [t for t in TASK_ORDER if t != "mnli" and t in own and t in mnli]
+    groups = {("own", t): own[t] for t in tasks} | {("mnli", t): mnli[t] for t in tasks}
+
+    def gap(g):
+        return float(np.mean([_drop(g[("own", t)], g[("mnli", t)]) for t in tasks])) if tasks else float("nan")
+
+    estimate = bootstrap(groups, gap)
+    return _row("C5", f"MNLI-built vs own matrices: mean relative difference ({len(tasks)} of 5 tasks)", "≈ 0",
+                estimate, _band(*estimate, 0.0, 0.03),
+                "agrees if the estimate lies within ±0.03 of 0 and the interval overlaps that band")
+
+
+def _order_claim(frame: pd.DataFrame) -> dict:
+    mnli = frame[(frame.task == "mnli") & (frame.matrices_from.fillna("mnli") == "mnli")]
+    orders = ("lambda", "reversed", "first_to_last", "last_to_first", "random")
+    groups = {}
+    for order in orders:
+        for fraction in FIG5_FRACTIONS:
+            values = _select(mnli, "average", fraction, order, source=None).sort_values("seed").value.to_numpy(float)
+            if len(values):
+                groups[(order, fraction)] = values
+    measured = [o for o in orders if all((o, f) in groups for f in FIG5_FRACTIONS)]
+
+    def lambda_minus_best_other(g):
+        means = {o: np.mean([np.mean(g[(o, f)]) for f in FIG5_FRACTIONS]) for o in measured}
+        others = [means[o] for o in measured if o != "lambda"]
+        return float(means["lambda"] - max(others)) if "lambda" in means and others else float("nan")
+
+    estimate = bootstrap(groups, lambda_minus_best_other)
+    verdict = "not measured" if len(measured) < len(orders) else (
+        "agrees" if estimate[1] > 0 else "differs" if estimate[2] < 0 else "inconclusive")
+    return _row("C6", "MNLI, mean over ½, ⅛, 1/16 of the heads kept: λ order minus the best other order", "> 0",
+                estimate, verdict, "agrees if the interval is above 0 (λ first); the reversed order's rank is in Fig. 5")
+
+
+def untestable_claims(model_name: str) -> list[dict]:
+    nan = (float("nan"),) * 3
+    return [
+        _row("C3", "larger/better models rely more on attention", "", nan, "not testable with this model",
+             f"needs several pretrained models of different quality; this run has one ({model_name})"),
+        _row("C7", "MLM-pretrained models drop more than ELECTRA in MLM probing", "", nan,
+             "not testable with this model",
+             f"needs MLM-pretrained weights with their MLM head; {model_name} ships none"),
+    ]
+
+
+def norm_claims(analysis_dir: str | Path) -> list[dict]:
+    """C8 from the norm analyses' observation files: [CLS] and [SEP] get much attention weight but small ‖f(x)‖,
+    so α and ‖f(x)‖ are negatively correlated over all query-to-[SEP] pairs pooled across heads and layers."""
+    rows = []
+    for token in ("sep", "cls"):
+        path = Path(analysis_dir) / f"{token}_observations.csv"
+        if not path.exists():
+            rows.append(_row("C8", f"α vs ‖f(x)‖ for [{token.upper()}]", "< 0", (float("nan"),) * 3, "not measured",
+                             f"needs {path.name}"))
+            continue
+        obs = pd.read_csv(path)
+        alpha, norm = obs[f"alpha_to_{token}"].to_numpy(float), obs[f"fx_norm_{token}"].to_numpy(float)
+        ranks = lambda x: pd.Series(x).rank().to_numpy()  # noqa: E731
+        rho = float(np.corrcoef(ranks(alpha), ranks(norm))[0, 1])
+        rng = np.random.default_rng(0)
+        draws = [np.corrcoef(ranks(alpha[i]), ranks(norm[i]))[0, 1]
+                 for i in (rng.integers(0, len(alpha), len(alpha)) for _ in range(500))]
+        low, high = np.percentile(draws, [2.5, 97.5])
+        verdict = "agrees" if high < 0 else ("differs" if low > 0 else "inconclusive")
+        rows.append(_row("C8", f"Spearman ρ of α and ‖f(x)‖ for [{token.upper()}], pooled over heads and layers "
+                               f"({len(alpha)} pairs)", "< 0", (rho, float(low), float(high)), verdict,
+                         "Kobayashi et al. 2020 (Fig. 4): negative; agrees if the interval is below 0"))
+    return rows
+
+
+def claims_table(frame: pd.DataFrame, analysis_dir: str | Path | None = None) -> pd.DataFrame:
+    """Every claim's verdict for one model's records (and its norm analyses, for C8)."""
+    model = str(frame.model.iloc[0]) if len(frame) else "this model"
+    rows = probing_claims(frame) + untestable_claims(model)
+    if analysis_dir is not None:
+        rows += norm_claims(analysis_dir)
+    order = {f"C{i}": i for i in range(1, 9)}
+    return pd.DataFrame(rows, columns=COLUMNS).sort_values("claim", key=lambda c: c.map(order), kind="stable") \
+        .reset_index(drop=True)
+
+
+def write_claims(results_dir: str | Path, analysis_dir: str | Path | None = None) -> Path:
+    """Compute :func:`claims_table` from ``results_dir/results.csv`` and write ``results_dir/claims.csv``."""
+    results_dir = Path(results_dir)
+    table = claims_table(pd.read_csv(results_dir / "results.csv"), analysis_dir)
+    path = results_dir / "claims.csv"
+    table.to_csv(path, index=False, float_format="%.4g")
+    return path
+
+
+def for_setup(setup) -> pd.DataFrame | None:
+    """The claims table of a chapter's setup (:func:`papa_lib.book.profiles.resolve`): its results folder's records;
+    C8 from the committed norm analyses of the embedded MiniLM under the ``local`` profile. None without records."""
+    path = Path(setup.results_dir) / "results.csv" if setup.results_dir is not None else None
+    if path is None or not path.exists():
+        return None
+    frame = pd.read_csv(path)
+    if frame.empty:
+        return None
+    analysis = Path(setup.root) / "data" / "results" / "norms-minilm" / "analysis" if setup.profile == "local" else None
+    return claims_table(frame, analysis)

@@ -1,0 +1,160 @@
+"""The Sphinx side of the book (``papa_lib.book`` is the extension named in ``_config.yml``): the offline vega bundle
+every chart page loads, MathJax served from the book itself (no CDN), and one copy of each page script.
+
+:func:`setup` is what Sphinx calls; the notebook tooling and the command line live in :mod:`papa_lib.book.build`.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from .build import BUILD_ENV_FLAG, _with_pythonpath
+
+# --------------------------------------------------------------------------------------------
+# Sphinx extension: the offline vega bundle
+# --------------------------------------------------------------------------------------------
+
+
+def _write_vega_bundle(app: Any) -> None:
+    """``builder-inited``: write ``_static/papa-vega-bundle.js`` and add it to every page."""
+    if getattr(app.builder, "format", None) != "html":
+        return
+    from papa_lib.book import charts
+
+    static_dir = Path(app.outdir) / "_static"
+    static_dir.mkdir(parents=True, exist_ok=True)
+    target = static_dir / charts.BUNDLE_FILENAME
+    code = charts.bundle_javascript()
+    if not target.is_file() or target.read_text(encoding="utf-8") != code:
+        target.write_text(code, encoding="utf-8")
+    # A classic (blocking) script in <head>: window.vegaEmbed exists before any chart cell runs.
+    app.add_js_file(charts.BUNDLE_FILENAME)
+
+
+#: Where the offline MathJax goes inside the book's ``_static`` folder; ``mathjax_path`` in ``_config.yml`` points
+#: here (``mathjax/MathJax.js``).
+MATHJAX_FOLDER = "mathjax"
+#: The same MathJax version on a CDN: the fallback (with a build warning) when ``jupyter-server-mathjax`` is missing.
+MATHJAX_CDN_FALLBACK = "https://cdn.jsdelivr.net/npm/mathjax@2.7.9/MathJax.js"
+#: Parts of the MathJax 2 distribution the book's pages never load (other languages, speech maps for the
+#: accessibility explorer, the SVG output's fonts); left out to keep the built book small.
+_MATHJAX_SKIP = ("localization/", "extensions/a11y/mathmaps/", "jax/output/SVG/", "LICENSE")
+
+
+def mathjax_source() -> Path | None:
+    """The MathJax 2 files shipped by the ``jupyter-server-mathjax`` package (its ``static`` folder), or None.
+
+    The package is located without importing it (its ``__init__`` imports jupyter-server, which the book does not
+    need), so ``pip install --no-deps jupyter-server-mathjax`` is enough.
+    """
+    import importlib.util
+
+    spec = importlib.util.find_spec("jupyter_server_mathjax")
+    for location in (spec.submodule_search_locations or []) if spec is not None else []:
+        static = Path(location) / "static"
+        if (static / "MathJax.js").is_file():
+            return static
+    return None
+
+
+def copy_mathjax(target: str | os.PathLike, source: str | os.PathLike | None = None) -> int:
+    """Copy the MathJax 2 files the book needs into ``target``; return how many files were (re)written.
+
+    Copies everything under ``source`` (default :func:`mathjax_source`) except :data:`_MATHJAX_SKIP`, but keeps the
+    English localization; files already present with the same size are left alone (incremental builds).
+    """
+    import shutil
+
+    source = Path(source) if source is not None else mathjax_source()
+    if source is None or not (source / "MathJax.js").is_file():
+        raise FileNotFoundError(
+            "MathJax 2 not found: install the package that ships it, `pip install jupyter-server-mathjax` "
+            "(part of papa_lib[book])"
+        )
+    target = Path(target)
+    written = 0
+    for path in sorted(source.rglob("*")):
+        relative = path.relative_to(source).as_posix()
+        skipped = relative.startswith(_MATHJAX_SKIP) and not relative.startswith("localization/en/")
+        if not path.is_file() or skipped:
+            continue
+        destination = target / relative
+        if destination.is_file() and destination.stat().st_size == path.stat().st_size:
+            continue
+        destination.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(path, destination)
+        written += 1
+    return written
+
+
+def _install_offline_mathjax(app: Any) -> None:
+    """``builder-inited`` (after MyST's own MathJax set-up): serve MathJax 2 from the book itself.
+
+    When ``mathjax_path`` points inside the book (``mathjax/MathJax.js``, relative to ``_static``), copy the files
+    there. MyST configures MathJax 3 (``mathjax3_config``, which also makes Sphinx load MathJax deferred); for the
+    bundled MathJax 2 that configuration is dropped — ``mathjax2_config`` in ``_config.yml`` carries the same
+    settings (only the MyST math elements are typeset). Without the package the build warns and falls back to the
+    same MathJax version on a CDN.
+    """
+    if getattr(app.builder, "format", None) != "html":
+        return
+    path = str(getattr(app.config, "mathjax_path", "") or "")
+    if "://" in path or not path.startswith(MATHJAX_FOLDER + "/"):
+        return
+    app.config.mathjax3_config = None
+    source = mathjax_source()
+    if source is None:
+        from sphinx.util import logging as sphinx_logging
+
+        sphinx_logging.getLogger(__name__).warning(
+            "jupyter-server-mathjax is not installed, so equations load MathJax from %s (needs a network); "
+            "pip install jupyter-server-mathjax (part of papa_lib[book])", MATHJAX_CDN_FALLBACK,
+        )
+        app.config.mathjax_path = MATHJAX_CDN_FALLBACK
+        return
+    copy_mathjax(Path(app.outdir) / "_static" / MATHJAX_FOLDER, source)
+
+
+def _dedupe_page_scripts(app: Any, pagename: str, templatename: str, context: dict, doctree: Any) -> None:
+    """``html-page-context``: drop repeated ``<script>`` entries from the page.
+
+    Sphinx 7.4 lists an inline script added after the builder started twice (once as
+    ``None``, once as ``""``); sphinx-thebe's ``const THEBE_JS_URL = ...`` then throws
+    "Identifier 'THEBE_JS_URL' has already been declared" in the browser console.
+    """
+    scripts = context.get("script_files")
+    if not isinstance(scripts, list):
+        return
+    seen: set = set()
+    unique = []
+    for script in scripts:
+        attributes = getattr(script, "attributes", {}) or {}
+        key = (
+            getattr(script, "filename", script) or "",
+            getattr(script, "priority", None),
+            tuple(sorted((str(k), str(v)) for k, v in attributes.items())),
+        )
+        if key not in seen:
+            seen.add(key)
+            unique.append(script)
+    scripts[:] = unique
+
+
+def setup(app: Any) -> dict[str, Any]:
+    """Sphinx extension entry point (``sphinx.local_extensions: {papa_lib.book: ./}``).
+
+    Writes the offline vega bundle into the HTML output and adds it to every page, copies MathJax 2 into the
+    output so that equations render offline (:func:`_install_offline_mathjax`), removes
+    duplicated page scripts (see :func:`_dedupe_page_scripts`), and puts
+    the book root first on PYTHONPATH so that the kernels executing the chapters import this
+    checkout's ``papa_lib`` even when it is not pip-installed.
+    """
+    root = Path(app.confdir).resolve()
+    os.environ.update({k: v for k, v in _with_pythonpath(os.environ, root).items() if k == "PYTHONPATH"})
+    os.environ[BUILD_ENV_FLAG] = "1"
+    app.connect("builder-inited", _write_vega_bundle)
+    app.connect("builder-inited", _install_offline_mathjax, priority=800)  # after MyST's override (500)
+    app.connect("html-page-context", _dedupe_page_scripts, priority=900)
+    return {"version": "1.0", "parallel_read_safe": True, "parallel_write_safe": True}

@@ -1,0 +1,126 @@
+"""Pad-free ("packed") execution under the App. A layout.
+
+Under App. A every real token has a fixed position and padding never influences a real position (it is masked as a
+key, and its own rows are never read). So a batch can run on its real tokens only: gather them to the left, keep each
+token's App. A position as its position id, and give the override the same positions so that a constant matrix is
+read at ``C^h[pos_q, pos_k]`` and renormalised over the real keys — exactly what masking plus row normalisation does
+on the padded batch (paper Sec. 3.1, fn. 8). Only the width changes: the longest real row of the batch instead of L
+(SST-2 sentences at L = 64 hold about 13 real tokens), which is what makes feature extraction several times faster.
+
+    packed = pack(batch, model=model)            # real tokens only, App. A position ids
+    hidden = model(**packed).last_hidden_state  # [B, W, d]
+    full = unpack(hidden, packed)                # [B, L, d], zeros at padding
+
+Architectures whose positions do not come from position ids alone cannot be packed: DeBERTa computes relative
+positions from sequence indices (:attr:`~papa_lib.core.models.ArchitectureAdapter.packable`); the engine runs them
+padded and says so once.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from .models import adapter_for
+
+logger = logging.getLogger(__name__)
+_MODEL_KEYS = ("input_ids", "attention_mask", "token_type_ids")
+
+
+class PackedBatch(dict):
+    """A batch of real tokens only; its items are the model's keyword inputs (with ``position_ids``).
+
+    Attributes:
+        positions: ``[B, W]`` App. A position of each token (-1 in padding slots).
+        real: ``[B, W]`` bool, True at real tokens.
+        length: L, the width of the App. A layout the batch came from.
+        word_index: ``[B, words]`` packed column of each word's first sub-token (-1 kept), or ``None``.
+    """
+
+    def __init__(self, tensors: dict, *, positions, real, length: int, word_index=None):
+        super().__init__(tensors)
+        self.positions, self.real, self.length, self.word_index = positions, real, int(length), word_index
+
+    @property
+    def batch_size(self) -> int:
+        return int(self.real.shape[0])
+
+
+def supports_packing(model) -> bool:
+    """Whether ``model``'s positions come from position ids alone (BERT, RoBERTa, ELECTRA; not DeBERTa)."""
+    return adapter_for(model).packable
+
+
+_warned: set[str] = set()
+
+
+def packing_notice(model) -> None:
+    """Log once per architecture that it runs padded (its relative positions follow sequence indices)."""
+    kind = model.config.model_type
+    if kind not in _warned:
+        _warned.add(kind)
+        logger.warning("%s computes relative positions from sequence indices: running padded (no packing)", kind)
+
+
+def pack(batch, model=None) -> PackedBatch:
+    """Keep only the real tokens of an App. A batch (see the module docstring).
+
+    Args:
+        batch: an :class:`~papa_lib.core.layout.EncodedBatch` or a dict with ``input_ids``, ``attention_mask`` and
+            optionally ``token_type_ids`` (and ``word_index`` as an attribute for token tasks).
+        model: the encoder the batch is for. Needed for RoBERTa, whose position ids start at ``pad_token_id + 1``;
+            without it position ids are App. A positions, as BERT and ELECTRA expect.
+
+    Raises:
+        ValueError: for a model that cannot be packed (DeBERTa), or a row with no real token.
+    """
+    first = 0
+    if model is not None:
+        adapter = adapter_for(model)
+        if not adapter.packable:
+            raise ValueError(f"{model.config.model_type} computes relative positions from sequence indices and "
+                             "cannot run packed; run the padded batch")
+        first = adapter.first_position_id(model.config)
+    mask = batch["attention_mask"].bool()
+    size, length = mask.shape
+    counts = mask.sum(1)
+    if size and int(counts.min()) == 0:
+        raise ValueError("a row of the batch has no real token: nothing to pack")
+    width = max(int(counts.max()) if size else 0, 1)
+    # real columns first, in App. A order; padding columns after them
+    order = torch.argsort((~mask).to(torch.int8), dim=1, stable=True)[:, :width]
+    real = torch.arange(width)[None, :] < counts[:, None]
+    positions = torch.where(real, order, torch.full_like(order, -1))
+    keys = [k for k in _MODEL_KEYS if k in batch and batch[k] is not None]
+    if model is not None and not adapter_for(model).uses_token_type_ids:
+        keys = [k for k in keys if k != "token_type_ids"]  # RoBERTa has a single segment embedding
+    tensors = {key: torch.gather(batch[key], 1, order.to(batch[key].device)) for key in keys}
+    tensors["attention_mask"] = real.to(batch["attention_mask"].dtype)
+    pad_position = first - 1 if first > 0 else 0  # RoBERTa's padding_idx; BERT's padding rows are masked anyway
+    tensors["position_ids"] = torch.where(real, order + first, torch.full_like(order, pad_position))
+    word_index = getattr(batch, "word_index", None)
+    if word_index is not None:
+        column = torch.full((size, length), -1, dtype=torch.long)
+        column.scatter_(1, order, torch.arange(width).expand(size, width).clone())
+        word_index = torch.where(word_index >= 0, torch.gather(column, 1, word_index.clamp_min(0)), word_index)
+    return PackedBatch(tensors, positions=positions, real=real, length=length, word_index=word_index)
+
+
+def layout_position_ids(batch, model) -> torch.Tensor | None:
+    """Explicit App. A position ids ``[B, L]`` for a padded batch of a packable model (RoBERTa would otherwise derive
+    them from the non-pad tokens), or ``None`` for a model that takes none (DeBERTa)."""
+    adapter = adapter_for(model)
+    if not adapter.packable:
+        return None
+    size, length = batch["attention_mask"].shape
+    return torch.arange(length).expand(size, length) + adapter.first_position_id(model.config)
+
+
+def unpack(hidden: torch.Tensor, packed: PackedBatch) -> torch.Tensor:
+    """Scatter ``[B, W, ...]`` back to ``[B, L, ...]`` at the App. A positions, zeros at padding."""
+    out = hidden.new_zeros((hidden.shape[0], packed.length, *hidden.shape[2:]))
+    real = packed.real.to(hidden.device)
+    rows = torch.arange(hidden.shape[0], device=hidden.device)[:, None].expand_as(real)
+    out[rows[real], packed.positions.to(hidden.device)[real]] = hidden[real]
+    return out

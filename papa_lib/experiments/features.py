@@ -1,0 +1,305 @@
+"""Frozen-backbone features for the probes (paper Sec. 3.3): a store that keeps real tokens only, and a streaming
+source with the same interface for when the store would not fit its budget.
+
+The probes of Sec. 3.3 read the hidden states of every layer (embeddings included) of a frozen, possibly PAPA-modified
+backbone. Under the App. A layout every real token has a fixed position and padding never influences it, so the
+backbone runs on packed batches (:func:`papa_lib.core.packing.pack`: real tokens only, with their App. A position ids)
+and only real tokens are kept:
+
+* sentence tasks: for example ``i`` the rows ``values[offsets[i]:offsets[i+1]]`` ``[n_i, layers+1, D]`` (float16) and
+  the App. A position of each row (``positions``), which the sentence probe's per-position weights need;
+* token tasks (NER, POS): one row per kept word (its first sub-token), ``words[offsets[i]:offsets[i+1]]`` for
+  sentence ``i``.
+
+A :class:`FeatureStore` writes those rows to memory-mapped files under ``results_dir/features/<key>/`` (never held per
+padding position, never committed). When a split's rows would exceed the budget, :class:`StreamedFeatures` runs the
+backbone instead, one chunk of examples at a time; both sources answer :meth:`rows` with the same
+:class:`RaggedRows`, so the probe trainer (:mod:`papa_lib.experiments.training`) gives the same numbers either way.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from ..core.layout import EncodedBatch
+from ..core.models import adapter_for, model_device
+from ..core.packing import layout_position_ids, pack, packing_notice, supports_packing
+from .probes import RaggedSentences
+
+#: Default budget for cached features: a quarter of the machine's memory (the files are memory-mapped, so the
+#: page cache holds what the probes read every epoch), at most half of the free disk space of the results folder.
+DEFAULT_BUDGET_FRACTION = 0.25
+
+
+def default_budget(results_dir: str | Path | None = None) -> int:
+    """A sensible feature-cache budget in bytes for this machine (see :data:`DEFAULT_BUDGET_FRACTION`)."""
+    try:
+        memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        memory = 8 << 30
+    budget = int(memory * DEFAULT_BUDGET_FRACTION)
+    if results_dir is not None:
+        folder = Path(results_dir)
+        while not folder.exists() and folder != folder.parent:
+            folder = folder.parent
+        budget = min(budget, shutil.disk_usage(folder).free // 2)
+    return budget
+
+
+def parse_bytes(text: str | int | float) -> int:
+    """``"8G"``, ``"512M"``, ``"1.5T"`` or a plain number of bytes -> bytes (a clear error otherwise)."""
+    if isinstance(text, (int, float)):
+        return int(text)
+    units = {"": 1, "B": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+    value = str(text).strip().upper().removesuffix("IB").removesuffix("B")
+    number, unit = (value[:-1], value[-1]) if value and value[-1] in units else (value, "")
+    try:
+        return int(float(number) * units[unit])
+    except ValueError:
+        raise ValueError(f"cache budget {text!r} is not a size (use e.g. 8G, 512M or a number of bytes)") from None
+
+
+def select_rows(encoded: EncodedBatch, rows) -> EncodedBatch:
+    """The examples ``rows`` of an encoded batch, as an encoded batch."""
+    index = torch.as_tensor(rows, dtype=torch.long)
+    word_index = encoded.word_index[index] if encoded.word_index is not None else None
+    return EncodedBatch({k: v[index] for k, v in encoded.items()}, layout=encoded.layout,
+                        max_length=encoded.max_length, num_truncated=0, word_index=word_index)
+
+
+def kept_word_counts(labels: torch.Tensor) -> torch.Tensor:
+    """Words per sentence that carry a label (token tasks; ``-100`` marks words cut off by truncation)."""
+    return (labels != -100).sum(dim=1)
+
+
+@dataclass
+class RaggedRows:
+    """Features of a set of examples: ``values [rows, layers+1, D]`` with ``offsets [n+1]`` per example.
+
+    Sentence tasks also carry ``positions [rows]`` (App. A position of each real token). :meth:`sentence_batch` and
+    :meth:`token_batch` turn a subset of the examples into a probe's inputs.
+    """
+
+    values: torch.Tensor
+    offsets: torch.Tensor
+    positions: torch.Tensor | None = None
+
+    def __len__(self) -> int:
+        return int(self.offsets.numel() - 1)
+
+    def to(self, device) -> "RaggedRows":
+        """The same rows with every tensor on ``device`` (values stay fp16): batches are then gathered there."""
+        move = lambda t: t.to(device) if t is not None else None  # noqa: E731
+        return RaggedRows(move(self.values), move(self.offsets), move(self.positions))
+
+    def _flat_index(self, examples: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        examples = examples.to(self.offsets.device)
+        starts, ends = self.offsets[examples], self.offsets[examples + 1]
+        lengths = ends - starts
+        width = int(lengths.max()) if lengths.numel() else 0
+        columns = torch.arange(width, device=self.offsets.device)
+        real = columns[None, :] < lengths[:, None]
+        return (starts[:, None] + columns[None, :]).clamp_max(max(self.values.shape[0] - 1, 0)), real
+
+    def sentence_batch(self, examples, device="cpu") -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``(hidden [B, layers+1, W, D] float32, mask [B, W], positions [B, W])`` for a sentence probe."""
+        examples = torch.as_tensor(examples, dtype=torch.long)
+        index, real = self._flat_index(examples)
+        hidden = self.values[index.reshape(-1)].reshape(*index.shape, *self.values.shape[1:])
+        hidden = hidden.to(device=device, dtype=torch.float32) * real[..., None, None].to(device)
+        positions = self.positions[index] * real
+        return hidden.permute(0, 2, 1, 3), real.long().to(device), positions.long().to(device)
+
+    def ragged_sentences(self, examples, device="cpu") -> RaggedSentences:
+        """The real-token rows of ``examples`` for a sentence probe, without padding them to a common width."""
+        examples = torch.as_tensor(examples, dtype=torch.long)
+        index, real = self._flat_index(examples)
+        flat = index[real]
+        example = torch.arange(len(examples), device=real.device)[:, None].expand_as(real)[real]
+        return RaggedSentences(self.values[flat].to(device), example.to(device), self.positions[flat].to(device),
+                               len(examples))
+
+    def token_batch(self, examples, device="cpu") -> torch.Tensor:
+        """``[words, layers+1, D]`` float32: every kept word of the given sentences, in order."""
+        examples = torch.as_tensor(examples, dtype=torch.long)
+        index, real = self._flat_index(examples)
+        return self.values[index[real]].to(device=device, dtype=torch.float32)
+
+    def gather(self, examples) -> "RaggedRows":
+        """A new :class:`RaggedRows` holding only ``examples`` (copied into memory)."""
+        examples = torch.as_tensor(examples, dtype=torch.long)
+        index, real = self._flat_index(examples)
+        flat = index[real]
+        lengths = real.sum(1)
+        offsets = torch.zeros(len(examples) + 1, dtype=torch.long)
+        offsets[1:] = lengths.cumsum(0)
+        positions = self.positions[flat].clone() if self.positions is not None else None
+        return RaggedRows(self.values[flat].clone(), offsets, positions)
+
+
+def on_device(rows: RaggedRows, device, share: float = 0.25) -> RaggedRows:
+    """``rows`` moved to an accelerator when they take at most ``share`` of its free memory, else left where they
+    are: gathering batches next to the probe avoids copying every batch over from host memory each epoch."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        return rows
+    free, _ = torch.cuda.mem_get_info(device)
+    size = rows.values.numel() * rows.values.element_size()
+    return rows.to(device) if size <= share * free else rows
+
+
+def row_counts(encoded: EncodedBatch, labels: torch.Tensor, kind: str) -> torch.Tensor:
+    """Rows each example keeps: real tokens (sentence tasks) or labelled words (token tasks)."""
+    if kind == "token":
+        return kept_word_counts(labels)
+    return encoded["attention_mask"].sum(dim=1).long()
+
+
+def feature_bytes(encoded: EncodedBatch, labels: torch.Tensor, kind: str, layers: int, hidden: int) -> int:
+    """Bytes the store keeps for a split: rows x (layers+1) x hidden x 2 (float16), positions included."""
+    rows = int(row_counts(encoded, labels, kind).sum())
+    return rows * layers * hidden * 2 + (rows * 2 if kind != "token" else 0)
+
+
+def length_sorted_chunks(lengths: torch.Tensor, batch_size: int, rows=None):
+    """Split example indices (``rows``, default all) into batches of similar real length: padding-free packing is
+    only as narrow as the longest row of its batch."""
+    rows = torch.arange(len(lengths)) if rows is None else torch.as_tensor(rows, dtype=torch.long)
+    order = rows[torch.argsort(lengths[rows], stable=True)]
+    return [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
+
+
+class BackboneRunner:
+    """Runs the frozen (possibly overridden) backbone on a set of examples and returns their :class:`RaggedRows`.
+
+    Packed by default (:func:`papa_lib.core.packing.pack`); models whose adapter cannot pack (DeBERTa's relative
+    positions follow sequence indices) run padded, and the real rows are taken from the padded output — the same rows.
+    """
+
+    def __init__(self, model, encoded: EncodedBatch, labels: torch.Tensor, kind: str, batch_size: int = 64,
+                 packed: bool = True):
+        self.model, self.encoded, self.labels, self.kind = model, encoded, labels, kind
+        self.batch_size = batch_size
+        self.packed = bool(packed) and supports_packing(model)
+        if packed and not self.packed:
+            packing_notice(model)
+        self.lengths = encoded["attention_mask"].sum(dim=1).long()
+        self.counts = row_counts(encoded, labels, kind)
+
+    def _forward(self, part: EncodedBatch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """Hidden states of the real rows of one batch: ``(values, positions, word columns)`` per example order."""
+        device = model_device(self.model)
+        uses_types = adapter_for(self.model).uses_token_type_ids
+        if self.packed:
+            inputs = pack(part, model=self.model)
+            real, positions, word_index = inputs.real, inputs.positions, inputs.word_index
+        else:
+            inputs = dict(part)
+            position_ids = layout_position_ids(part, self.model)
+            if position_ids is not None:
+                inputs["position_ids"] = position_ids
+            real = part["attention_mask"].bool()
+            positions = torch.arange(part.max_length).expand_as(real)
+            word_index = part.word_index
+        feed = {k: v.to(device) for k, v in inputs.items() if v is not None and (uses_types or k != "token_type_ids")}
+        outputs = self.model(**feed, output_hidden_states=True)
+        hidden = torch.stack(outputs.hidden_states, dim=2).to(torch.float16).cpu()  # [B, W, layers+1, D]
+        if self.kind == "token":
+            keep = word_index >= 0
+            batch_rows = torch.arange(hidden.shape[0])[:, None].expand_as(word_index)
+            return hidden[batch_rows[keep], word_index[keep]], None, None
+        return hidden[real], positions[real], None
+
+    @torch.inference_mode()
+    def rows(self, examples, progress: bool = False, desc: str = "features") -> RaggedRows:
+        """Features of ``examples`` (in that order)."""
+        from tqdm.auto import tqdm
+
+        examples = torch.as_tensor(examples, dtype=torch.long)
+        counts = self.counts[examples]
+        offsets = torch.zeros(len(examples) + 1, dtype=torch.long)
+        offsets[1:] = counts.cumsum(0)
+        values = None
+        positions = torch.zeros(int(offsets[-1]), dtype=torch.int16) if self.kind != "token" else None
+        slot = torch.empty(len(self.lengths), dtype=torch.long)
+        slot[examples] = torch.arange(len(examples))
+        chunks = length_sorted_chunks(self.lengths, self.batch_size, examples)
+        for chunk in tqdm(chunks, disable=not progress, desc=desc, leave=False):
+            part = select_rows(self.encoded, chunk)
+            if self.kind == "token":
+                part.word_index[self.labels[chunk][:, : part.word_index.shape[1]] == -100] = -1
+            batch_values, batch_positions, _ = self._forward(part)
+            if values is None:
+                values = torch.empty((int(offsets[-1]), *batch_values.shape[1:]), dtype=torch.float16)
+            starts = offsets[slot[chunk]]
+            index = torch.cat([torch.arange(int(s), int(s) + int(n)) for s, n in zip(starts, self.counts[chunk])])
+            values[index] = batch_values
+            if positions is not None:
+                positions[index] = batch_positions.to(torch.int16)
+        if values is None:
+            values = torch.empty((0, 1, 1), dtype=torch.float16)
+        return RaggedRows(values, offsets, positions)
+
+
+class FeatureStore:
+    """Memory-mapped real-token features under ``root/<key>/<split>.*`` (float16 values, int64 offsets, int16
+    positions), written atomically: a folder appears only once complete."""
+
+    def __init__(self, root: str | Path):
+        self.root = Path(root)
+
+    def _folder(self, key: str) -> Path:
+        return self.root / key
+
+    def remove(self, key: str) -> None:
+        """Delete a key's files (all splits)."""
+        shutil.rmtree(self._folder(key), ignore_errors=True)
+
+    def has(self, key: str, split: str) -> bool:
+        return (self._folder(key) / f"{split}.json").exists()
+
+    def load(self, key: str, split: str) -> RaggedRows:
+        folder = self._folder(key)
+        meta = json.loads((folder / f"{split}.json").read_text())
+        shape = tuple(meta["shape"])
+        values = torch.zeros(shape, dtype=torch.float16)
+        if shape[0]:
+            values = torch.from_numpy(np.memmap(folder / f"{split}.values", dtype=np.float16, mode="c", shape=shape))
+        offsets = torch.from_numpy(np.load(folder / f"{split}.offsets.npy"))
+        positions = torch.from_numpy(np.load(folder / f"{split}.positions.npy")) if meta["positions"] else None
+        return RaggedRows(values, offsets, positions)
+
+    def save(self, key: str, split: str, rows: RaggedRows) -> None:
+        folder = self._folder(key)
+        folder.mkdir(parents=True, exist_ok=True)
+        tmp = folder / f".{split}.values.tmp"
+        array = np.memmap(tmp, dtype=np.float16, mode="w+", shape=tuple(rows.values.shape)) if rows.values.numel() \
+            else None
+        if array is not None:
+            array[:] = rows.values.numpy()
+            array.flush()
+            del array
+            os.replace(tmp, folder / f"{split}.values")
+        np.save(folder / f"{split}.offsets.npy", rows.offsets.numpy())
+        if rows.positions is not None:
+            np.save(folder / f"{split}.positions.npy", rows.positions.numpy())
+        meta = {"shape": list(rows.values.shape), "positions": rows.positions is not None}
+        (folder / f".{split}.json.tmp").write_text(json.dumps(meta))
+        os.replace(folder / f".{split}.json.tmp", folder / f"{split}.json")
+
+
+def estimate_seconds(examples: int, tokens_per_example: float, tokens_per_second: float) -> float:
+    """Backbone time for ``examples`` of ``tokens_per_example`` real tokens at a measured throughput."""
+    return examples * tokens_per_example / max(tokens_per_second, 1e-9)
+
+
+def chunk_count(n: int, chunk: int) -> int:
+    return max(1, math.ceil(n / max(chunk, 1)))

@@ -1,0 +1,221 @@
+"""What a grid costs before it runs (``papa grid FILE --plan``): examples, variants, backbone passes, feature bytes,
+cache or stream, and an estimated time from throughput measured on this machine.
+
+Counting backbone work in *example passes* (one forward pass over one example; a training step forward and backward
+counts 3):
+
+* constant matrices (Eq. 2): one pass over the whole training text of each source task;
+* λ (Sec. 3.2): ``lambda_epochs`` training passes over each seed's rows, per matrices source;
+* frozen variants: one pass over the store's rows and the validation set per distinct backbone (λ and random
+  orders differ per seed) when cached; when streamed, one pass per epoch (at most ``epochs``);
+* trainable matrices (Sec. 5.2): up to ``inloop_epochs`` training passes per seed, plus the held-out slice per epoch.
+
+Time = example passes x real tokens per example / measured tokens per second (packed forward), plus probe steps x
+measured seconds per step. Both figures are measured here, on the requested device, with the grid's model — or, for a
+model given by name with no weights at hand, with a randomly initialised model built from its configuration (timing
+does not depend on the weights).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+
+from . import tasks
+from .features import DEFAULT_BUDGET_FRACTION  # noqa: F401  (the default budget the plan compares against)
+
+#: Training-set sizes of the paper's data (GLUE train, CoNLL-2003 eng.train), used when the data is not at hand.
+PAPER_TRAIN_SIZES = {"cola": 8551, "sst2": 67349, "mrpc": 3668, "mnli": 392702, "ner": 14041, "pos": 14041}
+PAPER_VALIDATION_SIZES = {"cola": 1043, "sst2": 872, "mrpc": 408, "mnli": 9832, "ner": 3250, "pos": 3250}
+#: Typical real tokens per example (measured on ../shared/data with the MiniLM tokenizer), for data not at hand.
+TYPICAL_TOKENS = {"cola": 11.0, "sst2": 13.3, "mrpc": 53.0, "mnli": 42.0, "ner": 24.0, "pos": 24.0}
+
+
+@dataclass
+class TaskPlan:
+    task: str
+    train_examples: int
+    rows_per_seed: int
+    validation_examples: int
+    tokens_per_example: float
+    seeds: int
+    variants: int
+    frozen_backbones: int
+    inloop_runs: int
+    lambda_runs: int
+    example_passes: float
+    probe_steps: float
+    feature_bytes: int
+    mode: str
+    seconds: float
+    data: str
+
+
+def measure_throughput(model, device="cpu", tokens: int = 24, batch: int = 64, repeats: int = 3) -> tuple[float, float]:
+    """(real tokens per second of a packed forward with all hidden states, seconds per probe step) on ``device``."""
+    from .probes import make_probe
+
+    model = model.to(device).eval()
+    vocab = int(model.config.vocab_size)
+    ids = torch.randint(5, max(6, vocab - 1), (batch, tokens), device=device)
+    inputs = {"input_ids": ids, "attention_mask": torch.ones_like(ids),
+              "position_ids": torch.arange(tokens, device=device).expand(batch, tokens)}
+    with torch.inference_mode():
+        model(**inputs, output_hidden_states=True)
+        started = time.perf_counter()
+        for _ in range(repeats):
+            model(**inputs, output_hidden_states=True)
+        if str(device).startswith("cuda"):
+            torch.cuda.synchronize()
+    tokens_per_second = batch * tokens * repeats / (time.perf_counter() - started)
+    layers, hidden = int(model.config.num_hidden_layers) + 1, int(model.config.hidden_size)
+    probe = make_probe("sentence", layers, 128, hidden, 3).to(device)
+    optimiser = torch.optim.AdamW(probe.parameters(), lr=1e-4)
+    features = torch.randn(16, layers, tokens, hidden, device=device)
+    mask = torch.ones(16, tokens, dtype=torch.long, device=device)
+    labels = torch.zeros(16, dtype=torch.long, device=device)
+    started = time.perf_counter()
+    for _ in range(20):
+        loss = torch.nn.functional.cross_entropy(probe(features, mask), labels)
+        optimiser.zero_grad()
+        loss.backward()
+        optimiser.step()
+    if str(device).startswith("cuda"):
+        torch.cuda.synchronize()
+    return tokens_per_second, (time.perf_counter() - started) / 20
+
+
+def _task_data(task: str, config, tokenizer):
+    """(train examples, validation examples, real tokens per example, where the numbers come from)."""
+    if tokenizer is not None and config.data_dir is not None:
+        try:
+            train = tasks.load_task(task, "train", data_dir=config.data_dir)
+            validation = tasks.load_task(task, "validation", data_dir=config.data_dir, limit=config.eval_limit)
+        except (FileNotFoundError, ValueError):
+            train = None
+        if train is not None:
+            from ..core.layout import encode, encode_words
+
+            sample = train.words[:512] if hasattr(train, "words") else None
+            if sample is not None:
+                encoded = encode_words(tokenizer, sample, max_length=config.max_length)
+            else:
+                pairs = train.pairs[:512] if train.pairs is not None else None
+                encoded = encode(tokenizer, train.texts[:512], pairs, max_length=config.max_length)
+            tokens = float(encoded["attention_mask"].sum(1).float().mean())
+            return len(train), len(validation), tokens, f"{config.data_dir} (measured)"
+    return (PAPER_TRAIN_SIZES[task], PAPER_VALIDATION_SIZES[task], TYPICAL_TOKENS[task],
+            "paper data sizes (data not at hand; tokens per example typical)")
+
+
+def plan_task(task: str, variants, config, *, layers: int, hidden: int, tokens_per_second: float,
+              step_seconds: float, budget: int, tokenizer=None) -> TaskPlan:
+    """The cost of one task's variants under one resolved :class:`~papa_lib.experiments.engine.ExperimentConfig`."""
+    spec = tasks.TASKS[task]
+    n_train, n_val, tokens, data = _task_data(task, config, tokenizer)
+    seeds = len(config.seeds)
+    per_seed = min(config.limit, n_train) if config.limit else n_train
+    store_rows = min(n_train, per_seed * seeds) if config.limit and config.limit < n_train else n_train
+    rows_per_example = tokens if spec.kind == "sentence" else tokens * 0.6  # token tasks keep first sub-tokens only
+    feature_bytes = int((store_rows + n_val) * rows_per_example * (layers + 1) * hidden * 2)
+    mode = "cache" if feature_bytes <= budget else "stream"
+    frozen = [v for v in variants if v.frozen]
+    inloop = [v for v in variants if not v.frozen]
+    backbones = sum(seeds if v.seed_dependent else 1 for v in frozen)
+    sources = {v.matrices_from or task for v in variants if v.needs_lambdas}
+    matrix_sources = {v.matrices_from or task for v in variants if v.matrix_type in ("average", "trainable_average")}
+    lambda_runs = len(sources) * seeds
+    epochs, inloop_epochs = config.epochs, config.inloop_epochs
+    passes = float(len(matrix_sources) * n_train)
+    passes += lambda_runs * config.lambda_epochs * per_seed * 3
+    per_backbone = (store_rows + n_val) if mode == "cache" else epochs * (store_rows + n_val)
+    passes += backbones * per_backbone
+    passes += len(inloop) * seeds * (inloop_epochs * per_seed * (3 + 0.1) + n_val)
+    batch = config.batch_size
+    steps = (len(frozen) * seeds + len(inloop) * seeds) * epochs * per_seed / batch
+    seconds = passes * tokens / tokens_per_second + steps * step_seconds
+    return TaskPlan(task, n_train, per_seed, n_val, round(tokens, 1), seeds, len(variants), backbones,
+                    len(inloop) * seeds, lambda_runs, passes, steps, feature_bytes, mode, seconds, data)
+
+
+def format_plan(plans: list[TaskPlan], *, model: str, device: str, tokens_per_second: float, step_seconds: float,
+                budget: int) -> str:
+    """A plain-text table of the plan, with totals (upper bounds: every probe runs to its epoch cap)."""
+    lines = [f"plan for {model} on {device}: measured {tokens_per_second:,.0f} real tokens/s (packed forward), "
+             f"{step_seconds * 1e3:.1f} ms per probe step; feature budget {budget / 2**30:.1f} GiB",
+             f"{'task':6} {'train':>8} {'/seed':>7} {'valid':>6} {'tok/ex':>6} {'variants':>8} {'backbones':>9} "
+             f"{'inloop':>6} {'λ runs':>6} {'passes':>10} {'features':>10} {'mode':>6} {'time':>9}  data"]
+    for p in plans:
+        lines.append(f"{p.task:6} {p.train_examples:8d} {p.rows_per_seed:7d} {p.validation_examples:6d} "
+                     f"{p.tokens_per_example:6.1f} {p.variants:8d} {p.frozen_backbones:9d} {p.inloop_runs:6d} "
+                     f"{p.lambda_runs:6d} {p.example_passes:10.3g} {p.feature_bytes / 2**30:9.2f}G {p.mode:>6} "
+                     f"{p.seconds / 3600:8.2f}h  {p.data}")
+    total = sum(p.seconds for p in plans)
+    lines.append(f"total: {sum(p.variants * p.seeds for p in plans)} runs, at most {total / 3600:.2f} h "
+                 f"(every probe to its epoch cap; early stopping ends most sooner)")
+    return "\n".join(lines)
+
+
+#: Published shapes of the paper's models (model_type, layers, hidden, heads, intermediate, vocabulary), so a plan
+#: can time them from a configuration when neither weights nor a configuration file are at hand.
+KNOWN_CONFIGURATIONS = {
+    "bert-base-uncased": ("bert", 12, 768, 12, 3072, 30522),
+    "bert-large-uncased": ("bert", 24, 1024, 16, 4096, 30522),
+    "roberta-base": ("roberta", 12, 768, 12, 3072, 50265),
+    "roberta-large": ("roberta", 24, 1024, 16, 4096, 50265),
+    "microsoft/deberta-base": ("deberta", 12, 768, 12, 3072, 50265),
+    "microsoft/deberta-large": ("deberta", 24, 1024, 16, 4096, 50265),
+    "google/electra-base-discriminator": ("electra", 12, 768, 12, 3072, 30522),
+}
+
+
+def _model_for_timing(name: str | None, device: str):
+    """(model, tokenizer or None, how it was obtained): the real encoder if its weights load, else a random one built
+    from its configuration (a local folder or the hub), else a clear error."""
+    from ..core.models import load_encoder
+
+    try:
+        model, tokenizer = load_encoder(name, device=device)
+        return model, tokenizer, "weights"
+    except Exception as weights_error:  # noqa: BLE001 - fall back to the configuration below
+        from transformers import AutoConfig, AutoModel
+
+        how = "configuration only: random weights, timing only"
+        try:
+            config = AutoConfig.from_pretrained(name)
+        except Exception:  # noqa: BLE001
+            if name not in KNOWN_CONFIGURATIONS:
+                raise ValueError(f"no weights and no configuration could be loaded for model {name!r}: pass a local "
+                                 f"folder holding its config.json as --model") from weights_error
+            kind, layers, hidden, heads, intermediate, vocab = KNOWN_CONFIGURATIONS[name]
+            config = AutoConfig.for_model(kind, num_hidden_layers=layers, hidden_size=hidden, num_attention_heads=heads,
+                                          intermediate_size=intermediate, vocab_size=vocab)
+            how = "published shapes, no configuration file at hand: random weights, timing only"
+        config._attn_implementation = "eager"
+        return AutoModel.from_config(config).to(device).eval(), None, how
+
+
+def plan_grid(spec: dict, overrides: dict | None = None, model_name: str | None = None) -> str:
+    """The plan of a declared grid as text (see the module docstring); nothing is trained."""
+    from ..core.models import num_layers_and_heads
+    from .engine import grid_runs, grid_settings, task_config
+    from .features import default_budget
+
+    settings, seeds = grid_settings(spec, overrides)
+    name = model_name or settings.get("model")
+    device = settings.get("device", "cpu")
+    model, tokenizer, how = _model_for_timing(name, device)
+    layers, _ = num_layers_and_heads(model)
+    hidden = int(model.config.hidden_size)
+    tokens_per_second, step_seconds = measure_throughput(model, device)
+    budget = settings.get("cache_budget") or default_budget()
+    plans = []
+    for task, variants in grid_runs(spec["blocks"]).items():
+        config = task_config(settings, task, seeds).resolved()
+        plans.append(plan_task(task, variants, config, layers=layers, hidden=hidden, tokens_per_second=tokens_per_second,
+                               step_seconds=step_seconds, budget=budget, tokenizer=tokenizer))
+    label = f"{name or 'embedded all-MiniLM-L6-v2'} ({how})"
+    return format_plan(plans, model=label, device=device, tokens_per_second=tokens_per_second,
+                       step_seconds=step_seconds, budget=budget)

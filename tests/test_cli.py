@@ -1,0 +1,310 @@
+"""The ``papa`` command for people (issue 11): one-line user errors with exit status 2 (a traceback only with
+--debug), ``papa bench`` options passed through, and tasks of your own (``--task custom`` and a grid's
+``custom_tasks:``) probed end to end on generated TSV and CSV files with a tiny random encoder."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from papa_lib import bench, cli, smoke
+from papa_lib.core import models
+from papa_lib.experiments import engine, metrics, results, tasks
+from papa_lib.experiments.custom import CustomTask, register_custom_task
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(autouse=True)
+def restore_tasks(monkeypatch):
+    """Custom tasks register themselves in the global TASKS: put the paper's six back after each test."""
+    saved = dict(tasks.TASKS)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    yield
+    tasks.TASKS.clear()
+    tasks.TASKS.update(saved)
+
+
+@pytest.fixture
+def tiny(monkeypatch):
+    """Every model the command loads is the tiny random BERT (160 positions)."""
+    monkeypatch.setattr(models, "load_encoder", lambda *a, **k: smoke.tiny_encoder("bert"))
+    monkeypatch.setattr(engine, "load_encoder", lambda *a, **k: smoke.tiny_encoder("bert"))
+
+
+def _rows(n: int, seed: int, pair: bool):
+    rng = random.Random(seed)
+    rows = []
+    for _ in range(n):
+        label = rng.choice(["pos", "neg"])
+        word = rng.choice(["good", "great", "funny"] if label == "pos" else ["bad", "dull", "awful"])
+        text = f"the film was {word}, really"
+        rows.append((text, f"a {word} story", label) if pair else (text, label))
+    return rows
+
+
+def write_tsv(path: Path, rows, header=("review", "summary", "sentiment")) -> Path:
+    path.write_text("\t".join(header) + "\n" + "".join("\t".join(row) + "\n" for row in rows))
+    return path
+
+
+def write_csv(path: Path, rows, header=("text", "label")) -> Path:
+    with open(path, "w", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(header)
+        writer.writerows(rows)
+    return path
+
+
+@pytest.fixture
+def pair_files(tmp_path):
+    return (write_tsv(tmp_path / "train.tsv", _rows(24, 0, True)), write_tsv(tmp_path / "dev.tsv", _rows(10, 1, True)))
+
+
+PAIR = ["--text-columns", "review,summary", "--label-column", "sentiment"]
+QUICK = ["--max-length", "16", "--epochs", "1", "--seeds", "1", "--fraction", "1"]
+
+
+def papa_error(capsys, argv) -> str:
+    """Run ``papa argv``, expect a user error; return its one line (checked: exit 2, no traceback)."""
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    lines = [line for line in err.replace("\r", "\n").splitlines() if line.startswith("papa: error: ")]
+    assert len(lines) == 1, err
+    return lines[0]
+
+
+# ------------------------------------------------------------------ user errors: one line, exit 2, no traceback
+def test_malformed_row_names_file_and_line(capsys, tmp_path, pair_files):
+    bad = tmp_path / "bad.tsv"
+    bad.write_text("review\tsummary\tsentiment\nthe film\tok\tpos\nbroken row\tneg\n")
+    line = papa_error(capsys, ["probe", "--task", "custom", "--train", str(bad), "--validation", str(pair_files[1]), *PAIR])
+    assert line == f"papa: error: expected 3 tab-separated fields (as in the header), found 2 ({bad}:3)"
+
+
+def test_empty_training_files_are_caught_at_load_time(capsys, tmp_path, pair_files):
+    empty = tmp_path / "empty.tsv"
+    empty.write_text("")
+    line = papa_error(capsys, ["probe", "--task", "custom", "--train", str(empty), "--validation", str(pair_files[1]), *PAIR])
+    assert line == f"papa: error: file is empty (expected a header row) ({empty})"
+    header_only = write_tsv(tmp_path / "header.tsv", [])
+    line = papa_error(capsys, ["probe", "--task", "custom", "--train", str(header_only), "--validation", str(pair_files[1]), *PAIR])
+    assert line == f"papa: error: the training set of custom is empty: the file has no examples ({header_only})"
+
+
+def test_empty_validation_set_of_a_paper_task_names_the_file(capsys, tmp_path, tiny):
+    data = smoke.generate_data_dir(tmp_path / "data", n_train=8, n_dev=4)
+    dev = data / "glue" / "SST-2" / "dev.tsv"
+    dev.write_text("sentence\tlabel\n")
+    with pytest.raises(ValueError, match="the validation set of sst2 is empty"):  # the library raises, as before
+        tasks.load_task("sst2", "validation", data_dir=data)
+    line = papa_error(capsys, ["probe", "--task", "sst2", "--data-dir", str(data), *QUICK, "--results-dir", str(tmp_path / "r")])
+    assert line == f"papa: error: the validation set of sst2 is empty: the file has no examples ({dev})"
+
+
+def test_unseen_validation_label_names_file_and_line(capsys, tmp_path, pair_files, tiny):
+    dev = write_tsv(tmp_path / "dev2.tsv", [("a film", "a story", "pos"), ("meh", "meh", "neutral")])
+    line = papa_error(capsys, ["probe", "--task", "custom", "--train", str(pair_files[0]), "--validation", str(dev), *PAIR,
+                               *QUICK, "--results-dir", str(tmp_path / "r")])
+    assert line == (f"papa: error: label 'neutral' does not occur in the training file {pair_files[0]} "
+                    f"(its labels: ['neg', 'pos']) ({dev}:3)")
+
+
+def test_missing_file_column_and_options(capsys, tmp_path, pair_files):
+    train, dev = map(str, pair_files)
+    missing = str(tmp_path / "missing.tsv")
+    assert papa_error(capsys, ["probe", "--task", "custom", "--train", train, "--validation", missing, *PAIR]) == (
+        f"papa: error: custom task custom: validation file not found: {missing}")
+    assert papa_error(capsys, ["probe", "--task", "custom", "--train", train, "--validation", dev,
+                               "--text-columns", "review,nope", "--label-column", "sentiment"]) == (
+        f"papa: error: no column 'nope' in the header ['review', 'summary', 'sentiment'] ({dev}:1)")
+    assert papa_error(capsys, ["probe", "--task", "custom", "--train", train, "--validation", dev]) == (
+        "papa: error: --task custom needs --text-columns, --label-column")
+    assert papa_error(capsys, ["probe", "--task", "sst2", "--train", train]) == (
+        "papa: error: --train only apply to --task custom")
+
+
+def test_bad_values(capsys, pair_files):
+    assert papa_error(capsys, ["probe", "--task", "sst2", "--fraction", "2"]) == (
+        "papa: error: argument --fraction: a fraction of heads must be in [0, 1], got '2' (see 'papa probe --help')")
+    assert papa_error(capsys, ["probe", "--task", "sst2", "--max-length", "0"]) == (
+        "papa: error: argument --max-length: expected a positive integer, got '0' (see 'papa probe --help')")
+    assert papa_error(capsys, ["probe", "--task", "nli"]).startswith("papa: error: argument --task: invalid choice: 'nli'")
+    train, dev = map(str, pair_files)
+    assert papa_error(capsys, ["probe", "--task", "custom", "--train", train, "--validation", dev, *PAIR, "--max-length", "33"]) == (
+        "papa: error: custom task 'custom': a pair task needs an even max_length (the App. A layout puts the middle "
+        "separator at L/2), got 33")
+    assert papa_error(capsys, ["probe", "--task", "custom", "--train", train, "--validation", dev, *PAIR, "--metric", "f2"]
+                      ).startswith("papa: error: argument --metric: invalid choice: 'f2'")
+
+
+def test_wrong_length_for_the_model(capsys, tmp_path, tiny):
+    data = smoke.generate_data_dir(tmp_path / "data", n_train=8, n_dev=4)
+    line = papa_error(capsys, ["probe", "--task", "sst2", "--data-dir", str(data), "--max-length", "400"])
+    assert line == "papa: error: --max-length 400 is longer than the 160 positions of tiny-random-bert; use 160 or less"
+
+
+def test_unsupported_model(capsys, tmp_path):
+    from transformers import GPT2Config
+
+    GPT2Config(n_layer=1, n_head=2, n_embd=8).save_pretrained(tmp_path / "gpt2")
+    data = smoke.generate_data_dir(tmp_path / "data", n_train=8, n_dev=4)
+    line = papa_error(capsys, ["probe", "--task", "sst2", "--data-dir", str(data), "--model", str(tmp_path / "gpt2")])
+    assert line.startswith("papa: error: unsupported model type 'gpt2': PAPA supports encoders of types bert, roberta")
+
+
+def test_missing_data_folder_and_unreachable_hub(capsys, tmp_path, monkeypatch, tiny):
+    nope = tmp_path / "nope"
+    assert papa_error(capsys, ["probe", "--task", "sst2", "--data-dir", str(nope)]) == f"papa: error: data directory not found: {nope}"
+    import datasets
+
+    def offline(*args, **kwargs):
+        raise ConnectionError("Couldn't reach 'nyu-mll/glue' on the Hub")
+
+    monkeypatch.setattr(datasets, "load_dataset", offline)
+    line = papa_error(capsys, ["probe", "--task", "sst2", *QUICK, "--results-dir", str(tmp_path / "r")])
+    assert line.startswith("papa: error: could not load nyu-mll/glue/sst2:train from the Hugging Face hub "
+                           "(ConnectionError: Couldn't reach 'nyu-mll/glue' on the Hub).")
+    assert line.endswith("point data_dir (CLI: --data-dir) at a local copy of the data files instead.")
+
+
+def test_bad_grid_files(capsys, tmp_path):
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("seeds: 1\nblocks:\n  - name: a\n    tasks: [sst2\n")
+    line = papa_error(capsys, ["grid", str(broken)])
+    assert line.startswith("papa: error: invalid YAML: while parsing a flow sequence") and line.endswith(f"({broken}:5)")
+    unknown = tmp_path / "unknown.yaml"
+    unknown.write_text("blocks:\n  - name: a\n    tasks: [nosuchtask]\n")
+    assert papa_error(capsys, ["grid", str(unknown)]) == f"papa: error: block a names unknown task 'nosuchtask' ({unknown})"
+
+
+def test_debug_shows_the_traceback_and_bugs_always_do(capsys, tmp_path, monkeypatch):
+    nope = str(tmp_path / "nope")
+    assert cli.main(["--debug", "probe", "--task", "sst2", "--data-dir", nope]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback (most recent call last)" in err and "FileNotFoundError" in err
+    assert err.strip().splitlines()[-1] == f"papa: error: data directory not found: {nope}"
+
+    def buggy(args):
+        raise AttributeError("'NoneType' object has no attribute 'shape'")
+
+    monkeypatch.setattr(cli, "cmd_averages", buggy)
+    with pytest.raises(AttributeError, match="no attribute 'shape'"):  # a bug is not dressed up as a user error
+        cli.main(["averages", "--task", "sst2"])
+
+
+def test_console_script_exits_with_2_and_one_line(tmp_path):
+    missing = tmp_path / "missing.tsv"
+    done = subprocess.run([sys.executable, "-m", "papa_lib.cli", "probe", "--task", "custom", "--train", str(missing),
+                           "--validation", str(missing), *PAIR], capture_output=True, text=True, cwd=ROOT,
+                          env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    assert done.returncode == 2
+    assert done.stderr == f"papa: error: custom task custom: training file not found: {missing}\n"
+
+
+# ------------------------------------------------------------------ papa bench
+def test_bench_help_and_options_reach_the_benchmarks(capsys, monkeypatch):
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["bench", "--help"])
+    assert exit_info.value.code == 0
+    out = capsys.readouterr().out
+    assert out.startswith("usage: papa bench") and "--quick" in out and "--device" in out
+
+    calls = []
+    monkeypatch.setattr(bench, "run_benchmarks", lambda names, quick=False, **kwargs: calls.append((names, quick, kwargs)))
+    assert cli.main(["bench", "--quick"]) == 0
+    assert cli.main(["bench", "averaging", "--quick", "--model", "tiny"]) == 0
+    assert [(names, quick) for names, quick, _ in calls] == [(["all"], True), (["averaging"], True)]
+    assert calls[1][2]["model"] == "tiny"
+    assert papa_error(capsys, ["bench", "--quick", "--fast"]) == (
+        "papa: error: unrecognized arguments: --fast (see 'papa bench --help')")
+
+
+# ------------------------------------------------------------------ tasks of your own
+def test_custom_pair_task_from_tsv_end_to_end(tmp_path, pair_files, tiny, capsys):
+    store = tmp_path / "results"
+    code = cli.main(["probe", "--task", "custom", "--name", "reviews", "--train", str(pair_files[0]), "--validation",
+                     str(pair_files[1]), *PAIR, "--max-length", "24", "--epochs", "1", "--seeds", "1",
+                     "--fraction", "1", "1/2", "--order", "random", "--results-dir", str(store)])
+    assert code == 0
+    assert "reviews\taverage\trandom\t0.5\tseed 0\taccuracy=" in capsys.readouterr().out
+    frame = results.ResultsStore(store).frame()
+    assert sorted(frame.fraction) == [0.5, 1.0] and set(frame.task) == {"reviews"} and set(frame.eval_size) == {10}
+    assert set(frame.train_size + frame.heldout_size) == {24} and set(frame.metric) == {"accuracy"}
+    provenance = json.loads(frame.provenance.iloc[0])
+    assert provenance["train"] == str(pair_files[0]) and provenance["validation"] == str(pair_files[1])
+    assert provenance["text_columns"] == ["review", "summary"] and provenance["label_column"] == "sentiment"
+    assert provenance["delimiter"] == "\t" and provenance["labels"] == ["neg", "pos"]
+    assert all(0.0 <= v <= 1.0 for v in frame.value)
+    spec = tasks.TASKS["reviews"]
+    assert spec.is_pair and spec.label_names == ("neg", "pos") and spec.max_length == 24
+    # the same name with different data never reuses the earlier runs (the files' digests are in the run id)
+    write_tsv(pair_files[1], _rows(10, 2, True))
+    assert cli.main(["probe", "--task", "custom", "--name", "reviews", "--train", str(pair_files[0]), "--validation",
+                     str(pair_files[1]), *PAIR, "--max-length", "24", "--epochs", "1", "--seeds", "1", "--fraction", "1",
+                     "--results-dir", str(store)]) == 0
+    assert len(results.ResultsStore(store).frame()) == 3
+
+
+def test_custom_single_text_task_from_csv(tmp_path, tiny):
+    rows = [(text, label) for text, label in _rows(20, 3, False)]
+    train = write_csv(tmp_path / "train.csv", rows)
+    dev = write_csv(tmp_path / "dev.csv", _rows(8, 4, False))
+    task = CustomTask("films", train, dev, "text", "label", metric="mcc", max_length=16, epochs=1)
+    spec = register_custom_task(task)
+    assert not spec.is_pair and spec.metric == "matthews_corrcoef" and spec.label_names == ("neg", "pos")
+    examples = tasks.load_task("films", "train")
+    assert examples.texts[0] == rows[0][0] and "," in examples.texts[0]  # a quoted comma stays inside the field
+    assert examples.labels == [spec.label_names.index(label) for _, label in rows] and examples.pairs is None
+    assert metrics.compute_metric("films", [0, 1], [0, 1]) == 1.0
+    experiment = engine.TaskExperiment(engine.ExperimentConfig(task="films"), *smoke.tiny_encoder("bert"),
+                                       results_dir=tmp_path / "r", progress=False)
+    record = experiment.run(engine.Variant.make("average", "first_to_last", 0.5), seed=0)
+    assert record["task"] == "films" and record["metric"] == "matthews_corrcoef" and record["eval_size"] == 8
+    assert record["provenance"]["text_columns"] == ["text"] and record["provenance"]["delimiter"] == ","
+    assert -1.0 <= record["value"] <= 1.0
+
+
+def test_custom_labels_order_and_metric_checks(tmp_path):
+    train = write_tsv(tmp_path / "t.tsv", [("a", "10"), ("b", "2"), ("c", "2")], header=("s", "y"))
+    spec = register_custom_task(CustomTask("ints", train, train, ["s"], "y", metric="f1"))
+    assert spec.label_names == ("2", "10")  # integers sort numerically
+    assert tasks.load_task("ints", "validation").labels == [1, 0, 0]
+    three = write_tsv(tmp_path / "3.tsv", [("a", "x"), ("b", "y"), ("c", "z")], header=("s", "y"))
+    with pytest.raises(ValueError, match="metric f1 scores the positive class of a two-label task"):
+        register_custom_task(CustomTask("three", three, three, "s", "y", metric="f1"))
+    with pytest.raises(ValueError, match="taken by one of the paper's tasks"):
+        register_custom_task(CustomTask("sst2", three, three, "s", "y"))
+    with pytest.raises(ValueError, match="cannot tell the delimiter"):
+        register_custom_task(CustomTask("txt", tmp_path / "t.tsv", three.rename(tmp_path / "3.txt"), "s", "y"))
+
+
+def test_grid_declares_custom_tasks(tmp_path, pair_files, tiny):
+    grid = tmp_path / "grid.yaml"
+    grid.write_text(
+        "seeds: 1\nmax_length: 16\nepochs: 1\n"
+        "custom_tasks:\n"
+        "  - {name: reviews, train: train.tsv, validation: dev.tsv, text_columns: [review, summary],"
+        " label_column: sentiment, metric: f1}\n"
+        "blocks:\n  - {name: mine, tasks: [reviews], matrix_types: [average], orders: [random], fractions: [1, 0.5]}\n")
+    assert cli.main(["grid", str(grid)]) == 0
+    frame = results.ResultsStore(tmp_path).frame()
+    assert set(frame.task) == {"reviews"} and set(frame.metric) == {"f1"} and len(frame) == 2
+    assert json.loads(frame.provenance.iloc[0])["train"] == str(pair_files[0])
+    from papa_lib.book import figures  # the chapters' helpers look tasks up in TASKS, so they accept it too
+
+    assert figures.task_lengths(engine.load_grid(grid), ["reviews"]) == {"reviews": 16}
+    assert tasks.TASKS["reviews"].max_length == 128 and tasks.TASKS["reviews"].metric == "f1"
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("custom_tasks:\n  - {name: x, train: train.tsv, validation: dev.tsv, text_columns: review, label: y}\n"
+                   "blocks: []\n")
+    with pytest.raises(ValueError, match=r"bad.yaml: custom task x has unknown keys \['label'\]"):
+        engine.load_grid(bad)
