@@ -109,11 +109,14 @@ def test_each_seed_draws_its_own_subset_and_heldout_slice(tiny, data_dir):
 
 def test_records_carry_baseline_curve_and_mode(tiny, data_dir, tmp_path):
     model, tokenizer = tiny
-    config = ExperimentConfig("cola", data_dir=str(data_dir), max_length=16, epochs=2, seeds=(0,))
+    config = ExperimentConfig("cola", data_dir=str(data_dir), max_length=16, epochs=2, seeds=(0,), inloop_epochs=1,
+                              inloop_limit=8, matrix_learning_rate=1e-2)
     experiment = TaskExperiment(config, model, tokenizer, results_dir=tmp_path, progress=False)
     record = experiment.run(Variant.make("trainable_average", "none", 0.0), 0)
     assert record["majority_baseline"] == 0.0  # MCC of a constant prediction
-    assert record["feature_mode"] == "in-loop" and record["matrices_moved"] > 0
+    # trained inside the backbone on 8 rows (one epoch), then probed on frozen features like every other row
+    assert record["matrices_moved"] > 0 and record["matrix_updates"] == -(-8 // experiment.config.batch_size)
+    assert record["feature_mode"] == "cached"
     assert (tmp_path / record["curve_file"]).read_text().startswith("epoch,updates,train_loss,heldout_loss,heldout_score")
     assert 1 <= record["best_epoch"] <= record["epochs_run"] <= 2
     assert record["peak_memory_mb"] > 0

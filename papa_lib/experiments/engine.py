@@ -115,7 +115,10 @@ class ExperimentConfig:
     ``epochs`` caps probe training (early stopping after ``patience`` epochs without held-out improvement);
     ``seeds`` are the seeds whose training subsets the feature store covers; ``cache_budget`` (bytes) decides
     between cached and streamed features (None: :func:`~papa_lib.experiments.features.default_budget`); a variant's
-    cached features are deleted once its records are written unless ``keep_features``.
+    cached features are deleted once its records are written unless ``keep_features``. Trainable matrices train
+    with a probe for ``inloop_epochs`` on at most ``inloop_limit`` of a seed's training rows, at
+    ``matrix_learning_rate`` (default: the probe's), before the record's probe is trained on them (see
+    :meth:`TaskExperiment._train_inside`).
     """
 
     task: str
@@ -130,6 +133,8 @@ class ExperimentConfig:
     patience: int = 3
     lambda_epochs: int | None = None
     inloop_epochs: int | None = None
+    inloop_limit: int | None = None
+    matrix_learning_rate: float | None = None
     learning_rate: float | None = None
     lambda_learning_rate: float | None = None
     batch_size: int | None = None
@@ -149,6 +154,7 @@ class ExperimentConfig:
             epochs=self.epochs or spec.epochs,
             lambda_epochs=self.lambda_epochs or self.epochs or spec.epochs,
             inloop_epochs=self.inloop_epochs or self.epochs or spec.epochs,
+            matrix_learning_rate=self.matrix_learning_rate or self.learning_rate or spec.learning_rate,
             learning_rate=self.learning_rate or spec.learning_rate,
             lambda_learning_rate=self.lambda_learning_rate or self.learning_rate or spec.learning_rate,
             batch_size=self.batch_size or spec.batch_size,
@@ -157,7 +163,8 @@ class ExperimentConfig:
 
 
 #: Settings that never change a run's numbers (left out of run ids).
-_NOT_IN_RUN_ID = ("device", "feature_batch_size", "lambda_epochs", "lambda_learning_rate", "inloop_epochs", "seeds",
+_NOT_IN_RUN_ID = ("device", "feature_batch_size", "lambda_epochs", "lambda_learning_rate", "inloop_epochs",
+                  "inloop_limit", "matrix_learning_rate", "seeds",
                   "cache_budget", "keep_features", "packed")
 
 
@@ -382,7 +389,10 @@ class TaskExperiment:
         if state is not None:
             digest.update(repr(sorted(state.plan.items())).encode())
             for layer_matrices in state._bases.values():
-                digest.update(layer_matrices.detach().cpu().numpy().tobytes())
+                if layer_matrices is not None:
+                    digest.update(layer_matrices.detach().cpu().numpy().tobytes())
+            for learned in state.trainable.values():  # trainable matrices after their training phase
+                digest.update(learned.detach().cpu().numpy().tobytes())
         return results.config_hash({"model": model_id(self.model), "kind": self.spec.kind, "inputs": digest.hexdigest(),
                                     "L": self.config.max_length})
 
@@ -455,10 +465,12 @@ class TaskExperiment:
         majority = int(torch.mode(labels).values) if labels.numel() else 0
         return self.score("validation", torch.arange(len(split)), torch.full((labels.numel(),), majority))
 
-    def _train_frozen(self, variant: Variant, seeds: list[int]) -> dict[int, dict]:
-        """Probes of ``seeds`` on frozen features of ``variant`` (cached or streamed); per seed its outcome."""
+    def _train_frozen(self, variant: Variant, seeds: list[int], state: AttentionOverride | None = None
+                      ) -> dict[int, dict]:
+        """Probes of ``seeds`` on frozen features of ``variant`` (cached or streamed; ``state`` overrides the
+        variant's own override, e.g. learned matrices); per seed its outcome."""
         cfg, kind = self.config, self.spec.kind
-        state = self.override_for(variant, seeds[0])
+        state = state if state is not None else self.override_for(variant, seeds[0])
         plans = [self.seed_plan(seed) for seed in seeds]
         train, validation = self.split("train"), self.split("validation")
         all_val = torch.arange(len(validation))
@@ -508,27 +520,38 @@ class TaskExperiment:
         return outcomes
 
     def _train_inside(self, variant: Variant, seed: int) -> dict:
-        """A probe trained with a variant whose matrices train inside the backbone (Sec. 5.2 (4)-(5))."""
-        from .inloop import BackboneProbe, predict_inloop, train_inloop
+        """Trainable matrices (Sec. 5.2 (4)-(5)): train, then probe like every other row.
+
+        Phase 1 trains the matrices jointly with a probe inside the backbone ("updated during the training procedure
+        of the probing classifier") for ``inloop_epochs`` on at most ``inloop_limit`` of the seed's training rows
+        (a seeded subset), at ``matrix_learning_rate``. Phase 2 freezes the learned matrices and trains a fresh
+        probe on their features with the same budget as every other row (early stopping on the held-out slice, at
+        most ``epochs``), so Table 1's rows differ only in the matrices. The record says how far the matrices moved
+        (relative Frobenius distance from their initialisation, largest over layers).
+        """
+        from .inloop import BackboneProbe, train_inloop
 
         cfg, kind = self.config, self.spec.kind
         state = self.override_for(variant, seed)
         plan = self.seed_plan(seed)
-        train, validation = self.split("train"), self.split("validation")
+        rows = plan.train
+        if cfg.inloop_limit is not None and len(rows) > cfg.inloop_limit:
+            pick = torch.randperm(len(rows), generator=torch.Generator().manual_seed(7_919 * seed + 3))
+            rows = rows[pick[: cfg.inloop_limit]].sort().values
+        train = self.split("train")
         initial = [p.detach().clone() for p in state.trainable.values()]
         probes.set_seed(seed)
         wrapper = BackboneProbe(self.model, self._new_probe(), kind, cfg.packed).to(cfg.device)
         with state.applied(self.model):
-            result = train_inloop(wrapper, state, train.encoded, train.labels, kind, plan.train, seed=seed,
+            phase1 = train_inloop(wrapper, state, train.encoded, train.labels, kind, rows, seed=seed,
                                   epochs=cfg.inloop_epochs, learning_rate=cfg.learning_rate, batch_size=cfg.batch_size,
-                                  heldout_rows=plan.heldout, patience=cfg.patience, device=cfg.device,
-                                  score=lambda predictions: self.score("train", plan.heldout, predictions))
-            predictions = predict_inloop(wrapper, validation.encoded, validation.labels, torch.arange(len(validation)),
-                                         kind)
+                                  extra_rates={"matrices": cfg.matrix_learning_rate}, device=cfg.device)
+        for parameter in state.trainable_parameters():
+            parameter.requires_grad_(False)
         moved = [float((p.detach().clamp_min(0) - p0.clamp_min(0)).norm() / p0.clamp_min(0).norm().clamp_min(1e-12))
                  for p, p0 in zip(state.trainable.values(), initial)]
-        return {"result": result, "predictions": predictions, "plan": plan, "feature_mode": "in-loop",
-                "matrices_moved": max(moved) if moved else 0.0}
+        outcome = self._train_frozen(variant, [seed], state=state)[seed]
+        return {**outcome, "matrices_moved": max(moved) if moved else 0.0, "matrix_updates": phase1.updates}
 
     # ------------------------------------------------------------------ stage 6: records
     def relevant_config(self, variant: Variant) -> dict:
@@ -543,7 +566,8 @@ class TaskExperiment:
         if variant.needs_lambdas:
             cfg.update(lambda_epochs=self.config.lambda_epochs, lambda_learning_rate=self.config.lambda_learning_rate)
         if not variant.frozen:
-            cfg["inloop_epochs"] = self.config.inloop_epochs
+            cfg.update(inloop_epochs=self.config.inloop_epochs, inloop_limit=self.config.inloop_limit,
+                       matrix_learning_rate=self.config.matrix_learning_rate, inloop="train-then-probe")
         return cfg | _provenance(self.spec.name)
 
     def run_id(self, variant: Variant, seed: int) -> str:
@@ -594,6 +618,7 @@ class TaskExperiment:
             "heldout_score": result.best_score if result.best_score != float("-inf") else None,
             "feature_mode": outcome["feature_mode"],
             "matrices_moved": outcome.get("matrices_moved"),
+            "matrix_updates": outcome.get("matrix_updates"),
             "peak_memory_mb": peak_memory_mb(self.config.device),
             "curve_file": curve_file,
             "config_hash": results.config_hash(self.relevant_config(variant)),
@@ -711,7 +736,8 @@ def run_grid(spec: dict, results_dir: str | Path, model=None, tokenizer=None, pr
 
     ``spec`` is :func:`load_grid`'s output. Top-level keys: ``model``, ``data_dir``, ``profile``, ``seeds`` (list or
     count), ``limit``, ``eval_limit``, ``max_length`` (int or per-task mapping with ``default``), ``epochs``,
-    ``patience``, ``cache_budget``, ``lambda_epochs``, ``inloop_epochs``, ``lambda_learning_rate``, ``learning_rate``, ``batch_size``, ``device`` (each of
+    ``patience``, ``cache_budget``, ``lambda_epochs``, ``inloop_epochs``, ``inloop_limit``, ``matrix_learning_rate``,
+    ``lambda_learning_rate``, ``learning_rate``, ``batch_size``, ``device`` (each of
     the per-task ones may be a mapping ``{task: value, default: value}``). ``overrides`` replace top-level keys (the CLI's flags).
     ``only_seeds`` runs a subset of the seeds (a shard); subsets and stores stay those of the full seed list.
     """
@@ -760,6 +786,8 @@ def task_config(settings: dict, task: str, seeds) -> ExperimentConfig:
         patience=_per_task(settings.get("patience"), task) or 3,
         lambda_epochs=_per_task(settings.get("lambda_epochs"), task),
         inloop_epochs=_per_task(settings.get("inloop_epochs"), task),
+        inloop_limit=_per_task(settings.get("inloop_limit"), task),
+        matrix_learning_rate=_per_task(settings.get("matrix_learning_rate"), task),
         lambda_learning_rate=_per_task(settings.get("lambda_learning_rate"), task),
         learning_rate=_per_task(settings.get("learning_rate"), task),
         batch_size=_per_task(settings.get("batch_size"), task),

@@ -8,7 +8,8 @@ counts 3):
 * λ (Sec. 3.2): ``lambda_epochs`` training passes over each seed's rows, per matrices source;
 * frozen variants: one pass over the store's rows and the validation set per distinct backbone (λ and random
   orders differ per seed) when cached; when streamed, one pass per epoch (at most ``epochs``);
-* trainable matrices (Sec. 5.2): up to ``inloop_epochs`` training passes per seed, plus the held-out slice per epoch.
+* trainable matrices (Sec. 5.2): ``inloop_epochs`` training passes per seed over at most ``inloop_limit`` of its
+  rows (the matrices' training phase), then one frozen pass over the seed's rows and the validation set.
 
 Time = example passes x real tokens per example / measured tokens per second (packed forward), plus probe steps x
 measured seconds per step. Both figures are measured here, on the requested device, with the grid's model — or, for a
@@ -132,7 +133,8 @@ def plan_task(task: str, variants, config, *, layers: int, hidden: int, tokens_p
     passes += lambda_runs * config.lambda_epochs * per_seed * 3
     per_backbone = (store_rows + n_val) if mode == "cache" else epochs * (store_rows + n_val)
     passes += backbones * per_backbone
-    passes += len(inloop) * seeds * (inloop_epochs * per_seed * (3 + 0.1) + n_val)
+    inloop_rows = min(per_seed, config.inloop_limit) if config.inloop_limit else per_seed
+    passes += len(inloop) * seeds * (inloop_epochs * inloop_rows * 3 + per_seed + n_val)
     batch = config.batch_size
     steps = (len(frozen) * seeds + len(inloop) * seeds) * epochs * per_seed / batch
     seconds = passes * tokens / tokens_per_second + steps * step_seconds
