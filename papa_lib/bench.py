@@ -306,9 +306,26 @@ def bench_probe(model, tokenizer, sizes: BenchSizes, device) -> dict[str, float]
             train_inloop(wrapper, None, encoded, labels, "sentence", rows, seed=seed, epochs=1,
                          learning_rate=learning_rate, batch_size=sizes.probe_batch, device=device)
 
+    batches = [rows[i : i + sizes.probe_batch] for i in range(0, len(rows), sizes.probe_batch)]
+
+    def probe_steps(ragged: bool):
+        """One pass of training steps of a sentence probe: padded [B, layers, W, D] inputs or real-token rows."""
+        probe = new_probe()
+        optimiser = torch.optim.AdamW(probe.parameters(), lr=learning_rate, weight_decay=0.0)
+        for part in batches:
+            inputs = (features.ragged_sentences(part, device),) if ragged else features.sentence_batch(part, device)
+            loss = torch.nn.functional.cross_entropy(probe(*inputs), labels[part].to(device))
+            optimiser.zero_grad(set_to_none=True)
+            loss.backward()
+            optimiser.step()
+
     # The feature extraction above has warmed the backbone up; no separate warm-up.
-    times = _interleaved({"cached": cached_epoch, "recomputed": recomputed_epoch}, sizes.probe_repeats, device, [])
+    times = _interleaved({"cached": cached_epoch, "recomputed": recomputed_epoch,
+                          "padded_steps": lambda: probe_steps(False), "ragged_steps": lambda: probe_steps(True)},
+                         sizes.probe_repeats, device, [])
     return {
+        "ragged_vs_padded_probe_steps": _median_ratio(times["padded_steps"], times["ragged_steps"]),
+        "probe_step_ms": 1000 * statistics.median(times["ragged_steps"]) / len(batches),
         "cached_vs_recomputed_epoch": _median_ratio(times["recomputed"], times["cached"]),
         "cached_epoch_s": statistics.median(times["cached"]),
         "recomputed_epoch_s": statistics.median(times["recomputed"]),

@@ -42,7 +42,7 @@ def test_run_benchmarks_on_a_tiny_model_prints_name_value_lines():
     figures = bench.run_benchmarks(["averaging", "constant", "probe"], model="tiny", sizes=TINY_SIZES, emit=lines.append)
     printed = parse(lines)
     assert set(printed) == set(figures)
-    for name in ("averaging_vs_forward", "cached_vs_recomputed_epoch", "constant_vs_original_L16",
+    for name in ("averaging_vs_forward", "cached_vs_recomputed_epoch", "ragged_vs_padded_probe_steps", "constant_vs_original_L16",
                  "constant_vs_original_L32", "flop_limit_L16", "flop_limit_L32", "constant_reference_vs_original_L32"):
         assert name in figures
     check_values(figures)
