@@ -57,12 +57,12 @@ from .features import (BackboneRunner, FeatureStore, RaggedRows, default_budget,
                        select_rows)
 from .matrices import MATRIX_TYPES, constant_builder, matrix_type
 from .rankings import HEAD_RANKINGS, head_ranking
+from .training import HELDOUT_FRACTION, SeedPlan, heldout_split, train_seeds
 
 
 def all_orders() -> tuple[str, ...]:
     """Every registered head ranking (the paper's five, plus any registered by analyses)."""
     return tuple(HEAD_RANKINGS)
-from .training import HELDOUT_FRACTION, SeedPlan, heldout_split, train_seeds
 
 
 @dataclass(frozen=True)
@@ -115,11 +115,8 @@ class ExperimentConfig:
     ``epochs`` caps probe training (early stopping after ``patience`` epochs without held-out improvement);
     ``seeds`` are the seeds whose training subsets the feature store covers; ``cache_budget`` (bytes) decides
     between cached and streamed features (None: :func:`~papa_lib.experiments.features.default_budget`); a variant's
-    cached features are deleted once its records are written unless ``keep_features``. Trainable matrices train
-    with a probe for ``inloop_epochs`` on at most ``inloop_limit`` of a seed's training rows, at
-    ``matrix_learning_rate`` (default: the probe's), before the record's probe is trained on them (see
-    :meth:`TaskExperiment._train_inside`).
-    """
+    cached features are deleted once its records are written unless ``keep_features``. ``inloop_*`` and
+    ``matrix_learning_rate``: see :meth:`TaskExperiment._train_inside`."""
 
     task: str
     model: str | None = None
@@ -520,21 +517,13 @@ class TaskExperiment:
         return outcomes
 
     def _train_inside(self, variant: Variant, seed: int) -> dict:
-        """Trainable matrices (Sec. 5.2 (4)-(5)): train, then probe like every other row.
-
-        Phase 1 trains the matrices jointly with a probe inside the backbone ("updated during the training procedure
-        of the probing classifier") for ``inloop_epochs`` on at most ``inloop_limit`` of the seed's training rows
-        (a seeded subset), at ``matrix_learning_rate``. Phase 2 freezes the learned matrices and trains a fresh
-        probe on their features with the same budget as every other row (early stopping on the held-out slice, at
-        most ``epochs``), so Table 1's rows differ only in the matrices. The record says how far the matrices moved
-        (relative Frobenius distance from their initialisation, largest over layers).
-        """
+        """Trainable matrices (Sec. 5.2 (4)-(5)): trained jointly with a probe inside the backbone for
+        ``inloop_epochs`` on at most ``inloop_limit`` of the seed's rows at ``matrix_learning_rate``, then frozen; a
+        fresh probe then trains on their features with every other row's budget, so Table 1's rows differ only in
+        the matrices. ``matrices_moved``: relative Frobenius distance from the initialisation (largest layer)."""
         from .inloop import BackboneProbe, train_inloop
 
-        cfg, kind = self.config, self.spec.kind
-        state = self.override_for(variant, seed)
-        plan = self.seed_plan(seed)
-        rows = plan.train
+        cfg, kind, state, rows = self.config, self.spec.kind, self.override_for(variant, seed), self.seed_plan(seed).train
         if cfg.inloop_limit is not None and len(rows) > cfg.inloop_limit:
             pick = torch.randperm(len(rows), generator=torch.Generator().manual_seed(7_919 * seed + 3))
             rows = rows[pick[: cfg.inloop_limit]].sort().values
@@ -582,17 +571,7 @@ class TaskExperiment:
         else:
             value, accuracy = self.score("validation", examples, predictions), None
         run_id = self.run_id(variant, seed)
-        curve_file = None
-        if self.results_dir is not None:
-            import csv
-
-            curve_path = self.results_dir / "curves" / f"{run_id}.csv"
-            curve_path.parent.mkdir(parents=True, exist_ok=True)
-            with curve_path.open("w", newline="") as handle:
-                writer = csv.DictWriter(handle, fieldnames=list(result.curve[0]) if result.curve else ["epoch"])
-                writer.writeheader()
-                writer.writerows(result.curve)
-            curve_file = str(curve_path.relative_to(self.results_dir))
+        curve_file = results.write_curve(self.results_dir, run_id, result.curve) if self.results_dir else None
         entry = matrix_type(variant.matrix_type)
         return {
             "run_id": run_id,

@@ -188,6 +188,17 @@ def _papa_lib_version() -> str:
     return _distribution_version("papa_lib")
 
 
+def write_curve(results_dir: str | Path, run_id: str, curve: list[dict]) -> str:
+    """Write a run's learning curve (one row per epoch) to ``results_dir/curves/<run_id>.csv``; its relative path."""
+    path = Path(results_dir) / "curves" / f"{run_id}.csv"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=list(curve[0]) if curve else ["epoch"])
+        writer.writeheader()
+        writer.writerows(curve)
+    return str(path.relative_to(Path(results_dir)))
+
+
 def package_versions() -> str:
     """Return a JSON string (sorted keys) with the versions of python, torch, transformers and papa_lib.
 
