@@ -305,10 +305,14 @@ def cmd_reproduce(args) -> int:
 
 
 def cmd_book(args) -> int:
-    from .book.build import build_book, sync_notebooks
+    from .book.build import BookBuildError, build_book, sync_notebooks
 
     sync_notebooks("book")
-    html = build_book(".", warnings_as_errors=not args.allow_warnings)
+    try:
+        html = build_book(".", warnings_as_errors=not args.allow_warnings)
+    except BookBuildError as error:  # a page failed to execute, or Sphinx failed: the message says which
+        print(f"papa: error: the book did not build: {error}", file=sys.stderr)
+        return 1
     print(f"book built: {html / 'index.html'}")
     return 0
 

@@ -72,6 +72,7 @@ from ..core.models import base_encoder
 from ..core.override import AttentionOverride
 from ..experiments.probes import _two_layer_mlp, train_probe
 from ..experiments.results import mean_ci
+from ..experiments.sample_data import describe, is_sample
 from ..experiments.tasks import MLM_HPARAMS, load_wikitext
 
 __all__ = [
@@ -115,7 +116,8 @@ def load_mlm_corpus(data_dir: str | Path | None = None) -> dict:
     """The probe's training and evaluation text lines, and a description of where they came from.
 
     Hub (``data_dir=None``): WikiText-103 train -> validation. Local: ``wiki.valid.tokens`` -> ``wiki.test.tokens``
-    of ``data_dir/wikitext-103`` or, when absent, ``data_dir/wikitext-2``.
+    of ``data_dir/wikitext-103`` or, when absent, ``data_dir/wikitext-2``; the packaged sample
+    (:mod:`papa_lib.experiments.sample_data`) is named as such, with the corpus id ``local-wikitext-2-sample``.
 
     Returns:
         ``{'train_lines', 'eval_lines', 'source' (human-readable), 'corpus' (stable id used in run ids),
@@ -135,10 +137,11 @@ def load_mlm_corpus(data_dir: str | Path | None = None) -> dict:
     corpus = "wikitext-103" if (root / "wikitext-103").is_dir() else "wikitext-2"
     train = load_wikitext("validation", root, name=corpus)
     evaluation = load_wikitext("test", root, name=corpus)
+    sample = is_sample(root)  # the packaged sample: its own corpus id, so its runs never pass for full-file ones
     return {
         "train_lines": train, "eval_lines": evaluation, "hub": False,
-        "source": f"{root / corpus} (probe: wiki.valid.tokens, score: wiki.test.tokens)",
-        "corpus": f"local-{corpus}:valid->test",
+        "source": f"{describe(root / corpus)} (probe: wiki.valid.tokens, score: wiki.test.tokens)",
+        "corpus": f"local-{corpus}{'-sample' if sample else ''}:valid->test",
     }
 
 

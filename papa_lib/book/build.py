@@ -6,14 +6,16 @@ norm-based attention analysis (Kobayashi et al. 2020) as executable chapters.  C
 next to each one is generated for Google Colab.  This module
 
 * regenerates and checks those twins (:func:`sync_notebooks`, :func:`check_notebooks`),
-* builds the book with Jupyter Book 1.x (:func:`build_book`),
+* builds the book with Jupyter Book 1.x (:func:`build_book`), failing when any page failed to
+  execute, in this build or in an earlier one it did not redo (:mod:`papa_lib.book.execution`),
 * writes the "Open in Colab" badge of a chapter (:func:`colab_badge`),
 * executes every chapter under a run profile with papermill (:func:`run_chapters`), which backs
   ``papa reproduce --profile P``,
-* and is itself a tiny Sphinx extension (:func:`setup`, loaded through ``sphinx.local_extensions``
-  in ``_config.yml``) that writes the offline vega bundle of :mod:`papa_lib.book.charts` into the
-  book's ``_static`` folder and adds it to every page, and copies MathJax 2 (from the
-  ``jupyter-server-mathjax`` package) next to it so that equations need no CDN either.
+* and, with :mod:`papa_lib.book.sphinx_hooks`, makes up the tiny Sphinx extension (``setup``,
+  loaded through ``sphinx.local_extensions`` in ``_config.yml``) that writes the offline vega
+  bundle of :mod:`papa_lib.book.charts` into the book's ``_static`` folder and adds it to every
+  page, copies MathJax 2 (from the ``jupyter-server-mathjax`` package) next to it so that
+  equations need no CDN either, and keeps executed pages honest (:mod:`papa_lib.book.execution`).
 
 Command line: ``python -m papa_lib.book {sync,check,build,badge,run} ...`` (see :func:`main`).
 """
@@ -412,7 +414,15 @@ def build_book(
     ``-W -n --keep-going`` (the project's standard), ``fresh`` adds ``--all`` (rebuild every
     page, not only the changed ones).  The full log is written to ``_build/papa-build.log``;
     on failure :class:`BookBuildError` is raised with its last ``log_tail_lines`` lines.
+
+    A page whose execution failed fails the build even when warnings are allowed, and also on a
+    later build that did not execute it again: the book's Sphinx extension writes every page's
+    execution status to ``_build/papa-execution.json`` (:mod:`papa_lib.book.execution`), which is
+    checked here, and it executes failed pages again on the next build (and every page when
+    papa_lib or ``data/`` changed), so a page never shows an old failure or older library code.
     """
+    from . import execution
+
     root = Path(root).resolve()
     for required in ("_config.yml", "_toc.yml"):
         if not (root / required).is_file():
@@ -423,13 +433,15 @@ def build_book(
     if fresh:
         command.append("--all")
     env = _with_pythonpath(os.environ, root)
+    build_dir = root / "_build"
+    (build_dir / execution.REPORT_NAME).unlink(missing_ok=True)  # only this build's report counts
     proc = subprocess.run(
         command, cwd=root, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
     )
-    log_path = root / "_build" / "papa-build.log"
+    log_path = build_dir / "papa-build.log"
     log_path.parent.mkdir(parents=True, exist_ok=True)
     log_path.write_text(proc.stdout, encoding="utf-8")
-    out_dir = root / "_build" / ("html" if builder in ("html", "dirhtml", "singlehtml") else builder)
+    out_dir = build_dir / ("html" if builder in ("html", "dirhtml", "singlehtml") else builder)
     failed = proc.returncode != 0 or "build finished with problems" in proc.stdout
     if failed:
         tail = "\n".join(proc.stdout.splitlines()[-log_tail_lines:])
@@ -437,7 +449,26 @@ def build_book(
             f"jupyter-book build of {root} failed (exit code {proc.returncode}); "
             f"full log: {log_path}\n--- last {log_tail_lines} lines ---\n{tail}"
         )
+    _check_execution_report(root, build_dir, out_dir)
     return out_dir
+
+
+def _check_execution_report(root: Path, build_dir: Path, out_dir: Path) -> None:
+    """Raise :class:`BookBuildError` when the build's execution report names a failed page, or when the book loads
+    this package's Sphinx extension (which writes the report) and the report is missing."""
+    from . import execution
+
+    report = execution.read_report(build_dir)
+    if report is None:
+        extensions = ((load_config(root).get("sphinx") or {}).get("local_extensions") or {})
+        if "papa_lib.book" in extensions:
+            raise BookBuildError(f"the build of {root} wrote no execution report ({build_dir / execution.REPORT_NAME})")
+        return
+    failed = execution.failed_pages(report)
+    if failed:
+        details = "; ".join(f"{doc} ({error}, traceback: {out_dir / 'reports' / (doc + '.err.log')})"
+                            for doc, error in failed.items())
+        raise BookBuildError(f"{len(failed)} page(s) of {root} failed to execute: {details}")
 
 
 # --------------------------------------------------------------------------------------------
@@ -489,11 +520,15 @@ def run_chapters(
     tagged ``parameters``) and the repository root as working directory.  The executed
     notebook goes to ``out_dir/<profile>/<chapter>.ipynb`` and a JSON done-marker to
     ``<chapter>.done``.  With ``resume`` a chapter whose notebook and marker exist (with the
-    same parameters) is skipped.  A failing chapter raises :class:`ChapterExecutionError`;
-    its partial notebook and the chapters already done are kept.
+    same parameters, chapter source and library fingerprint: papa_lib's files and ``data/``,
+    :func:`papa_lib.book.execution.fingerprint`) is skipped.  A failing chapter raises
+    :class:`ChapterExecutionError`; its partial notebook and the chapters already done are kept,
+    and it has no marker, so the next run executes it again.
     """
     import nbformat
     import papermill
+
+    from . import execution
 
     if not isinstance(profile, str) or not _PROFILE_RE.fullmatch(profile):
         raise ValueError(f"profile must be a name like 'smoke', 'local' or 'paper', got {profile!r}")
@@ -511,6 +546,7 @@ def run_chapters(
     inputs_dir = run_dir / "_inputs"
     inputs_dir.mkdir(parents=True, exist_ok=True)
 
+    library = execution.fingerprint(root_path)
     executed_paths: list[Path] = []
     for chapter in chapter_paths:
         name = chapter.stem
@@ -518,11 +554,15 @@ def run_chapters(
         marker = run_dir / f"{name}.done"
         done = _read_marker(marker)
         if resume and executed.is_file() and done is not None:
-            if done.get("parameters") == all_parameters:
+            same = {"parameters": done.get("parameters") == all_parameters,
+                    "chapter source": done.get("source_sha256") == hashlib.sha256(chapter.read_bytes()).hexdigest(),
+                    "papa_lib or data/": done.get("library") == library}
+            if all(same.values()):
                 logger.info("%s: already executed under profile %s, skipping (resume)", name, profile)
                 executed_paths.append(executed)
                 continue
-            logger.info("%s: parameters changed since the last run, executing again", name)
+            changed = ", ".join(what for what, ok in same.items() if not ok)
+            logger.info("%s: %s changed since the last run, executing again", name, changed)
         marker.unlink(missing_ok=True)
         source = notebook_from_chapter(chapter)
         input_path = inputs_dir / f"{name}.ipynb"
@@ -555,6 +595,7 @@ def run_chapters(
                     "chapter": name,
                     "source": str(chapter),
                     "source_sha256": hashlib.sha256(chapter.read_bytes()).hexdigest(),
+                    "library": library,
                     "profile": profile,
                     "parameters": all_parameters,
                     "started": started.isoformat(),

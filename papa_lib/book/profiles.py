@@ -5,18 +5,24 @@ profile    model and data                                              runs on  
 =========  ==========================================================  ==========  =====================================
 ``smoke``  a tiny random BERT and generated data (:mod:`papa_lib.smoke`)  seconds    ``runs/smoke/`` (never committed)
 ``local``  the embedded all-MiniLM-L6-v2 and a local data folder        CPU         ``data/results/local-minilm/``
-           such as ``../shared/data``
+           such as ``../shared/data`` (else the packaged sample)
 ``paper``  the paper's hub models and hub datasets                     GPU         ``data/results/paper/``
 =========  ==========================================================  ==========  =====================================
 
 Each profile has a grid file (``<results>/grid.yaml``; smoke's is built here) that declares every run the book shows.
 Chapters call :func:`resolve` with their papermill parameters and then :meth:`Setup.results`, which reads the
 results store and — when ``run_missing`` is true — first runs whatever the grid still lacks (resuming).
+
+At ``local``, a data folder that does not hold the files the chapters compute on (a fresh machine has no
+``../shared/data``) gives way to the real-text sample packaged with the library
+(:mod:`papa_lib.experiments.sample_data`), with a one-line notice; the hub is never tried. :attr:`Setup.data_source`
+and :attr:`Setup.data_label` say which data a run used; committed results are read as they are.
 """
 
 from __future__ import annotations
 
 import copy
+import os
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -77,12 +83,25 @@ class Setup:
         return self.model_name or "all-MiniLM-L6-v2"
 
     @property
-    def data_label(self) -> str:
+    def data_source(self) -> str:
+        """Which data the chapter computes on: ``generated``, ``hub``, ``sample`` (the packaged one) or ``local``."""
+        from ..experiments.sample_data import is_sample
+
         if self.profile == "smoke":
-            return "generated data"
+            return "generated"
         if self.data_dir is None:
-            return "hub datasets"
-        return f"local files ({self.data_dir.name})"
+            return "hub"
+        return "sample" if is_sample(self.data_dir) else "local"
+
+    @property
+    def data_label(self) -> str:
+        """:attr:`data_source` in words, for figure subtitles."""
+        from ..experiments.sample_data import SAMPLE_LABEL
+
+        source = self.data_source
+        if source == "local":
+            return f"local files ({self.data_dir.name})"
+        return {"generated": "generated data", "hub": "hub datasets", "sample": f"{SAMPLE_LABEL} (papa_lib/samples)"}[source]
 
     def label(self) -> str:
         """"model: …, data: …, profile: …" for figure subtitles."""
@@ -125,10 +144,17 @@ class Setup:
         return load_grid(path)
 
     def results(self, run_missing: bool = False, blocks: list[str] | None = None, progress: bool = False):
-        """The results table (pandas) of this profile; with ``run_missing``, first run what the grid lacks."""
+        """The results table (pandas) of this profile; with ``run_missing``, first run what the grid lacks.
+
+        Runs on the packaged sample never go into the committed results folder (computed on the full files).
+        """
         from ..experiments.engine import run_grid
         from ..experiments.results import ResultsStore
 
+        committed = (self.root / RESULT_FOLDERS[self.profile]).resolve()
+        if run_missing and self.data_source == "sample" and self.results_dir.resolve() == committed:
+            raise ValueError(f"{RESULT_FOLDERS[self.profile]} holds runs on the full data files, not on the packaged "
+                             "sample: pass results_dir (a folder of its own) to run experiments on the sample")
         if run_missing:
             spec = self.grid()
             if blocks is not None:
@@ -147,7 +173,9 @@ def resolve(profile: str = "local", model_name: str | None = None, data_dir: str
 
     ``model_name=None`` means the embedded MiniLM (smoke: a tiny random BERT; paper: ``roberta-base``).
     ``data_dir=None`` means: smoke — generated data (written once to a temp folder); local — ``../shared/data`` next
-    to the repository when it exists; paper — the hub. Relative paths are taken from the repository root.
+    to the repository; paper — the hub. Relative paths are taken from the repository root. At ``local``, when the
+    folder does not hold the files the chapters compute on, the packaged sample is used instead and a one-line
+    notice says so (:func:`papa_lib.experiments.sample_data.data_or_sample`).
     """
     if profile not in PROFILES:
         raise ValueError(f"unknown profile {profile!r}; choose one of {PROFILES}")
@@ -164,10 +192,14 @@ def resolve(profile: str = "local", model_name: str | None = None, data_dir: str
 
             data_dir = generate_data_dir(Path(tempfile.gettempdir()) / "papa-smoke-data")
         elif profile == "local":
-            candidate = root.parent / "shared" / "data"
-            data_dir = candidate if candidate.exists() else None
+            data_dir = root.parent / "shared" / "data"
     elif not Path(data_dir).is_absolute():
         data_dir = root / data_dir
+    if profile == "local":
+        from ..experiments.sample_data import data_or_sample
+
+        shown = os.path.relpath(data_dir, root) if Path(data_dir).is_relative_to(root.parent) else str(data_dir)
+        data_dir = data_or_sample(data_dir, shown=shown)
     folder = Path(results_dir) if results_dir else Path(RESULT_FOLDERS[profile])
     if not folder.is_absolute():
         folder = root / folder

@@ -1,5 +1,7 @@
 """The Sphinx side of the book (``papa_lib.book`` is the extension named in ``_config.yml``): the offline vega bundle
-every chart page loads, MathJax served from the book itself (no CDN), and one copy of each page script.
+every chart page loads, MathJax served from the book itself (no CDN), one copy of each page script, and honest
+execution: pages re-execute when papa_lib or ``data/`` changed or when they failed last time, and every build writes
+its pages' execution status (:mod:`papa_lib.book.execution`).
 
 :func:`setup` is what Sphinx calls; the notebook tooling and the command line live in :mod:`papa_lib.book.build`.
 """
@@ -10,6 +12,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from . import execution
 from .build import BUILD_ENV_FLAG, _with_pythonpath
 
 # --------------------------------------------------------------------------------------------
@@ -142,12 +145,60 @@ def _dedupe_page_scripts(app: Any, pagename: str, templatename: str, context: di
     scripts[:] = unique
 
 
+# --------------------------------------------------------------------------------------------
+# Sphinx extension: re-execute what is stale or failed, report every page's execution
+# --------------------------------------------------------------------------------------------
+
+
+def _note_fingerprint(app: Any, config: Any) -> None:
+    """``config-inited``: fingerprint papa_lib and ``data/`` once per build; a jupyter-cache (``execute_notebooks:
+    cache``) then lives in a folder named after it, so that no cached output of older library code is reused."""
+    app.papa_fingerprint = execution.fingerprint(Path(app.confdir))
+    if str(getattr(config, "nb_execution_mode", "")) == "cache":
+        base = Path(str(config.nb_execution_cache_path or Path(app.outdir).parent / ".jupyter_cache"))
+        config.nb_execution_cache_path = str(base / f"papa-{app.papa_fingerprint}")
+
+
+def _stale_pages(app: Any, env: Any, added: set, changed: set, removed: set) -> list[str]:
+    """``env-get-outdated``: the pages to read (and so execute) again although their source did not change.
+
+    Every page when papa_lib or ``data/`` changed since the environment was saved; otherwise the pages whose
+    execution failed in an earlier build (Sphinx would keep their failed output and report success).
+    """
+    from sphinx.util import logging as sphinx_logging
+
+    log = sphinx_logging.getLogger(__name__)
+    previous = getattr(env, "papa_fingerprint", None)
+    env.papa_fingerprint = app.papa_fingerprint
+    if previous != app.papa_fingerprint:  # also when the saved environment predates the fingerprint
+        if env.all_docs:
+            log.info("papa: papa_lib or data/ changed since the last build: every page executes again")
+        return sorted(env.found_docs)
+    metadata = getattr(env, "nb_metadata", None) or {}
+    failed = sorted(doc for doc, data in metadata.items()
+                    if isinstance(data, dict) and (data.get("exec_data") or {}).get("succeeded") is False)
+    if failed:
+        log.info("papa: executing again the pages that failed last time: %s", ", ".join(failed))
+    return failed
+
+
+def _write_execution_report(app: Any, exception: Exception | None) -> None:
+    """``build-finished``: write the execution status of every page next to the output (``_build/``)."""
+    env = getattr(app, "env", None)
+    if env is None:
+        return
+    metadata = getattr(env, "nb_metadata", None) or {}
+    pages = {doc: ((metadata.get(doc) or {}).get("exec_data") or None) for doc in env.found_docs}
+    execution.write_report(Path(app.outdir).parent, pages, getattr(app, "papa_fingerprint", ""))
+
+
 def setup(app: Any) -> dict[str, Any]:
     """Sphinx extension entry point (``sphinx.local_extensions: {papa_lib.book: ./}``).
 
     Writes the offline vega bundle into the HTML output and adds it to every page, copies MathJax 2 into the
     output so that equations render offline (:func:`_install_offline_mathjax`), removes
-    duplicated page scripts (see :func:`_dedupe_page_scripts`), and puts
+    duplicated page scripts (see :func:`_dedupe_page_scripts`), re-executes stale and failed pages
+    (:func:`_stale_pages`), writes the execution report (:func:`_write_execution_report`), and puts
     the book root first on PYTHONPATH so that the kernels executing the chapters import this
     checkout's ``papa_lib`` even when it is not pip-installed.
     """
@@ -157,4 +208,7 @@ def setup(app: Any) -> dict[str, Any]:
     app.connect("builder-inited", _write_vega_bundle)
     app.connect("builder-inited", _install_offline_mathjax, priority=800)  # after MyST's override (500)
     app.connect("html-page-context", _dedupe_page_scripts, priority=900)
+    app.connect("config-inited", _note_fingerprint)
+    app.connect("env-get-outdated", _stale_pages)
+    app.connect("build-finished", _write_execution_report)
     return {"version": "1.0", "parallel_read_safe": True, "parallel_write_safe": True}

@@ -36,6 +36,10 @@ Data come from one of two places:
       conll2003/{eng.train,eng.testa}     "word POS chunk NER", IOB1 or IOB2 tags
       wikitext-2/wiki.{valid,test}.tokens
 
+  A small sample of that layout ships with the package (``papa_lib/samples``,
+  :mod:`papa_lib.experiments.sample_data`); examples read from it name it as
+  ``papa_lib/samples/<file> (packaged sample)`` in their ``source``.
+
 Label ids follow the hub's ``ClassLabel`` order, so a model trained on local
 files and one trained on hub data agree on what each id means.
 """
@@ -47,6 +51,8 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Sequence
+
+from . import sample_data
 
 __all__ = [
     "TaskSpec",
@@ -404,6 +410,16 @@ _GLUE_FILES = {"train": "train.tsv", "validation": "dev.tsv"}
 
 
 def _load_local(spec: TaskSpec, split: str, data_dir: Path) -> SentenceExamples | TokenExamples:
+    examples = _read_local(spec, split, data_dir)
+    prefix = str(data_dir)
+    if sample_data.is_sample(data_dir) and examples.source.startswith(prefix):
+        # records name the packaged sample, not where it happens to be installed
+        relative, space, note = examples.source[len(prefix):].lstrip("/").partition(" ")
+        examples.source = sample_data.describe(data_dir / relative) + space + note
+    return examples
+
+
+def _read_local(spec: TaskSpec, split: str, data_dir: Path) -> SentenceExamples | TokenExamples:
     if not data_dir.is_dir():
         raise FileNotFoundError(f"data directory not found: {data_dir}")
     if spec.kind == "token":

@@ -1,0 +1,167 @@
+"""The real-text sample packaged in papa_lib, and the local profile's fallback to it (no data folder, no hub).
+
+The sample (``papa_lib/samples``, :mod:`papa_lib.experiments.sample_data`) must be small, documented, carried by a
+regular install (package data in the wheel), readable by the task and WikiText loaders, and exactly what its README's
+recipe draws from ``../shared/data`` (checked when that folder is present). Without a data folder the ``local``
+profile reads it, says so in one line, and never touches the dataset hub.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import shutil
+import subprocess
+import sys
+import tomllib
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from papa_lib.analysis import mlm_probe
+from papa_lib.book import profiles
+from papa_lib.experiments import sample_data, tasks
+
+REPO = Path(__file__).resolve().parents[1]
+SAMPLE = REPO / "papa_lib" / "samples"
+
+
+def _sample_files() -> list[str]:
+    return sorted(p.relative_to(SAMPLE).as_posix() for p in SAMPLE.rglob("*") if p.is_file())
+
+
+def test_sample_is_small_documented_and_declared_as_package_data():
+    assert sample_data.SAMPLE_DIR == SAMPLE
+    assert _sample_files() == sorted([*sample_data.SAMPLE_FILES, "README.md"])
+    total = sum((SAMPLE / name).stat().st_size for name in _sample_files())
+    assert total < 300_000, f"the packaged sample should stay a few hundred KB at most, it is {total:,} bytes"
+    readme = (SAMPLE / "README.md").read_text(encoding="utf-8")
+    for name in sample_data.SAMPLE_FILES:
+        assert f"`{name}`" in readme, f"papa_lib/samples/README.md does not describe {name}"
+    assert "CC BY-SA" in readme and "Merity" in readme and "Stanford Sentiment Treebank" in readme
+    patterns = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]["papa_lib"]
+    for name in _sample_files():
+        assert any(Path("samples", name).match(pattern) for pattern in patterns), f"{name} is not package data"
+
+
+@pytest.mark.skipif(importlib.util.find_spec("setuptools") is None, reason="setuptools is not installed")
+def test_a_built_wheel_carries_the_sample(tmp_path):
+    source = tmp_path / "src"
+    source.mkdir()
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy2(REPO / name, source / name)
+    shutil.copytree(REPO / "papa_lib", source / "papa_lib", ignore=shutil.ignore_patterns("__pycache__"))
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w",
+                    str(tmp_path / "dist"), str(source)], check=True, capture_output=True)
+    (wheel,) = (tmp_path / "dist").glob("papa_lib-*.whl")
+    names = set(zipfile.ZipFile(wheel).namelist())
+    missing = [name for name in _sample_files() if f"papa_lib/samples/{name}" not in names]
+    assert not missing, f"the wheel lacks {missing}"
+
+
+def test_sample_loads_and_names_itself():
+    train = tasks.load_task("sst2", "train", data_dir=sample_data.SAMPLE_DIR)
+    validation = tasks.load_task("sst2", "validation", data_dir=sample_data.SAMPLE_DIR, limit=64)
+    assert (len(train), len(validation)) == (512, 64)
+    assert set(train.labels) == {0, 1} and all(text.strip() for text in train.texts)
+    assert train.source == "papa_lib/samples/glue/SST-2/train.tsv (packaged sample)"
+    assert validation.source.startswith("papa_lib/samples/glue/SST-2/dev.tsv (packaged sample) [subsample of 64/256")
+    valid = tasks.load_wikitext("validation", sample_data.SAMPLE_DIR, name="wikitext-2")
+    test = tasks.load_wikitext("test", sample_data.SAMPLE_DIR, name="wikitext-2")
+    assert len(valid) > 100 and len(test) > 50 and not any(line.startswith("= ") for line in valid + test)
+    corpus = mlm_probe.load_mlm_corpus(sample_data.SAMPLE_DIR)
+    assert corpus["corpus"] == "local-wikitext-2-sample:valid->test"  # never the id of runs on the full files
+    assert corpus["source"].startswith("papa_lib/samples/wikitext-2 (packaged sample)")
+    assert sample_data.describe(REPO / "README.md") == str(REPO / "README.md")
+
+
+def _every(lines: list[str], step: int, count: int) -> list[str]:
+    """The header and data rows 0, step, 2 step, ... (at most ``count``), as the README's awk recipe draws them."""
+    return [lines[0]] + lines[1:][::step][:count]
+
+
+def _head_before_heading(lines: list[str], article: int) -> list[str]:
+    """The lines before the ``article``-th (1-based) top-level heading `` = Title = ``."""
+    headings = [i for i, line in enumerate(lines) if line.startswith(" = ") and not line.startswith(" = = ")]
+    return lines[: headings[article - 1]]
+
+
+def test_sample_is_what_its_recipe_draws(shared_data):
+    def lines(path: Path) -> list[str]:
+        return path.read_text(encoding="utf-8").splitlines(keepends=True)
+
+    expected = {
+        "glue/SST-2/train.tsv": _every(lines(shared_data / "glue/SST-2/train.tsv"), 131, 512),
+        "glue/SST-2/dev.tsv": _every(lines(shared_data / "glue/SST-2/dev.tsv"), 3, 256),
+        "wikitext-2/wiki.valid.tokens": _head_before_heading(lines(shared_data / "wikitext-2/wiki.valid.tokens"), 6),
+        "wikitext-2/wiki.test.tokens": _head_before_heading(lines(shared_data / "wikitext-2/wiki.test.tokens"), 4),
+    }
+    for name, want in expected.items():
+        assert lines(SAMPLE / name) == want, f"papa_lib/samples/{name} differs from its README's recipe"
+
+
+@pytest.fixture
+def no_hub(monkeypatch):
+    """Any attempt to reach the dataset hub fails the test."""
+    import datasets
+
+    def refuse(*args, **kwargs):
+        raise AssertionError(f"the dataset hub was tried: {args}")
+
+    monkeypatch.setattr(datasets, "load_dataset", refuse)
+    monkeypatch.setattr(tasks, "_hub_load_dataset", refuse)
+
+
+def _book_root(tmp_path: Path) -> Path:
+    """A repository root (``_config.yml`` + ``papa_lib/``) with nothing beside it: no ``../shared/data``."""
+    root = tmp_path / "x" / "papa"
+    (root / "papa_lib").mkdir(parents=True)
+    (root / "_config.yml").write_text("title: t\n", encoding="utf-8")
+    return root
+
+
+def test_local_profile_without_data_reads_the_sample_and_says_so(tmp_path, capsys, no_hub):
+    root = _book_root(tmp_path)
+    setup = profiles.resolve("local", root=root)
+    assert setup.data_dir == sample_data.SAMPLE_DIR
+    assert setup.data_source == "sample" and setup.data_label == "packaged sample (papa_lib/samples)"
+    assert "data: packaged sample" in setup.label()
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("papa: ../shared/data does not exist; using the packaged sample")
+    examples = tasks.unlabeled_texts("sst2", data_dir=setup.data_dir, limit=512)
+    assert len(examples) == 512 and "(packaged sample)" in examples.source
+
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    for given in (empty, tmp_path / "nope"):
+        assert profiles.resolve("local", data_dir=given, root=root).data_dir == sample_data.SAMPLE_DIR
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"papa: {empty} has no glue/SST-2/train.tsv; using the packaged sample papa_lib/samples "
+                   f"({sample_data.SAMPLE_CONTENTS}) instead",
+                   f"papa: {tmp_path / 'nope'} does not exist; using the packaged sample papa_lib/samples "
+                   f"({sample_data.SAMPLE_CONTENTS}) instead"]
+
+
+def test_a_data_folder_that_holds_the_data_is_used_as_it_is(tmp_path, capsys, no_hub):
+    root = _book_root(tmp_path)
+    data = tmp_path / "x" / "shared" / "data"
+    shutil.copytree(sample_data.SAMPLE_DIR, data)
+    setup = profiles.resolve("local", root=root)
+    assert setup.data_dir == data and setup.data_source == "local" and setup.data_label == "local files (data)"
+    assert capsys.readouterr().err == ""
+    assert tasks.load_task("sst2", "train", data_dir=setup.data_dir).source == str(data / "glue/SST-2/train.tsv")
+    # the other profiles keep their own data: generated (smoke) and the hub (paper)
+    assert profiles.resolve("paper", root=root).data_dir is None
+    assert profiles.resolve("paper", root=root).data_source == "hub"
+
+
+def test_an_incomplete_installation_is_reported(monkeypatch, tmp_path):
+    monkeypatch.setattr(sample_data, "SAMPLE_DIR", tmp_path)
+    with pytest.raises(FileNotFoundError, match="packaged data sample is incomplete: .*glue/SST-2/train.tsv"):
+        sample_data.data_or_sample(tmp_path / "nope")
+
+
+def test_runs_on_the_sample_stay_out_of_the_committed_results(tmp_path, capsys):
+    root = _book_root(tmp_path)
+    with pytest.raises(ValueError, match="data/results/local-minilm holds runs on the full data files"):
+        profiles.resolve("local", root=root).results(run_missing=True)
