@@ -1,13 +1,17 @@
-"""The built book works offline: charts render in headless Chromium with the network off.
+"""The built book works offline: charts render in headless Chromium with the network off, and fit the page.
 
-Builds a minimal copy of the book (``book/intro.md`` only; set ``PAPA_BROWSER_FULL_BOOK=1`` to
-build the whole ``_toc.yml``) once per session, serves it on 127.0.0.1 and opens every chapter
-page in headless Chromium with every other host unreachable.  Chromium is driven through the
-DevTools protocol with the small stdlib websocket client below (no extra dependency).  Checks:
-each altair container (``papa_lib.book.charts``) holds a non-empty SVG with the model/data/profile
-caption, tooltips work, nothing raises or logs a console error, no local asset is missing.  A
-full-page screenshot of the first chapter is kept in ``$PAPA_TEST_ARTIFACTS`` (default: the
-session's pytest tmp dir; its path is printed).
+Once per session, every chapter of ``_toc.yml`` is executed with papermill at the smoke profile
+(``PAPA_BROWSER_PROFILE=local`` for the published profile) and the book is built from the executed
+notebooks (plus a page with every kind of math); it is served on 127.0.0.1 and every chapter page is
+opened in headless Chromium (Debian's ``chromium``) with every other host unreachable.  Chromium is
+driven through the DevTools protocol with the small stdlib websocket client below (no extra
+dependency).  Checks, per page: every chapter has at least one chart; each altair container
+(``papa_lib.book.charts``) holds a non-empty SVG with the model/data/profile caption, and is no wider
+than the content column it sits in at the book's default width (a 1280 px window); tooltips work;
+nothing raises or logs a console error; nothing is fetched from outside the book (the Colab badge is
+inlined by ``papa_lib.book.offline_badge``); no local asset is missing.  A screenshot of the first
+chapter is kept in ``$PAPA_TEST_ARTIFACTS`` (default: the session's pytest tmp dir; its path is
+printed).
 
 The tests of ``papa_lib.book.charts`` output and of the built HTML need no browser; those that do
 are marked ``browser`` and skip when no Chromium binary is found.
@@ -39,10 +43,10 @@ from papa_lib.book import charts, sphinx_hooks
 
 REPO = Path(__file__).resolve().parents[1]
 BUNDLE = charts.BUNDLE_FILENAME
-# Resources a reader's browser fetches from the internet and that an offline run cannot load.
-# Only a decoration (the Colab badge image) may come from outside: charts use the bundled vega and
-# equations the bundled MathJax 2 (_static/mathjax, copied by papa_lib.book from jupyter-server-mathjax).
-ALLOWED_EXTERNAL = ("https://colab.research.google.com/assets/colab-badge.svg",)
+# Resources a reader's browser may fetch from the internet: none. Charts use the bundled vega, equations the
+# bundled MathJax 2 (_static/mathjax, copied by papa_lib.book from jupyter-server-mathjax), and the Colab badge
+# image is inlined (papa_lib.book.offline_badge).
+ALLOWED_EXTERNAL: tuple[str, ...] = ()
 MATHJAX_SCRIPT = "_static/mathjax/MathJax.js"
 # A page with every kind of math the chapters use, added to the minimal test build (intro has none).
 MATH_PAGE = """---
@@ -180,29 +184,46 @@ def test_bundle_defines_global_vega_embed():
 # ---------------------------------------------------------------------------------------------
 
 
+#: The profile the browser tests execute the chapters at: ``smoke`` (seconds per chapter, the default) or ``local``
+#: (the committed results and the embedded MiniLM, as the published book; minutes).
+BROWSER_PROFILE = os.environ.get("PAPA_BROWSER_PROFILE", "smoke")
+#: Chapters that have no chart (none: every chapter draws at least one figure at every profile).
+CHARTLESS_CHAPTERS: set[str] = set()
+
+
+def executed_book(root: Path, notebooks: list[Path], extra_pages: dict[str, str] | None = None) -> Path:
+    """Lay out a book in ``root`` from executed chapter notebooks (papermill outputs), built without executing them
+    again: the repository's ``_config.yml`` with ``execute_notebooks: "off"`` and the notebooks admitted as sources,
+    its ``_toc.yml`` (plus ``extra_pages``: name -> MyST text) and a link to ``papa_lib``. Returns ``root``."""
+    import yaml
+
+    config = yaml.safe_load((REPO / "_config.yml").read_text(encoding="utf-8"))
+    config["execute"]["execute_notebooks"] = "off"
+    config["exclude_patterns"] = [p for p in config["exclude_patterns"] if "ipynb" not in p] + ["_runs", "_runs/**"]
+    (root / "_config.yml").write_text(yaml.safe_dump(config, sort_keys=False), encoding="utf-8")
+    (root / "papa_lib").symlink_to(REPO / "papa_lib", target_is_directory=True)
+    (root / "book").mkdir(exist_ok=True)
+    if (REPO / "book" / "_static").is_dir():
+        shutil.copytree(REPO / "book" / "_static", root / "book" / "_static", dirs_exist_ok=True)
+    for notebook in notebooks:
+        shutil.copy2(notebook, root / "book" / notebook.name)
+    toc = yaml.safe_load((REPO / "_toc.yml").read_text(encoding="utf-8"))
+    for name, text in (extra_pages or {}).items():
+        (root / "book" / f"{name}.md").write_text(text, encoding="utf-8")
+        toc["chapters"].append({"file": f"book/{name}"})
+    (root / "_toc.yml").write_text(yaml.safe_dump(toc, sort_keys=False), encoding="utf-8")
+    return root
+
+
 @pytest.fixture(scope="session")
 def built_book(tmp_path_factory) -> Path:
-    """Build a copy of the book (intro only unless PAPA_BROWSER_FULL_BOOK=1); return its HTML dir."""
+    """Execute every chapter of ``_toc.yml`` at :data:`BROWSER_PROFILE` (papermill, as ``papa reproduce`` does) and
+    build the book from the executed notebooks (plus a page with every kind of math); return its HTML dir."""
     root = tmp_path_factory.mktemp("book")
-    shutil.copy2(REPO / "_config.yml", root / "_config.yml")
-    (root / "papa_lib").symlink_to(REPO / "papa_lib", target_is_directory=True)
-    (root / "book").mkdir()
-    if (REPO / "book" / "_static").is_dir():
-        shutil.copytree(REPO / "book" / "_static", root / "book" / "_static")
-    if os.environ.get("PAPA_BROWSER_FULL_BOOK") == "1":
-        shutil.copy2(REPO / "_toc.yml", root / "_toc.yml")
-        for item in (REPO / "book").iterdir():
-            if item.is_file():
-                shutil.copy2(item, root / "book" / item.name)
-        for name in ("data",):
-            if (REPO / name).exists():
-                (root / name).symlink_to(REPO / name)
-    else:
-        toc = "format: jb-book\nroot: book/intro\nchapters:\n  - file: book/math_check\n"
-        (root / "_toc.yml").write_text(toc, encoding="utf-8")
-        for suffix in (".md", ".ipynb"):
-            shutil.copy2(REPO / "book" / f"intro{suffix}", root / "book" / f"intro{suffix}")
-        (root / "book" / "math_check.md").write_text(MATH_PAGE, encoding="utf-8")
+    runs = root / "_runs"
+    parameters = {"results_dir": str(runs / "results")} if BROWSER_PROFILE == "smoke" else {}
+    notebooks = build.run_chapters(BROWSER_PROFILE, runs, parameters=parameters, resume=False, root=REPO)
+    executed_book(root, notebooks, {"math_check": MATH_PAGE})
     return build.build_book(root, warnings_as_errors=True)
 
 
@@ -224,6 +245,11 @@ def test_built_pages_load_the_local_vega_bundle(built_book):
         assert "vega@" not in html and "vega-embed@" not in html and "vega-lite@" not in html
         # Sphinx 7.4 duplicates late inline scripts; papa_lib.book removes the copies
         assert html.count("const THEBE_JS_URL") <= 1, f"{page.name}: duplicated thebe config script"
+        badges = re.findall(r'<img[^>]*alt="Open In Colab"[^>]*>', html)
+        if page.stem != "math_check":
+            assert badges, f"{page.name}: no Colab badge"
+        for badge in badges:
+            assert 'src="data:image/svg+xml' in badge, f"{page.name}: the Colab badge is not inlined: {badge[:200]}"
     intro = (built_book / "book" / "intro.html").read_text(encoding="utf-8")
     assert intro.count(f'class="{charts.CHART_CLASS}"') >= 1
     assert build.colab_url("book/intro.md", REPO / "_config.yml") in intro  # badge and launch button
@@ -503,8 +529,16 @@ CHART_STATE_JS = f"""
     charts: boxes.map((box) => {{
       const svg = box.querySelector('svg');
       const canvas = box.querySelector('canvas');
+      const drawn = (svg || canvas || box).getBoundingClientRect();
+      const column = (box.closest('.cell_output, .output, article') || box.parentElement).getBoundingClientRect();
       return {{
         id: box.id,
+        width: Math.round(drawn.width),
+        left: Math.round(drawn.left),
+        right: Math.round(drawn.right),
+        column_left: Math.round(column.left),
+        column_right: Math.round(column.right),
+        column_width: Math.round(column.width),
         embedded: box.classList.contains('vega-embed'),
         marks: svg ? svg.querySelectorAll('path, rect, line, text').length : 0,
         canvas: canvas ? canvas.width * canvas.height : 0,
@@ -580,7 +614,10 @@ def _open(chromium: _DevTools, url: str, timeout: float = 30.0) -> dict:
 @pytest.mark.browser
 @needs_chromium
 def test_chapter_pages_render_their_charts_offline(built_book, book_server, chromium):
-    for page in _chapter_pages(built_book):
+    chapters = {path.stem for path in build.toc_chapters(REPO)}
+    pages = _chapter_pages(built_book)
+    assert chapters <= {page.stem for page in pages}, "a chapter of _toc.yml has no page"
+    for page in pages:
         url = f"{book_server}/{page.relative_to(built_book).as_posix()}"
         state = _open(chromium, url)
         problems = _problems(chromium.events, book_server)
@@ -588,12 +625,18 @@ def test_chapter_pages_render_their_charts_offline(built_book, book_server, chro
         assert state["vegaEmbed"] == "function", f"{page.name}: the offline vega bundle did not load"
         html = page.read_text(encoding="utf-8")
         assert len(state["charts"]) == html.count(f'class="{charts.CHART_CLASS}"'), page.name
+        if page.stem in chapters - CHARTLESS_CHAPTERS:
+            assert state["charts"], f"{page.name}: no chart on the page"
         for chart in state["charts"]:
             assert chart["embedded"] and (chart["marks"] > 0 or chart["canvas"] > 0), (
                 f"{page.name}: chart {chart['id']} did not render: {chart['message']}"
             )
             for word in ("model:", "data:", "profile:"):
                 assert word in chart["text"], f"{page.name}: chart {chart['id']} does not say its {word[:-1]}"
+            assert chart["width"] <= chart["column_width"] + 1 and chart["right"] <= chart["column_right"] + 1, (
+                f"{page.name}: chart {chart['id']} ({chart['text'][:60]!r}) is {chart['width']} px wide, wider than "
+                f"its {chart['column_width']} px column (right edge {chart['right']} > {chart['column_right']})"
+            )
 
 
 @pytest.mark.browser
@@ -602,7 +645,7 @@ def test_intro_chart_is_interactive_and_screenshot_is_kept(built_book, book_serv
     state = _open(chromium, f"{book_server}/book/intro.html")
     assert state["charts"], "intro.html has no chart"
     first = state["charts"][0]
-    assert "Attention heads PAPA can replace" in first["text"] and "profile: local" in first["text"]
+    assert "Attention heads PAPA can replace" in first["text"] and f"profile: {BROWSER_PROFILE}" in first["text"]
     bars = chromium.evaluate(
         f"""(() => {{
         const bars = document.querySelectorAll('#{first['id']} .mark-rect path');
@@ -640,7 +683,8 @@ MATH_STATE_JS = """
   if (!hub || !window.MathJax.isReady) { return null; }
   return new Promise((resolve) => hub.Queue(() => {
     const html = window.MathJax.OutputJax && window.MathJax.OutputJax['HTML-CSS'];
-    const sources = Array.from(document.querySelectorAll('.math.notranslate'));  // MyST's math elements
+    // MyST's math elements, without the copies of headings in the (possibly hidden) navigation
+    const sources = Array.from(document.querySelectorAll('.math.notranslate')).filter((e) => !e.closest('nav'));
     const typeset = sources.filter((e) => e.querySelector('.MathJax, .MathJax_Display'));
     const slash = String.fromCharCode(92);
     resolve({

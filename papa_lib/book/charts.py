@@ -31,6 +31,8 @@ from typing import Any
 
 __all__ = [
     "BUNDLE_FILENAME",
+    "CONTENT_WIDTH",
+    "FRACTION_ORDER",
     "OFFLINE_RENDERER",
     "THEME_NAME",
     "bundle_javascript",
@@ -38,6 +40,8 @@ __all__ = [
     "in_colab",
     "label",
     "offline_html",
+    "panel_width",
+    "records_title",
     "setup",
 ]
 
@@ -55,6 +59,17 @@ CHART_CLASS = "papa-vega-chart"
 DEFAULT_EMBED_OPTIONS: dict[str, Any] = {"renderer": "svg", "actions": False}
 
 _chart_counter = itertools.count(1)
+
+#: Width in pixels that a whole chart (axes, legends and titles included) may take: the content column of the
+#: book's pages is about 676 px wide in a 1280 px window (sphinx-book-theme), minus a margin. The browser test
+#: checks every chart against its container.
+CONTENT_WIDTH = 620
+#: The paper's fractions of input-dependent heads, as axis labels (Fig. 2, 5, 6).
+FRACTION_ORDER = ["1", "1/2", "1/8", "1/16", "0"]
+#: Longest line of a title and of a subtitle, in characters; longer ones are wrapped so that no title widens a
+#: chart (sized for a wide fallback font such as DejaVu Sans: about 9 px per bold 15 px character, 7 px at 12 px).
+TITLE_CHARACTERS = 62
+SUBTITLE_CHARACTERS = 82
 
 
 def in_colab() -> bool:
@@ -80,13 +95,47 @@ def label(model: Any, data: Any, profile: Any) -> str:
     return ", ".join(f"{name}: {str(value).strip()}" for name, value in parts.items())
 
 
+def _wrap(text: str, width: int = TITLE_CHARACTERS) -> str | list[str]:
+    """``text`` as one line, or as lines of at most ``width`` characters (broken at spaces) when longer; a label's
+    ``model:``, ``data:`` and ``profile:`` stay on the line of the word that follows them."""
+    import re
+    import textwrap
+
+    bound = re.sub(r"\b(model|data|profile): ", "\\1:\u00a0", str(text))
+    lines = textwrap.wrap(bound, width=width, break_long_words=False, break_on_hyphens=False)
+    lines = [line.replace("\u00a0", " ") for line in lines] or [str(text)]
+    return lines[0] if len(lines) == 1 else lines
+
+
 def chart_title(text: str, *, model: Any, data: Any, profile: Any) -> Any:
-    """Return an ``altair.TitleParams`` with ``text`` as title and :func:`label` as subtitle."""
+    """Return an ``altair.TitleParams`` with ``text`` as title and :func:`label` as subtitle (wrapped into lines of
+    at most :data:`TITLE_CHARACTERS` and :data:`SUBTITLE_CHARACTERS` characters, so that a title never widens its
+    chart)."""
     import altair as alt
 
     if not str(text).strip():
         raise ValueError("charts.chart_title(): the title text is empty")
-    return alt.TitleParams(text=str(text), subtitle=label(model, data, profile), anchor="start")
+    subtitle = label(model, data, profile)
+    return alt.TitleParams(text=_wrap(text), subtitle=_wrap(subtitle, SUBTITLE_CHARACTERS), anchor="start")
+
+
+def records_title(text: str, frame: Any, **fallback: Any) -> Any:
+    """:func:`chart_title` with model, data and profile read from the records a figure plots
+    (:func:`papa_lib.book.records.describe`: the frame's ``model``, ``data_source`` and ``profile`` columns);
+    ``fallback`` (``model=``, ``data=``, ``profile=``) only fills what the records do not say, and what neither
+    says reads "no records"."""
+    from .records import describe
+
+    described = describe(frame, **fallback)
+    return chart_title(text, **{key: value or "no records" for key, value in described.items()})
+
+
+def panel_width(columns: int, axis: int = 55, legend: int = 0, total: int = CONTENT_WIDTH) -> int:
+    """Width of each of ``columns`` side-by-side panels so that the whole chart fits ``total`` pixels: every panel
+    also needs ``axis`` pixels for its own y axis, and a legend to the right takes ``legend``."""
+    if columns < 1:
+        raise ValueError(f"panel_width: columns must be at least 1, got {columns}")
+    return max(60, int((total - legend - columns * axis) // columns))
 
 
 def _script_json(value: Any) -> str:

@@ -1,0 +1,197 @@
+"""The alternative-matrices chapter's figures and tables (book/alternatives.md; paper Sec. 5.2, Tables 1 and 4).
+
+* :func:`head_weights`: the weights each kind of constant head gives one input, computed by the override seam;
+* :func:`table1`, :func:`table1_chart`: Table 1, ours beside the paper's (:func:`papa_lib.book.paper.captioned`);
+* :func:`verdicts`, :func:`verdict_text`: does the average beat the data-free matrices, task by task.
+
+Figures are labelled from the records they plot (:func:`papa_lib.book.charts.records_title`) and fit the book's
+content column.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import pandas as pd
+
+from . import charts, figures, paper
+from .records import describe, ours_label
+
+__all__ = ["head_weights", "table1", "table1_chart", "verdict_text", "verdicts"]
+
+#: Whose data each kind of matrix needs (Table 1's first column), in legend order.
+CONSTRUCTIONS = ["attention", "data-free", "labeled", "unlabeled"]
+
+
+def _markdown(text: str) -> Any:
+    from IPython.display import Markdown
+
+    return Markdown(text)
+
+
+def _demo_matrices(setup, frame: pd.DataFrame, tasks: Sequence[str], lengths: dict):
+    """The first task's stored average matrices for this model (``None`` when the grid saved none yet)."""
+    from ..core.models import model_id
+
+    model, _ = setup.encoder()
+    for task in tasks:
+        constants = figures.stored_matrices(setup.results_dir, task, lengths[task], model=model_id(model))
+        if constants is not None:
+            return task, constants
+    return None, None
+
+
+def head_weights(setup, frame: pd.DataFrame, tasks: Sequence[str], lengths: dict, real_tokens: int = 12) -> Any:
+    """Heat maps of the weights that identity, Toeplitz, zeros and two average heads give one App. A input
+    (``real_tokens`` - 1 tokens from position 0, padding, the final separator at L-1), computed with
+    :meth:`papa_lib.core.override.AttentionOverride.head_weights`. The average heads are the stored matrices' most
+    "diagonal" head and the head with most weight on L-1; without stored matrices only the data-free ones are drawn.
+    """
+    import altair as alt
+    import torch
+
+    from ..core.models import num_layers_and_heads
+    from ..core.override import AttentionOverride
+
+    model, _ = setup.encoder()
+    _, heads = num_layers_and_heads(model)
+    task, constants = _demo_matrices(setup, frame, tasks, lengths)
+    length = constants.max_length if constants is not None else 16
+    n_real = min(real_tokens, length // 2)
+    real = torch.zeros(1, length, dtype=torch.bool)
+    real[0, : n_real - 1] = True
+    real[0, -1] = True
+    positions = [p for p in range(length) if real[0, p]]
+    names = {p: ("L-1" if p == length - 1 else str(p)) for p in positions}
+    data_free = AttentionOverride(model, None, {(0, 0): "identity", (0, 1): "toeplitz", (0, 2): "zeros"})
+    panels = [(label, 0, head, data_free) for head, label in enumerate(["identity", "Toeplitz", "zeros"])]
+    if constants is not None:
+        diagonal = figures.diagonal_mass(constants).sort_values("mass").iloc[-1]
+        final = figures.column_mass(constants, length - 1).sort_values("mass").iloc[-1]
+        for label, row in [("average: most diagonal", diagonal), ("average: most on L-1", final)]:
+            layer, head = int(row["layer"]), int(row["head"])
+            state = AttentionOverride(model, constants, {(layer, head): "constant"})
+            panels.append((f"{label} ({layer},{head})", layer, head, state))
+    cells = []
+    for label, layer, head, state in panels:
+        dummy = torch.full((1, heads, length, length), 1.0 / length)  # the model's own A, unused here
+        with torch.no_grad():
+            weights = state.head_weights(layer, dummy, real)[0, head]
+        cells += [{"matrix": label, "query": names[q], "key": names[k], "weight": float(weights[q, k])}
+                  for q in positions for k in positions]
+    order = [names[p] for p in positions]
+    if constants is not None:
+        data = f"average matrices from {task} text ({constants.metadata.get('num_examples')} examples), L = {length}"
+    else:
+        data = f"data-free matrices only (no stored average matrices yet), L = {length}"
+    described = describe(frame, model=setup.model_label, profile=setup.profile)
+    return alt.Chart(pd.DataFrame(cells)).mark_rect().encode(
+        x=alt.X("key:O", sort=order, title="key position", axis=alt.Axis(labelAngle=0)),
+        y=alt.Y("query:O", sort=order, title="query position"),
+        color=alt.Color("weight:Q", scale=alt.Scale(scheme="blues", domain=[0, 1]), title="weight"),
+        tooltip=["matrix:N", "query:N", "key:N", alt.Tooltip("weight:Q", format=".3f")],
+    ).properties(width=150, height=150).facet(
+        facet=alt.Facet("matrix:N", sort=[p[0] for p in panels], title=None), columns=3,
+    ).properties(title=charts.chart_title(
+        f"The weights each kind of head uses on one input ({n_real} real tokens)",
+        model=described["model"], data=data, profile=described["profile"]))
+
+
+def table1(frame: pd.DataFrame, tasks: Sequence[str]) -> Any:
+    """Our Table 1 (every head replaced, per matrix type and task, ``mean ± CI`` cells; ``—`` not run yet), with a
+    caption naming the model, data and profile of the records."""
+    table = figures.matrix_type_table(frame, tasks=tasks)
+    if table.index.nlevels == 1:
+        table.index = table.index.map(lambda m: figures.MATRIX_TYPE_LABELS.get(m, m))
+    who = describe(frame)
+    return table.style.set_caption(f"Ours — model: {who['model']}, data: {who['data']}, profile: {who['profile']}")
+
+
+def table1_chart(frame: pd.DataFrame, tasks: Sequence[str], columns: int = 2) -> Any:
+    """Table 1 as a chart: per task, every matrix type's score — ours as filled circles with their 95% intervals,
+    the paper's RoBERTa-base as open diamonds (:func:`papa_lib.book.figures.with_paper`)."""
+    import altair as alt
+
+    ours = figures.matrix_type_summary(frame, tasks=tasks)
+    label = ours_label(frame)
+    both = figures.with_paper(ours, paper.table_long("table1"), "matrix_type", label)
+    both["construction"] = both["matrix_type"].map(figures.CONSTRUCTION)
+    both["matrix"] = both["matrix_type"].map(figures.MATRIX_TYPE_LABELS)
+    rows = [figures.MATRIX_TYPE_LABELS[m] for m in figures.TABLE1_ORDER]
+    pick = alt.selection_point(fields=["construction"], bind="legend")
+    encode = dict(
+        y=alt.Y("matrix:N", sort=rows, title=None, axis=alt.Axis(labelLimit=150)),
+        color=alt.Color("construction:N", sort=CONSTRUCTIONS, title="matrix needs",
+                        legend=alt.Legend(orient="bottom")),
+        opacity=alt.condition(pick, alt.value(1.0), alt.value(0.15)),
+    )
+    tooltip = ["source:N", "model:N", "task:N", alt.Tooltip("matrix:N", title="matrix type"),
+               alt.Tooltip("mean:Q", title="score", format=".3f"),
+               alt.Tooltip("ci_low:Q", title="95% CI low", format=".3f"),
+               alt.Tooltip("ci_high:Q", title="95% CI high", format=".3f"), alt.Tooltip("n:Q", title="seeds")]
+    is_ours = alt.datum.source == label
+    layers = [
+        alt.Chart().transform_filter(is_ours).mark_rule(strokeWidth=2).encode(x="ci_low:Q", x2="ci_high:Q",
+                                                                              **encode),
+        alt.Chart().transform_filter(is_ours).mark_point(filled=True, size=70)
+        .encode(x=alt.X("mean:Q", title="validation score"), tooltip=tooltip, **encode).add_params(pick),
+        alt.Chart().transform_filter(~is_ours).mark_point(shape="diamond", size=80, filled=False, strokeWidth=2)
+        .encode(x="mean:Q", tooltip=tooltip, **encode),
+    ]
+    order = [t for t in figures.PAPER_TASK_ORDER if t in set(both.task)]
+    width = charts.panel_width(columns, axis=175)
+    title = ("Table 1 as a chart: score with every head replaced (filled: ours; open diamonds: the paper's "
+             "RoBERTa-base)")
+    return (
+        alt.layer(*layers, data=both)
+        .properties(width=width, height=150)
+        .facet(facet=alt.Facet("task:N", sort=order, title=None), columns=columns)
+        .resolve_scale(x="independent")
+        .properties(title=charts.records_title(title, frame))
+    )
+
+
+def verdicts(frame: pd.DataFrame, tasks: Sequence[str]) -> pd.DataFrame:
+    """Per (model, task): the average's score, the best data-free matrix and the margin between them, and the
+    average minus each labeled matrix (:func:`papa_lib.book.figures.average_vs_data_free`)."""
+    verdict = figures.average_vs_data_free(figures.matrix_type_summary(frame, tasks=tasks))
+    if verdict.empty:
+        return verdict
+    shown = verdict.assign(best_data_free=verdict.best_data_free.map(lambda m: figures.MATRIX_TYPE_LABELS.get(m, m)))
+    return shown.set_index(["model", "task"]).round(3)
+
+
+def verdict_text(frame: pd.DataFrame, tasks: Sequence[str]) -> Any:
+    """The comparison in words, every number from the records: wins, ties and losses of the average against the
+    best data-free matrix, tasks where a data-free type is missing, and the gap to the labeled average."""
+    verdict = figures.average_vs_data_free(figures.matrix_type_summary(frame, tasks=tasks))
+    decided = verdict.dropna(subset=["beats"]) if not verdict.empty else verdict
+    if decided.empty:
+        return _markdown("None of our tasks has both the average and a data-free matrix in the results table yet, "
+                         "so the comparison cannot be made.")
+    who = describe(frame)
+    wins = decided[decided.margin > 0]
+    ties = decided[decided.margin.abs() < 1e-12]
+    losses = decided[decided.margin <= -1e-12]
+    text = (f"In our numbers ({who['model']}, {who['data']}, profile {who['profile']}), the average matrices beat "
+            f"the best data-free matrix in **{len(wins)} of {len(decided)}** task(s)")
+    if not wins.empty:
+        text += f" ({', '.join(f'{r.task}: +{r.margin:.3f}' for r in wins.itertuples())})"
+    if not ties.empty:
+        text += f"; they tie in {', '.join(ties.task)}"
+    if not losses.empty:
+        text += "; they lose in " + ", ".join(
+            f"{r.task} ({figures.MATRIX_TYPE_LABELS[r.best_data_free]} is ahead by {-r.margin:.3f})"
+            for r in losses.itertuples())
+    text += "."
+    incomplete = decided[decided.data_free_types < len(figures.DATA_FREE_TYPES)]
+    if not incomplete.empty:
+        text += f" Not every data-free matrix has been run yet for: {', '.join(incomplete.task)}."
+    labeled = decided.dropna(subset=["minus_trainable_average"])
+    if not labeled.empty:
+        gaps = ", ".join(f"{r.task}: {r.minus_trainable_average:+.3f}" for r in labeled.itertuples())
+        text += f" Against the labeled, average-initialised matrices the average scores {gaps} (average − trainable)."
+    undecided = verdict[verdict.beats.isna()]
+    if not undecided.empty:
+        text += f" No comparison yet for: {', '.join(undecided.task)}."
+    return _markdown(text)

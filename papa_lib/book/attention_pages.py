@@ -1,0 +1,104 @@
+"""The attention chapter's tables and figures (book/attention.md; paper Sec. 2, Eq. 1): the App. A layout of one
+sentence, one head's matrices on different sentences, and every head's input variability
+(:func:`papa_lib.analysis.patterns.input_variability`).
+
+The figures are computed live on a few sentences (:func:`papa_lib.book.inputs.sentences`); ``label`` is the
+``{"model", "data", "profile"}`` of that run, named in every subtitle.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+import pandas as pd
+
+from . import charts
+
+__all__ = ["first_tokens", "head_gallery", "variability", "variability_chart", "variability_text"]
+
+
+def first_tokens(tokenizer, batch, index: int = 0) -> pd.DataFrame:
+    """The real tokens of one encoded sentence and their positions: ``[CLS]`` at 0, the words, ``[SEP]`` at L-1."""
+    tokens = tokenizer.convert_ids_to_tokens(batch["input_ids"][index].tolist())
+    real = batch["attention_mask"][index].nonzero().flatten().tolist()
+    return pd.DataFrame({"position": real, "token": [tokens[p] for p in real]}).set_index("position").T
+
+
+def variability(attentions, mask) -> pd.DataFrame:
+    """Every head's input variability over the sentences (layer, head, variability)."""
+    from ..analysis import patterns
+
+    values = patterns.input_variability(attentions, mask)  # [layers, heads]
+    layers, heads = values.shape
+    return pd.DataFrame([{"layer": layer, "head": head, "variability": float(values[layer, head])}
+                         for layer in range(layers) for head in range(heads)])
+
+
+def head_gallery(attentions, batch, tokenizer, texts, label: Mapping[str, str], shown: int = 3,
+                 max_tokens: int = 14) -> Any:
+    """One head's attention matrix on ``shown`` different (short) sentences, the head picked in two menus; it opens
+    on the head whose matrices vary most across the sentences."""
+    import altair as alt
+
+    from ..analysis import patterns
+
+    mask = batch["attention_mask"]
+    _, layers, heads, length, _ = attentions.shape
+    lengths = mask.sum(1).tolist()
+    picked = [i for i, n in enumerate(lengths) if n <= max_tokens][:shown]
+    if len(picked) < shown:  # not enough short sentences: take the shortest ones
+        picked = sorted(range(len(texts)), key=lambda i: lengths[i])[:shown]
+    start = variability(attentions, mask)["variability"].idxmax()
+    matrices, keys, names, positions = [], [], [], []
+    for number, i in enumerate(picked):
+        real = mask[i].nonzero().flatten().tolist()
+        words = tokenizer.convert_ids_to_tokens(batch["input_ids"][i].tolist())
+        labels = patterns.position_labels(real, [words[p] for p in real], length=length)
+        for layer in range(layers):
+            for head in range(heads):
+                matrices.append(attentions[i, layer, head])
+                keys.append({"layer": layer, "head": head, "sentence": f"sentence {number + 1}"})
+                names.append(labels)
+                positions.append(real)
+    packed = patterns.packed_heatmaps(matrices, keys, labels=names, positions=positions)
+    layer_choice = alt.param(name="layer_choice", value=int(start // heads),
+                             bind=alt.binding_select(options=list(range(layers)), name="layer "))
+    head_choice = alt.param(name="head_choice", value=int(start % heads),
+                            bind=alt.binding_select(options=list(range(heads)), name="head "))
+    titles = [f"{n + 1}: {texts[i][:28]}{'…' if len(texts[i]) > 28 else ''}" for n, i in enumerate(picked)]
+    cell = max(6, min(11, 200 // max(len(p) for p in positions)))
+    return patterns.heatmap_chart(
+        packed, {"layer": layer_choice, "head": head_choice}, facet="sentence", facet_titles=titles,
+        columns=2, cell=cell,
+        title=charts.chart_title("One head's attention matrix on different sentences (Eq. 1)", **label))
+
+
+def variability_chart(frame: pd.DataFrame, label: Mapping[str, str], sentences: int) -> Any:
+    """A layer x head map of the input variability (:func:`variability`)."""
+    import altair as alt
+
+    step = alt.Step(min(28, max(10, 400 // (int(frame["head"].max()) + 1))))
+    return alt.Chart(frame).mark_rect().encode(
+        x=alt.X("head:O", title="head"), y=alt.Y("layer:O", title="layer"),
+        color=alt.Color("variability:Q", title="input variability",
+                        scale=alt.Scale(scheme="oranges", domainMin=0)),
+        tooltip=["layer:O", "head:O", alt.Tooltip("variability:Q", format=".3f")],
+    ).properties(width=step, height=step, title=charts.chart_title(
+        f"Input variability of every head over {sentences} sentences", **label))
+
+
+def variability_text(frame: pd.DataFrame, sentences: int) -> Any:
+    """The least and most input-dependent heads, the median, and the trend over layers, in one paragraph."""
+    from IPython.display import Markdown
+
+    ranked = frame.sort_values("variability")
+    low, high = ranked.iloc[0], ranked.iloc[-1]
+    by_layer = frame.groupby("layer")["variability"].mean()
+    return Markdown(
+        f"On these {sentences} sentences the least input-dependent head is layer {int(low.layer)}, head "
+        f"{int(low['head'])} ({low.variability:.3f}), the most input-dependent one is layer {int(high.layer)}, "
+        f"head {int(high['head'])} ({high.variability:.3f}); the median head scores "
+        f"{frame.variability.median():.3f}. By layer, the mean variability goes from {by_layer.iloc[0]:.3f} "
+        f"(layer 0) to {by_layer.iloc[-1]:.3f} (layer {int(by_layer.index[-1])}). "
+        + ("No head scores 0: attention does change with the input."
+           if frame.variability.min() > 0 else "Some heads score 0: they attend identically on every input."))

@@ -1,0 +1,194 @@
+"""The averaging chapter's figures and tables (book/averaging.md; paper Sec. 3.1 Eq. 2, Sec. 5.1, Fig. 4).
+
+* :func:`counts_chart`: how many inputs each entry of C is averaged over (the pad-aware mean of Eq. 2);
+* :func:`stored_constants`, :func:`corpus_label`: the matrices the probing runs used (when the results folder has
+  them) and the words that name a set of matrices;
+* :func:`gallery`, :func:`representative_heads`: every head's constant matrix, and three picked by statistics;
+* :func:`pattern_table`, :func:`pattern_scatter`, :func:`sensitivity_chart`, :func:`patterns_text`: the Sec. 5.1
+  patterns counted by :func:`papa_lib.analysis.patterns.pattern_summary`, against the paper's shares.
+
+``label`` is the ``{"model", "data", "profile"}`` of the matrices shown, named in every subtitle.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+import pandas as pd
+
+from . import charts, paper
+from .records import source_kind
+
+__all__ = ["corpus_label", "counts_chart", "gallery", "pattern_scatter", "pattern_table", "patterns_text",
+           "representative_heads", "sensitivity_chart", "stored_constants"]
+
+
+def counts_chart(counts, label: Mapping[str, str]) -> Any:
+    """The matrix N_qk of how many inputs each entry of C is averaged over, with the numbers written in."""
+    import altair as alt
+
+    frame = pd.DataFrame([(q, k, int(counts[q, k])) for q in range(counts.shape[0]) for k in range(counts.shape[1])],
+                         columns=["query", "key", "inputs"])
+    base = alt.Chart(frame).encode(x=alt.X("key:O", title="key position"),
+                                   y=alt.Y("query:O", title="query position"))
+    heat = base.mark_rect().encode(
+        color=alt.Color("inputs:Q", title="inputs N_qk", scale=alt.Scale(scheme="greens", domainMin=0)),
+        tooltip=["query:O", "key:O", alt.Tooltip("inputs:Q", title="inputs averaged")])
+    return (heat + base.mark_text(fontSize=11).encode(text="inputs:Q")).properties(
+        width=alt.Step(30), height=alt.Step(30), title=charts.chart_title(
+            f"How many inputs each entry of C is averaged over (L = {counts.shape[0]})", **label))
+
+
+def stored_constants(setup, model, task: str, max_length: int):
+    """The constant matrices of ``task`` at L = ``max_length`` for this model in the results folder
+    (``<results>/matrices/<task>-L<L>-*.safetensors``, the most examples first), or ``None``."""
+    import papa_lib
+    from ..core.models import model_id
+
+    found = None
+    for path in sorted((setup.results_dir / "matrices").glob(f"{task}-L{max_length}-*.safetensors")):
+        candidate = papa_lib.ConstantAttention.load(path)
+        if candidate.metadata.get("model") != model_id(model) or candidate.max_length != max_length:
+            continue
+        if found is None or candidate.metadata.get("num_examples", 0) > found.metadata.get("num_examples", 0):
+            found = candidate
+    return found
+
+
+def corpus_label(constants, task: str) -> str:
+    """Which text a set of matrices averages, from its own metadata: task, number of sentences, kind of data."""
+    kind = source_kind(constants.metadata.get("source", ""))
+    return f"{task} train, {constants.metadata.get('num_examples')} sentences ({kind})"
+
+
+def _positions(length: int, shown: int) -> tuple[list[int], list[str]]:
+    from ..analysis import patterns
+
+    positions = list(range(min(shown, length - 1))) + [length - 1]
+    names = {0: "[CLS]", length - 1: "[SEP]"}
+    labels = [f"{text} {names[p]}" if p in names else text
+              for p, text in zip(positions, patterns.position_labels(positions, length=length))]
+    return positions, labels
+
+
+def gallery(constants, label: Mapping[str, str], shown_positions: int = 32) -> Any:
+    """Every head's constant matrix, picked in two menus; the first ``shown_positions`` positions and L-1."""
+    import altair as alt
+
+    from ..analysis import patterns
+
+    layers, heads, length, _ = constants.matrices.shape
+    positions, labels = _positions(length, shown_positions)
+    keys = [{"layer": layer, "head": head} for layer in range(layers) for head in range(heads)]
+    packed = patterns.packed_heatmaps(constants.matrices.reshape(-1, length, length), keys, labels=labels,
+                                      positions=positions)
+    layer = alt.param(name="layer_choice", value=0, bind=alt.binding_select(options=list(range(layers)),
+                                                                            name="layer "))
+    head = alt.param(name="head_choice", value=0, bind=alt.binding_select(options=list(range(heads)),
+                                                                          name="head "))
+    return patterns.heatmap_chart(
+        packed, {"layer": layer, "head": head}, cell=min(12, 400 // len(positions)),
+        value_title="mean attention",
+        title=charts.chart_title("Constant matrix C of the chosen head (Eq. 2; cf. Fig. 4)", **label))
+
+
+def pattern_table(summary: pd.DataFrame, label: Mapping[str, str], live_summary: pd.DataFrame | None = None,
+                  live_examples: int | None = None) -> Any:
+    """Share of diagonal and of [CLS]/[SEP] heads: the paper's (RoBERTa-base, SST-2), ours, and ours on the live
+    average when the shown matrices are the stored ones."""
+    columns = {"paper: RoBERTa-base, SST-2 (Sec. 5.1)":
+               [paper.headline("diagonal_pattern_share"), paper.headline("cls_sep_mass_share")],
+               f"ours: {label['model']}, {label['data']} ({label['profile']})":
+               [summary["diagonal"].mean(), summary["cls_sep"].mean()]}
+    if live_summary is not None:
+        columns[f"ours, live average of {live_examples} sentences"] = [live_summary["diagonal"].mean(),
+                                                                       live_summary["cls_sep"].mean()]
+    table = pd.DataFrame(columns, index=["diagonal heads", "[CLS]/[SEP] heads"])
+    return table.style.format("{:.0%}")
+
+
+def pattern_scatter(summary: pd.DataFrame, label: Mapping[str, str]) -> Any:
+    """One point per head: how often its favourite word key is on the diagonal band (x) against its mass on
+    [CLS]/[SEP] (y), with the two thresholds as dashed lines."""
+    import altair as alt
+
+    from ..analysis import patterns
+
+    points = summary.assign(kind=summary["diagonal"].map({True: "diagonal", False: "not diagonal"})
+                            + summary["cls_sep"].map({True: " + [CLS]/[SEP]", False: ""}))
+    scatter = alt.Chart(points).mark_circle(size=70, opacity=0.8).encode(
+        x=alt.X("diagonal_rows:Q", title="word rows whose favourite key is on |q-k|<=1",
+                scale=alt.Scale(domain=[0, 1])),
+        y=alt.Y("special_mass:Q", title="mass on [CLS] + [SEP]", scale=alt.Scale(domain=[0, 1])),
+        color=alt.Color("kind:N", title="head", legend=alt.Legend(orient="bottom", labelLimit=300)),
+        tooltip=["layer:O", "head:O", alt.Tooltip("diagonal_rows:Q", format=".2f"),
+                 alt.Tooltip("diagonal_mass:Q", format=".2f", title="mass on the band"),
+                 alt.Tooltip("special_mass:Q", format=".2f")],
+    )
+    rules = alt.Chart(pd.DataFrame({"x": [patterns.DIAGONAL_THRESHOLD], "y": [patterns.SPECIAL_THRESHOLD]}))
+    return (scatter + rules.mark_rule(strokeDash=[4, 4], color="gray").encode(x="x:Q")
+            + rules.mark_rule(strokeDash=[4, 4], color="gray").encode(y="y:Q")).properties(
+        width=420, height=320, title=charts.chart_title("Sec. 5.1 patterns, one point per head", **label))
+
+
+def representative_heads(constants, summary: pd.DataFrame, label: Mapping[str, str],
+                         shown_positions: int = 32) -> Any:
+    """Three heads picked by the statistics (cf. Fig. 4): the most diagonal, the most [CLS]/[SEP], and the head
+    with the least mass on either pattern."""
+    from ..analysis import patterns
+
+    length = constants.max_length
+    positions, labels = _positions(length, shown_positions)
+    both = summary["diagonal_mass"] + summary["special_mass"]
+    picks = {"most diagonal": summary.sort_values(["diagonal_rows", "diagonal_mass"]).iloc[-1],
+             "most [CLS]/[SEP]": summary.sort_values("special_mass").iloc[-1],
+             "most spread": summary.loc[both.idxmin()]}
+    titles = [f"{name}: layer {int(row.layer)}, head {int(row['head'])}" for name, row in picks.items()]
+    packed = patterns.packed_heatmaps([constants.matrices[int(r.layer), int(r["head"])] for r in picks.values()],
+                                      [{"pick": title} for title in titles], labels=labels, positions=positions)
+    return patterns.heatmap_chart(
+        packed, {}, facet="pick", facet_values=titles, columns=2, cell=min(7, 170 // len(positions)),
+        value_title="mean attention",
+        title=charts.chart_title("Three representative constant matrices (cf. Fig. 4)", **label))
+
+
+def sensitivity_chart(summary: pd.DataFrame, label: Mapping[str, str]) -> Any:
+    """Both shares recomputed over a range of thresholds (:func:`papa_lib.analysis.patterns.pattern_shares`), with
+    a second rule for the diagonal; the grey line is the paper's share."""
+    import altair as alt
+
+    from ..analysis import patterns
+
+    shares = patterns.pattern_shares(summary)
+    shares["paper"] = shares["pattern"].map({"diagonal": paper.headline("diagonal_pattern_share"),
+                                             "[CLS]/[SEP]": paper.headline("cls_sep_mass_share")})
+    lines = alt.Chart().mark_line(point=True).encode(
+        x=alt.X("threshold:Q", title="threshold t"),
+        y=alt.Y("share:Q", title="share of heads", axis=alt.Axis(format="%"), scale=alt.Scale(domain=[0, 1])),
+        color=alt.Color("criterion:N", title="rule",
+                        legend=alt.Legend(orient="bottom", direction="vertical", labelLimit=400)),
+        tooltip=["criterion:N", "threshold:Q", alt.Tooltip("share:Q", format=".0%"), "heads:Q"],
+    )
+    paper_line = alt.Chart().mark_rule(color="gray", strokeDash=[2, 2]).encode(
+        y="paper:Q", tooltip=[alt.Tooltip("paper:Q", title="paper (RoBERTa-base, SST-2)", format=".0%")])
+    return alt.layer(lines, paper_line, data=shares).properties(width=240, height=220).facet(
+        column=alt.Column("pattern:N", title=None)).properties(title=charts.chart_title(
+            "Share of heads with each pattern, by threshold", **label))
+
+
+def patterns_text(summary: pd.DataFrame, model_label: str) -> Any:
+    """The two shares with the default rules against the paper's, and how far they move with the threshold."""
+    from IPython.display import Markdown
+
+    from ..analysis import patterns
+
+    spread = patterns.pattern_shares(summary).groupby("pattern")["share"].agg(["min", "max"])
+    diagonal, special = paper.headline("diagonal_pattern_share"), paper.headline("cls_sep_mass_share")
+    return Markdown(
+        f"With the default rules, {summary['diagonal'].mean():.0%} of the {len(summary)} heads of {model_label} "
+        f"are diagonal (paper, RoBERTa-base: {diagonal:.0%}) and {summary['cls_sep'].mean():.0%} are [CLS]/[SEP] "
+        f"heads (paper: {special:.0%}). Over the thresholds tried, the diagonal share ranges from "
+        f"{spread.loc['diagonal', 'min']:.0%} to {spread.loc['diagonal', 'max']:.0%} and the [CLS]/[SEP] share "
+        f"from {spread.loc['[CLS]/[SEP]', 'min']:.0%} to {spread.loc['[CLS]/[SEP]', 'max']:.0%}: counts like these "
+        "depend on the rule almost as much as on the model, and the paper's come from inspecting a different, "
+        "larger model.")

@@ -1,0 +1,361 @@
+"""The norm chapter's figures and tables for Kobayashi et al. (2020)'s analyses (book/norms.md, first half), one call
+each, from the tables of :func:`papa_lib.book.norms_pages.read_analyses`.
+
+* :func:`decomposition_text`, :func:`sentence_chart`: the exactness check and one sentence, weight vs norm;
+* :func:`analysis_label`: the model, data and profile of the saved analyses (their ``metadata.json``);
+* :func:`cv_chart`, :func:`cv_text` (Sec. 4.1); :func:`shares_chart`, :func:`special_table`, :func:`special_text`
+  (Sec. 4.2, Fig. 3); :func:`token_heads_chart`, :func:`evidence_table`, :func:`observations_chart` (Fig. 4);
+  :func:`frequency_chart`, :func:`types_chart` (Sec. 4.3, Fig. 5);
+* :func:`comparison`, :func:`comparison_text`: each finding for BERT-base, the number that tests it here, and a verdict
+  by a stated rule.
+
+The norm-aware PAPA half of the chapter is :mod:`papa_lib.book.norm_papa_figures`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+import pandas as pd
+
+from . import charts
+from .records import source_kind
+
+__all__ = ["analysis_label", "comparison", "comparison_text", "cv_chart", "cv_text", "decomposition_text",
+           "evidence_table", "frequency_chart", "observations_chart", "sentence_chart", "shares_chart",
+           "special_table", "special_text", "token_heads_chart", "types_chart"]
+
+METHODS = ["weight", "norm", "norm_heads_summed"]
+
+
+def _markdown(text: str) -> Any:
+    from IPython.display import Markdown
+
+    return Markdown(text)
+
+
+def decomposition_text(check: pd.DataFrame) -> Any:
+    """The largest gap between the rebuilt sum of :func:`papa_lib.analysis.norms.decomposition_check` and the
+    model's own output, absolute and relative."""
+    return _markdown(
+        f"Over {int(check['n_positions'].iloc[0])} real positions and {len(check)} layers, the largest difference "
+        f"between the rebuilt sum and the model's own output is {check['max_abs_error'].max():.1e} (relative to the "
+        f"largest output entry: {check['relative_error'].max():.1e}) — float32 rounding, so the sum *is* the layer.")
+
+
+def sentence_chart(shares: pd.DataFrame, sentence: str, label: Mapping[str, str]) -> Any:
+    """Each token's share of one sentence's attention, by weight and by norm, for the layer picked in the menu
+    (:func:`papa_lib.book.norms_pages.sentence_shares`)."""
+    import altair as alt
+
+    shares = shares.assign(label=shares["position"].astype(str).str.zfill(2) + " " + shares["token"])
+    layers = sorted(shares["layer"].unique().tolist())
+    pick = alt.param(name="layer", value=int(max(layers)) // 2, bind=alt.binding_select(options=layers,
+                                                                                        name="layer "))
+    return alt.Chart(shares).mark_bar().encode(
+        x=alt.X("label:N", sort=None, title="token (position)"),
+        xOffset=alt.XOffset("method:N", sort=["weight", "norm"]),
+        y=alt.Y("share:Q", title="share of the attention"),
+        color=alt.Color("method:N", sort=["weight", "norm"], title="measured by",
+                        legend=alt.Legend(orient="bottom")),
+        tooltip=["layer:O", "token:N", "category:N", "method:N", alt.Tooltip("share:Q", format=".3f")],
+    ).add_params(pick).transform_filter(alt.datum.layer == pick).properties(
+        width=480, title=charts.chart_title(f"Weight vs norm, one sentence: \u201c{sentence}\u201d", **label))
+
+
+def analysis_label(tables: Mapping, profile: str) -> dict[str, str]:
+    """``{"model", "data", "profile"}`` of the saved analyses, from their metadata (model, corpus, size)."""
+    meta = tables["metadata"]
+    kind = source_kind(meta.get("data", ""), profile)
+    data = f"{kind}: WikiText-2 validation, {meta.get('n_sequences')} paragraph pairs"
+    return {"model": str(meta.get("model", "")), "data": data, "profile": profile}
+
+
+def cv_chart(tables: Mapping, label: Mapping[str, str]) -> Any:
+    """The coefficient of variation of ||f(x)|| per head (Kobayashi Sec. 4.1)."""
+    import altair as alt
+
+    cv = tables["fx_norm_variation"]
+    return alt.Chart(cv).mark_rect().encode(
+        x=alt.X("head:O", title="head"), y=alt.Y("layer:O", title="layer"),
+        color=alt.Color("cv:Q", title="CV of ||f(x)||", scale=alt.Scale(scheme="viridis")),
+        tooltip=["layer:O", "head:O", alt.Tooltip("cv:Q", format=".3f"),
+                 alt.Tooltip("cv_ci_low:Q", format=".3f", title="95% CI low"),
+                 alt.Tooltip("cv_ci_high:Q", format=".3f", title="95% CI high"),
+                 alt.Tooltip("mean_fx_norm:Q", format=".2f", title="mean ||f(x)||")],
+    ).properties(width=420, height=alt.Step(26), title=charts.chart_title(
+        "Coefficient of variation of ||f(x)|| per head", **label))
+
+
+def cv_text(tables: Mapping) -> Any:
+    """The range and median of the CV, whether every head's interval excludes 0, the most and least variable layer."""
+    cv = tables["fx_norm_variation"]
+    by_layer = cv.groupby("layer")["cv"].median()
+    return _markdown(
+        f"Across the {len(cv)} heads the CV runs from {cv['cv'].min():.2f} to {cv['cv'].max():.2f} (median "
+        f"{cv['cv'].median():.2f}); every head's 95% interval excludes zero: {bool((cv['cv_ci_low'] > 0).all())}. "
+        f"The layer with the most variable norms is layer {int(by_layer.idxmax())} (median CV "
+        f"{by_layer.max():.2f}); the least variable is layer {int(by_layer.idxmin())} ({by_layer.min():.2f}).")
+
+
+def shares_chart(tables: Mapping, label: Mapping[str, str]) -> Any:
+    """Share of attention per token category and layer, by weight, by norm and by the norm of the heads' sum
+    (Kobayashi Fig. 3); two panels per row, each with its own scale."""
+    import altair as alt
+
+    from ..analysis import norm_statistics
+
+    pick = alt.selection_point(fields=["method"], bind="legend")
+    base = alt.Chart().encode(
+        x=alt.X("layer:O", title="layer"),
+        color=alt.Color("method:N", title="measured by", sort=METHODS, legend=alt.Legend(orient="bottom")),
+        opacity=alt.condition(pick, alt.value(1.0), alt.value(0.15)),
+    )
+    lines = base.mark_line(point=True).encode(
+        y=alt.Y("share:Q", title="share of attention"),
+        tooltip=["layer:O", "category:N", "method:N", alt.Tooltip("share:Q", format=".3f"),
+                 alt.Tooltip("ci_low:Q", format=".3f", title="95% CI low"),
+                 alt.Tooltip("ci_high:Q", format=".3f", title="95% CI high")])
+    bands = base.mark_errorbar().encode(y=alt.Y("ci_low:Q", title="share of attention"), y2="ci_high:Q")
+    return alt.layer(lines, bands, data=tables["attention_share"]).add_params(pick).properties(
+        width=charts.panel_width(2, axis=70), height=170,
+    ).facet(facet=alt.Facet("category:N", sort=list(norm_statistics.CATEGORY_NAMES), title=None), columns=2,
+            ).resolve_scale(y="independent").properties(title=charts.chart_title(
+                "Share of attention per token category", **label))
+
+
+def special_table(tables: Mapping) -> pd.DataFrame:
+    """Per special category ([CLS], [SEP], punctuation): the layer that gives it most weight, its weight- and
+    norm-based shares there, their ratio, and both shares averaged over layers."""
+    share = tables["attention_share"]
+    wide = share.pivot_table(index=["category", "layer"], columns="method", values="share").reset_index()
+    rows = []
+    for category in ("cls", "sep", "punctuation"):
+        part = wide[wide["category"] == category]
+        top = part.loc[part["weight"].idxmax()]
+        rows.append({"category": category, "layer with most weight": int(top["layer"]),
+                     "weight-based share": top["weight"], "norm-based share": top["norm"],
+                     "norm / weight": top["norm"] / top["weight"],
+                     "mean weight share (all layers)": part["weight"].mean(),
+                     "mean norm share (all layers)": part["norm"].mean()})
+    return pd.DataFrame(rows).set_index("category")
+
+
+def special_text(tables: Mapping) -> Any:
+    """Which special category draws most weight and how much of it survives the norms; [SEP] and punctuation."""
+    special = special_table(tables)
+    sink = special["weight-based share"].idxmax()
+    ratio = special.loc[sink, "norm / weight"]
+    kept = special.loc[sink, "norm-based share"]
+    change = (f"only {kept:.1%} once the norms are counted (a factor {1 / ratio:.0f} smaller)" if ratio < 1 else
+              f"{kept:.1%} once the norms are counted (no reduction)")
+    return _markdown(
+        f"Of the special categories, the one that draws the most weight is **{sink}**: "
+        f"{special.loc[sink, 'weight-based share']:.0%} of the weight in layer "
+        f"{special.loc[sink, 'layer with most weight']}, and {change}. `[SEP]` gets at most "
+        f"{special.loc['sep', 'weight-based share']:.1%} of the weight; punctuation gets "
+        f"{special.loc['punctuation', 'mean weight share (all layers)']:.1%} by weight and "
+        f"{special.loc['punctuation', 'mean norm share (all layers)']:.1%} by norm on average over layers.")
+
+
+def _token_heads(tables: Mapping) -> pd.DataFrame:
+    parts = []
+    for token in ("cls", "sep"):
+        table = tables[f"{token}_correlation"].rename(columns={f"mean_alpha_to_{token}": "mean_alpha",
+                                                               f"mean_fx_norm_{token}": "mean_fx_norm"})
+        parts.append(table.assign(token=f"[{token.upper()}]"))
+    heads = pd.concat(parts, ignore_index=True)
+    return heads.assign(head_id=heads["layer"].astype(str) + "." + heads["head"].astype(str))
+
+
+def token_heads_chart(tables: Mapping, label: Mapping[str, str]) -> Any:
+    """Per head: the mean weight it gives [CLS] / [SEP] against the mean length of what it reads there."""
+    import altair as alt
+
+    pick = alt.selection_point(fields=["layer"], bind="legend")
+    return alt.Chart(_token_heads(tables)).mark_circle(size=60).encode(
+        x=alt.X("mean_alpha:Q", title="mean weight given to the token", scale=alt.Scale(type="sqrt")),
+        y=alt.Y("mean_fx_norm:Q", title="mean ||f(token)||"),
+        color=alt.Color("layer:O", scale=alt.Scale(scheme="viridis"), legend=alt.Legend(orient="bottom")),
+        opacity=alt.condition(pick, alt.value(0.9), alt.value(0.1)),
+        tooltip=["token:N", "head_id:N", alt.Tooltip("mean_alpha:Q", format=".3f"),
+                 alt.Tooltip("mean_fx_norm:Q", format=".2f"),
+                 alt.Tooltip("spearman_rho:Q", format=".2f", title="within-head rho")],
+    ).add_params(pick).properties(width=charts.panel_width(2, axis=70), height=240).facet(
+        column=alt.Column("token:N", title=None)).resolve_scale(x="independent", y="independent").properties(
+        title=charts.chart_title("Heads that attend to a token vs the length of what they read there", **label))
+
+
+def evidence_table(tables: Mapping) -> pd.DataFrame:
+    """For [CLS] and [SEP]: the across-heads correlation with its interval, and the within-head correlations
+    (median, how many heads significantly negative / positive / undefined)."""
+    from ..analysis import norm_statistics
+
+    rows = []
+    for token in ("cls", "sep"):
+        across = norm_statistics.head_level_correlation(tables[f"{token}_correlation"], token)
+        within = tables[f"{token}_correlation"]
+        defined = within.dropna(subset=["spearman_rho"])
+        rows.append({
+            "token": f"[{token.upper()}]", "across heads: rho": across["spearman_rho"],
+            "95% CI low": across["ci_low"], "95% CI high": across["ci_high"], "heads": across["n_heads"],
+            "within heads: median rho": defined["spearman_rho"].median(),
+            "heads with rho < 0 (CI below 0)": int((defined["spearman_ci_high"] < 0).sum()),
+            "heads with rho > 0 (CI above 0)": int((defined["spearman_ci_low"] > 0).sum()),
+            "heads where rho is undefined": int(within["spearman_rho"].isna().sum()),
+            "occurrences": int(within["n_observations"].iloc[0]),
+        })
+    return pd.DataFrame(rows).set_index("token").round(3)
+
+
+def observations_chart(tables: Mapping, label: Mapping[str, str], top: int = 6) -> Any:
+    """One point per occurrence of [CLS] / [SEP] for a head picked in the menu (the ``top`` heads that give each
+    token most weight): the weight the sequence's queries give it against ||f(token)||."""
+    import altair as alt
+
+    parts = []
+    for token in ("cls", "sep"):
+        obs = tables[f"{token}_observations"].rename(columns={f"alpha_to_{token}": "alpha",
+                                                              f"fx_norm_{token}": "fx_norm"})
+        chosen = tables[f"{token}_correlation"].nlargest(top, f"mean_alpha_to_{token}")[["layer", "head"]]
+        obs = obs.merge(chosen, on=["layer", "head"])
+        parts.append(obs.assign(head_id=f"[{token.upper()}] " + obs["layer"].astype(str) + "."
+                                + obs["head"].astype(str)))
+    observations = pd.concat(parts, ignore_index=True)
+    options = sorted(observations["head_id"].unique().tolist())
+    pick = alt.param(name="head_pick", value=options[0],
+                     bind=alt.binding_select(options=options, name="token, layer.head "))
+    return alt.Chart(observations).mark_circle(size=30, opacity=0.6).encode(
+        x=alt.X("alpha:Q", title="mean weight the sequence's queries give this occurrence",
+                scale=alt.Scale(zero=False)),
+        y=alt.Y("fx_norm:Q", title="||f(token)||", scale=alt.Scale(zero=False)),
+        tooltip=["head_id:N", alt.Tooltip("alpha:Q", format=".3f"), alt.Tooltip("fx_norm:Q", format=".2f")],
+    ).add_params(pick).transform_filter(alt.datum.head_id == pick).properties(
+        width=420, height=280, title=charts.chart_title("Weight vs norm, one occurrence per point", **label))
+
+
+def frequency_chart(tables: Mapping, label: Mapping[str, str]) -> Any:
+    """Per layer: Spearman rho between a type's frequency rank and its mean ||f(x)||, for types seen at least
+    1, 5 and 25 times, with intervals (Kobayashi Sec. 4.3)."""
+    import altair as alt
+
+    title = "Spearman rho (frequency rank vs ||f(x)||)"
+    base = alt.Chart(tables["frequency_correlation"]).encode(
+        x=alt.X("layer:O", title="layer"), xOffset="min_count:O",
+        color=alt.Color("min_count:O", title="types seen at least"))
+    points = base.mark_point(filled=True, size=60).encode(
+        y=alt.Y("spearman_rho:Q", title=title),
+        tooltip=["layer:O", "min_count:O", "n_token_types:Q", alt.Tooltip("spearman_rho:Q", format=".3f"),
+                 alt.Tooltip("ci_low:Q", format=".3f"), alt.Tooltip("ci_high:Q", format=".3f")])
+    bars = base.mark_errorbar().encode(y=alt.Y("ci_low:Q", title=title), y2="ci_high:Q")
+    zero = alt.Chart(pd.DataFrame({"zero": [0.0]})).mark_rule(color="#888").encode(y="zero:Q")
+    return alt.layer(points, bars, zero).properties(width=420, height=260, title=charts.chart_title(
+        "Do frequent tokens have shorter f(x)?", **label))
+
+
+def types_chart(tables: Mapping, label: Mapping[str, str], min_count: int = 10) -> Any:
+    """Token types seen at least ``min_count`` times: frequency rank (log) against mean ||f(x)||, for the layer
+    picked in the menu."""
+    import altair as alt
+
+    types = tables["token_frequency"]
+    types = types[types["count"] >= min_count]
+    layers = sorted(types["layer"].unique().tolist())
+    pick = alt.param(name="freq_layer", value=int(max(layers)), bind=alt.binding_select(options=layers,
+                                                                                        name="layer "))
+    return alt.Chart(types).mark_circle(size=22, opacity=0.5).encode(
+        x=alt.X("frequency_rank:Q", scale=alt.Scale(type="log"), title="frequency rank (1 = most frequent)"),
+        y=alt.Y("mean_fx_norm:Q", title="mean ||f(x)|| (over heads and occurrences)"),
+        tooltip=["token:N", "count:Q", "frequency_rank:Q", alt.Tooltip("mean_fx_norm:Q", format=".2f")],
+    ).add_params(pick).transform_filter(alt.datum.layer == pick).properties(
+        width=420, height=280, title=charts.chart_title(f"Token types seen at least {min_count} times", **label))
+
+
+def _verdict(ok) -> str:
+    return "agrees" if ok else "differs"
+
+
+def comparison(tables: Mapping, model_label: str, profile: str) -> pd.DataFrame:
+    """Each of Kobayashi's findings for BERT-base, the number that tests it on this run, the verdict and its rule;
+    two rows marked "not in the paper" ask the same of [CLS]."""
+    cv, special, evidence = tables["fx_norm_variation"], special_table(tables), evidence_table(tables)
+    freq = tables["frequency_correlation"]
+    sink = special["weight-based share"].idxmax()
+    sep, cls = evidence.loc["[SEP]"], evidence.loc["[CLS]"]
+    all_types = freq[freq["min_count"] == freq["min_count"].min()]
+    frequent = freq[freq["min_count"] == freq["min_count"].max()]
+    positive_all, positive_frequent = int((all_types["ci_low"] > 0).sum()), int((frequent["ci_low"] > 0).sum())
+    layers = int(all_types["layer"].nunique())
+    punct = (special.loc["punctuation", "mean norm share (all layers)"]
+             / special.loc["punctuation", "mean weight share (all layers)"])
+    neg, pos = "heads with rho < 0 (CI below 0)", "heads with rho > 0 (CI above 0)"
+
+    def across(row):
+        return f"across heads rho = {row['across heads: rho']:.2f} [{row['95% CI low']:.2f}, {row['95% CI high']:.2f}]"
+
+    rows = [
+        ("||f(x)|| varies within heads (Sec. 4.1)",
+         f"CV median {cv['cv'].median():.2f}, range {cv['cv'].min():.2f}-{cv['cv'].max():.2f}",
+         _verdict(bool((cv["cv_ci_low"] > 0).all()) and cv["cv"].median() >= 0.1),
+         "every head's CI above 0 and median CV >= 0.1"),
+        ("special tokens get large weights but small norm-based attention (Sec. 4.2)",
+         f"{sink}: {special.loc[sink, 'weight-based share']:.0%} by weight -> "
+         f"{special.loc[sink, 'norm-based share']:.1%} by norm",
+         _verdict(special.loc[sink, "norm / weight"] < 0.5 and sink in ("cls", "sep")),
+         "the category with most weight is a special token and loses more than half of it"),
+        ("... and [SEP] is the token that draws the weight (Sec. 4.2)",
+         f"[SEP] at most {special.loc['sep', 'weight-based share']:.1%} of the weight; [CLS] up to "
+         f"{special.loc['cls', 'weight-based share']:.0%}",
+         _verdict(special.loc["sep", "weight-based share"] >= special.loc["cls", "weight-based share"]),
+         "[SEP]'s largest weight share >= [CLS]'s"),
+        ("punctuation, too, is turned down by the norms (Sec. 4.2)", f"norm / weight share of punctuation = "
+         f"{punct:.2f}", _verdict(punct < 0.8), "ratio below 0.8"),
+        ("heads that attend to [SEP] read short f([SEP]) (Sec. 4.2)", across(sep),
+         _verdict(sep["95% CI high"] < 0), "CI below 0"),
+        ("(not in the paper) the same for [CLS]", across(cls), _verdict(cls["95% CI high"] < 0), "CI below 0"),
+        ("within a head, more weight on [SEP] goes with a shorter f([SEP]) (Fig. 4)",
+         f"{int(sep[neg])} heads negative, {int(sep[pos])} positive (of {int(sep['heads'])})",
+         _verdict(sep[neg] > sep[pos]), "more heads significantly negative than positive"),
+        ("(not in the paper) the same within heads for [CLS]",
+         f"{int(cls[neg])} heads negative, {int(cls[pos])} positive, {int(cls['heads where rho is undefined'])} "
+         "undefined (constant ||f([CLS])||)", _verdict(cls[neg] > cls[pos]),
+         "more heads significantly negative than positive"),
+        ("frequent tokens have shorter f(x) (Sec. 4.3)",
+         f"rho CI above 0 in {positive_all}/{layers} layers (all types), {positive_frequent}/{layers} (types seen "
+         f">= {int(frequent['min_count'].iloc[0])} times)", _verdict(positive_all > layers / 2),
+         "positive in most layers over all types"),
+    ]
+    return pd.DataFrame(rows, columns=["finding for BERT-base (Kobayashi et al.)", f"{model_label} ({profile})",
+                                       "verdict", "rule"])
+
+
+def comparison_text(tables: Mapping, model_label: str, profile: str) -> Any:
+    """How many of the paper's findings hold here, whether the core claim holds and for which token, and whether
+    the frequency effect shows — all from :func:`comparison`."""
+    table = comparison(tables, model_label, profile)
+    special = special_table(tables)
+    sink = special["weight-based share"].idxmax()
+    freq = tables["frequency_correlation"]
+    all_types = freq[freq["min_count"] == freq["min_count"].min()]
+    frequent = freq[freq["min_count"] == freq["min_count"].max()]
+    layers = int(all_types["layer"].nunique())
+    in_paper = ~table.iloc[:, 0].str.startswith("(not in the paper)")
+    agree = int((table.loc[in_paper, "verdict"] == "agrees").sum())
+    extra = table.loc[~in_paper, "verdict"]
+    name = f"`[{sink.upper()}]`" if sink in ("cls", "sep") else sink
+    text = [f"**{agree} of {int(in_paper.sum())}** of the paper's BERT findings hold for {model_label} on this "
+            f"corpus (and {int((extra == 'agrees').sum())} of the {len(extra)} [CLS] variants added here)."]
+    if table["verdict"].iloc[1] == "agrees":
+        text.append("The core claim — the weights overstate how much a head takes from the special token it "
+                    f"attends to most, because that token's vector is short — holds, for {name}"
+                    + (" rather than `[SEP]`." if sink != "sep" else ", as in BERT."))
+    else:
+        text.append(f"The core claim — special tokens draw weight but give little — does not hold here (the "
+                    f"heaviest special category, {name}, keeps {special.loc[sink, 'norm / weight']:.0%} of its "
+                    "weight share by norm).")
+    if int((all_types["ci_low"] > 0).sum()) > layers / 2:
+        text.append("The frequency effect is visible over all token types.")
+    else:
+        text.append(f"The frequency effect is not there over all token types; among frequent types it appears in "
+                    f"{int((frequent['ci_low'] > 0).sum())} of {layers} layers.")
+    return _markdown(" ".join(text))

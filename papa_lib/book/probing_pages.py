@@ -1,0 +1,244 @@
+"""The probing chapter's figures and tables (book/probing.md; paper Sec. 3.3, 4.2, Fig. 2-3), one call each.
+
+* :func:`probe_sizes`, :func:`pooling_at_start`: the two probes of Sec. 3.3 for a model, and the pooling weights of a
+  fresh sentence probe on one App. A input;
+* :func:`fig2`, :func:`relative_drops`, :func:`fig3`: the figures, from a results table
+  (:func:`papa_lib.book.figures.fraction_curves`, :func:`papa_lib.book.figures.all_constant_drop`);
+* :func:`headline`, :func:`headline_text`, :func:`training_note`: Sec. 4.2's three claims, ours beside the paper's,
+  and how far to trust the comparison — every number read from the records.
+
+Figures name the model, data and profile of the records they plot (:func:`papa_lib.book.charts.records_title`) and
+fit the book's content column (:data:`papa_lib.book.charts.CONTENT_WIDTH`).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import pandas as pd
+
+from . import charts, figures, paper
+from .records import describe
+
+__all__ = ["fig2", "fig3", "headline", "headline_text", "pooling_at_start", "probe_sizes", "relative_drops",
+           "training_note"]
+
+
+def _markdown(text: str) -> Any:
+    from IPython.display import Markdown
+
+    return Markdown(text)
+
+
+def _parameters(module) -> int:
+    return sum(p.numel() for p in module.parameters())
+
+
+def probe_sizes(model, length: int = 64, token_labels: int = 9) -> pd.DataFrame:
+    """The sentence and token probes (:func:`papa_lib.experiments.probes.make_probe`) for ``model``: their position
+    weights, MLP input and parameters, next to the frozen backbone's parameters."""
+    from ..core.models import num_layers_and_heads
+    from ..experiments import probes
+
+    layers, _ = num_layers_and_heads(model)
+    hidden = model.config.hidden_size
+    sentence = probes.make_probe("sentence", layers + 1, length, hidden, num_labels=2)
+    token = probes.make_probe("token", layers + 1, None, hidden, num_labels=token_labels)
+    return pd.DataFrame({
+        "probe": ["sentence (e.g. SST-2)", f"token (e.g. NER, {token_labels} tags)"],
+        "position weights w": [_parameters(sentence) - _parameters(sentence.mlp), 0],
+        "MLP input": [(layers + 1) * hidden] * 2,
+        "MLP parameters": [_parameters(sentence.mlp), _parameters(token.mlp)],
+        "frozen backbone parameters": [_parameters(model)] * 2,
+    }).set_index("probe")
+
+
+def pooling_at_start(model, length: int = 64, real_words: int = 3, shown: int = 8) -> pd.DataFrame:
+    """The first layer's pooling weights of a fresh sentence probe on one input of the App. A layout: ``[CLS]``,
+    ``real_words`` words, padding, and the final ``[SEP]`` at L-1. The first ``shown`` - 1 positions and L-1 are
+    shown: equal weights on the real tokens, exactly 0 on the padding."""
+    import torch
+
+    from ..core.models import num_layers_and_heads
+    from ..experiments import probes
+
+    layers, _ = num_layers_and_heads(model)
+    probe = probes.make_probe("sentence", layers + 1, length, model.config.hidden_size, num_labels=2)
+    mask = torch.zeros(1, length, dtype=torch.long)
+    mask[0, : real_words + 1] = 1
+    mask[0, -1] = 1  # final [SEP] at position L-1 (App. A)
+    weights = probe.pooling_weights(mask)[0, 0]
+    keep = list(range(shown - 1)) + [length - 1]
+    return pd.DataFrame({"attention_mask": mask[0, keep].tolist(), "pooling weight (layer 0)": weights[keep].tolist()},
+                        index=pd.Index([str(p) if p < length - 1 else "L-1" for p in keep], name="position")).T
+
+
+def _legend_pick(field: str):
+    import altair as alt
+
+    pick = alt.selection_point(fields=[field], bind="legend")
+    return pick, alt.condition(pick, alt.value(1.0), alt.value(0.15))
+
+
+def fig2(frame: pd.DataFrame, tasks: Sequence[str] | None = None, columns: int = 2) -> Any:
+    """Fig. 2: per task, the mean validation score and its 95% interval over seeds vs the fraction of
+    input-dependent heads (λ order), one panel per task, ``columns`` panels per row (each with its own y scale)."""
+    import altair as alt
+
+    curves = figures.fraction_curves(frame, tasks=tasks)
+    if curves.empty:
+        return _markdown("No Fig. 2 runs in the results table yet.")
+    pick, opacity = _legend_pick("model")
+    base = alt.Chart().encode(
+        x=alt.X("fraction_label:O", sort=charts.FRACTION_ORDER, scale=alt.Scale(domain=charts.FRACTION_ORDER),
+                title="fraction of input-dependent heads", axis=alt.Axis(labelAngle=0)),
+        color=alt.Color("model:N", title="model (click to pick)", legend=alt.Legend(orient="bottom")),
+        opacity=opacity,
+    )
+    tooltip = ["task:N", "model:N", alt.Tooltip("fraction_label:N", title="input-dependent heads"), "metric:N",
+               alt.Tooltip("mean:Q", format=".3f"), alt.Tooltip("ci_low:Q", title="95% CI low", format=".3f"),
+               alt.Tooltip("ci_high:Q", title="95% CI high", format=".3f"), alt.Tooltip("n:Q", title="seeds"),
+               alt.Tooltip("relative_drop:Q", title="relative drop", format=".1%")]
+    line = base.mark_line().encode(y=alt.Y("mean:Q", title="validation score", scale=alt.Scale(zero=False)))
+    band = base.mark_rule(strokeWidth=2).encode(y=alt.Y("ci_low:Q", title="validation score"), y2="ci_high:Q")
+    points = base.mark_point(filled=True, size=60).encode(y="mean:Q", tooltip=tooltip).add_params(pick)
+    order = list(tasks) if tasks is not None else list(dict.fromkeys(curves["task"]))
+    width = charts.panel_width(columns, axis=75)
+    return (
+        alt.layer(line, band, points, data=curves)
+        .properties(width=width, height=150)
+        .facet(facet=alt.Facet("task:N", sort=order, title=None), columns=columns)
+        .resolve_scale(y="independent")
+        .properties(title=charts.records_title(
+            "Fig. 2: probing score vs fraction of input-dependent heads", frame))
+    )
+
+
+def relative_drops(frame: pd.DataFrame, tasks: Sequence[str] | None = None) -> Any:
+    """Every task on one scale: the relative drop (s_orig - s) / |s_orig| vs the fraction of input-dependent heads,
+    with the paper's average and largest drop with every head constant as dashed lines (Sec. 4.2)."""
+    import altair as alt
+
+    curves = figures.fraction_curves(frame, tasks=tasks)
+    relative = curves.dropna(subset=["relative_drop"])
+    if relative.empty:
+        return _markdown("No relative drops yet: they need the original model's rows and at least one "
+                         "replaced variant.")
+    paper_mean = paper.headline("mean_relative_drop_all_constant")
+    paper_max = paper.headline("max_relative_drop_all_constant")
+    pick, opacity = _legend_pick("task")
+    order = list(tasks) if tasks is not None else list(dict.fromkeys(relative["task"]))
+    lines = alt.Chart(relative).mark_line(point=True).encode(
+        x=alt.X("fraction_label:O", sort=charts.FRACTION_ORDER, scale=alt.Scale(domain=charts.FRACTION_ORDER),
+                title="fraction of input-dependent heads", axis=alt.Axis(labelAngle=0)),
+        y=alt.Y("relative_drop:Q", title="relative drop from the original", axis=alt.Axis(format="%")),
+        color=alt.Color("task:N", sort=order, title="task"),
+        detail="model:N",
+        opacity=opacity,
+        tooltip=["task:N", "model:N", alt.Tooltip("fraction_label:N", title="input-dependent heads"),
+                 alt.Tooltip("mean:Q", title="score", format=".3f"),
+                 alt.Tooltip("relative_drop:Q", title="relative drop", format=".1%")],
+    ).add_params(pick)
+    references = pd.DataFrame({"relative_drop": [paper_mean, paper_max],
+                               "label": [f"paper: {paper_mean:.0%} average", f"paper: at most {paper_max:.0%}"]})
+    rules = alt.Chart(references).mark_rule(strokeDash=[4, 4], color="#777").encode(y="relative_drop:Q")
+    labels = alt.Chart(references).mark_text(align="left", dx=4, dy=-6, color="#555").encode(
+        y="relative_drop:Q", x=alt.value(0), text="label:N")
+    return (rules + labels + lines).properties(
+        width=440, height=260,
+        title=charts.records_title("Relative drop vs fraction of input-dependent heads", frame))
+
+
+def fig3(frame: pd.DataFrame, tasks: Sequence[str] | None = None) -> Any:
+    """Fig. 3: original score vs relative drop with every head constant; small points per (model, task), a large
+    diamond per model (its mean over tasks)."""
+    import altair as alt
+
+    drops = figures.all_constant_drop(frame, tasks=tasks)
+    if drops.per_task.empty:
+        return _markdown("No (original, all-constant) pairs in the results table yet.")
+    pick, opacity = _legend_pick("task")
+    order = list(tasks) if tasks is not None else None
+    tasks_layer = alt.Chart(drops.per_task).mark_point(filled=True, size=80).encode(
+        x=alt.X("relative_drop:Q", title="relative drop, every head constant", axis=alt.Axis(format="%")),
+        y=alt.Y("original:Q", title="original score"),
+        color=alt.Color("task:N", sort=order, title="task"),
+        shape=alt.Shape("model:N", title="model", legend=alt.Legend(orient="bottom", labelLimit=300)),
+        opacity=opacity,
+        tooltip=["model:N", "task:N", "metric:N", alt.Tooltip("original:Q", title="original", format=".3f"),
+                 alt.Tooltip("replaced:Q", title="every head constant", format=".3f"),
+                 alt.Tooltip("relative_drop:Q", title="relative drop", format=".1%")],
+    ).add_params(pick)
+    models_layer = alt.Chart(drops.per_model()).mark_point(shape="diamond", size=260, filled=True,
+                                                           color="black").encode(
+        x="relative_drop:Q", y="original:Q",
+        tooltip=["model:N", alt.Tooltip("original:Q", title="original, mean over tasks", format=".3f"),
+                 alt.Tooltip("relative_drop:Q", title="relative drop, mean over tasks", format=".1%"), "tasks:Q"],
+    )
+    return (tasks_layer + models_layer).properties(
+        width=440, height=280,
+        title=charts.records_title("Fig. 3: original score vs relative drop with every head constant", frame))
+
+
+def _headline(frame: pd.DataFrame, tasks: Sequence[str] | None):
+    drops = figures.all_constant_drop(frame, tasks=tasks)
+    half = figures.half_heads_drop(frame, tasks=tasks)
+    comparison = figures.headline_comparison(
+        drops, half, paper_mean=paper.headline("mean_relative_drop_all_constant"),
+        paper_max=paper.headline("max_relative_drop_all_constant"), paper_half=paper.headline("half_heads_drop"))
+    return drops, half, comparison
+
+
+def headline(frame: pd.DataFrame, tasks: Sequence[str] | None = None) -> pd.DataFrame:
+    """Sec. 4.2's three claims: the paper's number, ours, the verdict, how many drops it is taken over and the worst
+    (model/)task (:func:`papa_lib.book.figures.headline_comparison`), formatted as percentages."""
+    _, _, comparison = _headline(frame, tasks)
+    return comparison.assign(
+        paper=comparison["paper"].map("{:.0%}".format),
+        ours=comparison["ours"].map(lambda v: "—" if pd.isna(v) else f"{v:.1%}"),
+    ).set_index("claim")
+
+
+def headline_text(frame: pd.DataFrame, tasks: Sequence[str] | None = None) -> Any:
+    """The headline numbers in a paragraph, ours (from the records) against the paper's, with the verdicts and the
+    (model, task) groups that had to be left out."""
+    drops, half, comparison = _headline(frame, tasks)
+    who = describe(frame)
+    who = f"{who['model']} ({who['data']}, profile {who['profile']})"
+    paper_mean = paper.headline("mean_relative_drop_all_constant")
+    paper_max = paper.headline("max_relative_drop_all_constant")
+    if drops.count == 0:
+        return _markdown("There are no all-constant results in the table yet, so the headline numbers cannot "
+                         "be checked.")
+    verdicts = comparison.set_index("claim")["verdict"]
+    text = (f"For {who}, replacing **every** head with its constant matrix costs **{drops.mean:.1%}** of the "
+            f"original score on average over {drops.count} task(s) (paper: {paper_mean:.0%}) — "
+            f"{verdicts.iloc[0]}. The largest drop is **{drops.max:.1%}** ({drops.worst}; paper: at most "
+            f"{paper_max:.0%}) — {verdicts.iloc[1]}. ")
+    if half.count:
+        text += (f"Keeping half of the heads input-dependent costs on average {half.mean:.1%} and at most "
+                 f"{half.max:.1%} ({half.worst}) — {verdicts.iloc[2]}.")
+    else:
+        text += "The half-heads runs are not in the table yet."
+    notes = list(dict.fromkeys(drops.missing + half.missing))
+    if notes:
+        text += " Left out: " + "; ".join(notes) + "."
+    return _markdown(text)
+
+
+def training_note(setup, spec, model) -> Any:
+    """How this run's probes were trained (model size, training sets, seeds from the grid file), against the
+    paper's six models, full training sets and three seeds."""
+    from ..core.models import num_layers_and_heads
+    from .profiles import training_description
+
+    layers, heads = num_layers_and_heads(model)
+    how = (training_description(spec) if spec.get("blocks") else
+           "(the grid file, which fixes training-set sizes and seeds, is not available here)")
+    text = (f"This run probes **{setup.model_label}** ({layers} layers x {heads} heads, hidden size "
+            f"{model.config.hidden_size}, {_parameters(model):,} parameters) {how}. ")
+    if setup.profile == "smoke":
+        text += ("The smoke profile's tiny random model on generated data only shows that the pipeline runs; its "
+                 "numbers mean nothing. ")
+    text += "The `paper` profile (chapter [Reproducing at scale](scale.md)) is the like-for-like check."
+    return _markdown(text)

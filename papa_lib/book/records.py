@@ -1,0 +1,166 @@
+"""What a results table says about itself: which model, data and profile produced its records, and how much of a
+declared grid it holds.
+
+Every figure of the book names the model, data and profile behind it (:func:`papa_lib.book.charts.label`). For a
+figure drawn from records, those three words come from the records themselves (:func:`describe`: the ``model``,
+``data_source`` and ``profile`` columns of :class:`papa_lib.experiments.results.ResultsStore`'s frame), never from
+the reader's current setup: committed results made from local files stay "local files" on a machine without them.
+
+* :func:`data_label` turns ``data_source`` strings (``train: …/glue/SST-2/train.tsv; validation: …``,
+  ``hub:nyu-mll/glue/sst2:train``, a WikiText folder) into a short label: ``local files: SST-2, CoLA``.
+* :func:`describe` and :func:`ours_label`: the subtitle words and the "ours" legend entry of a figure.
+* :func:`coverage`: the declared runs of a grid's blocks that are (not yet) in the table, as a small table and one
+  sentence (results may be partial while a grid runs).
+* :func:`grid_or_empty`: a profile's grid file, or an empty grid where this installation has none (e.g. Colab).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping
+from pathlib import PurePosixPath
+
+import pandas as pd
+
+__all__ = ["coverage", "data_label", "dataset_name", "describe", "grid_or_empty", "model_label", "ours_label",
+           "source_kind"]
+
+#: Readable names of the data folders the loaders read (:mod:`papa_lib.experiments.tasks`, MLM corpora).
+DATASET_NAMES = {"conll2003": "CoNLL-2003", "wikitext-2": "WikiText-2", "wikitext-103": "WikiText-103",
+                 "wikitext-103-raw-v1": "WikiText-103", "wikitext-2-raw-v1": "WikiText-2"}
+_FILE_SUFFIXES = (".tsv", ".csv", ".txt", ".tokens", ".json", ".jsonl")
+_SPLIT_PREFIX = re.compile(r"^\s*(train|validation|test|probe|score)\s*:\s*")
+#: Temporary folder of the smoke profile's generated data (:func:`papa_lib.smoke.generate_data_dir`).
+_GENERATED_MARK = "papa-smoke-data"
+
+
+def _parts(source: str) -> list[str]:
+    """The file or hub references of one ``data_source`` string (``train: X; validation: Y`` -> [X, Y])."""
+    parts = []
+    for piece in str(source).split(";"):
+        piece = _SPLIT_PREFIX.sub("", piece.strip())
+        if piece:
+            parts.append(piece.split()[0])
+    return parts
+
+
+def source_kind(source: str, profile: str | None = None) -> str:
+    """``'generated data'`` (smoke), ``'packaged sample'`` (:mod:`papa_lib.samples`), ``'hub datasets'`` or
+    ``'local files'`` for one ``data_source`` string."""
+    text = str(source)
+    if profile == "smoke" or _GENERATED_MARK in text:
+        return "generated data"
+    if "(packaged sample)" in text or "papa_lib/samples/" in text:
+        return "packaged sample"
+    if any(part.startswith("hub:") for part in _parts(text)) or text.startswith("hub:"):
+        return "hub datasets"
+    return "local files"
+
+
+def dataset_name(reference: str) -> str:
+    """The dataset of one file or hub reference: ``…/glue/SST-2/train.tsv`` -> ``SST-2``,
+    ``hub:nyu-mll/glue/sst2:train`` -> ``glue/sst2``, ``…/wikitext-2`` -> ``WikiText-2``."""
+    text = str(reference).strip()
+    if text.startswith("hub:"):
+        name = text[4:].rsplit(":", 1)[0] if text.count(":") >= 2 else text[4:]
+        parts = [p for p in name.split("/") if p]
+        name = "/".join(parts[-2:]) if len(parts) > 2 else "/".join(parts)
+        return DATASET_NAMES.get(parts[-1], name) if parts else name
+    path = PurePosixPath(text)
+    is_file = path.suffix in _FILE_SUFFIXES or path.name.startswith(("eng.", "wiki."))
+    name = path.parent.name if is_file else path.name
+    return DATASET_NAMES.get(name, name or text)
+
+
+def data_label(sources: Iterable, profile: str | None = None) -> str:
+    """A short label of the data behind records: kind and dataset names, e.g. ``local files: SST-2, CoLA``.
+
+    ``sources`` are ``data_source`` values (missing ones are skipped); ``profile`` ``smoke`` means generated data.
+    Several kinds are joined with ``; ``. Empty input gives ``''``.
+    """
+    by_kind: dict[str, list[str]] = {}
+    for source in sources:
+        if source is None or (isinstance(source, float) and source != source) or not str(source).strip():
+            continue
+        kind = source_kind(source, profile)
+        names = by_kind.setdefault(kind, [])
+        for part in _parts(source):
+            name = dataset_name(part)
+            if name not in names:
+                names.append(name)
+    pieces = []
+    for kind, names in by_kind.items():
+        if kind == "generated data":
+            pieces.append(kind)
+        else:
+            pieces.append(f"{kind}: {', '.join(names)}" if names else kind)
+    return "; ".join(pieces)
+
+
+def model_label(models: Iterable) -> str:
+    """The models of some records: one name, a list of up to three, or ``'N models'``."""
+    names = [str(m) for m in dict.fromkeys(models) if m is not None and str(m) not in ("", "nan")]
+    if len(names) > 3:
+        return f"{len(names)} models"
+    return ", ".join(names)
+
+
+def describe(frame: pd.DataFrame | None, *, model: str | None = None, data: str | None = None,
+             profile: str | None = None) -> dict[str, str]:
+    """``{"model", "data", "profile"}`` of the records in ``frame``, for a figure's subtitle.
+
+    Read from the ``model``, ``data_source`` and ``profile`` columns; the keyword arguments are used only where the
+    records do not say (an empty frame, a column without values — e.g. MLM records carry no profile). A smoke-profile
+    record's data is "generated data".
+    """
+    found = {"model": "", "data": "", "profile": ""}
+    if frame is not None and len(frame):
+        if "profile" in frame.columns:
+            profiles = [str(p) for p in dict.fromkeys(frame["profile"].dropna())]
+            found["profile"] = ", ".join(profiles)
+        if "model" in frame.columns:
+            found["model"] = model_label(frame["model"].dropna())
+        if "data_source" in frame.columns:
+            only = found["profile"] if found["profile"] in ("smoke", "local", "paper") else profile
+            found["data"] = data_label(frame["data_source"].dropna(), only)
+    fallback = {"model": model, "data": data, "profile": profile}
+    return {key: value or str(fallback[key] or "") for key, value in found.items()}
+
+
+def ours_label(frame: pd.DataFrame | None, **fallback) -> str:
+    """``"ours: <model> (<profile>)"``, the legend entry of our numbers next to the paper's."""
+    described = describe(frame, **fallback)
+    return f"ours: {described['model'] or 'this run'} ({described['profile'] or 'no records'})"
+
+
+def grid_or_empty(setup) -> dict:
+    """The profile's declared grid (:meth:`papa_lib.book.profiles.Setup.grid`), or ``{"blocks": []}`` when this
+    installation has no grid file (a chapter opened in Colab without a clone of the repository)."""
+    try:
+        return setup.grid()
+    except FileNotFoundError:
+        return {"blocks": []}
+
+
+def coverage(frame: pd.DataFrame, spec: Mapping, blocks: Iterable[str], tasks: Iterable[str] | None = None,
+             what: str = "declared runs") -> tuple[pd.DataFrame, str]:
+    """How much of the grid's ``blocks`` the table holds: per (block, task) the expected, done and missing runs
+    (:func:`papa_lib.book.figures.grid_coverage`), and one sentence that says it, naming the tasks the grid does not
+    declare. Without a grid file (``spec["blocks"]`` empty) the sentence says so and the table is empty."""
+    from .figures import grid_coverage
+
+    tasks = list(tasks) if tasks is not None else None
+    if not spec.get("blocks"):
+        empty = pd.DataFrame(columns=["block", "task", "expected", "done", "missing"])
+        return empty, ("This installation has no grid file, so what is missing cannot be listed "
+                       "(clone the repository to get it; chapter *Reproducing at scale*).")
+    table = grid_coverage(frame, spec, blocks=list(blocks))
+    if tasks is not None:
+        table = table[table["task"].isin(tasks)]
+    done, expected = int(table["done"].sum()), int(table["expected"].sum())
+    text = f"{done} of {expected} {what} are in the table"
+    text += "." if done == expected else "; the figures and tables below show what is there (— = not run yet)."
+    absent = [t for t in (tasks or []) if t not in set(table["task"])]
+    if absent:
+        text += f" Not in this profile's grid: {', '.join(absent)}."
+    return table.set_index(["block", "task"]), text

@@ -1,0 +1,198 @@
+"""The MNLI-transfer chapter's figures and tables (book/transfer.md; paper Sec. 5.3, Tables 2 and 5).
+
+* :func:`table2`: our Table 2 (every head constant, matrices built on the task's own text or on MNLI's);
+* :func:`changes_chart`, :func:`changes_text`: the change of score when the matrices come from MNLI, ours beside the
+  paper's RoBERTa-base, against the seed noise of our per-task score;
+* :func:`layout_overview`, :func:`layout_chart`, :func:`layout_text`: where the MNLI pair layout moves the weight
+  (position L/2, the middle separator), read from the constant matrices the grid stored.
+
+Every number comes from the records or the stored matrices; figures fit the book's content column.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import pandas as pd
+
+from . import charts, figures, paper
+from .records import describe, ours_label
+
+__all__ = ["changes_chart", "changes_text", "layout_chart", "layout_overview", "layout_text", "table2"]
+
+
+def _markdown(text: str) -> Any:
+    from IPython.display import Markdown
+
+    return Markdown(text)
+
+
+def table2(frame: pd.DataFrame, tasks: Sequence[str]) -> Any:
+    """Our Table 2: rows ``per-task`` and ``mnli``, ``mean ± CI`` cells (``—``: not run yet), captioned with the
+    records' model, data and profile."""
+    who = describe(frame)
+    return figures.transfer_table(frame, tasks=tasks).style.set_caption(
+        f"Ours — model: {who['model']}, data: {who['data']}, profile: {who['profile']}")
+
+
+def _paper_changes() -> pd.DataFrame:
+    reported = paper.table("table2").set_index("matrices_from")
+    change = (reported.loc["mnli"] - reported.loc["per-task"]).rename("difference").reset_index()
+    change = change.rename(columns={"index": "task"})
+    return change.assign(per_task=reported.loc["per-task"].values, mnli=reported.loc["mnli"].values,
+                         source=f"paper: {paper.table('table2').attrs['model']} (Table 2)")
+
+
+def changes_chart(frame: pd.DataFrame, tasks: Sequence[str]) -> Any:
+    """Per task, MNLI-built score minus per-task score: ours (filled circles) and the paper's (open diamonds); a grey
+    bar spans ± the half-width of our per-task score's 95% interval over seeds (changes inside it are seed noise)."""
+    import altair as alt
+
+    measured = figures.transfer_differences(frame, tasks=tasks).dropna(subset=["difference"])
+    label = ours_label(frame)
+    theirs = _paper_changes()
+    points = pd.concat([measured.assign(source=label)[["source", "task", "difference", "per_task", "mnli"]],
+                        theirs[["source", "task", "difference", "per_task", "mnli"]]], ignore_index=True)
+    noise = measured.dropna(subset=["per_task_ci_half_width"]).assign(
+        low=lambda t: -t.per_task_ci_half_width, high=lambda t: t.per_task_ci_half_width)
+    order = [t for t in figures.PAPER_TASK_ORDER if t in set(points.task)]
+    pick = alt.selection_point(fields=["source"], bind="legend")
+    y = alt.Y("task:N", sort=order, title=None)
+    band = alt.Chart(noise).mark_bar(color="#ddd", height=14).encode(
+        x=alt.X("low:Q", title="MNLI-built score − per-task score"), x2="high:Q", y=y,
+        tooltip=["task:N", alt.Tooltip("per_task_ci_half_width:Q", title="per-task 95% CI ±", format=".3f")])
+    zero = alt.Chart(pd.DataFrame({"x": [0.0]})).mark_rule(color="#777").encode(x="x:Q")
+    encoding = dict(
+        x="difference:Q", y=y,
+        color=alt.Color("source:N", title="source", sort=[label, theirs.source.iloc[0]],
+                        legend=alt.Legend(orient="bottom", labelLimit=500, direction="vertical")),
+        opacity=alt.condition(pick, alt.value(1.0), alt.value(0.15)),
+        tooltip=["source:N", "task:N", alt.Tooltip("per_task:Q", title="per-task", format=".3f"),
+                 alt.Tooltip("mnli:Q", title="MNLI-built", format=".3f"),
+                 alt.Tooltip("difference:Q", title="change", format="+.3f")],
+    )
+    is_ours = alt.datum.source == label
+    marks = alt.layer(
+        alt.Chart(points).transform_filter(~is_ours).mark_point(shape="diamond", size=120, strokeWidth=2)
+        .encode(**encoding),
+        alt.Chart(points).transform_filter(is_ours).mark_point(filled=True, size=90).encode(**encoding)
+        .add_params(pick),
+    )
+    return (band + zero + marks).properties(width=440, height=alt.Step(30), title=charts.records_title(
+        "Table 2 as a chart: change of score when the constants come from MNLI text", frame))
+
+
+def changes_text(frame: pd.DataFrame, tasks: Sequence[str]) -> Any:
+    """The changes in words: our range and largest change, the paper's largest, and in how many tasks the change
+    lies within the per-task score's 95% interval across seeds."""
+    measured = figures.transfer_differences(frame, tasks=tasks).dropna(subset=["difference"])
+    paper_gap = _paper_changes().difference.abs().max()
+    if measured.empty:
+        return _markdown("No task has both per-task and MNLI-built results in the table yet; the chart shows the "
+                         f"paper's changes only (largest: {paper_gap:.2f}).")
+    who = describe(frame)
+    worst = measured.loc[measured.difference.abs().idxmax()]
+    text = (f"In our numbers ({who['model']}, {who['data']}, profile {who['profile']}), swapping the task's own "
+            f"text for MNLI's changes the score by between {measured.difference.min():+.3f} and "
+            f"{measured.difference.max():+.3f} (largest change: {worst.task}, {worst.difference:+.3f}); the paper's "
+            f"largest change on RoBERTa-base is {paper_gap:.2f}.")
+    inside = measured.dropna(subset=["within_ci"])
+    if not inside.empty:
+        text += (f" In {int(inside.within_ci.astype(bool).sum())} of {len(inside)} task(s) the change lies within "
+                 "the 95% interval of the per-task score across seeds.")
+    return _markdown(text)
+
+
+def _layout_pairs(setup, tasks: Sequence[str], lengths: dict) -> list[dict]:
+    """Tasks that have both their own and MNLI-built matrices stored at their L, with the statistics at L/2."""
+    from ..core.models import model_id
+
+    model, _ = setup.encoder()
+    found = []
+    for task in tasks:
+        if task == "mnli":
+            continue
+        own = figures.stored_matrices(setup.results_dir, task, lengths[task], model=model_id(model))
+        mnli = figures.stored_matrices(setup.results_dir, "mnli", lengths[task], model=model_id(model))
+        if own is None or mnli is None:
+            continue
+        middle = lengths[task] // 2
+        found.append({"task": task, "L": lengths[task], "middle": middle, "own": own, "mnli": mnli,
+                      "real": figures.position_coverage(own, middle),
+                      "real_mnli": figures.position_coverage(mnli, middle)})
+    return found
+
+
+def _no_matrices(setup) -> Any:
+    import os
+
+    folder = os.path.relpath(setup.results_dir / "matrices", setup.root)
+    return _markdown(f"No task has both its own and MNLI-built constant matrices stored yet (looked in `{folder}`).")
+
+
+def layout_overview(setup, tasks: Sequence[str], lengths: dict) -> Any:
+    """Per single-text task with both sets of matrices: how often position L/2 is a real token of the task's
+    inputs, and the mean weight the heads put there under each set."""
+    pairs = _layout_pairs(setup, tasks, lengths)
+    if not pairs:
+        return _no_matrices(setup)
+    rows = [{"task": p["task"], "L": p["L"], "L/2 real in (task inputs)": f"{p['real']:.1%}",
+             "mean weight on L/2, task-built": figures.column_mass(p["own"], p["middle"])["mass"].mean(),
+             "mean weight on L/2, MNLI-built": figures.column_mass(p["mnli"], p["middle"])["mass"].mean()}
+            for p in pairs]
+    return pd.DataFrame(rows).set_index("task").round(4)
+
+
+def _layout_heads(setup, tasks, lengths):
+    pairs = _layout_pairs(setup, tasks, lengths)
+    if not pairs:
+        return None, None
+    best = max(pairs, key=lambda p: p["real"])  # the task whose inputs reach L/2 most often
+    heads = figures.column_mass(best["own"], best["middle"]).merge(
+        figures.column_mass(best["mnli"], best["middle"]), on=["layer", "head"], suffixes=("_own", "_mnli"))
+    return best, heads
+
+
+def layout_chart(setup, frame: pd.DataFrame, tasks: Sequence[str], lengths: dict) -> Any:
+    """For the task whose inputs reach L/2 most often: every head's weight on position L/2 under its own matrices
+    (x) and the MNLI-built ones (y); heads above the diagonal send more weight there under MNLI's."""
+    import altair as alt
+
+    best, heads = _layout_heads(setup, tasks, lengths)
+    if best is None:
+        return _no_matrices(setup)
+    task, middle = best["task"], best["middle"]
+    top = max(heads[["mass_own", "mass_mnli"]].max().max(), 1e-3)
+    diagonal = alt.Chart(pd.DataFrame({"x": [0, top], "y": [0, top]})).mark_line(
+        color="#999", strokeDash=[4, 4]).encode(x="x:Q", y="y:Q")
+    pick = alt.selection_point(fields=["layer"], bind="legend")
+    scatter = alt.Chart(heads).mark_point(filled=True, size=60).encode(
+        x=alt.X("mass_own:Q", title=f"weight on position {middle}, built on {task} text"),
+        y=alt.Y("mass_mnli:Q", title=f"weight on position {middle}, built on MNLI text"),
+        color=alt.Color("layer:O", title="layer"),
+        opacity=alt.condition(pick, alt.value(1.0), alt.value(0.15)),
+        tooltip=["layer:O", "head:O", alt.Tooltip("mass_own:Q", title=f"{task}-built", format=".3f"),
+                 alt.Tooltip("mass_mnli:Q", title="MNLI-built", format=".3f")],
+    ).add_params(pick)
+    who = describe(frame, model=setup.model_label, profile=setup.profile)
+    title = (f"Weight on key position L/2 = {middle} per head, {task} at L = {best['L']} (real in "
+             f"{best['real']:.0%} of {task} inputs, {best['real_mnli']:.0%} of MNLI inputs)")
+    data = (f"stored matrices of {task} ({best['own'].metadata.get('num_examples')} examples) and MNLI "
+            f"({best['mnli'].metadata.get('num_examples')} examples)")
+    return (diagonal + scatter).properties(width=420, height=320, title=charts.chart_title(
+        title, model=who["model"], data=data, profile=who["profile"]))
+
+
+def layout_text(setup, tasks: Sequence[str], lengths: dict) -> Any:
+    """How many heads gain weight at L/2 under the MNLI-built matrices, and for what share of the task's inputs
+    that weight can matter at all."""
+    best, heads = _layout_heads(setup, tasks, lengths)
+    if best is None:
+        return _markdown("")
+    task, middle, share = best["task"], best["middle"], best["real"]
+    gained = heads[heads.mass_mnli > heads.mass_own]
+    return _markdown(
+        f"Built on MNLI, **{len(gained)} of {len(heads)}** heads put more weight on position {middle} than built "
+        f"on {task} (mean weight {heads.mass_mnli.mean():.3f} vs {heads.mass_own.mean():.3f}). That position is a "
+        f"real token in {share:.0%} of {task}'s training inputs, so for the other {1 - share:.0%} the extra weight "
+        "is masked away before it can matter.")

@@ -1,0 +1,139 @@
+"""The book layer the chapters call: figures say where their numbers come from (the records, not the reader's
+setup), sentences carry the records' numbers, the scale chapter has a figure without timings, the badge is local."""
+
+from __future__ import annotations
+
+import math
+from types import SimpleNamespace
+
+import pandas as pd
+import pytest
+
+from papa_lib.book import charts, offline_badge, probing_pages, records, scale_pages
+from test_figures import example_frame
+
+LOCAL_SOURCE = ("train: /tmp/x/data/glue/SST-2/train.tsv [subsample of 8000/67349, seed 0]; "
+                "validation: /tmp/x/data/glue/SST-2/dev.tsv")
+MNLI_SOURCE = ("train: ../shared/data/glue/MNLI-sample/train.tsv (MNLI-sample: a sample of MNLI training data); "
+               "validation: ../shared/data/glue/MNLI-sample/dev.tsv (MNLI-sample: a sample of MNLI dev data)")
+
+
+def test_data_label_names_the_kind_and_the_datasets():
+    assert records.data_label([LOCAL_SOURCE, MNLI_SOURCE, LOCAL_SOURCE]) == "local files: SST-2, MNLI-sample"
+    assert records.data_label(["train: /d/conll2003/eng.train; validation: /d/conll2003/eng.testa"]) == (
+        "local files: CoNLL-2003")
+    hub = "train: hub:nyu-mll/glue/sst2:train; validation: hub:nyu-mll/glue/sst2:validation"
+    assert records.data_label([hub]) == "hub datasets: glue/sst2"
+    assert records.data_label(["/work/shared/data/wikitext-2 (probe: wiki.valid.tokens, score: x)"]) == (
+        "local files: WikiText-2")
+    assert records.data_label(["train: /tmp/papa-smoke-data/glue/SST-2/train.tsv"]) == "generated data"
+    assert records.data_label([LOCAL_SOURCE], profile="smoke") == "generated data"
+    assert records.data_label([None, float("nan"), ""]) == ""
+
+
+def test_describe_reads_the_records_and_falls_back_only_where_they_are_silent():
+    frame = pd.DataFrame({"model": ["all-MiniLM-L6-v2"] * 2, "profile": ["local"] * 2,
+                          "data_source": [LOCAL_SOURCE, MNLI_SOURCE]})
+    # the reader's setup would say "hub datasets" (no ../shared here); the records say what produced them
+    described = records.describe(frame, model="other", data="hub datasets", profile="paper")
+    assert described == {"model": "all-MiniLM-L6-v2", "data": "local files: SST-2, MNLI-sample", "profile": "local"}
+    assert records.describe(frame.drop(columns="profile"), profile="local")["profile"] == "local"
+    assert records.describe(frame.iloc[0:0], model="m", data="d", profile="p") == {
+        "model": "m", "data": "d", "profile": "p"}
+    assert records.ours_label(frame) == "ours: all-MiniLM-L6-v2 (local)"
+    assert records.model_label(["a", "b", "c", "d"]) == "4 models"
+
+
+def test_records_title_is_wrapped_and_labelled_from_the_records():
+    frame = pd.DataFrame({"model": ["m"], "profile": ["local"], "data_source": [LOCAL_SOURCE]})
+    title = charts.records_title("A title " * 12, frame)
+    assert isinstance(title.text, list) and all(len(line) <= charts.TITLE_CHARACTERS for line in title.text)
+    assert title.subtitle == "model: m, data: local files: SST-2, profile: local"
+    assert charts.panel_width(2) * 2 + 2 * 55 <= charts.CONTENT_WIDTH
+
+
+def test_coverage_says_what_is_missing():
+    from papa_lib.experiments.engine import GridBlock
+
+    spec = {"seeds": [0, 1], "blocks": [GridBlock(name="fig2", tasks=["sst2", "cola"], fractions=[1, 0.5, 0])]}
+    table, text = records.coverage(example_frame(), spec, ["fig2"], tasks=["sst2", "cola", "mrpc"])
+    assert int(table["expected"].sum()) == 12 and text.startswith("12 of 12 declared runs")
+    assert "Not in this profile's grid: mrpc." in text
+    table, text = records.coverage(example_frame().iloc[0:3], spec, ["fig2"])
+    assert "3 of 12" in text and "— = not run yet" in text
+    assert "no grid file" in records.coverage(example_frame(), {"blocks": []}, ["fig2"])[1]
+
+
+def test_headline_text_takes_its_numbers_from_the_records():
+    frame = example_frame().assign(profile="local", data_source=LOCAL_SOURCE)
+    text = probing_pages.headline_text(frame).data
+    drops = (0.09 / 0.85 + 0.2) / 2
+    assert f"**{drops:.1%}**" in text and "over 2 task(s)" in text and "local files: SST-2" in text
+    assert "m/" not in text.split("(")[0]
+    table = probing_pages.headline(frame)
+    assert table.loc["average relative drop, every head constant", "ours"] == f"{drops:.1%}"
+    assert "No Fig. 2 runs" in probing_pages.fig2(frame.iloc[0:0]).data
+
+
+def _setup(tmp_path, with_records: bool, device: str = "cuda"):
+    from papa_lib.book import profiles
+
+    root = tmp_path / "repo"
+    local = root / profiles.RESULT_FOLDERS["local"]
+    paper = root / profiles.RESULT_FOLDERS["paper"]
+    local.mkdir(parents=True)
+    paper.mkdir(parents=True)
+    grid = "seeds: [0]\nblocks:\n  - name: fig2\n    tasks: [sst2]\n    fractions: [1, 0]\n"
+    (paper / "grid.yaml").write_text(grid)
+    (local / "grid.yaml").write_text(grid.replace("seeds: [0]", "seeds: [0]\nmax_length: 64"))
+    if with_records:
+        from papa_lib.experiments.results import ResultsStore
+
+        store = ResultsStore(local)
+        for i, (matrix_type, fraction) in enumerate([("original", 1.0), ("average", 0.0)]):
+            store.append({"run_id": f"r{i}", "model": "all-MiniLM-L6-v2", "task": "sst2", "matrix_type": matrix_type,
+                          "matrices_from": "sst2" if matrix_type == "average" else None,
+                          "selection_order": "none", "fraction": fraction, "seed": 0, "metric": "accuracy",
+                          "value": 0.8, "eval_size": 10, "train_size": 1000, "config_hash": "x", "profile": "local",
+                          "data_source": LOCAL_SOURCE, "versions": "{}", "device": device, "wall_time_s": 64.0})
+    return SimpleNamespace(root=root)
+
+
+def test_scale_estimate_has_a_figure_with_and_without_timings(tmp_path):
+    plan_only = scale_pages.estimate(_setup(tmp_path / "a", with_records=False), gpu_speedup=50)
+    assert not plan_only.timed and plan_only.rows["hours"].isna().all()
+    assert int(plan_only.rows["runs"].sum()) == 2 * 7  # 2 variants x 1 seed x 7 paper models
+    spec = plan_only.chart().to_dict()
+    assert spec["encoding"]["x"]["field"] == "runs" and "no timings" in str(spec["title"])
+
+    gpu = scale_pages.estimate(_setup(tmp_path / "b", with_records=True, device="cuda:0"), gpu_speedup=50)
+    assert gpu.timed and gpu.device == "cuda" and gpu.speedup == 1.0
+    # 64 s / (1000 examples x L 64) per token, x 67,349 examples x L 64 x the model's cost ratio
+    minilm = gpu.rows[gpu.rows.model == "roberta-base"]
+    assert minilm["hours"].sum() == pytest.approx(2 * 64 / 64000 * 67349 * 64 * 8.0 / 3600)
+    assert "measured on a GPU" in str(gpu.chart().to_dict()["encoding"]["x"]["title"])
+    assert "data: local files: SST-2" in str(gpu.chart().to_dict()["title"]["subtitle"])
+
+    cpu = scale_pages.estimate(_setup(tmp_path / "c", with_records=True, device="cpu"), gpu_speedup=50)
+    assert cpu.speedup == 50 and math.isclose(cpu.rows.hours.sum() * 50, gpu.rows.hours.sum() * 1)
+
+
+def test_colab_badge_is_inlined_in_the_built_page():
+    from docutils import nodes
+
+    doctree = nodes.paragraph()
+    badge = nodes.image(uri=offline_badge.REMOTE_IMAGE, alt="Open In Colab")
+    other = nodes.image(uri="figure.png")
+    doctree += [badge, other]
+    offline_badge._local_badge(None, doctree, "book/intro")
+    assert badge["uri"].startswith("data:image/svg+xml;base64,") and other["uri"] == "figure.png"
+    assert "Open in" in offline_badge.BADGE_SVG and "http" not in offline_badge.BADGE_SVG.replace(
+        "http://www.w3.org/2000/svg", "")
+
+
+def test_packaged_sample_sources_are_labelled_as_such():
+    from papa_lib.book import records
+
+    source = "train: papa_lib/samples/glue/SST-2/train.tsv (packaged sample); validation: papa_lib/samples/glue/SST-2/dev.tsv (packaged sample)"
+    assert records.data_label([source], "local") == "packaged sample: SST-2"
+    assert records.data_label(["train: /x/glue/CoLA/train.tsv"], "local") == "local files: CoLA"
