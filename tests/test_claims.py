@@ -83,3 +83,32 @@ def test_committed_claims_match_the_committed_records():
     fresh = claims.claims_table(pd.read_csv(root / "local-minilm" / "results.csv"), root / "norms-minilm" / "analysis")
     assert list(committed.claim) == list(fresh.claim) and list(committed.verdict) == list(fresh.verdict)
     assert np.allclose(committed.ours.astype(float), fresh.ours.astype(float), rtol=1e-3, equal_nan=True)
+
+
+def _findings(tmp_path, rows):
+    columns = ["finding", "source", "observation", "paper_sign", "n", "n_seen", "n_clusters", "spearman_rho", "ci_low",
+               "ci_high"]
+    pd.DataFrame(rows, columns=columns).to_csv(tmp_path / "kobayashi_findings.csv", index=False)
+    return tmp_path
+
+
+def test_norm_claims_rows_follow_the_sign_of_the_paper(tmp_path):
+    """C8: Kobayashi's [SEP], [CLS] (negative) and frequency (positive) correlations; the interval decides."""
+    folder = _findings(tmp_path, [
+        ("sep_weight_vs_norm", "Fig. 4", "pairs", -1, 1000, 5000, 300, -0.30, -0.35, -0.25),
+        ("cls_weight_vs_norm", "Fig. 4", "pairs", -1, 1000, 1000, 300, -0.05, -0.10, 0.02),
+        ("frequency_rank_vs_norm", "Fig. 5", "occurrences", 1, 33000, 33000, 300, -0.20, -0.25, -0.15),
+    ])
+    table = claims.claims_table(_records(drop=0.08, free=0.3), folder)
+    c8 = table[table.claim == "C8"].reset_index(drop=True)
+    assert len(c8) == 3 and list(c8.columns) == claims.COLUMNS
+    assert list(c8.verdict) == ["agrees", "inconclusive", "differs"]
+    assert list(c8.paper) == ["< 0", "< 0 (stated for [SEP])", "> 0"]
+    assert c8.loc[2, "ours"] == pytest.approx(-0.20) and c8.loc[2, "ci_low"] == pytest.approx(-0.25)
+    assert "frequency rank" in c8.loc[2, "statistic"] and "33000 occurrences" in c8.loc[2, "statistic"]
+    assert "5000 pairs, 1000 sampled" in c8.loc[0, "statistic"] and "Fig. 5" in c8.loc[2, "rule"]
+    positive = _findings(tmp_path, [("frequency_rank_vs_norm", "", "", 1, 10, 10, 5, 0.4, 0.1, 0.6)])
+    rows = claims.norm_claims(positive)
+    assert [r["verdict"] for r in rows] == ["not measured", "not measured", "agrees"]
+    (tmp_path / "kobayashi_findings.csv").unlink()
+    assert {r["verdict"] for r in claims.norm_claims(tmp_path)} == {"not measured"}

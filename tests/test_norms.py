@@ -256,10 +256,12 @@ def _category_of(categorizer, tokenizer, token):
 
 
 def test_token_categories_bert_style():
+    """Punctuation is Kobayashi's periods and commas (Sec. 4.2, Fig. 3), not every punctuation mark."""
+    assert norm_statistics.PUNCTUATION_MARKS == (".", ",")
     tokenizer = bert_tokenizer()
     categorizer = norm_statistics.TokenCategorizer(tokenizer)
-    expected = {"[CLS]": "cls", "[SEP]": "sep", ".": "punctuation", ",": "punctuation", "!": "punctuation",
-                "##.": "punctuation", "--": "punctuation", "?": "punctuation", "the": "other", "##s": "other",
+    expected = {"[CLS]": "cls", "[SEP]": "sep", ".": "punctuation", ",": "punctuation", "##.": "punctuation",
+                "!": "other", "--": "other", "?": "other", "the": "other", "##s": "other",
                 "[PAD]": "other", "[MASK]": "other"}
     for token, category in expected.items():
         assert _category_of(categorizer, tokenizer, token) == category, token
@@ -269,8 +271,8 @@ def test_token_categories_roberta_style():
     tokenizer = roberta_style_tokenizer()
     categorizer = norm_statistics.TokenCategorizer(tokenizer, vocab_size=20)
     assert len(categorizer.lookup) == 20
-    expected = {"<s>": "cls", "</s>": "sep", "Ġ.": "punctuation", ".": "punctuation", "Ġ...": "punctuation",
-                "Ġthe": "other", "Ġcat": "other", "<pad>": "other"}
+    expected = {"<s>": "cls", "</s>": "sep", "Ġ.": "punctuation", ".": "punctuation", "Ġ,": "punctuation",
+                ",": "punctuation", "Ġ...": "other", "Ġ!": "other", "Ġthe": "other", "Ġcat": "other", "<pad>": "other"}
     for token, category in expected.items():
         assert _category_of(categorizer, tokenizer, token) == category, token
     with pytest.raises(ValueError, match="outside"):
@@ -464,6 +466,203 @@ def test_frequency_table_and_correlation(corpus):
     assert (frequent["count"] >= 3).all() and len(frequent) < len(table)
     with pytest.raises(ValueError, match="min_count"):
         norm_statistics.token_frequency_table(stats, min_count=0)
+
+
+# ------------------------------------------------------------------------------------------------- the paper's own computations
+
+def test_uniform_sample_keeps_a_uniform_subset():
+    generator = torch.Generator().manual_seed(0)
+    sample = norm_statistics.UniformSample(5, {"value": torch.long, "weight": torch.float32})
+    for start in range(0, 20, 3):
+        stop = min(start + 3, 20)
+        sample.add(generator, value=torch.arange(start, stop), weight=torch.arange(start, stop).float() / 10)
+    kept = sample.numpy()
+    assert sample.seen == 20 and len(sample) == 5 and len(set(kept["value"])) == 5
+    np.testing.assert_allclose(kept["weight"], kept["value"] / 10, rtol=1e-6)  # rows stay together
+    assert list(kept["value"]) == sorted(kept["value"])  # stream order
+    hits = np.zeros(20)
+    for seed in range(400):  # every row is kept with probability 5/20, whatever the chunking
+        g = torch.Generator().manual_seed(seed)
+        s = norm_statistics.UniformSample(5, {"value": torch.long})
+        s.add(g, value=torch.arange(12))
+        s.add(g, value=torch.arange(12, 20))
+        hits[s.numpy()["value"]] += 1
+    assert np.abs(hits / 400 - 0.25).max() < 0.1
+    small = norm_statistics.UniformSample(50, {"value": torch.long})
+    small.add(generator, value=torch.arange(7))
+    assert list(small.numpy()["value"]) == list(range(7))
+    with pytest.raises(ValueError, match="columns"):
+        small.add(generator, other=torch.arange(2))
+    with pytest.raises(ValueError, match="lengths"):
+        norm_statistics.UniformSample(3, {"a": torch.long, "b": torch.long}).add(generator, a=torch.arange(2),
+                                                                                  b=torch.arange(3))
+    with pytest.raises(ValueError, match="capacity"):
+        norm_statistics.UniformSample(-1, {"a": torch.long})
+
+
+def _direct_pairs(corpus, token_id):
+    """Every (real query, token) pair of every head and layer: (alpha, ||f(token)||), Kobayashi's Fig. 4 points."""
+    alphas, norms_ = [], []
+    for batch, result in corpus["direct"]:
+        mask = batch["attention_mask"].bool()
+        for b in range(mask.shape[0]):
+            for j in (batch["input_ids"][b] == token_id).nonzero().flatten().tolist():
+                for layer in range(LAYERS):
+                    for h in range(HEADS):
+                        a = result[layer].alpha[b, h, mask[b], j]
+                        alphas.append(a)
+                        norms_.append(result[layer].fx_norm[b, h, j].expand_as(a))
+    return torch.cat(alphas).double().numpy(), torch.cat(norms_).double().numpy()
+
+
+def test_pooled_pairs_are_every_query_token_pair_of_every_head_and_layer(corpus):
+    from papa_lib.analysis import norm_findings
+
+    stats, tokenizer = corpus["stats"], corpus["tokenizer"]
+    for token, token_id in (("sep", tokenizer.sep_token_id), ("cls", tokenizer.cls_token_id)):
+        alpha, fx = _direct_pairs(corpus, token_id)
+        pairs = norm_findings.pooled_pairs(stats, token)
+        assert len(pairs) == len(alpha) == stats.pooled_pairs[token].seen == stats.num_tokens * LAYERS * HEADS
+        np.testing.assert_allclose(np.sort(pairs["alpha"]), np.sort(alpha), rtol=1e-6)
+        np.testing.assert_allclose(np.sort(pairs["fx_norm"]), np.sort(fx), rtol=1e-6)
+        assert (pairs.groupby(["layer", "head"]).size() == stats.num_tokens).all()
+        result = norm_findings.pooled_weight_norm_correlation(stats, token, replicates=50)
+        assert result["spearman_rho"] == pytest.approx(scipy_stats.spearmanr(alpha, fx).statistic, abs=1e-6)
+        assert -1 <= result["ci_low"] < result["ci_high"] <= 1  # 8 sequences: a wide percentile interval
+        assert result["n_clusters"] == 8 and result["n"] == result["n_seen"] == len(alpha)
+    small = norm_statistics.corpus_norm_statistics(corpus["model"], corpus["batches"], tokenizer,
+                                                   bootstrap_replicates=0, max_pooled_pairs=40, max_occurrences=10)
+    assert len(small.pooled_pairs["sep"]) == 40 and small.pooled_pairs["sep"].seen == len(_direct_pairs(corpus, tokenizer.sep_token_id)[0])
+    assert len(small.occurrences) == 10 and small.occurrences.seen == small.num_tokens
+    with pytest.raises(ValueError, match="token"):
+        norm_findings.pooled_pairs(stats, "pad")
+
+
+def test_occurrences_hold_norms_averaged_over_heads_and_layers(corpus):
+    stats = corpus["stats"]
+    ids, values, sentences, offset = [], [], [], 0
+    for batch, result in corpus["direct"]:
+        mask = batch["attention_mask"].bool()
+        mean = torch.stack([r.fx_norm.double().mean(1) for r in result]).mean(0)  # heads, then layers
+        ids.append(batch["input_ids"][mask])
+        values.append(mean[mask])
+        sentences.append((offset + torch.arange(mask.shape[0]))[:, None].expand_as(mask)[mask])
+        offset += mask.shape[0]
+    kept = stats.occurrences.numpy()
+    assert stats.occurrences.seen == stats.num_tokens == len(kept["token_id"])
+    np.testing.assert_array_equal(kept["token_id"], torch.cat(ids).numpy())
+    np.testing.assert_array_equal(kept["sentence"], torch.cat(sentences).numpy())
+    np.testing.assert_allclose(kept["fx_norm"], torch.cat(values).numpy(), rtol=1e-5)
+
+
+def test_corpus_token_counts_and_frequency_ranks():
+    from papa_lib.analysis import norm_findings
+
+    tokenizer = bert_tokenizer()
+    counts = norm_findings.corpus_token_counts(tokenizer, [("the cat sat.", "the dog ran."), "a big cat, a red cat."],
+                                               vocab_size=30, batch_size=1)
+    assert len(counts) == 30
+    expected = Counter(["[CLS]", "the", "cat", "sat", ".", "[SEP]", "the", "dog", "ran", ".", "[SEP]",
+                        "[CLS]", "a", "big", "cat", ",", "a", "red", "cat", ".", "[SEP]"])
+    assert {tokenizer.convert_ids_to_tokens(i): int(c) for i, c in enumerate(counts) if c} == dict(expected)
+    ranks = norm_findings.frequency_ranks(np.array([0, 5, 3, 3, 1, 0]))
+    assert list(ranks) == [5, 1, 2, 2, 4, 5]  # ties share the smallest rank; uncounted ids come after the last type
+    with pytest.raises(ValueError, match="non-negative"):
+        norm_findings.frequency_ranks(np.array([1, -1]))
+    with pytest.raises(ValueError, match="pair"):
+        norm_findings.corpus_token_counts(tokenizer, [("a", "b", "c")])
+
+
+def test_frequencies_come_from_the_whole_corpus_not_the_sample(corpus):
+    """In the sample "the" is more frequent than "dog"; in the corpus "dog" is the most frequent: ranks follow the corpus."""
+    from papa_lib.analysis import norm_findings
+
+    stats, tokenizer = corpus["stats"], corpus["tokenizer"]
+    extra = ["dog dog dog ran, dog dog dog sat."] * 5
+    counts = norm_findings.corpus_token_counts(tokenizer, SENTENCES + extra, vocab_size=len(stats.token_count))
+    dog, the = tokenizer.convert_tokens_to_ids("dog"), tokenizer.convert_tokens_to_ids("the")
+    sample_table = norm_statistics.token_frequency_table(stats).query("layer == 0").set_index("token_id")
+    assert sample_table.loc[the, "frequency_rank"] < sample_table.loc[dog, "frequency_rank"]
+    occurrences = norm_findings.occurrence_table(stats, counts)
+    assert (occurrences.loc[occurrences["token_id"] == dog, "corpus_rank"] == 1).all()
+    assert (occurrences.loc[occurrences["token_id"] == the, "corpus_rank"] > 1).all()
+    assert len(occurrences) == stats.num_tokens
+    types = norm_findings.corpus_frequency_table(stats, counts).set_index("token_id")
+    assert types.loc[dog, "corpus_count"] == counts[dog] and types.loc[dog, "corpus_rank"] == 1
+    assert int(types["sample_count"].sum()) == stats.num_tokens
+    expected = stats.token_fx_sum[:, the].mean() / stats.token_count[the]
+    assert types.loc[the, "mean_fx_norm"] == pytest.approx(float(expected))
+    result = norm_findings.occurrence_frequency_correlation(stats, counts, replicates=30)
+    x = norm_findings.frequency_ranks(counts)[occurrences["token_id"]]
+    assert result["spearman_rho"] == pytest.approx(scipy_stats.spearmanr(x, occurrences["fx_norm"]).statistic)
+    assert result["n"] == stats.num_tokens and result["n_types_outside_corpus"] == 0
+    lacking = counts.copy()
+    lacking[tokenizer.convert_tokens_to_ids("mat")] = 0  # a type of the sample the corpus lacks: bottom rank
+    assert norm_findings.occurrence_frequency_correlation(stats, lacking, replicates=0)["n_types_outside_corpus"] == 1
+
+
+def _occurrence_stats(token_ids, values, sentences, vocab=8):
+    stats = norm_statistics._empty_statistics(1, 1, vocab, 0, 0, 0, 1000)
+    stats.occurrences.add(torch.Generator().manual_seed(0), token_id=torch.tensor(token_ids),
+                          sentence=torch.tensor(sentences), fx_norm=torch.tensor(values, dtype=torch.float32))
+    for i in token_ids:
+        stats.token_count[i] += 1
+    return stats
+
+
+def test_occurrence_level_correlation_on_constructed_cases():
+    """||f(x)|| a function of the corpus rank: rho = +1 (-1 reversed) over occurrences, whatever the sample counts."""
+    from papa_lib.analysis import norm_findings
+
+    counts = np.array([0, 100, 50, 10, 10, 0, 0, 0])  # ranks: id1 1, id2 2, id3 3, id4 3, uncounted ids 5
+    ids = [3, 3, 3, 3, 3, 3, 1, 2, 2, 4, 5, 5]  # id3 is the sample's most frequent type
+    sentences = [0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5]
+    ranks = norm_findings.frequency_ranks(counts)
+    assert list(ranks[[1, 2, 3, 4, 5]]) == [1, 2, 3, 3, 5]
+    up = norm_findings.occurrence_frequency_correlation(_occurrence_stats(ids, ranks[ids] * 0.5, sentences), counts)
+    assert up["spearman_rho"] == pytest.approx(1.0) and up["ci_low"] == pytest.approx(1.0)
+    assert up["n"] == 12 and up["n_clusters"] == 6 and up["n_types"] == 5 and up["n_types_outside_corpus"] == 1
+    down = norm_findings.occurrence_frequency_correlation(_occurrence_stats(ids, -ranks[ids], sentences), counts)
+    assert down["spearman_rho"] == pytest.approx(-1.0)
+    sample_rank = scipy_stats.rankdata(-np.bincount(ids, minlength=8), method="min")[ids]
+    assert scipy_stats.spearmanr(sample_rank, ranks[ids] * 0.5).statistic < 0.5  # sample counts would blur it
+    # a known value: occurrence-level rho is Spearman over the occurrences, ties averaged
+    values = [2.0, 1.0, 3.0, 2.5, 0.5, 4.0, 1.5, 2.2, 0.1, 5.0, 3.3, 2.9]
+    got = norm_findings.occurrence_frequency_correlation(_occurrence_stats(ids, values, sentences), counts, replicates=0)
+    assert got["spearman_rho"] == pytest.approx(scipy_stats.spearmanr(ranks[ids], values).statistic, abs=1e-6)
+    assert np.isnan(got["ci_low"]) and np.isnan(got["ci_high"])
+
+
+def test_cluster_bootstrap_counts_sequences_not_observations():
+    from papa_lib.analysis import norm_findings
+
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=40)
+    y = x + rng.normal(size=40)
+    alone = norm_findings.cluster_bootstrap_spearman(x, y, np.arange(40), replicates=300, seed=1)
+    # every observation repeated 25 times inside its own cluster: the same information, so about the same interval
+    copies = norm_findings.cluster_bootstrap_spearman(np.repeat(x, 25), np.repeat(y, 25), np.repeat(np.arange(40), 25),
+                                                      replicates=300, seed=1)
+    assert copies["spearman_rho"] == pytest.approx(alone["spearman_rho"], abs=1e-9)
+    width = alone["ci_high"] - alone["ci_low"]
+    assert 0.6 < (copies["ci_high"] - copies["ci_low"]) / width < 1.6 and copies["n"] == 1000
+    with pytest.raises(ValueError, match="length"):
+        norm_findings.cluster_bootstrap_spearman(x, y[:3], np.arange(40))
+    flat = norm_findings.cluster_bootstrap_spearman(x, np.ones(40), np.arange(40))
+    assert np.isnan(flat["spearman_rho"]) and np.isnan(flat["ci_low"])
+
+
+def test_kobayashi_findings_table(corpus):
+    from papa_lib.analysis import norm_findings
+
+    stats = corpus["stats"]
+    counts = norm_findings.corpus_token_counts(corpus["tokenizer"], SENTENCES, vocab_size=len(stats.token_count))
+    table = norm_findings.kobayashi_findings(stats, counts, replicates=20).set_index("finding")
+    assert list(table.index) == list(norm_findings.FINDINGS)
+    assert list(table["paper_sign"]) == [-1, -1, 1]
+    assert table.loc["sep_weight_vs_norm", "n_seen"] == stats.num_tokens * LAYERS * HEADS
+    assert table.loc["frequency_rank_vs_norm", "n"] == stats.num_tokens
+    assert (table["n_clusters"] == 8).all() and table["spearman_rho"].between(-1, 1).all()
 
 
 # ------------------------------------------------------------------------------------------------- PAPA override
@@ -766,6 +965,21 @@ def test_run_analyses_writes_and_reads_the_tables(smoke_setup, tmp_path):
     assert read["token_frequency"]["count"].min() >= 2
     assert len(read["frequency_correlation"]) == 2 * 3 and set(read["frequency_correlation"]["min_count"]) == {1, 5, 25}
     assert read["cls_correlation"]["n_observations"].eq(10).all()  # one [CLS] per sequence
+    findings = read["kobayashi_findings"].set_index("finding")
+    assert list(findings.index) == ["sep_weight_vs_norm", "cls_weight_vs_norm", "frequency_rank_vs_norm"]
+    assert findings.loc["frequency_rank_vs_norm", "n"] == read["metadata"]["n_tokens"]
+    assert read["metadata"]["pooled_pairs_seen"]["sep"] == findings.loc["sep_weight_vs_norm", "n_seen"]
+    assert "validation" in read["metadata"]["frequency_corpus"] and "test" in read["metadata"]["frequency_corpus"]
+    types = read["corpus_frequency"]
+    assert int(types["sample_count"].sum()) == read["metadata"]["n_tokens"]
+    assert (types["corpus_count"] >= types["sample_count"]).all()  # the sample is part of the counted corpus
+    assert len(read["sep_pairs"]) <= 5000 and {"layer", "head", "alpha", "fx_norm"} <= set(read["sep_pairs"].columns)
+    verdicts = norms_pages.kobayashi_table(tmp_path)
+    assert len(verdicts) == 3 and list(verdicts.columns[:2]) == ["finding", "paper"]
+    assert norms_pages.frequency_figure(read).to_dict()["mark"]["type"] == "circle"
+    assert "[CLS]" in str(norms_pages.weight_norm_figure(read, "cls").to_dict()["title"])
+    counts, description = norms_pages.wikitext_token_counts(tokenizer, data_dir, vocab_size=model.config.vocab_size)
+    assert counts.sum() > read["metadata"]["n_tokens"] and "validation" in description
     assert {"alpha_to_cls", "fx_norm_cls"} <= set(read["cls_observations"].columns)
     for name, table in tables.items():
         assert len(read[name]) == len(table), name

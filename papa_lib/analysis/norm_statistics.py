@@ -6,14 +6,19 @@ tables: the coefficient of variation of ``||f(x)||`` per head (Sec. 4.1), weight
 [CLS]/[SEP]/punctuation (Sec. 4.2, Fig. 3), the correlation between the weight given to [SEP] and ``||f([SEP])||``
 (Sec. 4.2, Fig. 4; :func:`head_level_correlation` across heads, "Evidence 2") and the relation between token frequency
 and ``||f(x)||`` (Sec. 4.3, Fig. 5).  Tokens fall into Kobayashi's categories :data:`CATEGORY_NAMES`
-(:class:`TokenCategorizer`).  The book's chapter runs these on WikiText through :mod:`papa_lib.book.norms_pages`.
+(:class:`TokenCategorizer`; "punctuation" is Kobayashi's periods and commas, :data:`PUNCTUATION_MARKS`).  The book's
+chapter runs these on WikiText through :mod:`papa_lib.book.norms_pages`.
+
+The per-head [SEP]/[CLS] correlations (:func:`sep_weight_norm_correlation`, one observation per [SEP] occurrence) and
+the per-layer, per-type frequency correlation on the sample's own counts (:func:`frequency_norm_correlation`) are
+extras of this book.  The paper's own computations (every query-to-[SEP] pair pooled over heads and layers; every
+token occurrence against its type's corpus-wide frequency) are :mod:`papa_lib.analysis.norm_findings`, from the
+samples kept here (:class:`UniformSample`: ``CorpusNormStatistics.pooled_pairs`` and ``.occurrences``).
 """
 
 from __future__ import annotations
 
 import math
-import string
-import unicodedata
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
@@ -26,8 +31,10 @@ from .norms import attention_projections, encoder_layers, iter_layer_norms, prep
 
 __all__ = [
     "CorpusNormStatistics",
+    "UniformSample",
     "TokenCategorizer",
     "CATEGORY_NAMES",
+    "PUNCTUATION_MARKS",
     "corpus_norm_statistics",
     "fx_norm_variation",
     "attention_share_by_category",
@@ -43,6 +50,8 @@ __all__ = [
 
 CATEGORY_NAMES: tuple[str, ...] = ("cls", "sep", "punctuation", "other")
 _CLS, _SEP, _PUNCT, _OTHER = range(4)
+#: Kobayashi's punctuation category: periods and commas only (Sec. 4.2, Fig. 3), not every punctuation mark.
+PUNCTUATION_MARKS: tuple[str, ...] = (".", ",")
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -50,17 +59,14 @@ _CLS, _SEP, _PUNCT, _OTHER = range(4)
 # ----------------------------------------------------------------------------------------------------------------------
 
 
-def _is_punctuation(text: str) -> bool:
-    return bool(text) and all(ch in string.punctuation or unicodedata.category(ch).startswith("P") for ch in text)
-
-
 class TokenCategorizer:
     """Maps token ids to Kobayashi's categories ``CATEGORY_NAMES`` (cls, sep, punctuation, other).
 
     [CLS]/[SEP] are ``tokenizer.cls_token_id``/``sep_token_id`` (``<s>``/``</s>`` for RoBERTa-style tokenizers).
-    Punctuation: every other token whose decoded text, stripped of whitespace (and of a WordPiece ``##`` prefix),
-    is non-empty and consists only of Unicode punctuation (category P*) or ASCII ``string.punctuation`` characters.
-    Everything else, including other special tokens, is "other".
+    Punctuation is Kobayashi et al.'s "periods and commas" (Sec. 4.2, Fig. 3): every other token whose decoded text,
+    stripped of whitespace (and of a WordPiece ``##`` prefix), is exactly ``.`` or ``,`` (:data:`PUNCTUATION_MARKS`;
+    so both ``.`` and ``Ġ.`` of a byte-level BPE vocabulary).  Other marks (``!``, ``?``, ``;``, ``--``, ``...``),
+    and everything else including other special tokens, are "other".
     """
 
     def __init__(self, tokenizer, vocab_size: int | None = None):
@@ -75,7 +81,7 @@ class TokenCategorizer:
             text = text.strip()
             if text.startswith("##") and len(text) > 2:
                 text = text[2:]
-            if _is_punctuation(text):
+            if text in PUNCTUATION_MARKS:
                 lookup[token_id] = _PUNCT
         lookup[cls_id] = _CLS
         lookup[sep_id] = _SEP
@@ -95,6 +101,57 @@ class TokenCategorizer:
 # ----------------------------------------------------------------------------------------------------------------------
 
 
+class UniformSample:
+    """A uniform random sample, without replacement, of at most ``capacity`` rows of a stream of rows.
+
+    Bottom-k sampling: every row gets an independent U(0, 1) key and the ``capacity`` rows with the smallest keys are
+    kept, so every subset of that size is equally likely whatever the order and the chunking of the stream.  Rows are
+    named columns of equal length (``dtypes``: name -> dtype), stored on the CPU; ``seen`` counts every row offered.
+    """
+
+    def __init__(self, capacity: int, dtypes: Mapping[str, torch.dtype]):
+        if capacity < 0:
+            raise ValueError(f"capacity must be >= 0, got {capacity}")
+        self.capacity = int(capacity)
+        self.columns = {name: torch.zeros(0, dtype=dtype) for name, dtype in dtypes.items()}
+        self.keys = torch.zeros(0, dtype=torch.float64)
+        self.seen = 0
+
+    def __len__(self) -> int:
+        return int(self.keys.numel())
+
+    def add(self, generator: torch.Generator, **columns: torch.Tensor) -> None:
+        """Offer rows (one tensor per column, all of one length)."""
+        if set(columns) != set(self.columns):
+            raise ValueError(f"expected the columns {sorted(self.columns)}, got {sorted(columns)}")
+        lengths = {int(value.shape[0]) for value in columns.values()}
+        if len(lengths) != 1:
+            raise ValueError(f"columns of different lengths: {sorted(lengths)}")
+        n = lengths.pop()
+        self.seen += n
+        if n == 0 or self.capacity == 0:
+            return
+        self.keys = torch.cat([self.keys, torch.rand(n, generator=generator, dtype=torch.float64)])
+        for name, value in columns.items():
+            kept = self.columns[name]
+            self.columns[name] = torch.cat([kept, value.detach().to("cpu", kept.dtype).reshape(-1)])
+        if len(self) > self.capacity:
+            keep = torch.topk(self.keys, self.capacity, largest=False).indices.sort().values
+            self.keys = self.keys[keep]
+            self.columns = {name: value[keep] for name, value in self.columns.items()}
+
+    def numpy(self) -> dict[str, np.ndarray]:
+        """The kept rows, column by column."""
+        return {name: value.numpy() for name, value in self.columns.items()}
+
+
+#: Columns of the pooled query-to-[SEP]/[CLS] pairs (``CorpusNormStatistics.pooled_pairs``).
+_PAIR_COLUMNS = {"sentence": torch.long, "layer": torch.int16, "head": torch.int16, "alpha": torch.float32,
+                 "fx_norm": torch.float32}
+#: Columns of the token occurrences (``CorpusNormStatistics.occurrences``).
+_OCCURRENCE_COLUMNS = {"token_id": torch.long, "sentence": torch.long, "fx_norm": torch.float32}
+
+
 @dataclass
 class CorpusNormStatistics:
     """Streaming accumulators for the corpus analyses (float64 on the CPU), built by ``corpus_norm_statistics``.
@@ -109,6 +166,9 @@ class CorpusNormStatistics:
     ``sep_observations``: a uniform reservoir sample (at most ``max_sep_observations`` rows) of [SEP] occurrences,
     each row [Ly, H, 2] = (mean alpha given to this [SEP] by the real queries of its sentence, ``||f^h([SEP])||``);
     ``cls_observations`` the same for [CLS] (a reservoir of the same size).
+    ``pooled_pairs`` and ``occurrences`` (:class:`UniformSample`, at most ``max_pooled_pairs``/``max_occurrences``
+    rows; sentences are numbered in stream order) hold what :mod:`papa_lib.analysis.norm_findings` needs to compute
+    Kobayashi's correlations as the paper does.
     """
 
     num_layers: int
@@ -137,9 +197,15 @@ class CorpusNormStatistics:
     token_strings: dict[int, str] = field(default_factory=dict)  # id -> token string, for the ids seen
     cls_observations: torch.Tensor = field(default_factory=lambda: torch.zeros(0, 0, 0, 2))  # like sep_observations
     cls_observations_seen: int = 0
+    # Kobayashi's own observations (papa_lib.analysis.norm_findings): "sep"/"cls" -> every (real query i, [SEP] j)
+    # pair of every head and layer (sentence, layer, head, alpha_ij, ||f^h(x_j)||), uniformly sampled
+    pooled_pairs: dict[str, UniformSample] = field(default_factory=dict)
+    # every real token occurrence (token_id, sentence, ||f(x)|| averaged over the heads and then the layers), sampled
+    occurrences: UniformSample = field(default_factory=lambda: UniformSample(0, _OCCURRENCE_COLUMNS))
 
 
-def _empty_statistics(layers: int, heads: int, vocab: int, replicates: int, max_sep: int) -> CorpusNormStatistics:
+def _empty_statistics(layers: int, heads: int, vocab: int, replicates: int, max_sep: int, max_pairs: int = 0,
+                      max_occurrences: int = 0) -> CorpusNormStatistics:
     c = len(CATEGORY_NAMES)
 
     def zeros(*shape):
@@ -167,6 +233,8 @@ def _empty_statistics(layers: int, heads: int, vocab: int, replicates: int, max_
         token_fx_sum=zeros(layers, vocab),
         sep_observations=torch.zeros(0, layers, heads, 2, dtype=torch.float32),
         cls_observations=torch.zeros(0, layers, heads, 2, dtype=torch.float32),
+        pooled_pairs={token: UniformSample(max_pairs, _PAIR_COLUMNS) for token in ("sep", "cls")},
+        occurrences=UniformSample(max_occurrences, _OCCURRENCE_COLUMNS),
     )
 
 
@@ -207,6 +275,8 @@ def corpus_norm_statistics(
     *,
     bootstrap_replicates: int = 200,
     max_sep_observations: int = 20_000,
+    max_pooled_pairs: int = 200_000,
+    max_occurrences: int = 1_000_000,
     seed: int = 0,
 ) -> CorpusNormStatistics:
     """Stream ``attention_norms`` over ``batches`` and accumulate what the analysis functions need.
@@ -217,12 +287,15 @@ def corpus_norm_statistics(
             consumed once.
         tokenizer: the model's tokenizer, used for the token categories (``TokenCategorizer``) and token strings.
         bootstrap_replicates: ``R``, number of Poisson-bootstrap replicates over sentences (0 disables intervals).
-        max_sep_observations: size of the reservoir of [SEP] observations for the correlation analysis.
-        seed: seeds the bootstrap weights and the reservoir.
+        max_sep_observations: size of the reservoir of [SEP] observations for the per-head correlations.
+        max_pooled_pairs: size of the uniform samples of (query, [SEP]) and (query, [CLS]) pairs, pooled over
+            heads and layers (Kobayashi's Fig. 4 observations).
+        max_occurrences: size of the uniform sample of token occurrences (Kobayashi's Fig. 5 observations).
+        seed: seeds the bootstrap weights, the reservoir and (``seed + 1``) the uniform samples.
 
     Memory does not depend on the corpus size: besides one batch's forward pass (the model's attentions and hidden
-    states of all layers) and one layer's norms at a time, it holds ``O(R*Ly*H*C + Ly*V + max_sep_observations*Ly*H)``
-    numbers.
+    states of all layers) and one layer's norms at a time, it holds ``O(R*Ly*H*C + Ly*V + max_sep_observations*Ly*H
+    + max_pooled_pairs + max_occurrences)`` numbers.
     """
     if bootstrap_replicates < 0:
         raise ValueError(f"bootstrap_replicates must be >= 0, got {bootstrap_replicates}")
@@ -234,7 +307,9 @@ def corpus_norm_statistics(
     categorizer = TokenCategorizer(tokenizer, vocab_size=vocab)
     vocab = len(categorizer.lookup)
     generator = torch.Generator().manual_seed(seed)
-    stats = _empty_statistics(layers, heads, vocab, bootstrap_replicates, max_sep_observations)
+    sample_generator = torch.Generator().manual_seed(seed + 1)  # the samples leave the bootstrap's stream alone
+    stats = _empty_statistics(layers, heads, vocab, bootstrap_replicates, max_sep_observations, max_pooled_pairs,
+                              max_occurrences)
     num_categories = len(CATEGORY_NAMES)
     empty = True
 
@@ -260,6 +335,8 @@ def corpus_norm_statistics(
         special = {token: torch.nonzero((categories == category) & mask, as_tuple=True)
                    for token, category in (("sep", _SEP), ("cls", _CLS))}
         special_rows = {token: [] for token in special}
+        sentence_ids = stats.num_sentences + torch.arange(batch_size)  # numbered in stream order
+        occurrence_fx = torch.zeros(batch_size, input_ids.shape[1], dtype=torch.float64)  # sum over layers of mean_h
 
         for layer_norms in iter_layer_norms(model, inputs):
             # the [B, H, L, L] work stays on the model's device in the norms' dtype; per-sentence totals go to CPU
@@ -282,6 +359,7 @@ def corpus_norm_statistics(
             summed_share[:, ell] = (summed_shares * real_mask[:, :, None]).sum(dim=1).to("cpu", torch.float64)
 
             stats.token_fx_sum[ell].index_add_(0, real_ids, fx64.mean(dim=1).reshape(-1)[real])
+            occurrence_fx += fx64.mean(dim=1)
 
             for token, (tok_b, tok_j) in special.items():
                 if not tok_b.numel():
@@ -291,7 +369,19 @@ def corpus_norm_statistics(
                 mean_to_token = (to_token * real_mask[b_index][:, None, :]).sum(-1).to("cpu", torch.float64)
                 mean_to_token = mean_to_token / tokens_per_sentence[tok_b][:, None]
                 special_rows[token].append(torch.stack([mean_to_token, fx64[tok_b, :, tok_j]], dim=-1))  # [N, H, 2]
+                # Kobayashi's Fig. 4 observations: every real query's weight to this token, in every head
+                queries = mask[tok_b][:, None, :].expand(-1, heads, -1)  # [N, H, L]
+                stats.pooled_pairs[token].add(
+                    sample_generator,
+                    sentence=sentence_ids[tok_b][:, None, None].expand_as(queries)[queries],
+                    layer=torch.full((int(queries.sum()),), ell, dtype=torch.int16),
+                    head=torch.arange(heads)[None, :, None].expand_as(queries)[queries],
+                    alpha=to_token.to("cpu", torch.float32)[queries],
+                    fx_norm=fx64[tok_b, :, tok_j][:, :, None].expand_as(queries)[queries],
+                )
 
+        stats.occurrences.add(sample_generator, token_id=input_ids[mask],
+                              sentence=sentence_ids[:, None].expand_as(mask)[mask], fx_norm=(occurrence_fx / layers)[mask])
         stats.num_sentences += batch_size
         stats.num_tokens += int(mask.sum())
         stats.token_count.index_add_(0, real_ids, torch.ones_like(real_ids))
@@ -452,8 +542,10 @@ def _special_observations(stats: CorpusNormStatistics, token: str) -> np.ndarray
 
 
 def sep_weight_norm_correlation(stats: CorpusNormStatistics, confidence: float = 0.95, token: str = "sep") -> pd.DataFrame:
-    """Correlation between the attention weight given to [SEP] and ``||f^h([SEP])||`` per head (Kobayashi Fig. 4).
+    """Correlation between the attention weight given to [SEP] and ``||f^h([SEP])||`` per head (extra, after Fig. 4).
 
+    Not the paper's computation, which pools every (query, [SEP]) pair over heads and layers
+    (:func:`papa_lib.analysis.norm_findings.pooled_weight_norm_correlation`); this per-head variant is the book's.
     One observation per [SEP] occurrence (from the reservoir sample): x = mean over the sentence's real query tokens
     of alpha to that [SEP], y = ``||f^h([SEP])||``.  Intervals: Fisher z (Spearman with variance 1.06/(n-3)); they
     treat the [SEP] occurrences as independent, which is optimistic when a sentence has several.
@@ -584,8 +676,12 @@ def token_frequency_table(stats: CorpusNormStatistics, min_count: int = 1) -> pd
 def frequency_norm_correlation(
     stats: CorpusNormStatistics, min_count: int = 1, confidence: float = 0.95
 ) -> pd.DataFrame:
-    """Spearman correlation between a token type's frequency rank and its mean ``||f(x)||``, per layer (Sec. 4.3).
+    """Spearman correlation between a token type's frequency rank and its mean ``||f(x)||``, per layer (extra, Sec. 4.3).
 
+    Not the paper's computation, which counts frequencies over a whole corpus and correlates over token occurrences
+    with ``||f(x)||`` averaged over heads and layers
+    (:func:`papa_lib.analysis.norm_findings.occurrence_frequency_correlation`); this per-type, per-layer variant on
+    the sample's own counts is the book's.
     Frequencies are counted on the analysed corpus (real tokens, special tokens included).  Interval: Fisher z with
     variance 1.06/(n-3) over the ``n`` token types (it ignores the sampling noise of each type's mean norm).
     Columns: layer, n_token_types, spearman_rho, spearman_p, ci_low, ci_high.

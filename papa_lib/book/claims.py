@@ -217,28 +217,57 @@ def untestable_claims(model_name: str) -> list[dict]:
     ]
 
 
+#: C8: Kobayashi et al.'s findings, as :mod:`papa_lib.analysis.norm_findings` computes them (the rows of
+#: ``kobayashi_findings.csv``): finding -> (statistic, the paper's value, rule).
+NORM_FINDINGS = {
+    "sep_weight_vs_norm": (
+        "[SEP]: Spearman ρ of α and ‖f(x)‖ over every (query, [SEP]) pair, pooled over heads and layers", "< 0",
+        "Kobayashi et al. 2020 (Sec. 4.2, Fig. 4): negative; agrees if the 95% interval (cluster bootstrap over "
+        "sequences) is below 0, differs if it is above"),
+    "cls_weight_vs_norm": (
+        "[CLS]: Spearman ρ of α and ‖f(x)‖ over every (query, [CLS]) pair, pooled over heads and layers",
+        "< 0 (stated for [SEP])",
+        "the paper states the correlation for [SEP] (Fig. 4); [CLS], which also draws large weights but little "
+        "norm-based attention (Sec. 4.2, Fig. 3), is tested the same way: agrees if the 95% interval is below 0, "
+        "differs if it is above"),
+    "frequency_rank_vs_norm": (
+        "frequency: Spearman ρ of a token's corpus-wide frequency rank (1 = most frequent) and its ‖f(x)‖ averaged "
+        "over heads and layers, over token occurrences", "> 0",
+        "Kobayashi et al. 2020 (Sec. 4.3, Fig. 5): positive (frequent tokens have a short f(x)); agrees if the 95% "
+        "interval (cluster bootstrap over sequences) is above 0, differs if it is below"),
+}
+
+
+def _sign_verdict(value, low, high, sign: int) -> str:
+    if np.isnan(value):
+        return "not measured"
+    lo, hi = (value, value) if np.isnan(low) else (low, high)
+    if (hi < 0 and sign < 0) or (lo > 0 and sign > 0):
+        return "agrees"
+    if (lo > 0 and sign < 0) or (hi < 0 and sign > 0):
+        return "differs"
+    return "inconclusive"
+
+
 def norm_claims(analysis_dir: str | Path) -> list[dict]:
-    """C8 from the norm analyses' observation files: [CLS] and [SEP] get much attention weight but small ‖f(x)‖,
-    so α and ‖f(x)‖ are negatively correlated over all query-to-[SEP] pairs pooled across heads and layers."""
+    """C8 from the norm analyses' ``kobayashi_findings.csv`` (:func:`papa_lib.analysis.norm_findings.kobayashi_findings`):
+    [SEP] (and [CLS]) get much attention weight but pass on a short ``f(x)``, so α and ‖f(x)‖ are negatively
+    correlated over all query-to-[SEP] pairs pooled across heads and layers (Fig. 4); frequent tokens have a short
+    ``f(x)``, a positive correlation between corpus-wide frequency rank and ‖f(x)‖ over token occurrences (Fig. 5)."""
+    path = Path(analysis_dir) / "kobayashi_findings.csv"
+    found = pd.read_csv(path).set_index("finding") if path.exists() else pd.DataFrame()
     rows = []
-    for token in ("sep", "cls"):
-        path = Path(analysis_dir) / f"{token}_observations.csv"
-        if not path.exists():
-            rows.append(_row("C8", f"α vs ‖f(x)‖ for [{token.upper()}]", "< 0", (float("nan"),) * 3, "not measured",
-                             f"needs {path.name}"))
+    for finding, (statistic, paper_value, rule) in NORM_FINDINGS.items():
+        if finding not in found.index:
+            rows.append(_row("C8", statistic, paper_value, (float("nan"),) * 3, "not measured",
+                             f"needs {path.name} with a {finding} row ({rule})"))
             continue
-        obs = pd.read_csv(path)
-        alpha, norm = obs[f"alpha_to_{token}"].to_numpy(float), obs[f"fx_norm_{token}"].to_numpy(float)
-        ranks = lambda x: pd.Series(x).rank().to_numpy()  # noqa: E731
-        rho = float(np.corrcoef(ranks(alpha), ranks(norm))[0, 1])
-        rng = np.random.default_rng(0)
-        draws = [np.corrcoef(ranks(alpha[i]), ranks(norm[i]))[0, 1]
-                 for i in (rng.integers(0, len(alpha), len(alpha)) for _ in range(500))]
-        low, high = np.percentile(draws, [2.5, 97.5])
-        verdict = "agrees" if high < 0 else ("differs" if low > 0 else "inconclusive")
-        rows.append(_row("C8", f"Spearman ρ of α and ‖f(x)‖ for [{token.upper()}], pooled over heads and layers "
-                               f"({len(alpha)} pairs)", "< 0", (rho, float(low), float(high)), verdict,
-                         "Kobayashi et al. 2020 (Fig. 4): negative; agrees if the interval is below 0"))
+        row = found.loc[finding]
+        estimate = (float(row.spearman_rho), float(row.ci_low), float(row.ci_high))
+        sampled = f", {int(row.n)} sampled" if int(row.n) < int(row.n_seen) else ""
+        unit = "occurrences" if finding.startswith("frequency") else "pairs"
+        rows.append(_row("C8", f"{statistic} ({int(row.n_seen)} {unit}{sampled}; {int(row.n_clusters)} sequences)",
+                         paper_value, estimate, _sign_verdict(*estimate, int(row.paper_sign)), rule))
     return rows
 
 

@@ -3,7 +3,10 @@ the norm-aware PAPA grid, as the chapter reads and shows them.
 
 * :func:`wikitext_pairs`, :func:`run_analyses`, :func:`read_analyses`: the four corpus analyses of Kobayashi Sec. 4
   (:mod:`papa_lib.analysis.norm_statistics`) on WikiText-2, saved as and read back from the CSVs of
-  :data:`ANALYSIS_FILES`;
+  :data:`ANALYSIS_FILES`, with the paper's own Fig. 4/Fig. 5 correlations (:mod:`papa_lib.analysis.norm_findings`;
+  word frequencies from :func:`wikitext_token_counts`, the whole of WikiText-2 that the data folder holds);
+* :func:`kobayashi_table`, :func:`frequency_figure`, :func:`weight_norm_figure`: those findings for the chapter
+  (the verdicts are :func:`papa_lib.book.claims.norm_claims`', claim C8);
 * :func:`sentence_shares`: Kobayashi's Fig. 3 for a single sentence;
 * :data:`NORM_RESULT_FOLDERS`, :func:`norm_results_folder`, :func:`norm_aware_results`, :func:`find_constant_matrices`,
   :func:`missing_norm_runs`: where each profile keeps the norm-aware grid (:mod:`papa_lib.analysis.norm_rankings`),
@@ -22,6 +25,7 @@ import numpy as np
 import pandas as pd
 import torch
 
+from ..analysis.norm_findings import corpus_frequency_table, corpus_token_counts, kobayashi_findings, pooled_pairs
 from ..analysis.norm_rankings import NORM_AWARE_ORDERS, norm_aware_blocks, norm_aware_grid
 from ..analysis.norm_statistics import (
     CATEGORY_NAMES,
@@ -42,8 +46,12 @@ from ..analysis.norms import attention_norms
 __all__ = [
     "ANALYSIS_FILES",
     "wikitext_pairs",
+    "wikitext_token_counts",
     "run_analyses",
     "read_analyses",
+    "kobayashi_table",
+    "frequency_figure",
+    "weight_norm_figure",
     "sentence_shares",
     "NORM_RESULT_FOLDERS",
     "norm_results_folder",
@@ -64,19 +72,30 @@ NORM_RESULT_FOLDERS = {"smoke": "runs/smoke/norms", "local": "data/results/norms
 # The chapter's corpus analyses, end to end (WikiText, Kobayashi Sec. 4)
 # ----------------------------------------------------------------------------------------------------------------------
 
-#: The CSV files written by :func:`run_analyses` (name -> what it holds).
+#: The CSV files written by :func:`run_analyses` (name -> what it holds).  "punctuation" is Kobayashi's periods and
+#: commas.  Files marked "extra" are this book's variants, not the paper's computation.
 ANALYSIS_FILES = {
     "fx_norm_variation": "coefficient of variation of ||f(x)|| per head (Sec. 4.1)",
-    "attention_share": "weight-based vs norm-based share of attention per layer and token category (Sec. 4.2, Fig. 3)",
+    "attention_share": "weight-based vs norm-based share of attention per layer and token category (cls, sep, "
+                       "punctuation = periods and commas, other) (Sec. 4.2, Fig. 3)",
     "attention_share_per_head": "the same per head",
-    "sep_correlation": "correlation between the weight given to [SEP] and ||f([SEP])|| per head (Sec. 4.2, Fig. 4)",
-    "sep_observations": "a sample of [SEP] observations (alpha to [SEP], ||f([SEP])||) per head, for scatter plots",
-    "cls_correlation": "the same correlation for [CLS] (one per sequence)",
-    "cls_observations": "a sample of [CLS] observations per head",
+    "kobayashi_findings": "the paper's correlations as it computes them: Spearman rho of alpha and ||f(x)|| over every "
+                          "(query, [SEP]) and (query, [CLS]) pair pooled over heads and layers (Sec. 4.2, Fig. 4); "
+                          "of corpus-wide frequency rank and ||f(x)|| (averaged over heads and layers) over token "
+                          "occurrences (Sec. 4.3, Fig. 5); cluster-bootstrap 95% CIs over sequences",
+    "corpus_frequency": "every token type of the sample: corpus-wide count and rank, count in the sample, mean "
+                        "||f(x)|| over its occurrences, heads and layers (Sec. 4.3, Fig. 5, one point per type)",
+    "sep_pairs": "a uniform sample of the pooled (query, [SEP]) pairs: layer, head, alpha, ||f([SEP])|| (Fig. 4 points)",
+    "cls_pairs": "the same for [CLS]",
+    "sep_correlation": "extra: correlation between the mean weight given to a [SEP] occurrence and ||f([SEP])||, per "
+                       "head (after Sec. 4.2, Fig. 4)",
+    "sep_observations": "extra: a sample of those per-occurrence [SEP] observations per head, for scatter plots",
+    "cls_correlation": "extra: the same per-head correlation for [CLS] (one per sequence)",
+    "cls_observations": "extra: a sample of [CLS] observations per head",
     "fx_norm_by_category": "mean ||f(x)|| per layer, head and token category (Sec. 4.2)",
-    "frequency_correlation": "Spearman correlation between frequency rank and ||f(x)|| per layer, for token types seen "
-                             "at least min_count times (Sec. 4.3, Fig. 5)",
-    "token_frequency": "frequent token types with their rank and mean ||f(x)|| per layer (Sec. 4.3, Fig. 5)",
+    "frequency_correlation": "extra: Spearman correlation between a type's frequency rank in the sample and its mean "
+                             "||f(x)|| per layer, for token types seen at least min_count times (after Sec. 4.3)",
+    "token_frequency": "extra: frequent token types with their rank in the sample and mean ||f(x)|| per layer",
 }
 
 
@@ -91,6 +110,7 @@ def wikitext_pairs(tokenizer, data_dir, n_sequences: int, max_length: int = 128,
     Returns ``(EncodedBatch, source description)``.
     """
     from ..core.layout import encode
+    from ..experiments.sample_data import describe
     from ..experiments.tasks import load_wikitext
 
     if n_sequences < 1:
@@ -102,7 +122,7 @@ def wikitext_pairs(tokenizer, data_dir, n_sequences: int, max_length: int = 128,
     n = min(n_sequences, pairs)
     first, second = lines[0 : 2 * n : 2], lines[1 : 2 * n : 2]
     encoded = encode(tokenizer, first, second, max_length=max_length, layout=layout)
-    where = "the hub" if data_dir is None else str(data_dir)
+    where = "the hub" if data_dir is None else describe(data_dir)
     return encoded, f"WikiText-2 {split} ({where}): {n} pairs of consecutive paragraphs, L={max_length}, {layout} layout"
 
 
@@ -116,6 +136,33 @@ def _detokenize_wikitext(line: str, tokenizer) -> str:
     return line.replace("<unk>", unknown)
 
 
+def wikitext_token_counts(tokenizer, data_dir, splits: Iterable[str] = ("train", "validation", "test"),
+                          vocab_size: int | None = None) -> tuple[np.ndarray, str]:
+    """Token frequencies over the whole of WikiText-2 that ``data_dir`` holds (Kobayashi Sec. 4.3 counts a whole
+    corpus, not the analysed sample): every split of ``splits`` that exists (a local folder usually has validation and
+    test only; ``data_dir=None`` reads the hub), its article lines cleaned as :func:`wikitext_pairs` cleans them and
+    paired the same way (``[CLS] line [SEP] next line [SEP]``, an odd last line alone), never truncated
+    (:func:`papa_lib.analysis.norm_findings.corpus_token_counts`).  Returns ``(counts per token id, description)``.
+    """
+    from ..experiments.sample_data import describe
+    from ..experiments.tasks import load_wikitext
+
+    sequences, used = [], []
+    for split in splits:
+        try:
+            lines = load_wikitext(split, data_dir=data_dir, name="wikitext-2")
+        except FileNotFoundError:
+            continue
+        lines = [_detokenize_wikitext(line, tokenizer) for line in lines]
+        sequences += list(zip(lines[0::2], lines[1::2])) + ([lines[-1]] if len(lines) % 2 else [])
+        used.append(f"{split} ({len(lines)} lines)")
+    if not used:
+        raise FileNotFoundError(f"no WikiText-2 split of {list(splits)} in {data_dir}")
+    counts = corpus_token_counts(tokenizer, sequences, vocab_size=vocab_size)
+    where = "the hub" if data_dir is None else describe(data_dir)
+    return counts, f"WikiText-2 {', '.join(used)} from {where}: {int(counts.sum())} tokens, {len(sequences)} inputs"
+
+
 def run_analyses(
     model: torch.nn.Module,
     tokenizer,
@@ -127,8 +174,10 @@ def run_analyses(
     batch_size: int = 16,
     bootstrap_replicates: int = 200,
     max_sep_per_head: int = 150,
+    max_pairs_saved: int = 5000,
     min_token_count: int = 3,
     frequency_min_counts: Iterable[int] = (1, 5, 25),
+    corpus_splits: Iterable[str] = ("train", "validation", "test"),
     layout: str = "standard",
     seed: int = 0,
     progress: bool = False,
@@ -137,12 +186,23 @@ def run_analyses(
 
     Streams :func:`corpus_norm_statistics` over :func:`wikitext_pairs` and writes ``out_dir/<name>.csv`` plus
     ``out_dir/metadata.json`` (model, data, sizes, seconds).  ``out_dir=None`` writes nothing.  Returns the tables.
-    The correlations use every [SEP]/[CLS] occurrence (up to the 20,000 of ``corpus_norm_statistics``' reservoir); the
-    saved ``sep_observations``/``cls_observations`` keep at most ``max_sep_per_head`` of them per head (for plots);
-    ``token_frequency`` lists the
-    types seen at least ``min_token_count`` times; ``frequency_correlation`` is computed over the types seen at least
-    ``m`` times for each ``m`` in ``frequency_min_counts`` (column ``min_count``; 1 = every type, as in Sec. 4.3; a
-    type's mean norm is noisy when it was seen once).
+
+    ``kobayashi_findings`` holds the paper's own computations (:func:`papa_lib.analysis.norm_findings.kobayashi_findings`:
+    pooled (query, [SEP]/[CLS]) pairs; token occurrences against frequencies counted by :func:`wikitext_token_counts`
+    over ``corpus_splits``), with ``bootstrap_replicates`` cluster-bootstrap replicates; ``sep_pairs``/``cls_pairs``
+    keep ``max_pairs_saved`` of the pooled pairs (for plots).  The extras: the per-head correlations use every
+    [SEP]/[CLS] occurrence (up to the 20,000 of ``corpus_norm_statistics``' reservoir), and the saved
+    ``sep_observations``/``cls_observations`` keep at most ``max_sep_per_head`` of them per head; ``token_frequency``
+    lists the types seen at least ``min_token_count`` times; ``frequency_correlation`` is computed over the types seen
+    at least ``m`` times for each ``m`` in ``frequency_min_counts`` (column ``min_count``).
+
+    The committed tables of ``data/results/norms-minilm/analysis`` are this function's output for the embedded
+    all-MiniLM-L6-v2 on ``../shared/data`` with the defaults (300 pairs, L = 128), run from the repository root
+    (about 3 minutes on two CPU cores)::
+
+        from papa_lib.book import norms_pages, profiles
+        model, tokenizer = profiles.resolve("local").encoder()
+        norms_pages.run_analyses(model, tokenizer, "../shared/data", "data/results/norms-minilm/analysis")
     """
     import json
     import time
@@ -158,9 +218,17 @@ def run_analyses(
     batches = tqdm(batched(encoded, batch_size), total=math.ceil(encoded.batch_size / batch_size), disable=not progress,
                    desc="norm statistics", unit="batch")
     stats = corpus_norm_statistics(model, batches, tokenizer, bootstrap_replicates=bootstrap_replicates, seed=seed)
+    vocab_size = int(getattr(model.config, "vocab_size", 0) or 0) or None
+    corpus_counts, corpus = wikitext_token_counts(tokenizer, data_dir, corpus_splits, vocab_size=vocab_size)
+
     def sample(token):
         observations = sep_observations(stats, token=token)
         return observations[observations["observation"] < max_sep_per_head].reset_index(drop=True)
+
+    def pairs(token):
+        frame = pooled_pairs(stats, token)
+        keep = np.random.default_rng(seed).permutation(len(frame))[:max_pairs_saved]
+        return frame.iloc[np.sort(keep)].drop(columns="sentence").reset_index(drop=True)
 
     frequency = pd.concat(
         [frequency_norm_correlation(stats, min_count=int(m)).assign(min_count=int(m)) for m in frequency_min_counts],
@@ -170,6 +238,10 @@ def run_analyses(
         "fx_norm_variation": fx_norm_variation(stats),
         "attention_share": attention_share_by_category(stats),
         "attention_share_per_head": attention_share_by_category(stats, per_head=True),
+        "kobayashi_findings": kobayashi_findings(stats, corpus_counts, replicates=bootstrap_replicates, seed=seed),
+        "corpus_frequency": corpus_frequency_table(stats, corpus_counts),
+        "sep_pairs": pairs("sep"),
+        "cls_pairs": pairs("cls"),
         "sep_correlation": sep_weight_norm_correlation(stats),
         "sep_observations": sample("sep"),
         "cls_correlation": sep_weight_norm_correlation(stats, token="cls"),
@@ -193,6 +265,10 @@ def run_analyses(
             "bootstrap_replicates": bootstrap_replicates,
             "sep_observations_seen": int(stats.sep_observations_seen),
             "cls_observations_seen": int(stats.cls_observations_seen),
+            "pooled_pairs_seen": {token: int(sample.seen) for token, sample in stats.pooled_pairs.items()},
+            "occurrences_seen": int(stats.occurrences.seen),
+            "frequency_corpus": corpus,
+            "punctuation": "periods and commas (Kobayashi et al. 2020, Sec. 4.2)",
             "seed": seed,
             "seconds": round(time.time() - started, 1),
             "files": ANALYSIS_FILES,
@@ -215,6 +291,67 @@ def read_analyses(folder) -> dict[str, pd.DataFrame]:
     meta = folder / "metadata.json"
     tables["metadata"] = json.loads(meta.read_text()) if meta.exists() else {}
     return tables
+
+def kobayashi_table(analysis_dir) -> pd.DataFrame:
+    """Kobayashi's [SEP], [CLS] and frequency findings on this run, as the paper computes them, with verdicts.
+
+    One row per finding (claim C8 of :func:`papa_lib.book.claims.norm_claims`, read from the folder's
+    ``kobayashi_findings.csv``): finding, paper, ours (Spearman rho), ci_low, ci_high (95%, cluster bootstrap over
+    sequences), verdict, rule.
+    """
+    from .claims import norm_claims
+
+    rows = pd.DataFrame(norm_claims(analysis_dir))
+    return rows.drop(columns="claim").rename(columns={"statistic": "finding"})
+
+
+def _chart_title(text: str, title: Mapping | None):
+    if title is None:
+        return text
+    from .charts import chart_title
+
+    return chart_title(text, **title)
+
+
+def frequency_figure(tables: Mapping, title: Mapping | None = None):
+    """Kobayashi's Fig. 5 on this run: each token type of the sample at its corpus-wide frequency rank (log scale)
+    against its mean ``||f(x)||`` over occurrences, heads and layers; the title gives the occurrence-level rho.
+
+    ``tables``: :func:`read_analyses` (or :func:`run_analyses`) output; ``title``: ``model=``, ``data=``,
+    ``profile=`` for :func:`papa_lib.book.charts.chart_title` (None: a plain title).  Returns an altair chart.
+    """
+    import altair as alt
+
+    found = tables["kobayashi_findings"].set_index("finding").loc["frequency_rank_vs_norm"]
+    text = (f"Frequent tokens, shorter f(x)? Spearman rho over {int(found['n_seen'])} occurrences = "
+            f"{found['spearman_rho']:.2f} [{found['ci_low']:.2f}, {found['ci_high']:.2f}]")
+    return alt.Chart(tables["corpus_frequency"]).mark_circle(opacity=0.45).encode(
+        x=alt.X("corpus_rank:Q", scale=alt.Scale(type="log"), title="frequency rank in the corpus (1 = most frequent)"),
+        y=alt.Y("mean_fx_norm:Q", title="mean ||f(x)|| (occurrences, heads, layers)"),
+        size=alt.Size("sample_count:Q", title="occurrences analysed", scale=alt.Scale(type="log")),
+        tooltip=["token:N", "corpus_count:Q", "corpus_rank:Q", "sample_count:Q",
+                 alt.Tooltip("mean_fx_norm:Q", format=".2f")],
+    ).properties(width=400, height=300, title=_chart_title(text, title))
+
+
+def weight_norm_figure(tables: Mapping, token: str = "sep", title: Mapping | None = None):
+    """Kobayashi's Fig. 4 on this run: a sample of the pooled (query, [SEP]) pairs (``token="cls"``: [CLS]), the weight
+    alpha against ``||f(x)||``, coloured by layer; the title gives the pooled rho.  Arguments as :func:`frequency_figure`."""
+    import altair as alt
+
+    if token not in ("sep", "cls"):
+        raise ValueError(f"token must be 'sep' or 'cls', got {token!r}")
+    found = tables["kobayashi_findings"].set_index("finding").loc[f"{token}_weight_vs_norm"]
+    name = f"[{token.upper()}]"
+    text = (f"Weight vs norm of {name}: Spearman rho over {int(found['n_seen'])} pairs = {found['spearman_rho']:.2f} "
+            f"[{found['ci_low']:.2f}, {found['ci_high']:.2f}]")
+    return alt.Chart(tables[f"{token}_pairs"]).mark_circle(size=8, opacity=0.3).encode(
+        x=alt.X("alpha:Q", title=f"attention weight alpha to {name}"),
+        y=alt.Y("fx_norm:Q", title=f"||f({name})||"),
+        color=alt.Color("layer:O", title="layer"),
+        tooltip=["layer:O", "head:O", alt.Tooltip("alpha:Q", format=".3f"), alt.Tooltip("fx_norm:Q", format=".2f")],
+    ).properties(width=400, height=300, title=_chart_title(text, title))
+
 
 # ----------------------------------------------------------------------------------------------------------------------
 # The norm-aware grid's results and tables
