@@ -1,8 +1,9 @@
 """The real-text sample packaged in papa_lib, and the local profile's fallback to it (no data folder, no hub).
 
-The sample (``papa_lib/samples``, :mod:`papa_lib.experiments.sample_data`) must be small, documented, carried by a
-regular install (package data in the wheel), readable by the task and WikiText loaders, and exactly what its README's
-recipe draws from ``../shared/data`` (checked when that folder is present). Without a data folder the ``local``
+The sample (``papa_lib/samples/sample.jsonl``, :mod:`papa_lib.experiments.sample_data`) must be small, documented,
+carried by a regular install (package data in the wheel), unpack into a data folder the task and WikiText loaders
+read, and unpack to exactly what its README's recipe draws from ``../shared/data`` (checked when that folder is
+present). Without a data folder the ``local``
 profile reads it, says so in one line, and never touches the dataset hub.
 """
 
@@ -30,9 +31,16 @@ def _sample_files() -> list[str]:
     return sorted(p.relative_to(SAMPLE).as_posix() for p in SAMPLE.rglob("*") if p.is_file())
 
 
+@pytest.fixture(autouse=True)
+def _own_cache(tmp_path, monkeypatch):
+    """Every test unpacks the sample into a cache folder of its own."""
+    monkeypatch.setenv("PAPA_CACHE_DIR", str(tmp_path / "cache"))
+
+
 def test_sample_is_small_documented_and_declared_as_package_data():
-    assert sample_data.SAMPLE_DIR == SAMPLE
-    assert _sample_files() == sorted([*sample_data.SAMPLE_FILES, "README.md"])
+    assert sample_data.SAMPLE_PACK == SAMPLE / "sample.jsonl"
+    assert _sample_files() == ["README.md", "sample.jsonl"]
+    assert sorted(sample_data.read_pack()) == sorted(sample_data.SAMPLE_FILES)
     total = sum((SAMPLE / name).stat().st_size for name in _sample_files())
     assert total < 300_000, f"the packaged sample should stay a few hundred KB at most, it is {total:,} bytes"
     readme = (SAMPLE / "README.md").read_text(encoding="utf-8")
@@ -59,17 +67,43 @@ def test_a_built_wheel_carries_the_sample(tmp_path):
     assert not missing, f"the wheel lacks {missing}"
 
 
+def test_sample_unpacks_once_into_a_data_folder(tmp_path):
+    folder = sample_data.sample_dir()
+    assert folder.is_relative_to(tmp_path / "cache") and not sample_data.missing_files(folder)
+    assert sample_data.is_sample(folder / "glue/SST-2/dev.tsv") and not sample_data.is_sample(SAMPLE)
+    stamp = (folder / "glue/SST-2/train.tsv").stat().st_mtime_ns
+    assert sample_data.sample_dir() == folder and (folder / "glue/SST-2/train.tsv").stat().st_mtime_ns == stamp
+    header, *rows = (folder / "glue/SST-2/train.tsv").read_text(encoding="utf-8").splitlines()
+    assert header == "sentence\tlabel" and len(rows) == 512 and all(row.rsplit("\t", 1)[1] in "01" for row in rows)
+    (folder / "glue/SST-2/dev.tsv").unlink()  # a damaged cache is unpacked again
+    assert not sample_data.missing_files(sample_data.sample_dir())
+
+
+def test_a_damaged_pack_is_reported_with_its_line(tmp_path):
+    pack = tmp_path / "sample.jsonl"
+    pack.write_text('{"file": "a.tsv", "columns": ["sentence", "label"], "rows": 2}\n["x", 0]\n{oops\n')
+    with pytest.raises(ValueError, match=r"not a JSON value: .*sample.jsonl:3\)"):
+        sample_data.read_pack(pack)
+    pack.write_text('["x", 0]\n')
+    with pytest.raises(ValueError, match=r"expected a section header .*sample.jsonl:1\)"):
+        sample_data.read_pack(pack)
+    pack.write_text('{"file": "a.tokens", "lines": 3}\n"one"\n')
+    with pytest.raises(ValueError, match="ends 2 rows early"):
+        sample_data.read_pack(pack)
+
+
 def test_sample_loads_and_names_itself():
-    train = tasks.load_task("sst2", "train", data_dir=sample_data.SAMPLE_DIR)
-    validation = tasks.load_task("sst2", "validation", data_dir=sample_data.SAMPLE_DIR, limit=64)
+    sample = sample_data.sample_dir()
+    train = tasks.load_task("sst2", "train", data_dir=sample)
+    validation = tasks.load_task("sst2", "validation", data_dir=sample, limit=64)
     assert (len(train), len(validation)) == (512, 64)
     assert set(train.labels) == {0, 1} and all(text.strip() for text in train.texts)
     assert train.source == "papa_lib/samples/glue/SST-2/train.tsv (packaged sample)"
     assert validation.source.startswith("papa_lib/samples/glue/SST-2/dev.tsv (packaged sample) [subsample of 64/256")
-    valid = tasks.load_wikitext("validation", sample_data.SAMPLE_DIR, name="wikitext-2")
-    test = tasks.load_wikitext("test", sample_data.SAMPLE_DIR, name="wikitext-2")
+    valid = tasks.load_wikitext("validation", sample, name="wikitext-2")
+    test = tasks.load_wikitext("test", sample, name="wikitext-2")
     assert len(valid) > 100 and len(test) > 50 and not any(line.startswith("= ") for line in valid + test)
-    corpus = mlm_probe.load_mlm_corpus(sample_data.SAMPLE_DIR)
+    corpus = mlm_probe.load_mlm_corpus(sample)
     assert corpus["corpus"] == "local-wikitext-2-sample:valid->test"  # never the id of runs on the full files
     assert corpus["source"].startswith("papa_lib/samples/wikitext-2 (packaged sample)")
     assert sample_data.describe(REPO / "README.md") == str(REPO / "README.md")
@@ -96,8 +130,20 @@ def test_sample_is_what_its_recipe_draws(shared_data):
         "wikitext-2/wiki.valid.tokens": _head_before_heading(lines(shared_data / "wikitext-2/wiki.valid.tokens"), 6),
         "wikitext-2/wiki.test.tokens": _head_before_heading(lines(shared_data / "wikitext-2/wiki.test.tokens"), 4),
     }
+    sample = sample_data.sample_dir()
     for name, want in expected.items():
-        assert lines(SAMPLE / name) == want, f"papa_lib/samples/{name} differs from its README's recipe"
+        assert lines(sample / name) == want, f"papa_lib/samples/{name} differs from its README's recipe"
+
+
+def test_the_readme_recipe_rebuilds_the_pack_byte_for_byte(shared_data, tmp_path, monkeypatch):
+    import re
+
+    readme = (SAMPLE / "README.md").read_text(encoding="utf-8")
+    code = re.search(r"```python\n(.*?)```", readme, re.S).group(1)
+    (tmp_path / "papa_lib" / "samples").mkdir(parents=True)
+    monkeypatch.chdir(tmp_path)
+    exec(code.replace('"/work/shared/data"', repr(str(shared_data))), {})
+    assert (tmp_path / "papa_lib/samples/sample.jsonl").read_bytes() == sample_data.SAMPLE_PACK.read_bytes()
 
 
 @pytest.fixture
@@ -123,7 +169,7 @@ def _book_root(tmp_path: Path) -> Path:
 def test_local_profile_without_data_reads_the_sample_and_says_so(tmp_path, capsys, no_hub):
     root = _book_root(tmp_path)
     setup = profiles.resolve("local", root=root)
-    assert setup.data_dir == sample_data.SAMPLE_DIR
+    assert setup.data_dir == sample_data.sample_dir()
     assert setup.data_source == "sample" and setup.data_label == "packaged sample (papa_lib/samples)"
     assert "data: packaged sample" in setup.label()
     err = capsys.readouterr().err.strip().splitlines()
@@ -134,7 +180,7 @@ def test_local_profile_without_data_reads_the_sample_and_says_so(tmp_path, capsy
     empty = tmp_path / "empty"
     empty.mkdir()
     for given in (empty, tmp_path / "nope"):
-        assert profiles.resolve("local", data_dir=given, root=root).data_dir == sample_data.SAMPLE_DIR
+        assert profiles.resolve("local", data_dir=given, root=root).data_dir == sample_data.sample_dir()
     err = capsys.readouterr().err.strip().splitlines()
     assert err == [f"papa: {empty} has no glue/SST-2/train.tsv; using the packaged sample papa_lib/samples "
                    f"({sample_data.SAMPLE_CONTENTS}) instead",
@@ -145,7 +191,7 @@ def test_local_profile_without_data_reads_the_sample_and_says_so(tmp_path, capsy
 def test_a_data_folder_that_holds_the_data_is_used_as_it_is(tmp_path, capsys, no_hub):
     root = _book_root(tmp_path)
     data = tmp_path / "x" / "shared" / "data"
-    shutil.copytree(sample_data.SAMPLE_DIR, data)
+    shutil.copytree(sample_data.sample_dir(), data)
     setup = profiles.resolve("local", root=root)
     assert setup.data_dir == data and setup.data_source == "local" and setup.data_label == "local files (data)"
     assert capsys.readouterr().err == ""
@@ -156,8 +202,11 @@ def test_a_data_folder_that_holds_the_data_is_used_as_it_is(tmp_path, capsys, no
 
 
 def test_an_incomplete_installation_is_reported(monkeypatch, tmp_path):
-    monkeypatch.setattr(sample_data, "SAMPLE_DIR", tmp_path)
-    with pytest.raises(FileNotFoundError, match="packaged data sample is incomplete: .*glue/SST-2/train.tsv"):
+    monkeypatch.setattr(sample_data, "SAMPLE_PACK", tmp_path / "sample.jsonl")
+    with pytest.raises(FileNotFoundError, match="packaged data sample is missing: .*sample.jsonl"):
+        sample_data.data_or_sample(tmp_path / "nope")
+    (tmp_path / "sample.jsonl").write_text('{"file": "wikitext-2/wiki.test.tokens", "lines": 1}\n"x"\n')
+    with pytest.raises(FileNotFoundError, match="packaged data sample is incomplete: .*has no glue/SST-2/train.tsv"):
         sample_data.data_or_sample(tmp_path / "nope")
 
 

@@ -1,27 +1,35 @@
 """The real-text sample shipped inside the package, and the ``local`` profile's fallback to it.
 
-``papa_lib/samples/`` is a tiny data folder laid out like ``../shared/data`` (its ``README.md`` gives the source,
-licence and the recipe of every file): 512 SST-2 training and 256 validation sentences, and the first articles of
-WikiText-2's validation and test token files, about 190 KB in all. The chapters that compute live at the ``local``
-profile read only these files. When their data folder does not hold them — a fresh machine without
-``../shared/data``, where the hub is no way out either — :func:`data_or_sample` hands back the sample instead and
-prints one line saying so (:func:`papa_lib.book.profiles.resolve` calls it). The readers name sample files as
-``papa_lib/samples/<file> (packaged sample)`` (:func:`describe`), so records and figure subtitles say which data
-they used.
+``papa_lib/samples/sample.jsonl`` holds, in a format of our own (its ``README.md`` gives the source, licence, format
+and the recipe of every part): 512 SST-2 training and 256 validation sentences, and the first articles of
+WikiText-2's validation and test token files, about 200 KB in all. The readers of this package read data folders
+laid out like ``../shared/data``, so on first use :func:`sample_dir` writes the sample out in that layout
+(:data:`SAMPLE_FILES`) into a cache folder (``$PAPA_CACHE_DIR``, else ``$XDG_CACHE_HOME/papa_lib`` or
+``~/.cache/papa_lib``; one folder per version of the sample, written atomically, reused afterwards).
+
+The chapters that compute live at the ``local`` profile read only these files. When their data folder does not
+hold them — a fresh machine without ``../shared/data``, where the hub is no way out either — :func:`data_or_sample`
+hands back the sample instead and prints one line saying so (:func:`papa_lib.book.profiles.resolve` calls it). The
+readers name sample files as ``papa_lib/samples/<file> (packaged sample)`` (:func:`describe`), the same on every
+machine, so records and figure subtitles say which data they used.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
+import shutil
 import sys
+import tempfile
 from pathlib import Path
 
-__all__ = ["SAMPLE_DIR", "SAMPLE_FILES", "SAMPLE_LABEL", "data_or_sample", "describe", "is_sample", "missing_files",
-           "sample_dir"]
+__all__ = ["SAMPLE_PACK", "SAMPLE_FILES", "SAMPLE_LABEL", "SAMPLE_CONTENTS", "data_or_sample", "describe",
+           "is_sample", "missing_files", "read_pack", "sample_dir"]
 
-#: Where the sample lies: ``papa_lib/samples`` (package data).
-SAMPLE_DIR = Path(__file__).resolve().parents[1] / "samples"
-#: Its data files, relative to a data folder: what the live chapters read at the ``local`` profile.
+#: The packaged sample (package data): sections, each a JSON object naming a file, then its rows or lines.
+SAMPLE_PACK = Path(__file__).resolve().parents[1] / "samples" / "sample.jsonl"
+#: The files it unpacks to, relative to a data folder: what the live chapters read at the ``local`` profile.
 SAMPLE_FILES = (
     "glue/SST-2/train.tsv",
     "glue/SST-2/dev.tsv",
@@ -41,23 +49,92 @@ def missing_files(folder: str | os.PathLike | None) -> list[str]:
     return [name for name in SAMPLE_FILES if not (Path(folder) / name).is_file()]
 
 
+def read_pack(pack: str | os.PathLike | None = None) -> dict[str, str]:
+    """The text of every file in the pack, by its path in a data folder.
+
+    A section starts with ``{"file": NAME, "columns": [...], "rows": N}`` (a TSV file: a header, then N JSON arrays
+    of cells) or ``{"file": NAME, "lines": N}`` (a text file: N JSON strings, one per line). Errors name the pack's
+    line."""
+    pack = Path(pack) if pack is not None else SAMPLE_PACK
+    if not pack.is_file():
+        raise FileNotFoundError(f"the packaged data sample is missing: {pack} "
+                                "(reinstall papa_lib; its package data must include papa_lib/samples)")
+    files: dict[str, list[str]] = {}
+    current, left = None, 0
+    with open(pack, encoding="utf-8") as handle:
+        for number, raw in enumerate(handle, 1):
+            try:
+                item = json.loads(raw)
+            except json.JSONDecodeError as error:
+                raise ValueError(f"not a JSON value: {error.msg} ({pack}:{number})") from None
+            if left == 0:
+                if not isinstance(item, dict) or "file" not in item:
+                    raise ValueError(f"expected a section header {{\"file\": ...}} ({pack}:{number})")
+                current = files.setdefault(item["file"], [])
+                if "columns" in item:
+                    current.append("\t".join(item["columns"]))
+                    left = int(item["rows"])
+                else:
+                    left = int(item["lines"])
+                continue
+            if isinstance(item, list):
+                current.append("\t".join(str(cell) for cell in item))
+            elif isinstance(item, str):
+                current.append(item)
+            else:
+                raise ValueError(f"expected a row (JSON array) or a line (JSON string) ({pack}:{number})")
+            left -= 1
+    if left:
+        raise ValueError(f"the pack ends {left} rows early ({pack})")
+    return {name: "".join(line + "\n" for line in lines) for name, lines in files.items()}
+
+
+def _cache_root() -> Path:
+    if os.environ.get("PAPA_CACHE_DIR"):
+        return Path(os.environ["PAPA_CACHE_DIR"])
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "papa_lib"
+
+
+def _unpacked_dir(pack: Path) -> Path:
+    """Where ``pack`` unpacks to: one folder per content (a changed sample never reuses an old folder)."""
+    digest = hashlib.sha256(pack.read_bytes()).hexdigest()[:12] if pack.is_file() else "missing"
+    return _cache_root() / f"sample-{digest}"
+
+
 def sample_dir() -> Path:
-    """The packaged sample folder; FileNotFoundError (naming a missing file) when the installation lacks it."""
-    missing = missing_files(SAMPLE_DIR)
-    if missing:
-        raise FileNotFoundError(
-            f"the packaged data sample is incomplete: {SAMPLE_DIR / missing[0]} is missing "
-            "(reinstall papa_lib; its package data must include papa_lib/samples)"
-        )
-    return SAMPLE_DIR
+    """The packaged sample as a data folder (unpacked on first use); FileNotFoundError naming what is missing when
+    the installation lacks part of it."""
+    target = _unpacked_dir(SAMPLE_PACK)
+    if not missing_files(target):
+        return target
+    texts = read_pack(SAMPLE_PACK)
+    lacking = [name for name in SAMPLE_FILES if name not in texts]
+    if lacking:
+        raise FileNotFoundError(f"the packaged data sample is incomplete: {SAMPLE_PACK} has no {lacking[0]} "
+                                "(reinstall papa_lib; its package data must include papa_lib/samples)")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    scratch = Path(tempfile.mkdtemp(prefix=".sample-", dir=target.parent))
+    for name, text in texts.items():
+        (scratch / name).parent.mkdir(parents=True, exist_ok=True)
+        (scratch / name).write_text(text, encoding="utf-8")
+    try:
+        os.rename(scratch, target)
+    except OSError:  # another process unpacked it first (or left a partial folder: replace that)
+        if missing_files(target):
+            shutil.rmtree(target, ignore_errors=True)
+            os.rename(scratch, target)
+        else:
+            shutil.rmtree(scratch, ignore_errors=True)
+    return target
 
 
 def is_sample(path: str | os.PathLike | None) -> bool:
-    """Whether ``path`` is the packaged sample folder or lies inside it."""
+    """Whether ``path`` is the unpacked sample folder or lies inside it."""
     if path is None:
         return False
     try:
-        Path(path).resolve().relative_to(SAMPLE_DIR)
+        Path(path).resolve().relative_to(_unpacked_dir(SAMPLE_PACK).resolve())
     except ValueError:
         return False
     return True
@@ -65,10 +142,10 @@ def is_sample(path: str | os.PathLike | None) -> bool:
 
 def describe(path: str | os.PathLike) -> str:
     """``path`` as records show it: ``papa_lib/samples/<file> (packaged sample)`` inside the sample (the same on
-    every machine, whether the package is installed or checked out), else ``str(path)``."""
+    every machine, wherever it was unpacked), else ``str(path)``."""
     if not is_sample(path):
         return str(path)
-    relative = Path(path).resolve().relative_to(SAMPLE_DIR).as_posix()
+    relative = Path(path).resolve().relative_to(_unpacked_dir(SAMPLE_PACK).resolve()).as_posix()
     return "papa_lib/samples" + ("" if relative == "." else f"/{relative}") + f" ({SAMPLE_LABEL})"
 
 
