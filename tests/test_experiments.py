@@ -246,5 +246,7 @@ def test_plan_counts_work_without_running_anything(tiny, data_dir, monkeypatch):
     assert sst2[2] == "10" and sst2[5] == "4"  # 10 examples per seed; original, λ at 1/2, all-constant, trainable
     assert sst2[7] == "2" and sst2[8] == "2"  # trainable runs for 2 seeds; λ learned per seed
     assert "cache" in lines["ner"] and "measured" in lines["ner"][-1]
+    at_most, at_least = (float(part.split(" h")[0].split()[-1]) for part in text.splitlines()[-1].split(";")[:3:2])
+    assert 0 <= at_least <= at_most and "backbone passes alone" in text  # the floor never exceeds the estimate
     streamed = plan.plan_grid(spec, {"cache_budget": 1})
     assert all("stream" in line for line in streamed.splitlines()[2:-1])
