@@ -137,3 +137,25 @@ def test_packaged_sample_sources_are_labelled_as_such():
     source = "train: papa_lib/samples/glue/SST-2/train.tsv (packaged sample); validation: papa_lib/samples/glue/SST-2/dev.tsv (packaged sample)"
     assert records.data_label([source], "local") == "packaged sample: SST-2"
     assert records.data_label(["train: /x/glue/CoLA/train.tsv"], "local") == "local files: CoLA"
+
+
+def test_against_majority_sets_the_original_probe_against_guessing():
+    def rows(task, metric, values, baseline, single=()):
+        return [{"task": task, "metric": metric, "matrix_type": "original", "selection_order": "none",
+                 "fraction": 1.0, "matrices_from": None, "seed": seed, "value": value,
+                 "majority_baseline": baseline, "single_class": seed in single} for seed, value in enumerate(values)]
+
+    frame = pd.DataFrame(rows("cola", "matthews_corrcoef", [0.16, 0.15, 0.17], 0.0)
+                         + rows("mrpc", "f1", [0.818, 0.814, 0.823], 0.812)
+                         + rows("sst2", "accuracy", [0.51], 0.509, single=(0,)))
+    frame.loc[len(frame)] = {**frame.iloc[0].to_dict(), "matrix_type": "zeros", "value": 0.0, "seed": 1,
+                             "single_class": True}
+    table = probing_pages.against_majority(frame)
+    assert list(table.index) == ["cola", "mrpc", "sst2"]
+    assert table.loc["cola", "verdict"] == "clearly above" and table.loc["mrpc", "verdict"] == "not clearly above"
+    assert table.loc["sst2", "verdict"] == "one seed: no interval"
+    assert table.loc["cola", "single-class probes"] == "1 of 4: zeros (seed 1)"
+    assert table.loc["mrpc", "single-class probes"] == "0 of 3" and table.loc["mrpc", "majority baseline"] == "0.812"
+    assert probing_pages.against_majority(frame, tasks=["mrpc"]).index.tolist() == ["mrpc"]
+    as_text = frame.assign(single_class=frame["single_class"].map(str))  # how a results CSV may hand them back
+    assert probing_pages.against_majority(as_text).equals(table)

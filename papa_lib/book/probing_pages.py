@@ -4,6 +4,8 @@
   fresh sentence probe on one App. A input;
 * :func:`fig2`, :func:`relative_drops`, :func:`fig3`: the figures, from a results table
   (:func:`papa_lib.book.figures.fraction_curves`, :func:`papa_lib.book.figures.all_constant_drop`);
+* :func:`against_majority`: every task's original probe against its validation set's majority-class baseline, and
+  the probes that predict a single class (guide: a score is only as good as its probe);
 * :func:`headline`, :func:`headline_text`, :func:`training_note`: Sec. 4.2's three claims, ours beside the paper's,
   and how far to trust the comparison — every number read from the records.
 
@@ -20,7 +22,7 @@ import pandas as pd
 from . import charts, figures, paper
 from .records import describe
 
-__all__ = ["fig2", "fig3", "headline", "headline_text", "pooling_at_start", "probe_sizes", "relative_drops",
+__all__ = ["against_majority", "fig2", "fig3", "headline", "headline_text", "pooling_at_start", "probe_sizes", "relative_drops",
            "training_note"]
 
 
@@ -178,6 +180,49 @@ def fig3(frame: pd.DataFrame, tasks: Sequence[str] | None = None) -> Any:
     return (tasks_layer + models_layer).properties(
         width=440, height=280,
         title=charts.records_title("Fig. 3: original score vs relative drop with every head constant", frame))
+
+
+def _variant_name(row) -> str:
+    name = row["matrix_type"]
+    if row.get("selection_order") not in (None, "none") and not pd.isna(row.get("selection_order")):
+        name += f" {row['selection_order']} {figures.fraction_label(float(row['fraction']))}"
+    if isinstance(row.get("matrices_from"), str) and row["matrices_from"] != row["task"]:
+        name += f" from {row['matrices_from']}"
+    return name
+
+
+def against_majority(frame: pd.DataFrame, tasks: Sequence[str] | None = None) -> pd.DataFrame:
+    """Per task: the original probe's mean score with its 95% Student-t interval over seeds, the metric of always
+    predicting the validation set's most frequent class (records' ``majority_baseline``), whether the interval lies
+    above it (*clearly above*: its low end is higher), and the runs whose validation predictions were all one class
+    (records' ``single_class``), any variant."""
+    from ..experiments.results import mean_ci
+
+    rows = []
+    for task in figures._ordered_tasks(frame["task"].unique()):
+        if tasks is not None and task not in tasks:
+            continue
+        mine = frame[frame["task"] == task]
+        original = mine[mine["matrix_type"] == "original"]["value"].dropna()
+        baseline = mine["majority_baseline"].dropna() if "majority_baseline" in mine else pd.Series(dtype=float)
+        flagged = mine["single_class"].map(lambda v: str(v).strip().lower() in ("true", "1", "1.0")) \
+            if "single_class" in mine else pd.Series(False, index=mine.index)  # bools, or their text from a CSV
+        single = mine[flagged]
+        mean, low, high = mean_ci(original) if len(original) else (float("nan"),) * 3
+        base = float(baseline.iloc[0]) if len(baseline) else float("nan")
+        if pd.isna(base) or not len(original):
+            verdict = "—"
+        elif len(original) < 2:
+            verdict = "one seed: no interval"
+        else:
+            verdict = "clearly above" if low > base else "not clearly above"
+        names = sorted({f"{_variant_name(r)} (seed {int(r['seed'])})" for _, r in single.iterrows()})
+        rows.append({"task": task, "metric": mine["metric"].iloc[0], "seeds": len(original),
+                     "original": figures.format_mean_ci(mean, low, high, len(original), digits=3),
+                     "95% CI": "—" if len(original) < 2 else f"[{low:.3f}, {high:.3f}]",
+                     "majority baseline": "—" if pd.isna(base) else f"{base:.3f}", "verdict": verdict,
+                     "single-class probes": f"{len(single)} of {len(mine)}" + (": " + ", ".join(names) if names else "")})
+    return pd.DataFrame(rows).set_index("task") if rows else pd.DataFrame()
 
 
 def _headline(frame: pd.DataFrame, tasks: Sequence[str] | None):
