@@ -224,7 +224,7 @@ def cmd_probe(args) -> int:
 
 def cmd_grid(args) -> int:
     from .analysis import norm_rankings  # noqa: F401  (registers norm-weighted matrices and label-free rankings)
-    from .experiments.engine import load_grid
+    from .experiments.grid import load_grid
     from .experiments.features import parse_bytes
 
     spec = load_grid(args.grid)

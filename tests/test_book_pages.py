@@ -53,7 +53,7 @@ def test_records_title_is_wrapped_and_labelled_from_the_records():
 
 
 def test_coverage_says_what_is_missing():
-    from papa_lib.experiments.engine import GridBlock
+    from papa_lib.experiments.grid import GridBlock
 
     spec = {"seeds": [0, 1], "blocks": [GridBlock(name="fig2", tasks=["sst2", "cola"], fractions=[1, 0.5, 0])]}
     table, text = records.coverage(example_frame(), spec, ["fig2"], tasks=["sst2", "cola", "mrpc"])

@@ -20,7 +20,7 @@ import yaml
 
 from papa_lib.book import build
 from papa_lib.book import charts
-from papa_lib.experiments.engine import load_grid
+from papa_lib.experiments.grid import load_grid
 from papa_lib.book.profiles import PAPER_MODELS
 
 REPO = Path(__file__).resolve().parents[1]

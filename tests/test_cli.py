@@ -17,6 +17,7 @@ import pytest
 from papa_lib import bench, cli, smoke
 from papa_lib.core import models
 from papa_lib.experiments import engine, metrics, results, tasks
+from papa_lib.experiments.grid import load_grid
 from papa_lib.experiments.custom import CustomTask, register_custom_task
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -301,10 +302,10 @@ def test_grid_declares_custom_tasks(tmp_path, pair_files, tiny):
     assert json.loads(frame.provenance.iloc[0])["train"] == str(pair_files[0])
     from papa_lib.book import figures  # the chapters' helpers look tasks up in TASKS, so they accept it too
 
-    assert figures.task_lengths(engine.load_grid(grid), ["reviews"]) == {"reviews": 16}
+    assert figures.task_lengths(load_grid(grid), ["reviews"]) == {"reviews": 16}
     assert tasks.TASKS["reviews"].max_length == 128 and tasks.TASKS["reviews"].metric == "f1"
     bad = tmp_path / "bad.yaml"
     bad.write_text("custom_tasks:\n  - {name: x, train: train.tsv, validation: dev.tsv, text_columns: review, label: y}\n"
                    "blocks: []\n")
     with pytest.raises(ValueError, match=r"bad.yaml: custom task x has unknown keys \['label'\]"):
-        engine.load_grid(bad)
+        load_grid(bad)

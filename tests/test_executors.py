@@ -18,7 +18,9 @@ from papa_lib import cli, smoke
 from papa_lib.core import models
 from papa_lib.core.averaging import average_attention
 from papa_lib.experiments import engine, executors, matrices, rankings, results
-from papa_lib.experiments.engine import GridBlock, Variant
+from papa_lib.experiments.grid import grid_settings, task_config
+from papa_lib.experiments.engine import Variant
+from papa_lib.experiments.grid import GridBlock
 
 _skip = pytest.mark.skipif(importlib.util.find_spec("ray") is None, reason="ray is not installed (pip install -e '.[ray]')")
 
@@ -60,7 +62,7 @@ def small_grid(data_dir, blocks=None) -> dict:
 def test_plan_groups_runs_into_tasks(tiny, data_dir, tmp_path):
     model, tokenizer = tiny
     spec = small_grid(data_dir, [GridBlock("a", ["sst2"], orders=["lambda", "first_to_last"], fractions=[1, 0.5])])
-    settings, seeds = engine.grid_settings(spec)
+    settings, seeds = grid_settings(spec)
     plan = executors.plan_grid_units(spec, tmp_path, model, tokenizer, settings, seeds)
     units = {(u.variant.selection_order, u.seeds): u for u in plan.units}
     assert plan.total == 6 and plan.finished == 0 and len(plan.units) == 6
@@ -74,7 +76,7 @@ def test_plan_groups_runs_into_tasks(tiny, data_dir, tmp_path):
     streamed = executors.plan_grid_units(spec, tmp_path, model, tokenizer, settings, seeds)
     assert {u.seeds for u in streamed.units if u.variant.selection_order == "first_to_last"} == {(0, 1)}
     # run ids are the engine's
-    experiment = engine.TaskExperiment(engine.task_config(settings, "sst2", seeds), model, tokenizer, progress=False)
+    experiment = engine.TaskExperiment(task_config(settings, "sst2", seeds), model, tokenizer, progress=False)
     assert first.run_ids == (experiment.run_id(Variant.make("average", "first_to_last", 0.5), 0),)
 
 

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from papa_lib.experiments import engine
+from papa_lib.experiments.grid import GridBlock, grid_runs, load_grid, run_grid
 from papa_lib.experiments import results
 from papa_lib import smoke
 from papa_lib.experiments.engine import ExperimentConfig, TaskExperiment, Variant
@@ -36,9 +37,9 @@ def test_variants_are_canonical():
 
 
 def test_grid_runs_deduplicate_shared_cells():
-    blocks = [engine.GridBlock("a", ["sst2"], orders=["lambda", "random"], fractions=[1, 0.5, 0]),
-              engine.GridBlock("b", ["sst2"], matrix_types=["average", "zeros"], fractions=[0])]
-    plan = engine.grid_runs(blocks)
+    blocks = [GridBlock("a", ["sst2"], orders=["lambda", "random"], fractions=[1, 0.5, 0]),
+              GridBlock("b", ["sst2"], matrix_types=["average", "zeros"], fractions=[0])]
+    plan = grid_runs(blocks)
     assert plan["sst2"] == [Variant(), Variant("average", "lambda", 0.5), Variant("average", "none", 0.0),
                             Variant("average", "random", 0.5), Variant("zeros", "none", 0.0)]
 
@@ -159,13 +160,13 @@ def test_one_epoch_grid_end_to_end_and_resume(tiny, data_dir, tmp_path):
         "data_dir": str(data_dir), "profile": "smoke", "seeds": [0, 1], "max_length": {"default": 16, "mnli": 32},
         "epochs": 1, "lambda_epochs": 1, "inloop_epochs": 1,
         "blocks": [
-            engine.GridBlock("fig2", ["sst2", "ner"], fractions=[1, 0.5, 0]),
-            engine.GridBlock("table1", ["pos"], matrix_types=["average", "identity", "toeplitz", "zeros", "trainable_toeplitz", "trainable_average"], fractions=[0]),
-            engine.GridBlock("table2", ["cola"], matrices_from="mnli", fractions=[0]),
-            engine.GridBlock("fig5", ["mnli"], orders=list(engine.selection.ORDERS), fractions=[0.5]),
+            GridBlock("fig2", ["sst2", "ner"], fractions=[1, 0.5, 0]),
+            GridBlock("table1", ["pos"], matrix_types=["average", "identity", "toeplitz", "zeros", "trainable_toeplitz", "trainable_average"], fractions=[0]),
+            GridBlock("table2", ["cola"], matrices_from="mnli", fractions=[0]),
+            GridBlock("fig5", ["mnli"], orders=list(engine.selection.ORDERS), fractions=[0.5]),
         ],
     }
-    store = engine.run_grid(spec, tmp_path, model=model, tokenizer=tokenizer, progress=False)
+    store = run_grid(spec, tmp_path, model=model, tokenizer=tokenizer, progress=False)
     frame = store.frame()
     assert len(frame) == 2 * (3 + 3 + 6 + 1 + 5)
     assert set(frame.task) == {"sst2", "ner", "pos", "cola", "mnli"}
@@ -177,7 +178,7 @@ def test_one_epoch_grid_end_to_end_and_resume(tiny, data_dir, tmp_path):
     original = TaskExperiment.compute_records
     TaskExperiment.compute_records = lambda self, *a: calls.append(a) or original(self, *a)
     try:
-        engine.run_grid(spec, tmp_path, model=model, tokenizer=tokenizer, progress=False)
+        run_grid(spec, tmp_path, model=model, tokenizer=tokenizer, progress=False)
     finally:
         TaskExperiment.compute_records = original
     assert calls == []
@@ -188,20 +189,20 @@ def test_grid_file_errors_name_the_problem(tmp_path):
     bad = tmp_path / "grid.yaml"
     bad.write_text("blocks:\n  - name: x\n    tasks: [sst2]\n    colour: red\n")
     with pytest.raises(ValueError, match="unknown keys \\['colour'\\]"):
-        engine.load_grid(bad)
+        load_grid(bad)
     bad.write_text("blocks:\n  - name: x\n    tasks: [sts]\n")
     with pytest.raises(ValueError, match="unknown task 'sts'"):
-        engine.load_grid(bad)
+        load_grid(bad)
     bad.write_text("blocks: [\n  - oops: {\n")
     with pytest.raises(ValueError, match="grid.yaml:\\d+: invalid YAML"):
-        engine.load_grid(bad)
+        load_grid(bad)
 
 
 def test_committed_local_grid_file_parses():
     from pathlib import Path
 
-    spec = engine.load_grid(Path(__file__).resolve().parents[1] / "data" / "results" / "local-minilm" / "grid.yaml")
-    plan = engine.grid_runs(spec["blocks"])
+    spec = load_grid(Path(__file__).resolve().parents[1] / "data" / "results" / "local-minilm" / "grid.yaml")
+    plan = grid_runs(spec["blocks"])
     assert set(plan) == {"sst2", "cola", "mrpc", "mnli", "ner", "pos"}
     assert len(plan["mnli"]) == 1 + 4 + 5 + 12  # original + λ fractions/zero + other types + Fig. 5 orders
 
@@ -237,8 +238,8 @@ def test_plan_counts_work_without_running_anything(tiny, data_dir, monkeypatch):
 
     monkeypatch.setattr(models, "load_encoder", lambda *a, **k: tiny)
     spec = {"data_dir": str(data_dir), "seeds": [0, 1], "max_length": 16, "epochs": 2, "limit": {"sst2": 10},
-            "blocks": [engine.GridBlock("fig2", ["sst2", "ner"], fractions=[1, 0.5, 0]),
-                       engine.GridBlock("t1", ["sst2"], matrix_types=["trainable_average"], fractions=[0])]}
+            "blocks": [GridBlock("fig2", ["sst2", "ner"], fractions=[1, 0.5, 0]),
+                       GridBlock("t1", ["sst2"], matrix_types=["trainable_average"], fractions=[0])]}
     text = plan.plan_grid(spec, {"cache_budget": 10**12})
     lines = {line.split()[0]: line.split() for line in text.splitlines()[2:-1]}
     assert set(lines) == {"sst2", "ner"}

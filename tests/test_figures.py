@@ -14,7 +14,7 @@ import pytest
 
 from papa_lib.book import costs, figures
 from papa_lib.book import paper
-from papa_lib.experiments.engine import GridBlock
+from papa_lib.experiments.grid import GridBlock
 from papa_lib.experiments.results import ResultsStore
 
 T1 = 12.706204736174698  # Student t, 97.5% quantile, 1 degree of freedom
@@ -307,6 +307,8 @@ def test_per_task_setting_and_grid_plan():
 def test_feature_cache_bytes():
     assert costs.feature_cache_bytes("sentence", 10, 2, 4, length=8) == 10 * 3 * 8 * 4 * 2
     assert costs.feature_cache_bytes("token", 10, 2, 4) == 10 * 3 * 4 * 2
+    # the store keeps real tokens only: 2.5 of the 8 positions on average
+    assert costs.feature_cache_bytes("sentence", 10, 2, 4, length=8, tokens_per_example=2.5) == 10 * 3 * 2.5 * 4 * 2
     with pytest.raises(ValueError, match="length"):
         costs.feature_cache_bytes("sentence", 10, 2, 4)
     with pytest.raises(ValueError, match="kind"):

@@ -884,11 +884,11 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def test_norm_aware_blocks_and_the_committed_grid():
-    from papa_lib.experiments import engine
+    from papa_lib.experiments.grid import grid_runs, load_grid
 
     blocks = norm_rankings.norm_aware_blocks()
     assert [b.name for b in blocks] == ["label_free", "norm_matrices"]
-    runs = engine.grid_runs(blocks)
+    runs = grid_runs(blocks)
     assert len(runs["sst2"]) == 7 and len(runs["cola"]) == 1
     assert {v.selection_order for v in runs["mnli"]} == {"attention_variance", "norm_variance", "none"}
     assert all(v.fraction not in (0.0, 1.0) for v in runs["sst2"] if v.matrix_type == "average")
@@ -902,7 +902,7 @@ def test_norm_aware_blocks_and_the_committed_grid():
     main_file = REPO / "data" / "results" / "local-minilm" / "grid.yaml"
     if not grid_file.exists() or not main_file.exists():
         pytest.skip("the committed grid files are not there")
-    committed, main = engine.load_grid(grid_file), engine.load_grid(main_file)
+    committed, main = load_grid(grid_file), load_grid(main_file)
     assert committed["blocks"] == blocks
     settings = {k: v for k, v in committed.items() if k != "blocks"}
     assert settings == {k: v for k, v in main.items() if k != "blocks"}, (
@@ -926,11 +926,12 @@ def smoke_setup(tmp_path_factory):
 
 def test_norm_aware_grid_runs_through_the_experiments(smoke_setup, tmp_path):
     from papa_lib.experiments import engine
+    from papa_lib.experiments.grid import run_grid
 
     model, tokenizer, data_dir = smoke_setup
     reference = {"profile": "smoke", "seeds": [0], "max_length": 16, "epochs": 1, "data_dir": str(data_dir)}
     spec = norm_rankings.norm_aware_grid(reference, label_free_tasks=["sst2"], matrix_tasks=["sst2"], fractions=[0.5])
-    frame = engine.run_grid(spec, tmp_path, model=model, tokenizer=tokenizer, progress=False).frame()
+    frame = run_grid(spec, tmp_path, model=model, tokenizer=tokenizer, progress=False).frame()
     assert sorted(frame["selection_order"]) == ["attention_variance", "none", "norm_variance"]
     assert set(frame["matrix_type"]) == {"average", "norm_average"}
     assert frame["value"].between(0, 1).all()

@@ -11,7 +11,7 @@ Two ideas from Kobayashi et al. (2020) applied to PAPA (Hassid et al. 2022):
 
 Importing this module registers the ``norm_average`` builder and matrix type
 (:mod:`papa_lib.experiments.matrices`) and the two label-free rankings (:mod:`papa_lib.experiments.rankings`), so
-that :func:`papa_lib.experiments.engine.run_grid` can run them.  :func:`norm_aware_blocks`/:func:`norm_aware_grid`
+that :func:`papa_lib.experiments.grid.run_grid` can run them.  :func:`norm_aware_blocks`/:func:`norm_aware_grid`
 declare the grid (``data/results/norms-minilm/grid.yaml``); :func:`matrix_total_variation` compares two sets of
 constant matrices.  The chapter's tables come from :mod:`papa_lib.book.norms_pages`.
 """
@@ -249,7 +249,7 @@ def matrix_total_variation(first, second) -> pd.DataFrame:
 
 
 # ----------------------------------------------------------------------------------------------------------------------
-# The norm-aware PAPA grid (run by papa_lib.experiments.engine.run_grid)
+# The norm-aware PAPA grid (run by papa_lib.experiments.grid.run_grid)
 # ----------------------------------------------------------------------------------------------------------------------
 
 
@@ -264,7 +264,7 @@ def norm_aware_blocks(
     fractions: Iterable[float] = NORM_AWARE_FRACTIONS,
     with_reference: bool = False,
 ) -> list:
-    """Grid blocks (:class:`papa_lib.experiments.engine.GridBlock`) of the norm-aware PAPA experiments.
+    """Grid blocks (:class:`papa_lib.experiments.grid.GridBlock`) of the norm-aware PAPA experiments.
 
     * ``label_free``: the label-free orders :data:`NORM_AWARE_ORDERS` (:func:`input_dependence_scores`) with plain
       average matrices at ``fractions`` of input-dependent heads, on ``label_free_tasks``;
@@ -275,7 +275,7 @@ def norm_aware_blocks(
     averages at fraction 0 — is part of the main grid (blocks fig2 and table1).  ``with_reference=True`` adds those
     runs as blocks ``reference_lambda`` and ``reference_average``, for a self-contained grid (the smoke profile).
     """
-    from ..experiments.engine import GridBlock
+    from ..experiments.grid import GridBlock
 
     label_free_tasks, matrix_tasks, fractions = list(label_free_tasks), list(matrix_tasks), [float(f) for f in fractions]
     blocks = []

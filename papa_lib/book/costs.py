@@ -45,18 +45,20 @@ def encoder_cost_ratio(shape: Sequence[int], reference: Sequence[int] = MODEL_SH
 
 
 def feature_cache_bytes(kind: str, examples: int, layers: int, hidden: int, length: int | None = None,
-                        bytes_per_value: int = 2) -> int:
-    """Memory of the frozen-feature cache of one split (:class:`papa_lib.experiments.engine.FeatureSet`, float16).
+                        bytes_per_value: int = 2, tokens_per_example: float | None = None) -> int:
+    """Bytes of frozen features of one split, float16, every layer and the embeddings.
 
-    Sentence tasks keep every position of every layer, embeddings included: ``examples x (layers+1) x L x D``;
-    token tasks keep one vector per word and layer: ``examples (words) x (layers+1) x D``.
+    The feature store (:class:`papa_lib.experiments.features.FeatureStore`) keeps real tokens only: for a sentence
+    task ``examples x tokens_per_example x (layers+1) x D``. Without ``tokens_per_example``, a sentence task counts
+    every one of its ``L`` positions (``examples x (layers+1) x L x D``: what a padded cache would hold). Token tasks
+    keep one vector per word and layer: ``examples (words) x (layers+1) x D``.
     """
     if kind not in ("sentence", "token"):
         raise ValueError(f"feature_cache_bytes: kind must be 'sentence' or 'token', got {kind!r}")
-    if kind == "sentence" and not length:
-        raise ValueError("feature_cache_bytes: a sentence task needs its length L")
-    per_example = (int(layers) + 1) * int(hidden) * (int(length) if kind == "sentence" else 1)
-    return int(examples) * per_example * int(bytes_per_value)
+    if kind == "sentence" and not length and not tokens_per_example:
+        raise ValueError("feature_cache_bytes: a sentence task needs its length L or its real tokens per example")
+    positions = (tokens_per_example or length) if kind == "sentence" else 1
+    return int(int(examples) * (int(layers) + 1) * int(hidden) * positions * int(bytes_per_value))
 
 
 def _run_kind(matrix_type: str) -> str:
@@ -68,10 +70,10 @@ def grid_plan(spec: Mapping, blocks: Iterable[str] | None = None) -> pd.DataFram
 
     ``kind`` is ``in-loop`` for trainable matrices and ``frozen`` otherwise (see :func:`run_costs`). A variant that
     several of the chosen ``blocks`` share (e.g. the original model) is counted in the first block that declares
-    it, as :func:`papa_lib.experiments.engine.grid_runs` runs it once.
+    it, as :func:`papa_lib.experiments.grid.grid_runs` runs it once.
     """
     if not isinstance(spec, Mapping) or "blocks" not in spec:
-        raise ValueError("grid_plan: spec must be a grid mapping with 'blocks' (papa_lib.experiments.engine.load_grid)")
+        raise ValueError("grid_plan: spec must be a grid mapping with 'blocks' (papa_lib.experiments.grid.load_grid)")
     n_seeds = len(_grid_seeds(spec))
     wanted = None if blocks is None else set(blocks)
     seen: set = set()

@@ -597,7 +597,7 @@ def with_paper(ours: pd.DataFrame, paper_long: pd.DataFrame, key: str, ours_labe
 
 def per_task_setting(spec: Mapping, key: str, tasks: Iterable[str], fallback: Mapping[str, object] | None = None) -> dict:
     """A grid setting per task: ``spec[key]`` is one value or a mapping by task with a ``default``
-    (as :func:`papa_lib.experiments.engine.run_grid` reads it); unset values come from ``fallback`` (or are None)."""
+    (as :func:`papa_lib.experiments.grid.run_grid` reads it); unset values come from ``fallback`` (or are None)."""
     tasks = _check_tasks(tasks, "per_task_setting") or []
     value = spec.get(key) if isinstance(spec, Mapping) else None
     settings = {}
@@ -722,7 +722,7 @@ def _grid_seeds(spec: Mapping) -> list[int]:
 
 def grid_coverage(frame: pd.DataFrame, spec: Mapping, blocks: Iterable[str] | None = None,
                   model: str | None = None) -> pd.DataFrame:
-    """How much of a declared grid (:func:`papa_lib.experiments.engine.load_grid`) the results table holds.
+    """How much of a declared grid (:func:`papa_lib.experiments.grid.load_grid`) the results table holds.
 
     Per (block, task): ``expected`` runs (canonical variants x seeds), ``done`` (those found in ``frame``; for
     ``model`` only when given) and ``missing`` = expected - done. A run counts as done when a row has its task,
@@ -730,7 +730,7 @@ def grid_coverage(frame: pd.DataFrame, spec: Mapping, blocks: Iterable[str] | No
     """
     _check_frame(frame, "grid_coverage")
     if not isinstance(spec, Mapping) or "blocks" not in spec:
-        raise ValueError("grid_coverage: spec must be a grid mapping with 'blocks' (papa_lib.experiments.engine.load_grid)")
+        raise ValueError("grid_coverage: spec must be a grid mapping with 'blocks' (papa_lib.experiments.grid.load_grid)")
     seeds = _grid_seeds(spec)
     wanted = None if blocks is None else set(blocks)
     if model is not None:

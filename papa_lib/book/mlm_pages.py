@@ -287,7 +287,7 @@ def mnli_curve_spec(grid: dict, block: str = "fig2", task: str = "mnli") -> dict
     from dataclasses import replace
 
     if not isinstance(grid, dict) or "blocks" not in grid:
-        raise ValueError("mnli_curve_spec: grid must be a mapping with 'blocks' (papa_lib.experiments.engine.load_grid)")
+        raise ValueError("mnli_curve_spec: grid must be a mapping with 'blocks' (papa_lib.experiments.grid.load_grid)")
     names = [getattr(b, "name", None) for b in grid["blocks"]]
     chosen = [b for b in grid["blocks"] if getattr(b, "name", None) == block]
     if not chosen:
@@ -356,10 +356,10 @@ def run_mnli_curve(setup, model_name: str | None = None, progress: bool = False,
     ``task`` picks another task of the ``fig2`` block instead of MNLI (the paper shows MNLI only).
 
     Smoke uses the profile's tiny random BERT; otherwise ``model_name`` (default ``setup.model_name``) is loaded by
-    :func:`papa_lib.experiments.engine.run_grid` as a bare encoder. Results go to ``setup.results_dir`` with the same run
+    :func:`papa_lib.experiments.grid.run_grid` as a bare encoder. Results go to ``setup.results_dir`` with the same run
     ids as the Fig. 2 runs, so finished runs are skipped. Returns the :class:`papa_lib.experiments.results.ResultsStore`.
     """
-    from ..experiments.engine import run_grid
+    from ..experiments.grid import run_grid
 
     name = _profile_model_name(setup, model_name)
     spec = mnli_curve_spec(setup.grid(), task=task)

@@ -391,7 +391,7 @@ def norm_aware_results(setup, tasks: Iterable[str], ranking_tasks: Iterable[str]
     self-contained (``with_reference=True``, one folder); other profiles compare with the profile's main results
     (blocks fig2 and table1, also run when ``run_missing``).
     """
-    from ..experiments.engine import run_grid
+    from ..experiments.grid import run_grid
     from ..experiments.results import ResultsStore
 
     folder = norm_results_folder(setup, results_dir)
@@ -519,7 +519,7 @@ def missing_norm_runs(norm_frame: pd.DataFrame, reference: pd.DataFrame, tasks: 
     Expected: the :func:`norm_aware_blocks` variants plus their references (λ order at the same fractions, the original
     model, plain averages at fraction 0).  Columns: task, matrix_type, selection_order, fraction, seeds_found, seeds.
     """
-    from ..experiments.engine import grid_runs
+    from ..experiments.grid import grid_runs
 
     blocks = norm_aware_blocks(list(ranking_tasks), list(tasks), with_reference=True)
     frames = [f for f in (_own_matrices(norm_frame), _own_matrices(reference)) if not f.empty]
@@ -542,7 +542,7 @@ def head_score_table(model: torch.nn.Module, tokenizer, spec: Mapping, tasks: It
     """Per head and task: the two label-free scores and, where available, PAPA's learned λ (Sec. 3.2).
 
     The scores are :func:`input_dependence_scores` on the task's training subset exactly as the grid ``spec``
-    (:func:`papa_lib.experiments.engine.load_grid` output or :func:`norm_aware_grid`) defines it — the scores the
+    (:func:`papa_lib.experiments.grid.load_grid` output or :func:`norm_aware_grid`) defines it — the scores the
     ``attention_variance``/``norm_variance`` runs used.  λ is read from ``lambdas_dir/<task>-from-<task>-*.pt``
     (written by the main grid; the newest file when several match); missing λ gives NaN.
     Columns: task, layer, head, lambda, attention_variance, norm_variance.

@@ -132,7 +132,7 @@ class Setup:
     # ------------------------------------------------------------------ results
     def grid(self) -> dict:
         """The profile's declared grid (``smoke``: built in; otherwise ``<results_dir>/grid.yaml``)."""
-        from ..experiments.engine import GridBlock, load_grid
+        from ..experiments.grid import GridBlock, load_grid
 
         if self.profile == "smoke":
             spec = copy.deepcopy(SMOKE_GRID)
@@ -148,7 +148,7 @@ class Setup:
 
         Runs on the packaged sample never go into the committed results folder (computed on the full files).
         """
-        from ..experiments.engine import run_grid
+        from ..experiments.grid import run_grid
         from ..experiments.results import ResultsStore
 
         committed = (self.root / RESULT_FOLDERS[self.profile]).resolve()

@@ -37,7 +37,7 @@ def _markdown(text: str) -> Any:
 
 
 def _grid(path: Path) -> dict:
-    from ..experiments.engine import load_grid
+    from ..experiments.grid import load_grid
 
     return load_grid(path) if path.exists() else {"blocks": []}
 
@@ -216,9 +216,14 @@ def estimate(setup, gpu_speedup: float = 50.0) -> Estimate:
 
 
 def memory_table() -> pd.DataFrame:
-    """The frozen-feature cache of every paper task at Table 3's lengths, for RoBERTa-base and -large (GiB)."""
+    """The frozen features of every paper task's training set at Table 3's lengths, for RoBERTa-base and -large (GiB):
+    what the feature store keeps (real tokens only, :data:`papa_lib.experiments.plan.TYPICAL_TOKENS` per example)
+    and what a cache of every padded position would need, against the store's default budget on this machine."""
+    from ..experiments.features import default_budget
+    from ..experiments.plan import TYPICAL_TOKENS
     from ..experiments.tasks import TASKS
 
+    budget = default_budget()
     tasks = list(figures.PAPER_TASK_ORDER)
     lengths = figures.task_lengths({}, tasks)
     rows = []
@@ -226,10 +231,15 @@ def memory_table() -> pd.DataFrame:
         kind = TASKS[task].kind
         examples = costs.PAPER_TRAIN_WORDS[task] if kind == "token" else costs.PAPER_TRAIN_SIZES[task]
         row = {"task": task, "training set": f"{examples:,} {'words' if kind == 'token' else 'examples'}",
-               "L": lengths[task]}
+               "L": lengths[task], "real tokens": TYPICAL_TOKENS[task] if kind == "sentence" else "—"}
         for name in ("roberta-base", "roberta-large"):
             layers, hidden, _ = costs.MODEL_SHAPES[name]
-            size = costs.feature_cache_bytes(kind, examples, layers, hidden, length=lengths[task])
-            row[f"{name} cache (GiB)"] = round(size / 2**30, 1)
+            real = costs.feature_cache_bytes(kind, examples, layers, hidden, length=lengths[task],
+                                             tokens_per_example=TYPICAL_TOKENS[task])
+            padded = costs.feature_cache_bytes(kind, examples, layers, hidden, length=lengths[task])
+            short = name.replace("roberta-", "")
+            row[f"{short}: store"] = round(real / 2**30, 1)
+            row[f"{short}: padded"] = round(padded / 2**30, 1)
+            row[f"{short}: mode"] = "cache" if real <= budget else "stream"
         rows.append(row)
     return pd.DataFrame(rows).set_index("task")

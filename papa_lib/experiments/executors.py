@@ -1,10 +1,10 @@
 """Where a grid's runs execute: one after another in this process, or as tasks on a Ray cluster.
 
-A grid (:func:`~papa_lib.experiments.engine.load_grid`, :func:`~papa_lib.experiments.engine.grid_runs`) fixes its
+A grid (:func:`~papa_lib.experiments.grid.load_grid`, :func:`~papa_lib.experiments.grid.grid_runs`) fixes its
 runs and their run ids; an executor only decides where they run, so both executors give the same records (same run
 ids, and the same numbers for the same seeds once the thread count is pinned).
 
-* :class:`LocalExecutor` (the default) is :func:`~papa_lib.experiments.engine.run_grid`: one run after another.
+* :class:`LocalExecutor` (the default) is :func:`~papa_lib.experiments.grid.run_grid`: one run after another.
 * :class:`RayExecutor` makes each run (task, variant, seed) one `Ray <https://docs.ray.io>`_ task with the CPUs and
   GPUs it asks for, on a local Ray instance (started here) or an existing cluster (``address``). Work that several
   runs share is computed once, by tasks the runs depend on:
@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Callable
 
 from . import engine, matrices, rankings, results, tasks
+from .grid import grid_runs, grid_settings, run_grid, task_config
 from .features import FeatureStore
 
 #: Hidden file through which workers prove that they see the driver's results folder.
@@ -47,13 +48,13 @@ _FEATURES_PREFIX = "ray-"
 
 
 class LocalExecutor:
-    """Today's loop: every run in this process, one after another (:func:`engine.run_grid`)."""
+    """Today's loop: every run in this process, one after another (:func:`grid.run_grid`)."""
 
     name = "local"
 
     def run_grid(self, spec: dict, results_dir, model=None, tokenizer=None, progress: bool = True,
                  overrides: dict | None = None, only_seeds=None) -> results.ResultsStore:
-        return engine.run_grid(spec, results_dir, model, tokenizer, progress=progress, overrides=overrides,
+        return run_grid(spec, results_dir, model, tokenizer, progress=progress, overrides=overrides,
                                only_seeds=only_seeds)
 
 
@@ -96,14 +97,14 @@ class GridPlan:
 
 def plan_grid_units(spec: dict, results_dir, model, tokenizer, settings: dict, seeds: list[int],
                     only_seeds=None) -> GridPlan:
-    """The grid's runs (same variants, seeds and run ids as :func:`engine.run_grid`) not yet in the store, grouped
+    """The grid's runs (same variants, seeds and run ids as :func:`grid.run_grid`) not yet in the store, grouped
     into Ray tasks (see the module docstring); needs the data, not the backbone."""
     store = results.ResultsStore(results_dir)
     done = set(store.run_ids())
     run_seeds = [s for s in seeds if only_seeds is None or s in only_seeds]
     plan = GridPlan(settings, seeds)
-    for task, variants in engine.grid_runs(spec["blocks"]).items():
-        experiment = engine.TaskExperiment(engine.task_config(settings, task, seeds), model, tokenizer,
+    for task, variants in grid_runs(spec["blocks"]).items():
+        experiment = engine.TaskExperiment(task_config(settings, task, seeds), model, tokenizer,
                                            results_dir=results_dir, progress=False)
         needs: list[tuple] = []
         for variant in variants:
@@ -226,7 +227,7 @@ def _open(context: WorkerContext, boxed: list, task: str, features: str = "", ke
     torch.set_num_threads(context.threads)
     model, tokenizer = _model(context, boxed)
     settings = dict(context.settings, keep_features=True) if keep else context.settings
-    config = engine.task_config(settings, task, context.seeds)
+    config = task_config(settings, task, context.seeds)
     experiment = engine.TaskExperiment(config, model.to(config.device), tokenizer, results_dir=context.results_dir,
                                        progress=False)
     if features:
@@ -301,7 +302,7 @@ class RayExecutor:
 
     def run_grid(self, spec: dict, results_dir, model=None, tokenizer=None, progress: bool = True,
                  overrides: dict | None = None, only_seeds=None) -> results.ResultsStore:
-        """Like :func:`engine.run_grid` (same runs, same records), on Ray; returns the store."""
+        """Like :func:`grid.run_grid` (same runs, same records), on Ray; returns the store."""
         try:
             import ray
         except ImportError:
@@ -311,7 +312,7 @@ class RayExecutor:
         custom.register_custom_tasks(spec.get("custom_tasks"))
         results_dir = Path(results_dir).resolve()
         store = results.ResultsStore(results_dir)
-        settings, seeds = engine.grid_settings(spec, overrides)
+        settings, seeds = grid_settings(spec, overrides)
         if settings.get("data_dir"):
             settings["data_dir"] = str(Path(settings["data_dir"]).resolve())  # not in run ids (the data's hash is)
         if self.gpus_per_run and "device" not in settings:

@@ -207,7 +207,7 @@ def _model_for_timing(name: str | None, device: str):
 def plan_grid(spec: dict, overrides: dict | None = None, model_name: str | None = None) -> str:
     """The plan of a declared grid as text (see the module docstring); nothing is trained."""
     from ..core.models import num_layers_and_heads
-    from .engine import grid_runs, grid_settings, task_config
+    from .grid import grid_runs, grid_settings, task_config
     from .features import default_budget
 
     settings, seeds = grid_settings(spec, overrides)

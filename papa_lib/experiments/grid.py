@@ -1,0 +1,152 @@
+"""Declared grids (``data/results/*/grid.yaml``): blocks of variants per task, read, planned and run in order.
+
+A grid file holds top-level settings (model, data, seeds, per-task limits and hyperparameters; :func:`run_grid` lists
+them) and ``blocks``: each :class:`GridBlock` is the cross product of its matrix types, orders and fractions for
+each of its tasks (the paper's Fig. 2, Tables 1-2, Fig. 5). :func:`grid_runs` turns blocks into each task's
+deduplicated canonical :class:`~papa_lib.experiments.engine.Variant` list; :func:`run_grid` runs them one after
+another with :class:`~papa_lib.experiments.engine.TaskExperiment`, resuming (finished run ids are skipped). The
+Ray executor (:mod:`papa_lib.experiments.executors`) runs the same runs elsewhere.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterable
+
+from ..core.models import load_encoder
+from . import custom, results, selection, tasks
+from .engine import ExperimentConfig, TaskExperiment, Variant
+
+__all__ = ["GridBlock", "grid_runs", "grid_settings", "load_grid", "run_grid", "task_config"]
+
+@dataclass
+class GridBlock:
+    """One block of a declared grid: the cross product of its lists, for each task."""
+
+    name: str
+    tasks: list[str]
+    matrix_types: list[str] = field(default_factory=lambda: ["average"])
+    orders: list[str] = field(default_factory=lambda: ["lambda"])
+    fractions: list[float] = field(default_factory=lambda: list(selection.PAPER_FRACTIONS))
+    matrices_from: str | None = None
+
+
+def load_grid(path: str | Path) -> dict:
+    """Read a grid YAML file: top-level settings plus ``blocks`` (see ``data/results/*/grid.yaml``)."""
+    import yaml
+
+    path = Path(path)
+    try:
+        spec = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as error:
+        mark = getattr(error, "problem_mark", None)
+        where = f"{path}:{mark.line + 1}" if mark is not None else str(path)
+        raise ValueError(f"{where}: invalid YAML: {error}") from error
+    if not isinstance(spec, dict) or "blocks" not in spec:
+        raise ValueError(f"{path}: a grid needs a top-level mapping with a 'blocks' list")
+    if "custom_tasks" in spec:  # tasks of your own (issue 11), registered now so that blocks may name them
+        spec["custom_tasks"] = custom.register_custom_tasks(spec["custom_tasks"], base=path.parent, where=str(path))
+    known = set(GridBlock.__dataclass_fields__)
+    blocks = []
+    for i, block in enumerate(spec["blocks"]):
+        unknown = set(block) - known
+        if unknown:
+            raise ValueError(f"{path}: block {i} ({block.get('name', '?')}) has unknown keys {sorted(unknown)}")
+        for task in block.get("tasks", []):
+            if task not in tasks.TASKS:
+                raise ValueError(f"{path}: block {block.get('name', i)} names unknown task {task!r}")
+        blocks.append(GridBlock(**block))
+    spec["blocks"] = blocks
+    return spec
+
+
+def grid_runs(blocks: Iterable[GridBlock]) -> dict[str, list[Variant]]:
+    """Deduplicated canonical variants per task, in a cache-friendly order (grouped by variant)."""
+    per_task: dict[str, list[Variant]] = {}
+    for block in blocks:
+        for task in block.tasks:
+            for matrix_type in block.matrix_types:
+                for order in block.orders:
+                    for fraction in block.fractions:
+                        variant = Variant.make(matrix_type, order, fraction, block.matrices_from)
+                        variants = per_task.setdefault(task, [])
+                        if variant not in variants:
+                            variants.append(variant)
+    return per_task
+
+
+def run_grid(spec: dict, results_dir: str | Path, model=None, tokenizer=None, progress: bool = True,
+             overrides: dict | None = None, only_seeds=None) -> results.ResultsStore:
+    """Run every run of a declared grid, resuming: finished runs (same run id) are skipped.
+
+    ``spec`` is :func:`load_grid`'s output. Top-level keys: ``model``, ``data_dir``, ``profile``, ``seeds`` (list or
+    count), ``limit``, ``eval_limit``, ``max_length`` (int or per-task mapping with ``default``), ``epochs``,
+    ``patience``, ``cache_budget``, ``lambda_epochs``, ``inloop_epochs``, ``inloop_limit``, ``matrix_learning_rate``,
+    ``lambda_learning_rate``, ``learning_rate``, ``batch_size``, ``device`` (each of
+    the per-task ones may be a mapping ``{task: value, default: value}``). ``overrides`` replace top-level keys (the CLI's flags).
+    ``only_seeds`` runs a subset of the seeds (a shard); subsets and stores stay those of the full seed list.
+    """
+    from tqdm.auto import tqdm
+
+    custom.register_custom_tasks(spec.get("custom_tasks"))  # tasks of your own (issue 11), registered by load_grid too
+    settings, seeds = grid_settings(spec, overrides)
+    if model is None:
+        model, tokenizer = load_encoder(settings.get("model"), device=settings.get("device", "cpu"))
+    store = results.ResultsStore(results_dir)
+    plan = grid_runs(spec["blocks"])
+    run_seeds = [s for s in seeds if only_seeds is None or s in only_seeds]
+    total = sum(len(v) for v in plan.values()) * len(run_seeds)
+    bar = tqdm(total=total, disable=not progress, desc="grid runs")
+    for task, variants in plan.items():
+        config = task_config(settings, task, seeds)
+        experiment = TaskExperiment(config, model, tokenizer, results_dir=results_dir, progress=progress)
+        for variant in variants:
+            bar.set_postfix_str(f"{task} {variant.matrix_type} {variant.selection_order} {variant.fraction:g}")
+            experiment.run_variant(variant, run_seeds)
+            bar.update(len(run_seeds))
+        del experiment
+    bar.close()
+    return store
+
+
+def grid_settings(spec: dict, overrides: dict | None = None) -> tuple[dict, list[int]]:
+    """A grid's top-level settings with the command line's ``overrides`` applied, and its list of seeds."""
+    settings = {k: v for k, v in spec.items() if k != "blocks"}
+    settings.update({k: v for k, v in (overrides or {}).items() if v is not None})
+    seeds = settings.get("seeds", 3)
+    return settings, list(range(seeds)) if isinstance(seeds, int) else list(seeds)
+
+
+def task_config(settings: dict, task: str, seeds) -> ExperimentConfig:
+    """The :class:`ExperimentConfig` of one task of a grid (per-task settings resolved)."""
+    return ExperimentConfig(
+        task=task,
+        model=settings.get("model"),
+        data_dir=settings.get("data_dir"),
+        profile=settings.get("profile", "local"),
+        limit=_per_task(settings.get("limit"), task),
+        eval_limit=_per_task(settings.get("eval_limit"), task),
+        max_length=_per_task(settings.get("max_length"), task),
+        epochs=_per_task(settings.get("epochs"), task),
+        patience=_per_task(settings.get("patience"), task) or 3,
+        lambda_epochs=_per_task(settings.get("lambda_epochs"), task),
+        inloop_epochs=_per_task(settings.get("inloop_epochs"), task),
+        inloop_limit=_per_task(settings.get("inloop_limit"), task),
+        matrix_learning_rate=_per_task(settings.get("matrix_learning_rate"), task),
+        lambda_learning_rate=_per_task(settings.get("lambda_learning_rate"), task),
+        learning_rate=_per_task(settings.get("learning_rate"), task),
+        batch_size=_per_task(settings.get("batch_size"), task),
+        seeds=tuple(seeds),
+        cache_budget=settings.get("cache_budget"),
+        keep_features=bool(settings.get("keep_features", False)),
+        device=settings.get("device", "cpu"),
+    )
+
+
+
+
+def _per_task(value, task: str):
+    if isinstance(value, dict):
+        return value.get(task, value.get("default"))
+    return value
