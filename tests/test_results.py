@@ -186,7 +186,7 @@ def test_read_results_missing_directory(tmp_path):
 
 
 def _temp_files(root):
-    return [p.name for p in root.iterdir() if p.name != "results.csv"]
+    return [p.name for p in root.iterdir() if p.name not in ("results.csv", results.LOCK_FILENAME)]
 
 
 def test_failed_replace_leaves_old_table_intact(tmp_path, monkeypatch):
@@ -477,3 +477,28 @@ def test_merge_adds_only_unknown_runs(tmp_path):
     frame = main.frame().set_index("run_id")
     assert frame.loc["a", "value"] == 0.5 and frame.loc["b", "value"] == 0.7
     assert main.merge(tmp_path / "shard") == 0
+
+
+# ------------------------------------------------------------------------------------------------ parallel writers
+
+def _append_many(root: str, writer: int, count: int) -> None:
+    store = ResultsStore(root)
+    for i in range(count):
+        store.append(make_record(f"w{writer}-{i}", seed=i))
+
+
+@pytest.mark.skipif(os.name != "posix", reason="the writer lock is POSIX flock")
+def test_parallel_writers_lose_no_record(tmp_path):
+    """Processes appending to one store at once (grid shards, lanes): every record lands, the table stays whole."""
+    import multiprocessing
+
+    context = multiprocessing.get_context("fork")
+    writers = [context.Process(target=_append_many, args=(str(tmp_path), w, 15)) for w in range(4)]
+    for process in writers:
+        process.start()
+    for process in writers:
+        process.join(60)
+        assert process.exitcode == 0
+    store = ResultsStore(tmp_path)
+    assert sorted(store.run_ids()) == sorted(f"w{w}-{i}" for w in range(4) for i in range(15))
+    assert len(store.frame()) == 60

@@ -23,7 +23,8 @@ The CSV is meant to be committed and diffed: fixed column order (:data:`RECORD_F
 columns in alphabetical order), rows sorted by ``finished_at`` then ``run_id``, floats written with Python's
 shortest round-trip ``repr`` so that values survive a write/read cycle bit for bit.
 
-The store assumes a single writer at a time (one process running the grid); readers may run concurrently.
+Writers lock the store (:meth:`ResultsStore.writer_lock`, POSIX ``flock`` on ``root/.results.lock``), so processes
+appending to one store in parallel (grid shards, lanes of ``papa grid --task``) lose no record; readers never wait.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ import platform
 import sys
 import tempfile
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -90,6 +92,8 @@ NON_NULL_FIELDS: tuple[str, ...] = ("run_id", "model", "task", "fraction", "seed
 
 #: Name of the table inside a store's root directory.
 RESULTS_FILENAME = "results.csv"
+#: The writers' lock file beside it (see :meth:`ResultsStore.writer_lock`).
+LOCK_FILENAME = ".results.lock"
 
 _FLOAT_FIELDS = ("fraction", "value", "wall_time_s")
 _INT_FIELDS = ("seed", "eval_size", "train_size")
@@ -323,7 +327,8 @@ class ResultsStore:
 
     Every :meth:`append` rewrites the whole table to a temporary file in the same directory, fsyncs it and
     moves it over the old table with ``os.replace``; an interruption at any point therefore leaves either
-    the old or the new table on disk, never a partially written one. Meant for a single writer at a time.
+    the old or the new table on disk, never a partially written one. Each read-add-write holds
+    :meth:`writer_lock`, so several processes may append to the same store at once.
     """
 
     def __init__(self, root: str | Path):
@@ -421,6 +426,22 @@ class ResultsStore:
 
     # ---- writing --------------------------------------------------------------------------------------------
 
+    @contextmanager
+    def writer_lock(self):
+        """Hold the store's exclusive writer lock (``root/.results.lock``, POSIX ``flock``; released when the block
+        ends or the process dies). Without ``fcntl`` (Windows) it is a no-op: one writer at a time there."""
+        try:
+            import fcntl
+        except ImportError:  # pragma: no cover - not POSIX
+            yield
+            return
+        with open(self.root / LOCK_FILENAME, "a+") as handle:
+            fcntl.flock(handle, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(handle, fcntl.LOCK_UN)
+
     def append(self, record: dict, *, replace: bool = False) -> None:
         """Validate ``record`` and add it to the table atomically.
 
@@ -429,16 +450,17 @@ class ResultsStore:
         columns. A ``run_id`` that is already stored raises ValueError unless ``replace=True``.
         """
         cells = _normalize_record(record)
-        header, rows = self._read_table()
-        run_id = cells["run_id"]
-        exists = any(row["run_id"] == run_id for row in rows)
-        if exists and not replace:
-            raise ValueError(f"run_id {run_id!r} is already stored in {self.path} (pass replace=True to overwrite)")
-        rows = [row for row in rows if row["run_id"] != run_id] + [cells]
-        extras = sorted({c for c in header if c not in RECORD_FIELDS} | {c for c in cells if c not in RECORD_FIELDS})
-        columns = list(RECORD_FIELDS) + extras
-        rows.sort(key=lambda row: (row.get("finished_at", ""), row["run_id"]))
-        self._write_table(columns, rows)
+        with self.writer_lock():
+            header, rows = self._read_table()
+            run_id = cells["run_id"]
+            exists = any(row["run_id"] == run_id for row in rows)
+            if exists and not replace:
+                raise ValueError(f"run_id {run_id!r} is already stored in {self.path} (pass replace=True to overwrite)")
+            rows = [row for row in rows if row["run_id"] != run_id] + [cells]
+            extras = sorted({c for c in header if c not in RECORD_FIELDS} | {c for c in cells if c not in RECORD_FIELDS})
+            columns = list(RECORD_FIELDS) + extras
+            rows.sort(key=lambda row: (row.get("finished_at", ""), row["run_id"]))
+            self._write_table(columns, rows)
 
     def merge(self, other: "ResultsStore | str | Path") -> int:
         """Add the records of another store (e.g. a grid shard run in parallel) whose ``run_id`` is not here yet.
@@ -447,15 +469,16 @@ class ResultsStore:
         """
         other = other if isinstance(other, ResultsStore) else ResultsStore(other)
         other_header, other_rows = other._read_table()
-        header, rows = self._read_table()
-        known = {row["run_id"] for row in rows}
-        new = [row for row in other_rows if row["run_id"] not in known]
-        if not new:
-            return 0
-        extras = sorted({c for c in header + other_header if c not in RECORD_FIELDS})
-        rows = rows + new
-        rows.sort(key=lambda row: (row.get("finished_at", ""), row["run_id"]))
-        self._write_table(list(RECORD_FIELDS) + extras, rows)
+        with self.writer_lock():
+            header, rows = self._read_table()
+            known = {row["run_id"] for row in rows}
+            new = [row for row in other_rows if row["run_id"] not in known]
+            if not new:
+                return 0
+            extras = sorted({c for c in header + other_header if c not in RECORD_FIELDS})
+            rows = rows + new
+            rows.sort(key=lambda row: (row.get("finished_at", ""), row["run_id"]))
+            self._write_table(list(RECORD_FIELDS) + extras, rows)
         return len(new)
 
     def _write_table(self, columns: list[str], rows: list[dict[str, str]]) -> None:
