@@ -311,7 +311,7 @@ def bench_probe(model, tokenizer, sizes: BenchSizes, device) -> dict[str, float]
     def probe_steps(ragged: bool):
         """One pass of training steps of a sentence probe: padded [B, layers, W, D] inputs or real-token rows."""
         probe = new_probe()
-        optimiser = torch.optim.AdamW(probe.parameters(), lr=learning_rate, weight_decay=0.0)
+        optimiser = probes.adamw(probe.parameters(), learning_rate)
         for part in batches:
             inputs = (features.ragged_sentences(part, device),) if ragged else features.sentence_batch(part, device)
             loss = torch.nn.functional.cross_entropy(probe(*inputs), labels[part].to(device))

@@ -276,3 +276,30 @@ def test_ragged_sentence_rows_give_the_padded_probe_output_and_gradients():
     torch.testing.assert_close(ragged, padded, atol=1e-6, rtol=1e-5)
     for got, want in zip((p.grad for p in probe.parameters()), expected):
         torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-5)
+
+
+def test_adamw_is_fused_on_cpu_and_matches_the_default_update():
+    import torch.nn.functional as F
+
+    from papa_lib.experiments.probes import TokenProbe, adamw
+
+    weights = {}
+    for fused in (True, False):
+        torch.manual_seed(0)
+        probe = TokenProbe(3, 16, 5).eval()
+        start = probe.mlp[0].weight.detach().clone()
+        optimiser = adamw(probe.parameters(), 1e-2) if fused else torch.optim.AdamW(probe.parameters(), lr=1e-2,
+                                                                                       weight_decay=0.0)
+        assert optimiser.defaults["fused"] is (True if fused else None)
+        generator = torch.Generator().manual_seed(1)
+        for _ in range(50):
+            x, y = torch.randn(12, 3, 16, generator=generator), torch.randint(0, 5, (12,), generator=generator)
+            loss = F.cross_entropy(probe(x), y)
+            optimiser.zero_grad()
+            loss.backward()
+            optimiser.step()
+        weights[fused] = probe.mlp[0].weight.detach().clone()
+    assert (weights[True] - start).abs().max() > 1e-2  # the probe moved ...
+    torch.testing.assert_close(weights[True], weights[False], atol=1e-6, rtol=1e-5)  # ... the same way
+    groups = [{"params": [torch.nn.Parameter(torch.zeros(3))]}, {"params": [torch.nn.Parameter(torch.zeros(2))], "lr": 1}]
+    assert adamw(groups, 1e-3).defaults["fused"] is True

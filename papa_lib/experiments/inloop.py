@@ -16,7 +16,7 @@ from torch import nn
 
 from ..core.packing import layout_position_ids, pack, supports_packing
 from .features import select_rows
-from .probes import IGNORE_INDEX
+from .probes import IGNORE_INDEX, adamw
 from .training import TrainedProbe, _RandomStream, flat_targets, improves
 
 
@@ -104,7 +104,7 @@ def train_inloop(wrapper: BackboneProbe, state, encoded, labels, kind: str, trai
             groups.append({"params": theta, **({"lr": extra_rates["theta"]} if "theta" in extra_rates else {})})
         if matrices:
             groups.append({"params": matrices, **({"lr": extra_rates["matrices"]} if "matrices" in extra_rates else {})})
-    optimiser = torch.optim.AdamW(groups, lr=learning_rate, weight_decay=0.0)
+    optimiser = adamw(groups, learning_rate)
     stream = _RandomStream(seed)
     result = TrainedProbe(seed, wrapper.probe)
     best, stale = None, 0

@@ -57,7 +57,7 @@ class TaskPlan:
 
 def measure_throughput(model, device="cpu", tokens: int = 24, batch: int = 64, repeats: int = 3) -> tuple[float, float]:
     """(real tokens per second of a packed forward with all hidden states, seconds per probe step) on ``device``."""
-    from .probes import make_probe
+    from .probes import adamw, make_probe
 
     model = model.to(device).eval()
     vocab = int(model.config.vocab_size)
@@ -74,7 +74,7 @@ def measure_throughput(model, device="cpu", tokens: int = 24, batch: int = 64, r
     tokens_per_second = batch * tokens * repeats / (time.perf_counter() - started)
     layers, hidden = int(model.config.num_hidden_layers) + 1, int(model.config.hidden_size)
     probe = make_probe("sentence", layers, 128, hidden, 3).to(device)
-    optimiser = torch.optim.AdamW(probe.parameters(), lr=1e-4)
+    optimiser = adamw(probe.parameters(), 1e-4)
     features = torch.randn(16, layers, tokens, hidden, device=device)
     mask = torch.ones(16, tokens, dtype=torch.long, device=device)
     labels = torch.zeros(16, dtype=torch.long, device=device)

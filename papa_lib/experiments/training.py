@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from .features import RaggedRows
-from .probes import IGNORE_INDEX, set_seed
+from .probes import IGNORE_INDEX, adamw, set_seed
 
 #: Share of each seed's training rows held out for early stopping.
 HELDOUT_FRACTION = 0.1
@@ -171,7 +171,7 @@ def train_seeds(
         set_seed(plan.seed)
         probe = make_probe(plan.seed).to(device)
         trained[plan.seed] = TrainedProbe(plan.seed, probe)
-        optimisers[plan.seed] = torch.optim.AdamW(probe.parameters(), lr=learning_rate, weight_decay=0.0)
+        optimisers[plan.seed] = adamw(probe.parameters(), learning_rate)
         streams[plan.seed] = _RandomStream(plan.seed)
         stale[plan.seed] = 0
     members = {plan.seed: torch.zeros(pool_size, dtype=torch.bool) for plan in plans}
