@@ -67,6 +67,21 @@ def test_missing_configurations_are_not_measured():
     assert table[table.claim == "C6"].verdict.item() == "not measured"
 
 
+def test_a_task_whose_original_probe_is_at_guessing_level_is_left_out():
+    frame = _records(drop=0.08, free=0.3).assign(majority_baseline=0.5)
+    frame.loc[frame.task == "mrpc", "majority_baseline"] = 0.8  # MRPC's original (0.8 ± noise) is not above it
+    assert claims.informative_tasks(frame) == ([t for t in claims.TASK_ORDER if t != "mrpc"], ["mrpc"])
+    table = claims.claims_table(frame)
+    c1, c4 = table[table.claim == "C1"].iloc[0], table[table.claim == "C4"].iloc[0]
+    assert "5 of 6 tasks" in c1.statistic and "left out: mrpc" in c1.statistic and c1.verdict == "agrees"
+    assert "left out: mrpc" in c4.statistic and c4.verdict == "agrees"  # all six measured, five informative
+    # a broken MRPC run no longer decides the data-free claim: make MRPC's data-free matrices beat the average
+    frame.loc[(frame.task == "mrpc") & frame.matrix_type.isin(claims.DATA_FREE), "value"] = 0.85
+    assert claims.claims_table(frame).query("claim == 'C4'").verdict.item() == "agrees"
+    assert claims.claims_table(frame.drop(columns="majority_baseline")).query("claim == 'C4'").verdict.item() \
+        in {"differs", "inconclusive"}  # without baselines every task counts
+
+
 def test_write_claims_from_a_results_folder(tmp_path):
     _records(drop=0.08, free=0.3).to_csv(tmp_path / "results.csv", index=False)
     path = claims.write_claims(tmp_path)

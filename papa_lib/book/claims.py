@@ -8,7 +8,11 @@ The statistics are computed as the paper computes them:
   point per model, and the paper's own Table 1 has a 34% CoLA drop for RoBERTa-base, so a per-task maximum would make
   the paper contradict itself (:func:`paper_model_drops` recomputes them from Tables 1 and 4);
 * intervals come from resampling the seeds of every configuration with replacement (a percentile bootstrap), so
-  they show the variance between probe seeds (and, where a subset is drawn per seed, between training subsets).
+  they show the variance between probe seeds (and, where a subset is drawn per seed, between training subsets);
+* a task enters C1, C2, C4 and C5 only when its original probe clearly beats guessing (:func:`informative_tasks`:
+  the 95% interval of its score over seeds lies above the records' ``majority_baseline``): when even the original
+  model's probe is at the majority class, every variant is too, and their differences say nothing about attention.
+  The statistic names the tasks left out.
 
 Claims (the book's numbering): C1 all-constant drop, C2 half of the heads, C3 better models use attention more,
 C4 average beats data-free matrices, C5 MNLI-built matrices, C6 λ order first and reversed last, C7 MLM-pretrained
@@ -74,10 +78,33 @@ def _drop(orig: np.ndarray, other: np.ndarray) -> float:
     return (base - float(np.mean(other))) / abs(base) if base else float("nan")
 
 
+def informative_tasks(frame: pd.DataFrame) -> tuple[list[str], list[str]]:
+    """``(informative, left_out)``: the tasks whose original probe's 95% Student-t interval over seeds lies above
+    the majority-class baseline of their validation set (records' ``majority_baseline``), and those whose does not.
+    A task with no baseline in its records (older records) counts as informative; one seed gives no interval."""
+    from ..experiments.results import mean_ci
+
+    informative, left_out = [], []
+    for task, values in _seed_values(original_rows(frame)).items():
+        baseline = frame.loc[frame.task == task, "majority_baseline"].dropna() if "majority_baseline" in frame \
+            else pd.Series(dtype=float)
+        low = mean_ci(values)[1] if len(values) > 1 else float("nan")
+        (informative if baseline.empty or low > float(baseline.iloc[0]) else left_out).append(task)
+    order = {task: i for i, task in enumerate(TASK_ORDER)}
+    return sorted(informative, key=lambda t: order.get(t, 99)), sorted(left_out, key=lambda t: order.get(t, 99))
+
+
+def _left_out_note(frame: pd.DataFrame) -> str:
+    left_out = informative_tasks(frame)[1]
+    return (f"; left out: {', '.join(left_out)} (original probe not clearly above its majority baseline)"
+            if left_out else "")
+
+
 def mean_drop(frame: pd.DataFrame, variant: pd.DataFrame, tasks=None):
-    """Task-averaged relative drop of ``variant``'s rows from the original model, with its interval; the tasks used."""
+    """Task-averaged relative drop of ``variant``'s rows from the original model, with its interval; the tasks used
+    (``tasks``, default the :func:`informative_tasks`, that have both)."""
     originals, others = _seed_values(original_rows(frame)), _seed_values(variant)
-    tasks = [t for t in (tasks or TASK_ORDER) if t in originals and t in others]
+    tasks = [t for t in (tasks or informative_tasks(frame)[0]) if t in originals and t in others]
     groups = {**{("o", t): originals[t] for t in tasks}, **{("v", t): others[t] for t in tasks}}
 
     def statistic(g):
@@ -127,8 +154,9 @@ def _row(claim, statistic, paper_value, estimate, verdict, rule) -> dict:
 def probing_claims(frame: pd.DataFrame) -> list[dict]:
     """C1, C2, C4, C5, C6 from a results frame of one model."""
     rows = []
+    left_out = _left_out_note(frame)
     value, low, high, tasks = mean_drop(frame, _select(frame, "average", 0.0))
-    note = f" ({len(tasks)} of 6 tasks: {', '.join(tasks)})" if len(tasks) < 6 else ""
+    note = f" ({len(tasks)} of 6 tasks: {', '.join(tasks)}{left_out})" if len(tasks) < 6 else ""
     rows.append(_row("C1", "all heads constant: task-averaged relative drop" + note,
                      paper.headline("mean_relative_drop_all_constant"), (value, low, high),
                      _band(value, low, high, 0.08, 0.04),
@@ -139,7 +167,7 @@ def probing_claims(frame: pd.DataFrame) -> list[dict]:
                      _at_most(value, low, high, 0.20),
                      "agrees if the interval's upper end is at most 0.20; differs if its lower end is above"))
     value, low, high, tasks = mean_drop(frame, _select(frame, "average", 0.5, "lambda"))
-    note = f" ({len(tasks)} of 6 tasks)" if 0 < len(tasks) < 6 else ""
+    note = f" ({len(tasks)} of 6 tasks{left_out})" if 0 < len(tasks) < 6 else ""
     rows.append(_row("C2", "half of the heads constant (λ order): task-averaged relative drop" + note,
                      "≈ 0 (no major drop)", (value, low, high), _at_most(value, low, high, 0.05),
                      "'no major drop': agrees if the interval's upper end is at most 0.05"))
@@ -152,7 +180,9 @@ def probing_claims(frame: pd.DataFrame) -> list[dict]:
 def _data_free_claim(frame: pd.DataFrame) -> dict:
     average = _seed_values(_select(frame, "average", 0.0))
     free = {kind: _seed_values(_select(frame, kind, 0.0, source=None)) for kind in DATA_FREE}
-    tasks = [t for t in TASK_ORDER if t in average and all(t in free[k] for k in DATA_FREE)]
+    informative, left_out = informative_tasks(frame)
+    measured = [t for t in TASK_ORDER if t in average and all(t in free[k] for k in DATA_FREE)]
+    tasks = [t for t in measured if t in informative]
     groups = {("a", t): average[t] for t in tasks} | {(k, t): free[k][t] for k in DATA_FREE for t in tasks}
 
     def margin(g):  # the smallest margin of the average over the best data-free matrix, across tasks
@@ -161,24 +191,27 @@ def _data_free_claim(frame: pd.DataFrame) -> dict:
 
     estimate = bootstrap(groups, margin)
     verdict = ("not measured" if not tasks else
-               "agrees" if len(tasks) == 6 and estimate[1] > 0 else
+               "agrees" if len(measured) == 6 and estimate[1] > 0 else
                "differs" if estimate[2] < 0 else "inconclusive")
-    return _row("C4", f"average minus the best of identity/Toeplitz/zeros, smallest over tasks ({len(tasks)} of 6)",
-                "> 0 on every task", estimate, verdict,
-                "agrees if, on all six tasks, the interval of the smallest margin is above 0")
+    return _row("C4", f"average minus the best of identity/Toeplitz/zeros, smallest over tasks ({len(tasks)} of 6"
+                f"{_left_out_note(frame)})", "> 0 on every task", estimate, verdict,
+                "agrees if all six tasks are measured and the interval of the smallest margin, over the tasks whose "
+                "original probe clearly beats its majority baseline, is above 0; differs if it is below 0")
 
 
 def _mnli_claim(frame: pd.DataFrame) -> dict:
     own = _seed_values(_select(frame, "average", 0.0))
     mnli = _seed_values(_select(frame, "average", 0.0, source="mnli"))
-    tasks = [t for t in TASK_ORDER if t != "mnli" and t in own and t in mnli]
+    informative = informative_tasks(frame)[0]
+    tasks = [t for t in TASK_ORDER if t != "mnli" and t in own and t in mnli and t in informative]
     groups = {("own", t): own[t] for t in tasks} | {("mnli", t): mnli[t] for t in tasks}
 
     def gap(g):
         return float(np.mean([_drop(g[("own", t)], g[("mnli", t)]) for t in tasks])) if tasks else float("nan")
 
     estimate = bootstrap(groups, gap)
-    return _row("C5", f"MNLI-built vs own matrices: mean relative difference ({len(tasks)} of 5 tasks)", "≈ 0",
+    return _row("C5", f"MNLI-built vs own matrices: mean relative difference ({len(tasks)} of 5 tasks"
+                f"{_left_out_note(frame)})", "≈ 0",
                 estimate, _band(*estimate, 0.0, 0.03),
                 "agrees if the estimate lies within ±0.03 of 0 and the interval overlaps that band")
 
