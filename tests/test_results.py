@@ -502,3 +502,12 @@ def test_parallel_writers_lose_no_record(tmp_path):
     store = ResultsStore(tmp_path)
     assert sorted(store.run_ids()) == sorted(f"w{w}-{i}" for w in range(4) for i in range(15))
     assert len(store.frame()) == 60
+
+
+def test_a_run_finished_twice_keeps_the_first_record(tmp_path):
+    first, second = ResultsStore(tmp_path), ResultsStore(tmp_path)  # two lanes writing one folder
+    assert first.append(make_record("r1", value=0.5)) is True
+    assert second.append(make_record("r1", value=0.9), exist_ok=True) is False
+    assert first.get("r1")["value"] == 0.5 and len(first) == 1
+    with pytest.raises(ValueError, match="already stored"):
+        second.append(make_record("r1", value=0.9))

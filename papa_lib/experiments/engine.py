@@ -635,8 +635,9 @@ class TaskExperiment:
         out = []
         for seed in seeds:
             if seed in fresh:
-                if self.store is not None:
-                    self.store.append(fresh[seed])
+                if self.store is not None and not self.store.append(fresh[seed], exist_ok=True):
+                    out.append(self.store.get(fresh[seed]["run_id"]))  # a parallel lane finished it first: theirs
+                    continue
                 out.append(fresh[seed])
             else:
                 out.append(self.store.get(self.run_id(variant, seed)))

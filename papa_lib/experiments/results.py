@@ -442,18 +442,21 @@ class ResultsStore:
             finally:
                 fcntl.flock(handle, fcntl.LOCK_UN)
 
-    def append(self, record: dict, *, replace: bool = False) -> None:
-        """Validate ``record`` and add it to the table atomically.
+    def append(self, record: dict, *, replace: bool = False, exist_ok: bool = False) -> bool:
+        """Validate ``record`` and add it to the table atomically; whether it was written.
 
         Every field of :data:`REQUIRED_FIELDS` must be present (missing ones are named in the ValueError);
         ``finished_at`` is filled with the current UTC time (ISO 8601) when absent. Extra keys become extra
-        columns. A ``run_id`` that is already stored raises ValueError unless ``replace=True``.
+        columns. A ``run_id`` that is already stored raises ValueError unless ``replace=True`` (overwrite it) or
+        ``exist_ok=True`` (keep the stored record and return False: a parallel writer finished the run first).
         """
         cells = _normalize_record(record)
         with self.writer_lock():
             header, rows = self._read_table()
             run_id = cells["run_id"]
             exists = any(row["run_id"] == run_id for row in rows)
+            if exists and exist_ok and not replace:
+                return False
             if exists and not replace:
                 raise ValueError(f"run_id {run_id!r} is already stored in {self.path} (pass replace=True to overwrite)")
             rows = [row for row in rows if row["run_id"] != run_id] + [cells]
@@ -461,6 +464,7 @@ class ResultsStore:
             columns = list(RECORD_FIELDS) + extras
             rows.sort(key=lambda row: (row.get("finished_at", ""), row["run_id"]))
             self._write_table(columns, rows)
+        return True
 
     def merge(self, other: "ResultsStore | str | Path") -> int:
         """Add the records of another store (e.g. a grid shard run in parallel) whose ``run_id`` is not here yet.
