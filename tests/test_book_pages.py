@@ -159,3 +159,9 @@ def test_against_majority_sets_the_original_probe_against_guessing():
     assert probing_pages.against_majority(frame, tasks=["mrpc"]).index.tolist() == ["mrpc"]
     as_text = frame.assign(single_class=frame["single_class"].map(str))  # how a results CSV may hand them back
     assert probing_pages.against_majority(as_text).equals(table)
+    assert "original accuracy" not in table  # older records carry no accuracy: no column
+    accurate = frame.assign(accuracy=[0.70, 0.72, 0.71, 0.72, 0.74, 0.73, 0.51, 0.4],
+                            majority_accuracy=[0.69] * 3 + [0.684] * 3 + [0.509, 0.69])
+    shown = probing_pages.against_majority(accurate)
+    assert shown.loc["mrpc", "majority accuracy"] == "0.684" and shown.loc["mrpc", "original accuracy"].startswith("0.730")
+    assert shown.loc["cola", "original accuracy"].startswith("0.710")  # the zeros run's 0.4 is not the original's

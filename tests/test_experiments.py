@@ -123,6 +123,10 @@ def test_records_carry_baseline_curve_and_mode(tiny, data_dir, tmp_path):
     assert record["peak_memory_mb"] > 0
     frozen = experiment.run(Variant(), 0)
     assert frozen["feature_mode"] == "cached" and isinstance(frozen["single_class"], bool)
+    labels = experiment.split("validation").labels
+    share = float((labels == torch.mode(labels).values).float().mean())
+    assert frozen["majority_accuracy"] == pytest.approx(share) and 0.0 <= frozen["accuracy"] <= 1.0
+    assert "token_accuracy" not in frozen
 
 
 def test_same_seed_gives_the_same_number(tiny, data_dir):

@@ -195,7 +195,9 @@ def against_majority(frame: pd.DataFrame, tasks: Sequence[str] | None = None) ->
     """Per task: the original probe's mean score with its 95% Student-t interval over seeds, the metric of always
     predicting the validation set's most frequent class (records' ``majority_baseline``), whether the interval lies
     above it (*clearly above*: its low end is higher), and the runs whose validation predictions were all one class
-    (records' ``single_class``), any variant."""
+    (records' ``single_class``), any variant. Where records carry the plain accuracy (``accuracy``, or
+    ``token_accuracy`` for NER and POS) and the majority class's share (``majority_accuracy``), two more columns set the
+    original's accuracy against it: for F1 and MCC, a probe can learn the task while its metric stays near guessing."""
     from ..experiments.results import mean_ci
 
     rows = []
@@ -221,8 +223,24 @@ def against_majority(frame: pd.DataFrame, tasks: Sequence[str] | None = None) ->
                      "original": figures.format_mean_ci(mean, low, high, len(original), digits=3),
                      "95% CI": "—" if len(original) < 2 else f"[{low:.3f}, {high:.3f}]",
                      "majority baseline": "—" if pd.isna(base) else f"{base:.3f}", "verdict": verdict,
-                     "single-class probes": f"{len(single)} of {len(mine)}" + (": " + ", ".join(names) if names else "")})
+                     "single-class probes": f"{len(single)} of {len(mine)}" + (": " + ", ".join(names) if names else ""),
+                     **_accuracy_columns(mine)})
     return pd.DataFrame(rows).set_index("task") if rows else pd.DataFrame()
+
+
+def _accuracy_columns(mine: pd.DataFrame) -> dict:
+    """The original probe's accuracy (mean and interval over seeds) and the majority class's, if records carry them."""
+    from ..experiments.results import mean_ci
+
+    column = next((c for c in ("accuracy", "token_accuracy") if c in mine and mine[c].notna().any()), None)
+    original = mine[mine["matrix_type"] == "original"]
+    values = original[column].dropna() if column else pd.Series(dtype=float)
+    share = original["majority_accuracy"].dropna() if "majority_accuracy" in original else pd.Series(dtype=float)
+    if not len(values) or not len(share):
+        return {}
+    mean, low, high = mean_ci(values)
+    return {"original accuracy": figures.format_mean_ci(mean, low, high, len(values), digits=3),
+            "majority accuracy": f"{float(share.iloc[0]):.3f}"}
 
 
 def _headline(frame: pd.DataFrame, tasks: Sequence[str] | None):

@@ -461,6 +461,13 @@ class TaskExperiment:
         majority = int(torch.mode(labels).values) if labels.numel() else 0
         return self.score("validation", torch.arange(len(split)), torch.full((labels.numel(),), majority))
 
+    def majority_accuracy(self) -> float:
+        """The share of validation labels (or kept tokens) that are the most frequent class: the accuracy of always
+        predicting it, beside :meth:`majority_baseline` for the metrics (MCC, F1) that are not accuracy."""
+        labels = self.split("validation").labels
+        labels = labels[labels != probes.IGNORE_INDEX]
+        return float((labels == torch.mode(labels).values).float().mean()) if labels.numel() else float("nan")
+
     def _train_frozen(self, variant: Variant, seeds: list[int], state: AttentionOverride | None = None
                       ) -> dict[int, dict]:
         """Probes of ``seeds`` on frozen features of ``variant`` (cached or streamed; ``state`` overrides the
@@ -568,7 +575,8 @@ class TaskExperiment:
         if self.spec.kind == "token":
             value, accuracy = self._token_metrics(validation, examples, predictions)
         else:
-            value, accuracy = self.score("validation", examples, predictions), None
+            value = self.score("validation", examples, predictions)
+            accuracy = float((predictions == validation.labels).float().mean()) if len(validation) else float("nan")
         run_id = self.run_id(variant, seed)
         curve_file = results.write_curve(self.results_dir, run_id, result.curve) if self.results_dir else None
         entry = matrix_type(variant.matrix_type)
@@ -583,8 +591,9 @@ class TaskExperiment:
             "seed": seed,
             "metric": self.spec.metric,
             "value": float(value),
-            "token_accuracy": accuracy,
+            "token_accuracy" if self.spec.kind == "token" else "accuracy": accuracy,
             "majority_baseline": float(self.majority_baseline()),
+            "majority_accuracy": self.majority_accuracy(),
             "single_class": bool(predictions.numel() > 0 and bool((predictions == predictions[0]).all())),
             "eval_size": len(validation.examples),
             "train_size": int(len(plan.train)),
