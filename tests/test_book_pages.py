@@ -165,3 +165,6 @@ def test_against_majority_sets_the_original_probe_against_guessing():
     shown = probing_pages.against_majority(accurate)
     assert shown.loc["mrpc", "majority accuracy"] == "0.684" and shown.loc["mrpc", "original accuracy"].startswith("0.730")
     assert shown.loc["cola", "original accuracy"].startswith("0.710")  # the zeros run's 0.4 is not the original's
+    assert shown.loc["sst2", "majority accuracy"] == "0.509" and shown.loc["sst2", "original accuracy"] == "0.510"
+    partial = accurate.assign(majority_accuracy=[None] * 3 + [0.684] * 3 + [None, None])
+    assert probing_pages.against_majority(partial).loc["cola", "original accuracy"] == "—"

@@ -225,7 +225,11 @@ def against_majority(frame: pd.DataFrame, tasks: Sequence[str] | None = None) ->
                      "majority baseline": "—" if pd.isna(base) else f"{base:.3f}", "verdict": verdict,
                      "single-class probes": f"{len(single)} of {len(mine)}" + (": " + ", ".join(names) if names else ""),
                      **_accuracy_columns(mine)})
-    return pd.DataFrame(rows).set_index("task") if rows else pd.DataFrame()
+    table = pd.DataFrame(rows)
+    for column in ("original accuracy", "majority accuracy"):
+        if column in table:
+            table[column] = table[column].fillna("—")  # tasks whose records carry no accuracy
+    return table.set_index("task") if rows else pd.DataFrame()
 
 
 def _accuracy_columns(mine: pd.DataFrame) -> dict:
