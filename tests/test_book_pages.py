@@ -168,3 +168,36 @@ def test_against_majority_sets_the_original_probe_against_guessing():
     assert shown.loc["sst2", "majority accuracy"] == "0.509" and shown.loc["sst2", "original accuracy"] == "0.510"
     partial = accurate.assign(majority_accuracy=[None] * 3 + [0.684] * 3 + [None, None])
     assert probing_pages.against_majority(partial).loc["cola", "original accuracy"] == "—"
+
+
+def test_premise_use_sets_the_pair_probe_beside_the_hypothesis_alone(tmp_path):
+    from papa_lib.book import alternatives_pages
+    from papa_lib.experiments.results import ResultsStore
+
+    def record(i, task, matrix_type, fraction, value, matrices_from=None):
+        return {"run_id": f"r{i}", "model": "m", "task": task, "matrix_type": matrix_type, "matrices_from": matrices_from,
+                "selection_order": "none", "fraction": fraction, "seed": i % 3, "metric": "accuracy", "value": value,
+                "eval_size": 10, "train_size": 100, "config_hash": "x", "profile": "local", "data_source": "d",
+                "versions": "{}", "device": "cpu", "wall_time_s": 1.0, "majority_baseline": 0.35}
+
+    pair = pd.DataFrame([record(i, "mnli", "original", 1.0, v) for i, v in enumerate([0.52, 0.50, 0.54])]
+                        + [record(3 + i, "mnli", "zeros", 0.0, v) for i, v in enumerate([0.46, 0.47, 0.45])]
+                        + [record(6 + i, "mnli", "average", 0.0, v, "mnli") for i, v in enumerate([0.48, 0.47, 0.49])]
+                        + [record(9, "mnli", "average", 0.5, 0.51, "mnli")])  # not every head constant: left out
+    results_dir = tmp_path / "local-minilm"
+    assert alternatives_pages.premise_use(pair, results_dir).empty  # no hypothesis-only run beside it
+    assert "No hypothesis-only run" in alternatives_pages.premise_use_text(pd.DataFrame()).data
+    store = ResultsStore(tmp_path / alternatives_pages.HYPOTHESIS_ONLY_FOLDER)
+    for i, value in enumerate([0.50, 0.51, 0.49]):
+        store.append(record(20 + i, "mnli_hypothesis_only", "original", 1.0, value))
+    table = alternatives_pages.premise_use(pair, results_dir)
+    assert table.loc["hypothesis alone: original", "accuracy"] == pytest.approx(0.50)
+    assert table.loc["pair: original", "accuracy"] == pytest.approx(0.52)
+    assert table.loc["pair: every head Zeros", "seeds"] == 3
+    assert table.loc["pair: every head Average (PAPA)", "accuracy"] == pytest.approx(0.48)
+    assert table.loc["majority class", "accuracy"] == pytest.approx(0.35)
+    text = alternatives_pages.premise_use_text(table).data
+    assert "**+0.020**" in text and "2 of 2 constant kinds land below" in text
+    better = pair.assign(value=pair.value.where(pair.matrix_type != "average", 0.505))
+    assert "1 of 2 constant kinds" in alternatives_pages.premise_use_text(
+        alternatives_pages.premise_use(better, results_dir)).data

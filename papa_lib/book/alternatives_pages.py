@@ -2,7 +2,9 @@
 
 * :func:`head_weights`: the weights each kind of constant head gives one input, computed by the override seam;
 * :func:`table1`, :func:`table1_chart`: Table 1, ours beside the paper's (:func:`papa_lib.book.paper.captioned`);
-* :func:`verdicts`, :func:`verdict_text`: does the average beat the data-free matrices, task by task.
+* :func:`verdicts`, :func:`verdict_text`: does the average beat the data-free matrices, task by task;
+* :func:`premise_use`, :func:`premise_use_text`: on MNLI, the pair probe beside a probe that sees the hypothesis only
+  (``data/results/mnli-hypothesis-only``), which bounds how far any constant matrix can fall below the original.
 
 Figures are labelled from the records they plot (:func:`papa_lib.book.charts.records_title`) and fit the book's
 content column.
@@ -10,6 +12,7 @@ content column.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, Sequence
 
 import pandas as pd
@@ -17,7 +20,10 @@ import pandas as pd
 from . import charts, figures, paper
 from .records import describe, ours_label
 
-__all__ = ["head_weights", "table1", "table1_chart", "verdict_text", "verdicts"]
+__all__ = ["head_weights", "premise_use", "premise_use_text", "table1", "table1_chart", "verdict_text", "verdicts"]
+
+#: The diagnostic run beside a profile's results folder: MNLI's hypothesis column alone, original model.
+HYPOTHESIS_ONLY_FOLDER = "mnli-hypothesis-only"
 
 #: Whose data each kind of matrix needs (Table 1's first column), in legend order.
 CONSTRUCTIONS = ["attention", "data-free", "labeled", "unlabeled"]
@@ -194,4 +200,69 @@ def verdict_text(frame: pd.DataFrame, tasks: Sequence[str]) -> Any:
     undecided = verdict[verdict.beats.isna()]
     if not undecided.empty:
         text += f" No comparison yet for: {', '.join(undecided.task)}."
+    return _markdown(text)
+
+
+def _hypothesis_only_records(results_dir: str | Path, folder: str | Path | None) -> pd.DataFrame:
+    from ..experiments.results import read_results
+
+    path = Path(folder) if folder is not None else Path(results_dir).parent / HYPOTHESIS_ONLY_FOLDER
+    return read_results(path) if (path / "results.csv").is_file() else pd.DataFrame()
+
+
+def premise_use(frame: pd.DataFrame, results_dir: str | Path, folder: str | Path | None = None) -> pd.DataFrame:
+    """MNLI's original probe on premise and hypothesis, the same probe on the hypothesis alone (records of the
+    ``mnli-hypothesis-only`` run beside ``results_dir``, or ``folder``), every all-constant row and the majority class:
+    mean ± half-width of the 95% interval over seeds. Empty when either run is missing. If the pair adds little to
+    the hypothesis alone, the probe uses little of the premise-hypothesis relation that attention across the two
+    sentences would carry, and the all-constant rows have little room to differ."""
+    from ..experiments.results import mean_ci
+
+    hypothesis = _hypothesis_only_records(results_dir, folder)
+    mnli = frame[frame["task"] == "mnli"] if "task" in frame else frame.iloc[0:0]
+    original = mnli[mnli["matrix_type"] == "original"]
+    if hypothesis.empty or original.empty:
+        return pd.DataFrame()
+    constant = mnli[(mnli["fraction"] == 0) & (mnli["matrices_from"].isna() | (mnli["matrices_from"] == "mnli"))]
+    rows = [("pair: original", original["value"]),
+            ("hypothesis alone: original", hypothesis[hypothesis["matrix_type"] == "original"]["value"])]
+    rows += [(f"pair: every head {figures.MATRIX_TYPE_LABELS.get(kind, kind)}",
+              constant[constant["matrix_type"] == kind]["value"]) for kind in figures.MATRIX_TYPE_LABELS
+             if kind in set(constant["matrix_type"])]
+    table = []
+    for name, values in rows:
+        values = values.dropna()
+        mean, low, high = mean_ci(values)
+        table.append({"probe": name, "seeds": len(values), "accuracy": mean, "ci_low": low, "ci_high": high,
+                      "shown": figures.format_mean_ci(mean, low, high, len(values), digits=3)})
+    baseline = mnli["majority_baseline"].dropna() if "majority_baseline" in mnli else pd.Series(dtype=float)
+    if len(baseline):
+        value = float(baseline.iloc[0])
+        table.append({"probe": "majority class", "seeds": 0, "accuracy": value, "ci_low": value,
+                      "ci_high": value, "shown": f"{value:.3f}"})
+    return pd.DataFrame(table).set_index("probe").round(3)
+
+
+def premise_use_text(table: pd.DataFrame) -> Any:
+    """:func:`premise_use` in words: what the premise adds to the original probe, and where the constants land."""
+    if table.empty:
+        return _markdown("No hypothesis-only run is in the results for this profile (it is a diagnostic of the local "
+                         "run: `papa grid data/results/mnli-hypothesis-only/grid.yaml`).")
+    pair, alone = table.loc["pair: original"], table.loc["hypothesis alone: original"]
+    gap = pair.accuracy - alone.accuracy
+    constants = table[table.index.str.startswith("pair: every head")]
+    text = (f"The premise adds **{gap:+.3f}** accuracy to the original probe (pair {pair.shown}, hypothesis alone "
+            f"{alone.shown}).")
+    if not constants.empty:
+        below = int((constants.accuracy < alone.accuracy).sum())
+        spread = constants.accuracy.max() - constants.accuracy.min()
+        widest = float(((constants.ci_high - constants.ci_low) / 2).max())
+        text += (f" With every head constant the pair probe scores {constants.accuracy.min():.3f} to "
+                 f"{constants.accuracy.max():.3f}; {below} of {len(constants)} constant kinds land below the "
+                 "hypothesis-only probe.")
+        if below == len(constants):
+            text += (" Without input-dependent attention the frozen model keeps less than the hypothesis alone "
+                     "gave it, so on this model MNLI has little room to tell the constant kinds apart")
+            text += (f": their means span {spread:.3f}, less than the widest interval's half-width ({widest:.3f})."
+                     if spread < widest else f" (their means span {spread:.3f}).")
     return _markdown(text)
