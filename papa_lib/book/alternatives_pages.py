@@ -212,35 +212,35 @@ def _hypothesis_only_records(results_dir: str | Path, folder: str | Path | None)
 
 def premise_use(frame: pd.DataFrame, results_dir: str | Path, folder: str | Path | None = None) -> pd.DataFrame:
     """MNLI's original probe on premise and hypothesis, the same probe on the hypothesis alone (records of the
-    ``mnli-hypothesis-only`` run beside ``results_dir``, or ``folder``), every all-constant row and the majority class:
-    mean ± half-width of the 95% interval over seeds. Empty when either run is missing. If the pair adds little to
-    the hypothesis alone, the probe uses little of the premise-hypothesis relation that attention across the two
+    ``mnli-hypothesis-only`` run beside ``results_dir``, or ``folder``), every all-constant row of Table 1
+    (:func:`papa_lib.book.figures.matrix_type_summary`, for the model of the hypothesis-only run) and the majority
+    class: mean ± half-width of the 95% interval over seeds. Empty when either run is missing. If the pair adds little
+    to the hypothesis alone, the probe uses little of the premise-hypothesis relation that attention across the two
     sentences would carry, and the all-constant rows have little room to differ."""
-    from ..experiments.results import mean_ci
+    from ..experiments.results import summarize
 
     hypothesis = _hypothesis_only_records(results_dir, folder)
-    mnli = frame[frame["task"] == "mnli"] if "task" in frame else frame.iloc[0:0]
-    original = mnli[mnli["matrix_type"] == "original"]
-    if hypothesis.empty or original.empty:
+    if hypothesis.empty or frame.empty:
         return pd.DataFrame()
-    constant = mnli[(mnli["fraction"] == 0) & (mnli["matrices_from"].isna() | (mnli["matrices_from"] == "mnli"))]
-    rows = [("pair: original", original["value"]),
-            ("hypothesis alone: original", hypothesis[hypothesis["matrix_type"] == "original"]["value"])]
-    rows += [(f"pair: every head {figures.MATRIX_TYPE_LABELS.get(kind, kind)}",
-              constant[constant["matrix_type"] == kind]["value"]) for kind in figures.MATRIX_TYPE_LABELS
-             if kind in set(constant["matrix_type"])]
-    table = []
-    for name, values in rows:
-        values = values.dropna()
-        mean, low, high = mean_ci(values)
-        table.append({"probe": name, "seeds": len(values), "accuracy": mean, "ci_low": low, "ci_high": high,
-                      "shown": figures.format_mean_ci(mean, low, high, len(values), digits=3)})
+    hypothesis = hypothesis[hypothesis["matrix_type"] == "original"]
+    mnli = frame[(frame["task"] == "mnli") & frame["model"].isin(set(hypothesis["model"]))]
+    pair = figures.matrix_type_summary(mnli, tasks=["mnli"])
+    if not (pair["matrix_type"] == "original").any():
+        return pd.DataFrame()
+    pair = pair.assign(probe=[f"pair: every head {figures.MATRIX_TYPE_LABELS.get(kind, kind)}"
+                              if kind != "original" else "pair: original" for kind in pair["matrix_type"]])
+    alone = summarize(hypothesis, ["matrix_type"]).assign(probe="hypothesis alone: original")
+    rows = pd.concat([pair[pair["matrix_type"] == "original"], alone, pair[pair["matrix_type"] != "original"]])
+    table = pd.DataFrame({"probe": rows["probe"], "seeds": rows["n"], "accuracy": rows["mean"],
+                          "ci_low": rows["ci_low"], "ci_high": rows["ci_high"],
+                          "shown": [figures.format_mean_ci(m, lo, hi, n, digits=3)
+                                    for m, lo, hi, n in zip(rows["mean"], rows["ci_low"], rows["ci_high"], rows["n"])]})
     baseline = mnli["majority_baseline"].dropna() if "majority_baseline" in mnli else pd.Series(dtype=float)
     if len(baseline):
         value = float(baseline.iloc[0])
-        table.append({"probe": "majority class", "seeds": 0, "accuracy": value, "ci_low": value,
-                      "ci_high": value, "shown": f"{value:.3f}"})
-    return pd.DataFrame(table).set_index("probe").round(3)
+        table.loc[len(table)] = {"probe": "majority class", "seeds": 0, "accuracy": value, "ci_low": value,
+                                 "ci_high": value, "shown": f"{value:.3f}"}
+    return table.reset_index(drop=True).set_index("probe").round(3)
 
 
 def premise_use_text(table: pd.DataFrame) -> Any:
