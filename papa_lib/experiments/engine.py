@@ -454,19 +454,23 @@ class TaskExperiment:
         accuracy = sum(int(p == g) for p, g in zip(flat_p, flat_g)) / max(len(flat_g), 1)
         return metrics.compute_metric(self.spec.name, preds, golds), accuracy
 
+    def _validation_majority(self) -> tuple[torch.Tensor, int]:
+        """The validation labels that are scored (kept tokens for token tasks) and their most frequent class."""
+        labels = self.split("validation").labels
+        labels = labels[labels != probes.IGNORE_INDEX]
+        return labels, int(torch.mode(labels).values) if labels.numel() else 0
+
     def majority_baseline(self) -> float:
         """The metric of always predicting the validation set's most frequent class (or tag)."""
-        split = self.split("validation")
-        labels = split.labels[split.labels != probes.IGNORE_INDEX]
-        majority = int(torch.mode(labels).values) if labels.numel() else 0
-        return self.score("validation", torch.arange(len(split)), torch.full((labels.numel(),), majority))
+        labels, majority = self._validation_majority()
+        return self.score("validation", torch.arange(len(self.split("validation"))),
+                          torch.full((labels.numel(),), majority))
 
     def majority_accuracy(self) -> float:
         """The share of validation labels (or kept tokens) that are the most frequent class: the accuracy of always
         predicting it, beside :meth:`majority_baseline` for the metrics (MCC, F1) that are not accuracy."""
-        labels = self.split("validation").labels
-        labels = labels[labels != probes.IGNORE_INDEX]
-        return float((labels == torch.mode(labels).values).float().mean()) if labels.numel() else float("nan")
+        labels, majority = self._validation_majority()
+        return float((labels == majority).float().mean()) if labels.numel() else float("nan")
 
     def _train_frozen(self, variant: Variant, seeds: list[int], state: AttentionOverride | None = None
                       ) -> dict[int, dict]:
