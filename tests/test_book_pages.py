@@ -170,6 +170,40 @@ def test_against_majority_sets_the_original_probe_against_guessing():
     assert probing_pages.against_majority(partial).loc["cola", "original accuracy"] == "—"
 
 
+def test_more_seeds_repeats_the_guessing_check_with_a_diagnostic_run(tmp_path):
+    from papa_lib.experiments.results import ResultsStore
+
+    def record(i, task, value, model="m", matrix_type="original"):
+        return {"run_id": f"r{i}", "model": model, "task": task, "matrix_type": matrix_type, "matrices_from": None,
+                "selection_order": "none", "fraction": 1.0 if matrix_type == "original" else 0.0, "seed": i % 8,
+                "metric": "f1", "value": value, "eval_size": 10, "train_size": 100, "config_hash": "x",
+                "profile": "local", "data_source": "d", "versions": "{}", "device": "cpu", "wall_time_s": 1.0,
+                "majority_baseline": 0.812, "single_class": False}
+
+    grid = pd.DataFrame([record(i, "mrpc", v) for i, v in enumerate([0.8175, 0.8143, 0.8226])]
+                        + [record(3, "mrpc", 0.80, matrix_type="zeros")])
+    results_dir = tmp_path / "local-minilm"
+    assert probing_pages.more_seeds(grid, results_dir).empty  # no diagnostic run beside it
+    assert "No run with more seeds" in probing_pages.more_seeds_text(probing_pages.against_majority(grid),
+                                                                     pd.DataFrame()).data
+    store = ResultsStore(tmp_path / probing_pages.MORE_SEEDS_FOLDERS[0])
+    values = [0.8175, 0.8143, 0.8226, 0.8156, 0.8174, 0.8204, 0.8195, 0.8147]
+    for i, value in enumerate(values):
+        store.append(record(10 + i, "mrpc", value))
+    store.append(record(30, "mrpc", 0.5, model="other"))  # another model's run: not this frame's
+    store.append(record(31, "sst2", 0.9))  # a task the frame does not show
+    more = probing_pages.more_seeds(grid, results_dir)
+    assert more.index.tolist() == ["mrpc"] and more.loc["mrpc", "seeds"] == 8
+    assert more.loc["mrpc", "verdict"] == "clearly above" and more.loc["mrpc", "95% CI"] == "[0.815, 0.820]"
+    text = probing_pages.more_seeds_text(probing_pages.against_majority(grid), more).data
+    assert "grid's 3 seeds" in text and "not clearly above" in text and "**clearly above** 0.812" in text
+    worse = [v - 0.004 for v in values]
+    store = ResultsStore(tmp_path / "b" / probing_pages.MORE_SEEDS_FOLDERS[0])
+    for i, value in enumerate(worse):
+        store.append(record(10 + i, "mrpc", value))
+    assert probing_pages.more_seeds(grid, tmp_path / "b" / "x").loc["mrpc", "verdict"] == "not clearly above"
+
+
 def test_premise_use_sets_the_pair_probe_beside_the_hypothesis_alone(tmp_path):
     from papa_lib.book import alternatives_pages
     from papa_lib.experiments.results import ResultsStore

@@ -5,7 +5,8 @@
 * :func:`fig2`, :func:`relative_drops`, :func:`fig3`: the figures, from a results table
   (:func:`papa_lib.book.figures.fraction_curves`, :func:`papa_lib.book.figures.all_constant_drop`);
 * :func:`against_majority`: every task's original probe against its validation set's majority-class baseline, and
-  the probes that predict a single class (guide: a score is only as good as its probe);
+  the probes that predict a single class (guide: a score is only as good as its probe); :func:`more_seeds`,
+  :func:`more_seeds_text`: the same check on a diagnostic run with more seeds (``data/results/mrpc-original-seeds``);
 * :func:`headline`, :func:`headline_text`, :func:`training_note`: Sec. 4.2's three claims, ours beside the paper's,
   and how far to trust the comparison — every number read from the records.
 
@@ -15,6 +16,7 @@ fit the book's content column (:data:`papa_lib.book.charts.CONTENT_WIDTH`).
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, Sequence
 
 import pandas as pd
@@ -22,8 +24,11 @@ import pandas as pd
 from . import charts, figures, paper
 from .records import describe
 
-__all__ = ["against_majority", "fig2", "fig3", "headline", "headline_text", "pooling_at_start", "probe_sizes", "relative_drops",
-           "training_note"]
+__all__ = ["MORE_SEEDS_FOLDERS", "against_majority", "fig2", "fig3", "headline", "headline_text", "more_seeds",
+           "more_seeds_text", "pooling_at_start", "probe_sizes", "relative_drops", "training_note"]
+
+#: Diagnostic runs beside a profile's results folder that repeat a task's original probe with more seeds.
+MORE_SEEDS_FOLDERS = ("mrpc-original-seeds",)
 
 
 def _markdown(text: str) -> Any:
@@ -191,6 +196,40 @@ def _variant_name(row) -> str:
     return name
 
 
+def _majority_row(task: str, mine: pd.DataFrame) -> dict:
+    """One task's row of :func:`against_majority` from its records ``mine``."""
+    from ..experiments.results import mean_ci
+
+    original = mine[mine["matrix_type"] == "original"]["value"].dropna()
+    baseline = mine["majority_baseline"].dropna() if "majority_baseline" in mine else pd.Series(dtype=float)
+    flagged = mine["single_class"].map(lambda v: str(v).strip().lower() in ("true", "1", "1.0")) \
+        if "single_class" in mine else pd.Series(False, index=mine.index)  # bools, or their text from a CSV
+    single = mine[flagged]
+    mean, low, high = mean_ci(original) if len(original) else (float("nan"),) * 3
+    base = float(baseline.iloc[0]) if len(baseline) else float("nan")
+    if pd.isna(base) or not len(original):
+        verdict = "—"
+    elif len(original) < 2:
+        verdict = "one seed: no interval"
+    else:
+        verdict = "clearly above" if low > base else "not clearly above"
+    names = sorted({f"{_variant_name(r)} (seed {int(r['seed'])})" for _, r in single.iterrows()})
+    return {"task": task, "metric": mine["metric"].iloc[0], "seeds": len(original),
+            "original": figures.format_mean_ci(mean, low, high, len(original), digits=3),
+            "95% CI": "—" if len(original) < 2 else f"[{low:.3f}, {high:.3f}]",
+            "majority baseline": "—" if pd.isna(base) else f"{base:.3f}", "verdict": verdict,
+            "single-class probes": f"{len(single)} of {len(mine)}" + (": " + ", ".join(names) if names else ""),
+            **_accuracy_columns(mine)}
+
+
+def _majority_table(rows: list[dict]) -> pd.DataFrame:
+    table = pd.DataFrame(rows)
+    for column in ("original accuracy", "majority accuracy"):
+        if column in table:
+            table[column] = table[column].fillna("—")  # tasks whose records carry no accuracy
+    return table.set_index("task") if rows else pd.DataFrame()
+
+
 def against_majority(frame: pd.DataFrame, tasks: Sequence[str] | None = None) -> pd.DataFrame:
     """Per task: the original probe's mean score with its 95% Student-t interval over seeds, the metric of always
     predicting the validation set's most frequent class (records' ``majority_baseline``), whether the interval lies
@@ -198,38 +237,43 @@ def against_majority(frame: pd.DataFrame, tasks: Sequence[str] | None = None) ->
     (records' ``single_class``), any variant. Where records carry the plain accuracy (``accuracy``, or
     ``token_accuracy`` for NER and POS) and the majority class's share (``majority_accuracy``), two more columns set the
     original's accuracy against it: for F1 and MCC, a probe can learn the task while its metric stays near guessing."""
-    from ..experiments.results import mean_ci
+    rows = [_majority_row(task, frame[frame["task"] == task]) for task in figures._ordered_tasks(frame["task"].unique())
+            if tasks is None or task in tasks]
+    return _majority_table(rows)
+
+
+def more_seeds(frame: pd.DataFrame, results_dir: str | Path, folders: Sequence[str] = MORE_SEEDS_FOLDERS
+               ) -> pd.DataFrame:
+    """:func:`against_majority` for diagnostic runs beside ``results_dir`` (``folders``) that repeat a task's original
+    probe with more seeds than the grid, for the tasks and models of ``frame``. A t-interval over three seeds is
+    mean ± 4.30 sd/√3: too wide to resolve a small gap over the majority class that more seeds can resolve."""
+    from ..experiments.results import read_results
 
     rows = []
-    for task in figures._ordered_tasks(frame["task"].unique()):
-        if tasks is not None and task not in tasks:
+    for folder in folders:
+        path = Path(results_dir).parent / folder
+        if frame.empty or not (path / "results.csv").is_file():
             continue
-        mine = frame[frame["task"] == task]
-        original = mine[mine["matrix_type"] == "original"]["value"].dropna()
-        baseline = mine["majority_baseline"].dropna() if "majority_baseline" in mine else pd.Series(dtype=float)
-        flagged = mine["single_class"].map(lambda v: str(v).strip().lower() in ("true", "1", "1.0")) \
-            if "single_class" in mine else pd.Series(False, index=mine.index)  # bools, or their text from a CSV
-        single = mine[flagged]
-        mean, low, high = mean_ci(original) if len(original) else (float("nan"),) * 3
-        base = float(baseline.iloc[0]) if len(baseline) else float("nan")
-        if pd.isna(base) or not len(original):
-            verdict = "—"
-        elif len(original) < 2:
-            verdict = "one seed: no interval"
-        else:
-            verdict = "clearly above" if low > base else "not clearly above"
-        names = sorted({f"{_variant_name(r)} (seed {int(r['seed'])})" for _, r in single.iterrows()})
-        rows.append({"task": task, "metric": mine["metric"].iloc[0], "seeds": len(original),
-                     "original": figures.format_mean_ci(mean, low, high, len(original), digits=3),
-                     "95% CI": "—" if len(original) < 2 else f"[{low:.3f}, {high:.3f}]",
-                     "majority baseline": "—" if pd.isna(base) else f"{base:.3f}", "verdict": verdict,
-                     "single-class probes": f"{len(single)} of {len(mine)}" + (": " + ", ".join(names) if names else ""),
-                     **_accuracy_columns(mine)})
-    table = pd.DataFrame(rows)
-    for column in ("original accuracy", "majority accuracy"):
-        if column in table:
-            table[column] = table[column].fillna("—")  # tasks whose records carry no accuracy
-    return table.set_index("task") if rows else pd.DataFrame()
+        extra = read_results(path)
+        extra = extra[extra["model"].isin(set(frame["model"])) & extra["task"].isin(set(frame["task"]))]
+        for task in figures._ordered_tasks(extra["task"].unique()):
+            rows.append(_majority_row(task, extra[extra["task"] == task]) | {"run": folder})
+    return _majority_table(rows)
+
+
+def more_seeds_text(grid: pd.DataFrame, more: pd.DataFrame) -> Any:
+    """:func:`more_seeds` in words, beside the grid's own rows (:func:`against_majority`)."""
+    if more.empty:
+        return _markdown("No run with more seeds is in the results for this profile (the local run's is "
+                         "`papa grid data/results/mrpc-original-seeds/grid.yaml`).")
+    lines = []
+    for task, row in more.iterrows():
+        mine = grid.loc[task] if task in grid.index else None
+        before = (f"with the grid's {mine.seeds} seeds it scores {mine.original}, {mine.verdict} its majority "
+                  f"baseline of {mine['majority baseline']}; " if mine is not None else "")
+        lines.append(f"**{task}**: {before}with {row.seeds} seeds (`{row.run}`) it scores {row.original} "
+                     f"{row['95% CI']}, **{row.verdict}** {row['majority baseline']}.")
+    return _markdown(" ".join(lines))
 
 
 def _accuracy_columns(mine: pd.DataFrame) -> dict:
