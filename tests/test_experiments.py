@@ -251,7 +251,13 @@ def test_plan_counts_work_without_running_anything(tiny, data_dir, monkeypatch):
     assert sst2[2] == "10" and sst2[5] == "4"  # 10 examples per seed; original, λ at 1/2, all-constant, trainable
     assert sst2[7] == "2" and sst2[8] == "2"  # trainable runs for 2 seeds; λ learned per seed
     assert "cache" in lines["ner"] and "measured" in lines["ner"][-1]
-    at_most, at_least = (float(part.split(" h")[0].split()[-1]) for part in text.splitlines()[-1].split(";")[:3:2])
+    parts = text.splitlines()[-1].split(";")
+    at_most, at_least, shared = (float(parts[i].split(" h")[0].split()[-1]) for i in (0, 2, 3))
     assert 0 <= at_least <= at_most and "backbone passes alone" in text  # the floor never exceeds the estimate
+    assert 0 <= shared <= at_least and "once per task" in text
+    monkeypatch.setattr(plan, "measure_throughput", lambda *a, **k: (0.5, 0.0))  # slow enough to read in hours
+    parts = plan.plan_grid(spec, {"cache_budget": 10**12}).splitlines()[-1].split(";")
+    at_least, shared = (float(parts[i].split(" h")[0].split()[-1]) for i in (2, 3))
+    assert 0 < shared < at_least  # λ learned per seed, and its per-seed backbones, cost passes
     streamed = plan.plan_grid(spec, {"cache_budget": 1})
     assert all("stream" in line for line in streamed.splitlines()[2:-1])

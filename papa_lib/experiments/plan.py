@@ -11,6 +11,10 @@ counts 3):
 * trainable matrices (Sec. 5.2): ``inloop_epochs`` training passes per seed over at most ``inloop_limit`` of its
   rows (the matrices' training phase), then one frozen pass over the seed's rows and the validation set.
 
+The backbone passes alone give a floor no probe speed-up can lower; the plan prints it twice: as the grid declares
+it, and as it would be with λ learned once per task (and one random order) instead of once per seed, the largest
+saving a budget could buy without touching the data, the seeds or the probes.
+
 Time = example passes x real tokens per example / measured tokens per second (packed forward), plus probe steps x
 measured seconds per step. Both figures are measured here, on the requested device, with the grid's model — or, for a
 model given by name with no weights at hand, with a randomly initialised model built from its configuration (timing
@@ -53,6 +57,7 @@ class TaskPlan:
     seconds: float
     data: str
     backbone_seconds: float = 0.0  # the backbone passes alone: a floor no probe speed-up can lower
+    shared_seconds: float = 0.0  # the same floor with λ and random orders drawn once per task, not once per seed
 
 
 def measure_throughput(model, device="cpu", tokens: int = 24, batch: int = 64, repeats: int = 3) -> tuple[float, float]:
@@ -140,9 +145,12 @@ def plan_task(task: str, variants, config, *, layers: int, hidden: int, tokens_p
     steps = (len(frozen) * seeds + len(inloop) * seeds) * epochs * per_seed / batch
     backbone_seconds = passes * tokens / tokens_per_second
     seconds = backbone_seconds + steps * step_seconds
+    # what learning λ once per task (and drawing one random order) would leave: each seed-dependent backbone once
+    shared = passes - (lambda_runs - len(sources)) * config.lambda_epochs * per_seed * 3 \
+        - (backbones - len(frozen)) * per_backbone
     return TaskPlan(task, n_train, per_seed, n_val, round(tokens, 1), seeds, len(variants), backbones,
                     len(inloop) * seeds, lambda_runs, passes, steps, feature_bytes, mode, seconds, data,
-                    backbone_seconds)
+                    backbone_seconds, shared * tokens / tokens_per_second)
 
 
 def format_plan(plans: list[TaskPlan], *, model: str, device: str, tokens_per_second: float, step_seconds: float,
@@ -159,9 +167,11 @@ def format_plan(plans: list[TaskPlan], *, model: str, device: str, tokens_per_se
                      f"{p.seconds / 3600:8.2f}h  {p.data}")
     total = sum(p.seconds for p in plans)
     floor = sum(p.backbone_seconds for p in plans)
+    shared = sum(p.shared_seconds for p in plans)
     lines.append(f"total: {sum(p.variants * p.seeds for p in plans)} runs, at most {total / 3600:.2f} h "
                  f"(every probe to its epoch cap; early stopping ends most sooner); at least {floor / 3600:.2f} h "
-                 f"(the backbone passes alone, at the measured throughput)")
+                 f"(the backbone passes alone, at the measured throughput); at least {shared / 3600:.2f} h if λ and "
+                 f"random orders were drawn once per task instead of per seed")
     return "\n".join(lines)
 
 
