@@ -18,7 +18,7 @@ from typing import Any, Sequence
 import pandas as pd
 
 from . import charts, figures, paper
-from .records import describe, ours_label
+from .records import describe, diagnostic_records, ours_label
 
 __all__ = ["head_weights", "premise_use", "premise_use_text", "table1", "table1_chart", "verdict_text", "verdicts"]
 
@@ -203,13 +203,6 @@ def verdict_text(frame: pd.DataFrame, tasks: Sequence[str]) -> Any:
     return _markdown(text)
 
 
-def _hypothesis_only_records(results_dir: str | Path, folder: str | Path | None) -> pd.DataFrame:
-    from ..experiments.results import read_results
-
-    path = Path(folder) if folder is not None else Path(results_dir).parent / HYPOTHESIS_ONLY_FOLDER
-    return read_results(path) if (path / "results.csv").is_file() else pd.DataFrame()
-
-
 def premise_use(frame: pd.DataFrame, results_dir: str | Path, folder: str | Path | None = None) -> pd.DataFrame:
     """MNLI's original probe on premise and hypothesis, the same probe on the hypothesis alone (records of the
     ``mnli-hypothesis-only`` run beside ``results_dir``, or ``folder``), every all-constant row of Table 1
@@ -219,7 +212,7 @@ def premise_use(frame: pd.DataFrame, results_dir: str | Path, folder: str | Path
     sentences would carry, and the all-constant rows have little room to differ."""
     from ..experiments.results import summarize
 
-    hypothesis = _hypothesis_only_records(results_dir, folder)
+    hypothesis = diagnostic_records(results_dir, HYPOTHESIS_ONLY_FOLDER if folder is None else Path(folder).absolute())
     if hypothesis.empty or frame.empty:
         return pd.DataFrame()
     hypothesis = hypothesis[hypothesis["matrix_type"] == "original"]

@@ -96,8 +96,8 @@ def informative_tasks(frame: pd.DataFrame) -> tuple[list[str], list[str]]:
 
 def _left_out_note(frame: pd.DataFrame) -> str:
     left_out = informative_tasks(frame)[1]
-    return (f"; left out: {', '.join(left_out)} (original probe not clearly above its majority baseline with the grid's seeds)"
-            if left_out else "")
+    return (f"; left out: {', '.join(left_out)} "
+            "(original probe not clearly above its majority baseline with the grid's seeds)" if left_out else "")
 
 
 def mean_drop(frame: pd.DataFrame, variant: pd.DataFrame, tasks=None):

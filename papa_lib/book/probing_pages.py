@@ -22,7 +22,7 @@ from typing import Any, Sequence
 import pandas as pd
 
 from . import charts, figures, paper
-from .records import describe
+from .records import describe, diagnostic_records
 
 __all__ = ["MORE_SEEDS_FOLDERS", "against_majority", "fig2", "fig3", "headline", "headline_text", "more_seeds",
            "more_seeds_text", "pooling_at_start", "probe_sizes", "relative_drops", "training_note"]
@@ -247,14 +247,11 @@ def more_seeds(frame: pd.DataFrame, results_dir: str | Path, folders: Sequence[s
     """:func:`against_majority` for diagnostic runs beside ``results_dir`` (``folders``) that repeat a task's original
     probe with more seeds than the grid, for the tasks and models of ``frame``. A t-interval over three seeds is
     mean ± 4.30 sd/√3: too wide to resolve a small gap over the majority class that more seeds can resolve."""
-    from ..experiments.results import read_results
-
     rows = []
     for folder in folders:
-        path = Path(results_dir).parent / folder
-        if frame.empty or not (path / "results.csv").is_file():
+        extra = diagnostic_records(results_dir, folder)
+        if frame.empty or extra.empty:
             continue
-        extra = read_results(path)
         extra = extra[extra["model"].isin(set(frame["model"])) & extra["task"].isin(set(frame["task"]))]
         for task in figures._ordered_tasks(extra["task"].unique()):
             rows.append(_majority_row(task, extra[extra["task"] == task]) | {"run": folder})

@@ -12,18 +12,19 @@ the reader's current setup: committed results made from local files stay "local 
 * :func:`coverage`: the declared runs of a grid's blocks that are (not yet) in the table, as a small table and one
   sentence (results may be partial while a grid runs).
 * :func:`grid_or_empty`: a profile's grid file, or an empty grid where this installation has none (e.g. Colab).
+* :func:`diagnostic_records`: the records of a diagnostic run kept beside a profile's results folder, or none.
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Mapping
-from pathlib import PurePosixPath
+from pathlib import Path, PurePosixPath
 
 import pandas as pd
 
-__all__ = ["coverage", "data_label", "dataset_name", "describe", "grid_or_empty", "model_label", "ours_label",
-           "source_kind"]
+__all__ = ["coverage", "data_label", "dataset_name", "describe", "diagnostic_records", "grid_or_empty", "model_label",
+           "ours_label", "source_kind"]
 
 #: Readable names of the data folders the loaders read (:mod:`papa_lib.experiments.tasks`, MLM corpora).
 DATASET_NAMES = {"conll2003": "CoNLL-2003", "wikitext-2": "WikiText-2", "wikitext-103": "WikiText-103",
@@ -140,6 +141,15 @@ def grid_or_empty(setup) -> dict:
         return setup.grid()
     except FileNotFoundError:
         return {"blocks": []}
+
+
+def diagnostic_records(results_dir, folder) -> pd.DataFrame:
+    """The records of the run in ``folder`` beside ``results_dir`` (``data/results/<folder>`` for the committed local
+    run; an absolute ``folder`` is used as it is), or an empty frame where that run has no ``results.csv``."""
+    from ..experiments.results import read_results
+
+    path = Path(results_dir).parent / folder
+    return read_results(path) if (path / "results.csv").is_file() else pd.DataFrame()
 
 
 def coverage(frame: pd.DataFrame, spec: Mapping, blocks: Iterable[str], tasks: Iterable[str] | None = None,
