@@ -25,6 +25,14 @@ from .core.layout import EncodedBatch, encode, encode_words
 from .core.models import SUPPORTED_MODEL_TYPES, UnsupportedModelError, load_encoder
 from .core.override import MODES, AttentionOverride, override, toeplitz_matrix
 from .core.packing import PackedBatch, pack, unpack
+from .core.registry import seal_builtins as _seal_builtins
+
+# Every built-in registration (tasks, matrix types, constant builders, head rankings; the analysis layer's
+# norm-weighted matrices and label-free rankings too) happens on ``import papa_lib``, whatever is imported first.
+from .experiments import matrices as _matrices, rankings as _rankings, tasks as _tasks  # noqa: E402,F401
+from .analysis import norm_rankings as _norm_rankings  # noqa: E402,F401
+
+_seal_builtins()
 
 __all__ = [
     "AttentionOverride",

@@ -9,9 +9,9 @@ Two ideas from Kobayashi et al. (2020) applied to PAPA (Hassid et al. 2022):
   across inputs — the mean squared error of replacing the head by its constant matrix — an alternative to PAPA's
   learned λ (Sec. 3.2) (head orders ``attention_variance`` and ``norm_variance``).
 
-Importing this module registers the ``norm_average`` builder and matrix type
-(:mod:`papa_lib.experiments.matrices`) and the two label-free rankings (:mod:`papa_lib.experiments.rankings`), so
-that :func:`papa_lib.experiments.grid.run_grid` can run them.  :func:`norm_aware_blocks`/:func:`norm_aware_grid`
+This module registers the ``norm_average`` builder and matrix type (:mod:`papa_lib.experiments.matrices`) and the
+two label-free rankings (:mod:`papa_lib.experiments.rankings`); ``import papa_lib`` imports it, so
+:func:`papa_lib.experiments.grid.run_grid` (and a Ray worker) always has them.  :func:`norm_aware_blocks`/:func:`norm_aware_grid`
 declare the grid (``data/results/norms-minilm/grid.yaml``); :func:`matrix_total_variation` compares two sets of
 constant matrices.  The chapter's tables come from :mod:`papa_lib.book.norms_pages`.
 """
@@ -25,7 +25,7 @@ import pandas as pd
 import torch
 
 from ..core.averaging import pair_mask
-from ..experiments.matrices import register_constant_builder, register_matrix_type
+from ..experiments.matrices import register_matrix_type
 from ..experiments.rankings import register_head_ranking
 from .norms import attention_projections, encoder_layers, iter_alpha_and_fx_norms, prepare_batch
 
@@ -212,10 +212,11 @@ def _label_free_scores(weighting: str):
 
 
 # Beyond the paper: norm-weighted constant matrices and label-free head rankings, registered with the engine.
-register_constant_builder("norm_average")(norm_weighted_attention)
-register_matrix_type("norm_average", "constant", constants="norm_average")
-register_head_ranking("attention_variance", _label_free_scores("attention"))
-register_head_ranking("norm_variance", _label_free_scores("norm"))
+register_matrix_type("norm_average", "constant", builder=norm_weighted_attention, label="Norm-weighted average")
+register_head_ranking("attention_variance", _label_free_scores("attention"), label="attention variance (label-free)",
+                      replaced_first="smallest attention variance first")
+register_head_ranking("norm_variance", _label_free_scores("norm"), label="norm-weighted variance (label-free)",
+                      replaced_first="smallest norm-weighted variance first")
 
 
 def matrix_total_variation(first, second) -> pd.DataFrame:

@@ -27,11 +27,12 @@ from typing import Callable
 import numpy as np
 import pandas as pd
 
+from ..experiments.matrices import data_free_types
 from . import paper
 
 COLUMNS = ["claim", "statistic", "paper", "ours", "ci_low", "ci_high", "verdict", "rule"]
 TASK_ORDER = ("cola", "mrpc", "sst2", "mnli", "ner", "pos")
-DATA_FREE = ("identity", "toeplitz", "zeros")
+DATA_FREE = data_free_types()  # registered data-free matrix types (at import: the paper's identity, Toeplitz, zeros)
 FIG5_FRACTIONS = (0.5, 0.125, 0.0625)
 BOOTSTRAP = 2000
 

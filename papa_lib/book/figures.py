@@ -37,6 +37,7 @@ from fractions import Fraction
 import numpy as np
 import pandas as pd
 
+from ..experiments import matrices
 from ..experiments.results import relative_drop, summarize
 
 __all__ = [
@@ -70,34 +71,29 @@ __all__ = [
     "with_paper",
 ]
 
-#: Matrix types built from (unlabeled) text; their rows record ``matrices_from``.
-AVERAGE_TYPES = ("average", "trainable_average", "norm_average")
-#: Constant matrices that need no data (Sec. 5.2 (1)-(3)).
-DATA_FREE_TYPES = ("identity", "toeplitz", "zeros")
-#: Row order of Table 1 / Table 4.
-TABLE1_ORDER = ("original", "identity", "toeplitz", "zeros", "trainable_toeplitz", "trainable_average", "average")
-#: Readable names of the matrix types (the paper's row labels).
-MATRIX_TYPE_LABELS = {
-    "original": "Original (input-dependent)",
-    "identity": "Identity",
-    "toeplitz": "Toeplitz",
-    "zeros": "Zeros",
-    "trainable_toeplitz": "Trainable, Toeplitz init.",
-    "trainable_average": "Trainable, average init.",
-    "average": "Average (PAPA)",
-    "norm_average": "Norm-weighted average",
+# What tables need to know about each matrix type (label, what data it needs, Table 1 row, data-free or built from
+# text) is registered with it (:mod:`papa_lib.experiments.matrices`); the names below read the registry when used,
+# so a matrix type registered later appears in every table without an edit here.
+_REGISTRY_VIEWS = {
+    #: Matrix types built from (unlabeled) text; their rows record ``matrices_from``.
+    "AVERAGE_TYPES": lambda: tuple(n for n, e in matrices.MATRIX_TYPES.items() if e.from_text),
+    #: Constant matrices that need no data (Sec. 5.2 (1)-(3), and any registered as data-free).
+    "DATA_FREE_TYPES": matrices.data_free_types,
+    #: Row order of Table 1 / Table 4 (then the other registered types).
+    "TABLE1_ORDER": matrices.table_order,
+    #: Readable names of the matrix types (the paper's row labels).
+    "MATRIX_TYPE_LABELS": lambda: {n: e.label for n, e in matrices.MATRIX_TYPES.items()},
+    #: Which data each matrix type needs (Table 1's first column).
+    "CONSTRUCTION": lambda: {n: e.construction for n, e in matrices.MATRIX_TYPES.items()},
 }
-#: Which data each matrix type needs (Table 1's first column).
-CONSTRUCTION = {
-    "original": "attention",
-    "identity": "data-free",
-    "toeplitz": "data-free",
-    "zeros": "data-free",
-    "trainable_toeplitz": "labeled",
-    "trainable_average": "labeled",
-    "average": "unlabeled",
-    "norm_average": "unlabeled",
-}
+
+
+def __getattr__(name: str):
+    if name in _REGISTRY_VIEWS:
+        return _REGISTRY_VIEWS[name]()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 #: Column order of the paper's tables.
 PAPER_TASK_ORDER = ("cola", "mrpc", "sst2", "mnli", "ner", "pos")
 
@@ -235,7 +231,7 @@ def _curve_rows(frame: pd.DataFrame, order: str, matrix_type: str, matrices_from
     """Rows of one Fig. 2 curve: originals (fraction 1), the order's partial fractions, all-replaced (fraction 0)."""
     original = frame["matrix_type"] == "original"
     typed = frame["matrix_type"] == matrix_type
-    if matrix_type in AVERAGE_TYPES:
+    if matrix_type in matrices.MATRIX_TYPES and matrices.MATRIX_TYPES[matrix_type].from_text:
         typed &= _matrices_mask(frame, matrices_from)
     fraction = pd.to_numeric(frame["fraction"], errors="coerce")
     partial = typed & (frame["selection_order"] == order) & (fraction > 0) & (fraction < 1)
@@ -449,8 +445,9 @@ def matrix_type_summary(frame: pd.DataFrame, tasks: Iterable[str] | None = None)
     if rows.empty:
         return _empty(columns)
     summary = summarize(rows, ["model", "matrix_type", "task", "metric"])
-    summary["construction"] = summary["matrix_type"].map(CONSTRUCTION).fillna("other")
-    order = {name: i for i, name in enumerate(TABLE1_ORDER)}
+    construction = {n: e.construction for n, e in matrices.MATRIX_TYPES.items()}
+    summary["construction"] = summary["matrix_type"].map(construction).fillna("other")
+    order = {name: i for i, name in enumerate(matrices.table_order())}
     summary["_row"] = summary["matrix_type"].map(lambda m: order.get(m, len(order)))
     return _sort_by_task(summary, before=("model", "_row", "matrix_type"))[columns]
 
@@ -460,7 +457,8 @@ def matrix_type_table(frame: pd.DataFrame, tasks: Iterable[str] | None = None, d
     tasks = _check_tasks(tasks, "matrix_type_table")
     summary = matrix_type_summary(frame, tasks)
     present = list(dict.fromkeys(summary["matrix_type"]))
-    rows = [t for t in TABLE1_ORDER if t in present] + [t for t in present if t not in TABLE1_ORDER]
+    known = matrices.table_order()
+    rows = [t for t in known if t in present] + [t for t in present if t not in known]
     rows = rows or ["original"]
     columns = tasks if tasks is not None else _ordered_tasks(summary["task"])
     return wide_table(summary, "matrix_type", "task", row_order=rows, column_order=columns, digits=digits)
@@ -483,7 +481,7 @@ def average_vs_data_free(summary: pd.DataFrame) -> pd.DataFrame:
     for (model, task), group in summary.groupby(["model", "task"], sort=False):
         means = dict(zip(group["matrix_type"], group["mean"]))
         average = means.get("average", float("nan"))
-        free = {t: means[t] for t in DATA_FREE_TYPES if t in means and not pd.isna(means[t])}
+        free = {t: means[t] for t in matrices.data_free_types() if t in means and not pd.isna(means[t])}
         best = max(free, key=free.get) if free else None
         best_score = free[best] if best else float("nan")
         margin = average - best_score
@@ -744,7 +742,7 @@ def grid_coverage(frame: pd.DataFrame, spec: Mapping, blocks: Iterable[str] | No
         for name, task, variant in _block_variants(block):
             if wanted is not None and name not in wanted:
                 continue
-            source = variant.matrices_from or (task if variant.matrix_type in AVERAGE_TYPES else None)
+            source = variant.matrices_from or (task if matrices.matrix_type(variant.matrix_type).from_text else None)
             tally = counts.setdefault((name, task), [0, 0])
             for seed in seeds:
                 tally[0] += 1

@@ -75,7 +75,7 @@ class Variant:
 
     @classmethod
     def make(cls, matrix_type="average", selection_order="lambda", fraction=1.0, matrices_from=None) -> "Variant":
-        entry = globals()["matrix_type"](matrix_type)
+        entry = MATRIX_TYPES.lookup(matrix_type)
         if selection_order != "none":
             head_ranking(selection_order)
         fraction = float(fraction)

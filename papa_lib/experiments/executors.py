@@ -37,7 +37,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from . import engine, matrices, rankings, results, tasks
+from ..core import registry
+from . import engine, matrices, rankings, results
 from .grid import grid_runs, grid_settings, run_grid, task_config
 from .features import FeatureStore
 
@@ -143,28 +144,17 @@ def _folder(*parts: str) -> str:
 # ---------------------------------------------------------------------------------------------- worker side
 @dataclass
 class WorkerContext:
-    """What every Ray task needs besides the model: the grid's settings, the folder, the driver's registries."""
+    """What every Ray task needs besides the model: the grid's settings, the folder, and what the driver registered
+    beyond ``papa_lib``'s built-ins (:func:`papa_lib.core.registry.extensions`: tasks of your own, a matrix type from
+    a script; a worker has every built-in from ``import papa_lib``)."""
 
     settings: dict
     seeds: list[int]
     results_dir: str
     token: str
-    registries: tuple
+    extensions: dict
     threads: int = 1
     before_run: Callable | None = None
-
-
-def registries() -> tuple:
-    """This process's registries (tasks of your own, matrix types, constant builders, head rankings), to be installed
-    in workers: functions from importable modules travel by reference, others by value."""
-    return (dict(tasks.TASKS), dict(matrices.MATRIX_TYPES), dict(matrices.CONSTANT_BUILDERS),
-            dict(rankings.HEAD_RANKINGS))
-
-
-def _install(snapshot: tuple) -> None:
-    for target, entries in zip((tasks.TASKS, matrices.MATRIX_TYPES, matrices.CONSTANT_BUILDERS,
-                                rankings.HEAD_RANKINGS), snapshot):
-        target.update(entries)
 
 
 def _check_visible(context: WorkerContext) -> None:
@@ -219,11 +209,11 @@ def _model(context: WorkerContext, boxed: list):
 
 
 def _open(context: WorkerContext, boxed: list, task: str, features: str = "", keep: bool = False):
-    """A :class:`engine.TaskExperiment` of ``task`` in a worker (pinned threads, the driver's registries)."""
+    """A :class:`engine.TaskExperiment` of ``task`` in a worker (pinned threads, the driver's extensions)."""
     import torch
 
     _check_visible(context)
-    _install(context.registries)
+    registry.install(context.extensions)
     torch.set_num_threads(context.threads)
     model, tokenizer = _model(context, boxed)
     settings = dict(context.settings, keep_features=True) if keep else context.settings
@@ -336,7 +326,7 @@ class RayExecutor:
         marker = write_token(results_dir, token)
         try:
             self._check_cluster(ray, results_dir, token, settings.get("data_dir"), local=started and not self.address)
-            context = WorkerContext(settings, seeds, str(results_dir), token, registries(),
+            context = WorkerContext(settings, seeds, str(results_dir), token, registry.extensions(),
                                     max(1, round(self.cpus_per_run)), self.before_run)
             self._execute(ray, plan, context, PortableModel.of(model, tokenizer), store, progress)
         finally:

@@ -5,9 +5,15 @@ A ranking either fixes the order (``first_to_last``, ``last_to_first``, ``random
 B = λA + (1-λ)C (Sec. 3.2, Eq. 3); ``reversed`` replaces the largest λ first. Label-free scores (beyond the paper)
 register themselves from :mod:`papa_lib.analysis.norm_rankings`.
 
-A new ranking is one call::
+Every ranking reads a variant's ``fraction`` the same way: the share of heads that **stay input-dependent**
+(1: none replaced, 0: all replaced); the heads replaced are a prefix of the ranking's replacement order, so with
+scores the ``fraction`` of heads with the *largest* scores keep their attention (:func:`replaced_first` says which
+end goes first, in words).
 
-    register_head_ranking("my_score", my_scores)   # my_scores(experiment, matrices_from, seed) -> [layers, heads]
+A new ranking is one call (all built-ins, the label-free ones included, are registered when ``papa_lib`` is
+imported)::
+
+    register_head_ranking("my_score", my_scores, label="my score")   # my_scores(experiment, matrices_from, seed)
 """
 
 from __future__ import annotations
@@ -15,42 +21,63 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
+from ..core.registry import Registry
+
 
 @dataclass(frozen=True)
 class HeadRanking:
     """``scores(experiment, matrices_from, seed) -> Tensor [layers, heads]`` (None for fixed orders); ``order`` is
     the :func:`papa_lib.experiments.selection.heads_to_replace` order that uses the scores; ``learned`` rankings
-    depend on λ training settings (they enter the run id)."""
+    depend on λ training settings (they enter the run id); ``label`` names it in tables and charts;
+    ``replaced_first`` says which heads go first, i.e. which ``1 - fraction`` of them a variant replaces."""
 
     name: str
     order: str
     scores: Callable | None = None
     learned: bool = False
+    label: str = ""
+    replaced_first: str = ""
+
+    @property
+    def scored(self) -> bool:
+        return self.scores is not None
 
 
-HEAD_RANKINGS: dict[str, HeadRanking] = {}
+HEAD_RANKINGS: Registry = Registry("selection order")
 
 
 def register_head_ranking(name: str, scores: Callable | None = None, *, order: str | None = None,
-                          learned: bool = False) -> HeadRanking:
-    """Register a ranking; with ``scores`` the heads are replaced in ascending score order."""
-    entry = HeadRanking(name, order or ("lambda" if scores is not None else name), scores, learned)
+                          learned: bool = False, label: str | None = None,
+                          replaced_first: str | None = None) -> HeadRanking:
+    """Register a ranking; with ``scores`` the heads are replaced in ascending score order (the smallest first)."""
+    order = order or ("lambda" if scores is not None else name)
+    if replaced_first is None:
+        replaced_first = (f"smallest {name} score first" if order == "lambda"
+                          else "largest score first" if order == "reversed" else f"{name} order")
+    entry = HeadRanking(name, order, scores, learned, label or name, replaced_first)
     HEAD_RANKINGS[name] = entry
     return entry
 
 
 def head_ranking(name: str) -> HeadRanking:
-    if name not in HEAD_RANKINGS:
-        raise ValueError(f"unknown selection order {name!r}; choose one of {tuple(HEAD_RANKINGS)}")
-    return HEAD_RANKINGS[name]
+    return HEAD_RANKINGS.lookup(name)
+
+
+def ranking_label(name: str) -> str:
+    """How tables name a ranking; an unregistered name (or ``none``) as it is."""
+    return HEAD_RANKINGS[name].label if name in HEAD_RANKINGS else name
 
 
 def _learned_lambdas(experiment, matrices_from, seed):
     return experiment.learn_lambdas(matrices_from, seed)
 
 
-register_head_ranking("lambda", _learned_lambdas, order="lambda", learned=True)       # Sec. 3.2
-register_head_ranking("reversed", _learned_lambdas, order="reversed", learned=True)   # Sec. 5.4
-register_head_ranking("first_to_last")                                               # Sec. 5.4
-register_head_ranking("last_to_first")
-register_head_ranking("random")
+register_head_ranking("lambda", _learned_lambdas, order="lambda", learned=True,          # Sec. 3.2
+                      label="λ (smallest first)", replaced_first="smallest learned λ first")
+register_head_ranking("reversed", _learned_lambdas, order="reversed", learned=True,      # Sec. 5.4
+                      label="reversed λ", replaced_first="largest learned λ first")
+register_head_ranking("first_to_last", label="first layer → last",                       # Sec. 5.4
+                      replaced_first="first layer first, heads in the model's order")
+register_head_ranking("last_to_first", label="last layer → first",
+                      replaced_first="last layer first, heads in the model's order")
+register_head_ranking("random", label="random", replaced_first="a random permutation drawn from the seed")

@@ -52,6 +52,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
+from ..core.registry import Registry
 from . import sample_data
 
 __all__ = [
@@ -135,7 +136,7 @@ class TaskSpec:
         return len(self.label_names)
 
 
-TASKS: dict[str, TaskSpec] = {
+TASKS: Registry = Registry("task", {
     "cola": TaskSpec(
         name="cola", kind="sentence", is_pair=False, metric="matthews_corrcoef",
         label_names=("unacceptable", "acceptable"),
@@ -173,7 +174,7 @@ TASKS: dict[str, TaskSpec] = {
         learning_rate=5e-4, batch_size=8, epochs=4, max_length=128,
         validation_split="CoNLL-2003 validation (eng.testa)", hub_dataset="eriktks/conll2003",
     ),
-}
+})
 
 #: Hyperparameters of the masked-language-modelling probe (App. B, Table 3, "MLM" row).
 MLM_HPARAMS: dict[str, float | int] = dict(learning_rate=5e-4, batch_size=8, epochs=2, max_length=128)
