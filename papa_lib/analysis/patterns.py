@@ -51,6 +51,7 @@ import numpy as np
 import pandas as pd
 import torch
 
+from ..core.averaging import PadAwareAverage
 from ..experiments import selection
 
 __all__ = [
@@ -118,15 +119,15 @@ def pad_aware_mean(attentions: torch.Tensor, masks: torch.Tensor) -> tuple[torch
     """The pad-aware entry-wise mean of Eq. 2 over the given inputs: ``(C [*heads, L, L], counts [L, L])``.
 
     Entry (q, k) averages ``attentions[i, ..., q, k]`` over the inputs i in which both q and k are real tokens;
-    entries no input covers are 0. This is what :func:`papa_lib.average_attention` computes while streaming a model
-    over a corpus; here the attention matrices are already in memory (a handful of inputs).
+    entries no input covers are 0. It is :class:`papa_lib.core.averaging.PadAwareAverage` (what
+    :func:`papa_lib.average_attention` streams over a corpus) applied to attention matrices already in memory.
     """
     attentions, real = _check_attentions(attentions, masks)
-    pair = _pair_mask(real, attentions.dim() - 3)
-    counts = pair.sum(0).reshape(real.shape[1], real.shape[1])
-    sums = (attentions * pair).sum(0)
-    mean = torch.where(counts > 0, sums / counts.clamp_min(1.0), torch.zeros((), dtype=sums.dtype))
-    return mean, counts.round().long()
+    count, *heads, length, _ = attentions.shape
+    average = PadAwareAverage(1, math.prod(heads))  # the one implementation of Eq. 2
+    average.add([(0, attentions.reshape(count, -1, length, length))], real.long())
+    mean, counts = average.means()
+    return mean[0].reshape(*heads, length, length), counts
 
 
 def restrict_to_input(constant: torch.Tensor, masks: torch.Tensor) -> torch.Tensor:

@@ -149,8 +149,9 @@ class PadAwareAverage:
             raise ValueError(f"all batches must have the same width L; got {width} after {self.length}")
         if positions is None:
             pair = pair_mask(attention_mask)
-            for layer, matrices in per_layer:
-                self.sums[layer] += torch.einsum("bhqk,bqk->hqk", matrices.float(), pair).double()
+            for layer, matrices in per_layer:  # float32 sums per batch (float64 when given float64)
+                values = matrices if matrices.dtype == torch.float64 else matrices.float()
+                self.sums[layer] += torch.einsum("bhqk,bqk->hqk", values, pair.to(values.dtype)).double()
             self.counts += pair.sum(0).double()
         else:
             real = attention_mask.bool()
@@ -163,13 +164,18 @@ class PadAwareAverage:
             self.counts.view(-1).index_add_(0, flat, torch.ones_like(flat, dtype=torch.float64))
         self.num_examples += int(attention_mask.shape[0])
 
-    def result(self, model, source: str) -> ConstantAttention:
-        """The averages as a :class:`ConstantAttention`; an empty corpus raises ``ValueError``."""
+    def means(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(C [layers, heads, L, L] float64, counts [L, L] int64)``: Eq. 2 so far; an empty corpus raises
+        ``ValueError``."""
         if self.num_examples == 0:
             raise ValueError(f"{self.kind} averaging got an empty corpus: no batches (or only empty ones) to average over")
         stacked = torch.stack([s.clone() for s in self.sums])  # plain tensors, editable outside inference mode
         zero = torch.zeros((), dtype=stacked.dtype, device=stacked.device)
-        matrices = torch.where(self.counts > 0, stacked / self.counts.clamp_min(1), zero)
+        return torch.where(self.counts > 0, stacked / self.counts.clamp_min(1), zero), self.counts.clone().round().long()
+
+    def result(self, model, source: str) -> ConstantAttention:
+        """The averages as a :class:`ConstantAttention`; an empty corpus raises ``ValueError``."""
+        matrices, counts = self.means()
         metadata = {
             "model": model_id(model),
             "max_length": self.length,
@@ -179,7 +185,7 @@ class PadAwareAverage:
             "seconds": round(time.time() - self.started, 3),
             "kind": self.kind,
         }
-        return ConstantAttention(matrices.float().cpu(), self.counts.clone().round().long().cpu(), metadata)
+        return ConstantAttention(matrices.float().cpu(), counts.cpu(), metadata)
 
 
 def average_attention(
