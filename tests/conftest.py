@@ -10,6 +10,19 @@ import torch
 torch.set_num_threads(1)  # tiny models: one thread is fastest and avoids contention
 
 SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+#: The front matter every chapter starts with (jupytext MyST, Python 3 kernel): for chapters written by tests.
+JUPYTEXT_HEADER = """---
+jupytext:
+  text_representation:
+    extension: .md
+    format_name: myst
+    format_version: 0.13
+kernelspec:
+  display_name: Python 3
+  language: python
+  name: python3
+---
+"""
 from papa_lib.smoke import ARCHITECTURES, tiny_config, tiny_model  # noqa: F401  (re-exported for the tests)
 
 
@@ -24,6 +37,14 @@ def random_batch(batch: int = 3, length: int = 12, vocab: int = 120, seed: int =
         mask[row, -1] = 1
     ids = torch.where(mask.bool(), ids, torch.full_like(ids, 1))
     return {"input_ids": ids, "attention_mask": mask, "token_type_ids": torch.zeros_like(ids)}
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    """A tiny random BERT and its tokenizer (:func:`papa_lib.smoke.tiny_encoder`), one per test module."""
+    from papa_lib import smoke
+
+    return smoke.tiny_encoder("bert")
 
 
 @pytest.fixture(params=ARCHITECTURES)

@@ -41,6 +41,8 @@ import pytest
 from papa_lib.book import build
 from papa_lib.book import charts, sphinx_hooks
 
+from conftest import JUPYTEXT_HEADER
+
 REPO = Path(__file__).resolve().parents[1]
 BUNDLE = charts.BUNDLE_FILENAME
 # Resources a reader's browser may fetch from the internet: none. Charts use the bundled vega, equations the
@@ -49,18 +51,7 @@ BUNDLE = charts.BUNDLE_FILENAME
 ALLOWED_EXTERNAL: tuple[str, ...] = ()
 MATHJAX_SCRIPT = "_static/mathjax/MathJax.js"
 # A page with every kind of math the chapters use, added to the minimal test build (intro has none).
-MATH_PAGE = """---
-jupytext:
-  text_representation:
-    extension: .md
-    format_name: myst
-    format_version: 0.13
-kernelspec:
-  display_name: Python 3
-  language: python
-  name: python3
----
-
+MATH_PAGE = JUPYTEXT_HEADER + """
 # Math check
 
 Inline $A^h = \\operatorname{softmax}(Q K^\\top / \\sqrt{d'})$ and a price of 5 dollars, not math.

@@ -20,21 +20,12 @@ import pytest
 from papa_lib import cli
 from papa_lib.book import build, execution
 
+from conftest import JUPYTEXT_HEADER
+
 REPO = Path(__file__).resolve().parents[1]
 
-CHAPTER = textwrap.dedent(
+CHAPTER = JUPYTEXT_HEADER + textwrap.dedent(
     """\
-    ---
-    jupytext:
-      text_representation:
-        extension: .md
-        format_name: myst
-        format_version: 0.13
-    kernelspec:
-      display_name: Python 3
-      language: python
-      name: python3
-    ---
 
     # {name}
 

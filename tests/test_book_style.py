@@ -24,6 +24,8 @@ from pathlib import Path
 import jupytext
 import pytest
 
+from conftest import JUPYTEXT_HEADER
+
 REPO = Path(__file__).resolve().parents[1]
 CHAPTERS = sorted((REPO / "book").glob("*.md"))
 HIDDEN_TAGS = {"hide-input", "remove-input", "remove-cell"}
@@ -83,18 +85,7 @@ def test_chapters_leave_chart_specifications_to_the_library(chapter):
 
 
 def test_visible_code_lines_counts_only_what_a_reader_sees():
-    text = """---
-jupytext:
-  text_representation:
-    extension: .md
-    format_name: myst
-    format_version: 0.13
-kernelspec:
-  display_name: Python 3
-  language: python
-  name: python3
----
-
+    text = JUPYTEXT_HEADER + """
 # T
 
 ```{code-cell} ipython3

@@ -18,6 +18,8 @@ import pytest
 
 from papa_lib.book import build
 
+from conftest import JUPYTEXT_HEADER
+
 REPO = Path(__file__).resolve().parents[1]
 BOOK_DIR = REPO / "book"
 CONFIG = REPO / "_config.yml"
@@ -138,21 +140,7 @@ def test_chapter_has_guarded_install_cell(chapter):
 # papa_lib.book helpers, on a throw-away book
 # ---------------------------------------------------------------------------------------------
 
-HEADER = textwrap.dedent(
-    """\
-    ---
-    jupytext:
-      text_representation:
-        extension: .md
-        format_name: myst
-        format_version: 0.13
-    kernelspec:
-      display_name: Python 3
-      language: python
-      name: python3
-    ---
-    """
-)
+HEADER = JUPYTEXT_HEADER
 
 
 def _chapter(body: str) -> str:

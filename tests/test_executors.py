@@ -35,11 +35,6 @@ MACHINE = ("wall_time_s", "peak_memory_mb", "finished_at")
 
 
 @pytest.fixture(scope="module")
-def tiny():
-    return smoke.tiny_encoder("bert")
-
-
-@pytest.fixture(scope="module")
 def data_dir(tmp_path_factory):
     return smoke.generate_data_dir(tmp_path_factory.mktemp("data"), n_train=24, n_dev=12)
 

@@ -13,11 +13,6 @@ from papa_lib.experiments.engine import ExperimentConfig, TaskExperiment, Varian
 
 
 @pytest.fixture(scope="module")
-def tiny():
-    return smoke.tiny_encoder("bert")
-
-
-@pytest.fixture(scope="module")
 def data_dir(tmp_path_factory):
     return smoke.generate_data_dir(tmp_path_factory.mktemp("data"), n_train=32, n_dev=16)
 

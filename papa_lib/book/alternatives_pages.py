@@ -18,6 +18,7 @@ from typing import Any, Sequence
 import pandas as pd
 
 from . import charts, figures, paper
+from .display import markdown as _markdown
 from .records import describe, diagnostic_records, ours_label
 
 __all__ = ["head_weights", "premise_use", "premise_use_text", "table1", "table1_chart", "verdict_text", "verdicts"]
@@ -27,12 +28,6 @@ HYPOTHESIS_ONLY_FOLDER = "mnli-hypothesis-only"
 
 #: Whose data each kind of matrix needs (Table 1's first column), in legend order.
 CONSTRUCTIONS = ["attention", "data-free", "labeled", "unlabeled"]
-
-
-def _markdown(text: str) -> Any:
-    from IPython.display import Markdown
-
-    return Markdown(text)
 
 
 def _demo_matrices(setup, frame: pd.DataFrame, tasks: Sequence[str], lengths: dict):

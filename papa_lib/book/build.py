@@ -34,6 +34,8 @@ import sys
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
+from .profiles import find_repo_root
+
 __all__ = [
     "BookBuildError",
     "ChapterExecutionError",
@@ -84,23 +86,6 @@ class ChapterExecutionError(RuntimeError):
 # --------------------------------------------------------------------------------------------
 # Locations and configuration
 # --------------------------------------------------------------------------------------------
-
-
-def find_repo_root(start: str | os.PathLike | None = None) -> Path:
-    """Return the book's repository root: the nearest folder (from ``start``, default the
-    working directory, upwards) holding ``_config.yml`` and ``_toc.yml``.
-
-    Chapters run with the working directory set to ``book/`` (Jupyter Book) or to the root
-    (papermill, :func:`run_chapters`); resolving paths against this root makes both agree.
-    Outside a checkout (e.g. in Colab) the start folder itself is returned.
-    """
-    here = Path(start if start is not None else Path.cwd()).resolve()
-    if here.is_file():
-        here = here.parent
-    for folder in (here, *here.parents):
-        if (folder / "_config.yml").is_file() and (folder / "_toc.yml").is_file():
-            return folder
-    return here
 
 
 def load_config(config: str | os.PathLike = "_config.yml") -> dict:

@@ -41,13 +41,8 @@ from ..experiments import matrices
 from ..experiments.results import relative_drop, summarize
 
 __all__ = [
-    "AVERAGE_TYPES",
-    "CONSTRUCTION",
-    "DATA_FREE_TYPES",
     "DropSummary",
-    "MATRIX_TYPE_LABELS",
     "PAPER_TASK_ORDER",
-    "TABLE1_ORDER",
     "all_constant_drop",
     "average_vs_data_free",
     "column_mass",

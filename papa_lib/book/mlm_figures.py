@@ -17,16 +17,11 @@ import numpy as np
 import pandas as pd
 
 from . import charts, figures, mlm_pages
+from .display import markdown as _markdown
 from .records import describe
 
 __all__ = ["Plan", "beside_paper", "corpus_label", "drop_map", "fig6", "fig6_coverage", "lambda_chart",
            "lambda_spread", "masked_targets", "minilm_text", "plan", "reference_scores"]
-
-
-def _markdown(text: str) -> Any:
-    from IPython.display import Markdown
-
-    return Markdown(text)
 
 
 @dataclass

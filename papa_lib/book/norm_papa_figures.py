@@ -22,6 +22,7 @@ import numpy as np
 import pandas as pd
 
 from . import charts, figures, norms_pages
+from .display import markdown as _markdown
 
 __all__ = ["ORDER_NAMES", "agreement_table", "agreement_text", "changed_head_chart", "distance_chart",
            "distance_text", "head_scores", "matrix_chart", "matrix_text", "matrix_verdicts", "missing_runs",
@@ -31,12 +32,6 @@ MATRIX_NAMES = {"original": "original attention", "average": "plain averages C (
                 "norm_average": "norm-weighted N"}
 ORDER_NAMES = {"lambda": "λ (PAPA, learned with labels)", "attention_variance": "attention variance (label-free)",
                "norm_variance": "norm-weighted variance (label-free)"}
-
-
-def _markdown(text: str) -> Any:
-    from IPython.display import Markdown
-
-    return Markdown(text)
 
 
 def _both(norm_frame: pd.DataFrame, frame: pd.DataFrame) -> pd.DataFrame:

@@ -19,6 +19,7 @@ from typing import Any, Mapping
 import pandas as pd
 
 from . import charts
+from .display import markdown as _markdown
 from .records import source_kind
 
 __all__ = ["analysis_label", "comparison", "comparison_text", "cv_chart", "cv_text", "decomposition_text",
@@ -26,12 +27,6 @@ __all__ = ["analysis_label", "comparison", "comparison_text", "cv_chart", "cv_te
            "special_table", "special_text", "token_heads_chart", "types_chart"]
 
 METHODS = ["weight", "norm", "norm_heads_summed"]
-
-
-def _markdown(text: str) -> Any:
-    from IPython.display import Markdown
-
-    return Markdown(text)
 
 
 def decomposition_text(check: pd.DataFrame) -> Any:

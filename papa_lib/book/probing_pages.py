@@ -22,6 +22,7 @@ from typing import Any, Sequence
 import pandas as pd
 
 from . import charts, figures, paper
+from .display import markdown as _markdown
 from .records import describe, diagnostic_records
 
 __all__ = ["MORE_SEEDS_FOLDERS", "against_majority", "fig2", "fig3", "headline", "headline_text", "more_seeds",
@@ -29,12 +30,6 @@ __all__ = ["MORE_SEEDS_FOLDERS", "against_majority", "fig2", "fig3", "headline",
 
 #: Diagnostic runs beside a profile's results folder that repeat a task's original probe with more seeds.
 MORE_SEEDS_FOLDERS = ("mrpc-original-seeds",)
-
-
-def _markdown(text: str) -> Any:
-    from IPython.display import Markdown
-
-    return Markdown(text)
 
 
 def _parameters(module) -> int:

@@ -54,13 +54,22 @@ SMOKE_GRID = {
 }
 
 
-def find_repo_root(start: str | Path | None = None) -> Path:
-    """The repository root (the folder holding ``_config.yml`` and ``papa_lib/``), searched upwards from ``start``."""
-    here = Path(start or Path.cwd()).resolve()
+def find_repo_root(start: str | os.PathLike | None = None, *, fallback: str = "start") -> Path:
+    """Return the book's repository root: the nearest folder (from ``start``, default the working directory,
+    upwards) holding ``_config.yml`` and ``_toc.yml``.
+
+    Chapters run with the working directory set to ``book/`` (Jupyter Book) or to the root (papermill,
+    :func:`papa_lib.book.build.run_chapters`); resolving paths against this root makes both agree. Outside a checkout
+    (e.g. in Colab) it is the start folder itself (``fallback="start"``) or the folder above this package
+    (``fallback="package"``, what :func:`resolve` uses).
+    """
+    here = Path(start if start is not None else Path.cwd()).resolve()
+    if here.is_file():
+        here = here.parent
     for folder in (here, *here.parents):
-        if (folder / "_config.yml").exists() and (folder / "papa_lib").is_dir():
+        if (folder / "_config.yml").is_file() and (folder / "_toc.yml").is_file():
             return folder
-    return Path(__file__).resolve().parents[2]
+    return Path(__file__).resolve().parents[2] if fallback == "package" else here
 
 
 @dataclass
@@ -179,7 +188,7 @@ def resolve(profile: str = "local", model_name: str | None = None, data_dir: str
     """
     if profile not in PROFILES:
         raise ValueError(f"unknown profile {profile!r}; choose one of {PROFILES}")
-    root = find_repo_root(root)
+    root = find_repo_root(root, fallback="package")
     if profile == "paper" and model_name is None:
         model_name = "roberta-base"  # the model of the paper's Sec. 5 analyses; pass another hub id per run
     if profile == "smoke":

@@ -19,6 +19,7 @@ from typing import Any
 import pandas as pd
 
 from . import charts, costs, figures, profiles
+from .display import markdown as _markdown
 from .records import describe
 
 __all__ = ["Estimate", "estimate", "memory_table", "model_table", "profiles_table", "show_file"]
@@ -28,12 +29,6 @@ __all__ = ["Estimate", "estimate", "memory_table", "model_table", "profiles_tabl
 PAPER_SCOPE = {name: {"fig2"} for name in profiles.PAPER_MODELS}
 PAPER_SCOPE["roberta-base"] = {"fig2", "table1", "table2", "fig5"}
 PAPER_SCOPE["roberta-large"] = {"fig2", "table1", "table2"}
-
-
-def _markdown(text: str) -> Any:
-    from IPython.display import Markdown
-
-    return Markdown(text)
 
 
 def _grid(path: Path) -> dict:

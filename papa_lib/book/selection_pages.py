@@ -16,6 +16,7 @@ from typing import Any
 import pandas as pd
 
 from . import charts
+from .display import markdown as _markdown
 from .records import describe
 
 __all__ = ["ORDER_NAMES", "fig5", "fig5_missing", "lambda_maps", "lambda_table", "lambda_text", "order_ranking",
@@ -26,12 +27,6 @@ ORDER_NAMES = {"lambda": "λ (smallest first)", "reversed": "reversed λ", "firs
                "last_to_first": "last layer → first", "random": "random"}
 _FRACTION_LABELS = {1.0: "1", 0.5: "1/2", 0.125: "1/8", 0.0625: "1/16", 0.0: "0"}
 _KEPT = {1.0: "1 (replaced first)", 0.5: "1/2", 0.125: "1/8", 0.0625: "1/16"}
-
-
-def _markdown(text: str) -> Any:
-    from IPython.display import Markdown
-
-    return Markdown(text)
 
 
 def _lambdas(setup) -> pd.DataFrame:

@@ -16,15 +16,10 @@ from typing import Any, Sequence
 import pandas as pd
 
 from . import charts, figures, paper
+from .display import markdown as _markdown
 from .records import describe, ours_label
 
 __all__ = ["changes_chart", "changes_text", "layout_chart", "layout_overview", "layout_text", "table2"]
-
-
-def _markdown(text: str) -> Any:
-    from IPython.display import Markdown
-
-    return Markdown(text)
 
 
 def table2(frame: pd.DataFrame, tasks: Sequence[str]) -> Any:
