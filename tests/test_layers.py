@@ -89,3 +89,17 @@ def test_modules_are_small():
     long = {str(p.relative_to(PACKAGE)): n for p in PACKAGE.rglob("*.py")
             if (n := len(p.read_text().splitlines())) > MAX_LINES}
     assert not long, f"modules over {MAX_LINES} lines: {long}"
+
+
+def test_only_the_book_draws():
+    """Computing apart from drawing: analysis functions return tables; only ``papa_lib/book`` imports altair."""
+    drawing = []
+    for path in PACKAGE.rglob("*.py"):
+        if path.relative_to(PACKAGE).parts[0] == "book":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = ([alias.name for alias in node.names] if isinstance(node, ast.Import)
+                     else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            drawing += [f"{path.relative_to(PACKAGE)}:{node.lineno} imports {n}" for n in names
+                        if n.split(".")[0] in {"altair", "matplotlib", "vl_convert"}]
+    assert not drawing, "drawing outside papa_lib/book:\n" + "\n".join(drawing)

@@ -12,6 +12,7 @@ import torch
 
 import papa_lib
 from papa_lib.analysis import patterns
+from papa_lib.book import charts
 from papa_lib.experiments import selection
 from papa_lib.smoke import tiny_model
 
@@ -287,7 +288,7 @@ def test_heatmap_chart_unpacks_the_chosen_matrix_in_vega():
     keys = [{"head": 0, "input": "a"}, {"head": 1, "input": "a"}, {"head": 1, "input": "b"}]
     packed = patterns.packed_heatmaps(matrices, keys, labels=[["0 x", "1 y"], ["0 x", "1 y"], ["0 u", "1 v"]])
     head = alt.param(name="head_choice", value=1, bind=alt.binding_select(options=[0, 1], name="head "))
-    chart = patterns.heatmap_chart(packed, {"head": head}, facet="input", title="test")
+    chart = charts.heatmap_chart(packed, {"head": head}, facet="input", title="test")
     spec = chart.to_dict()
     assert spec["params"][0]["name"] == "head_choice" and len(spec["hconcat"]) == 2
     svg = vl_convert.vegalite_to_svg(spec)
@@ -299,7 +300,7 @@ def test_heatmap_chart_unpacks_the_chosen_matrix_in_vega():
     )
     assert len(json.dumps(spec)) < 5000
     with pytest.raises(ValueError, match="selector field"):
-        patterns.heatmap_chart(packed, {"layer": head})
+        charts.heatmap_chart(packed, {"layer": head})
 
 
 def test_heatmap_chart_without_selectors_in_rows():
@@ -308,10 +309,10 @@ def test_heatmap_chart_without_selectors_in_rows():
 
     matrices = torch.eye(3).expand(3, 3, 3) * torch.tensor([0.2, 0.5, 0.9])[:, None, None]
     packed = patterns.packed_heatmaps(matrices, [{"pick": p} for p in "abc"], labels=["0", "1", "2"])
-    spec = patterns.heatmap_chart(packed, {}, facet="pick", columns=2).to_dict()
+    spec = charts.heatmap_chart(packed, {}, facet="pick", columns=2).to_dict()
     assert "params" not in spec and len(spec["vconcat"]) == 2 and len(spec["vconcat"][0]["hconcat"]) == 2
     svg = vl_convert.vegalite_to_svg(spec)
     assert len(re.findall(r'aria-label="[^"]*attention: ', svg)) == 27
     assert svg.count("Gradient legend") == 1
     with pytest.raises(ValueError, match="columns"):
-        patterns.heatmap_chart(packed, {}, facet="pick", columns=0)
+        charts.heatmap_chart(packed, {}, facet="pick", columns=0)

@@ -33,10 +33,10 @@ Patterns of the constant matrices (Sec. 5.1)
     :func:`kept_until` turns λ into the fraction of input-dependent heads down to which each head survives;
     :func:`order_curves` and :func:`compare_orders` put the Fig. 5 runs of a results table into curves and rank them.
 
-Charts
-    :func:`packed_heatmaps` stores many attention matrices compactly (one row per matrix, values in thousandths) and
-    :func:`heatmap_chart` draws the ones chosen with altair parameters (dropdowns), flattening them in the browser,
-    so that a gallery of every head stays a few hundred kilobytes inside the page.
+Heat-map tables
+    :func:`packed_heatmaps` stores many attention matrices compactly (one row per matrix, values in thousandths);
+    :func:`papa_lib.book.charts.heatmap_chart` draws the ones chosen with dropdowns, flattening them in the browser,
+    so that a gallery of every head stays a few hundred kilobytes inside the page. Nothing here draws.
 """
 
 from __future__ import annotations
@@ -59,7 +59,6 @@ __all__ = [
     "SPECIAL_THRESHOLD",
     "compare_orders",
     "diagonal_stats",
-    "heatmap_chart",
     "input_distance",
     "input_variability",
     "kept_until",
@@ -523,7 +522,7 @@ def compare_orders(summary: pd.DataFrame, best_order: str = "lambda", worst_orde
 
 
 # ------------------------------------------------------------------------------------------------------------------
-# Compact heat maps for the book (altair)
+# Compact heat-map tables (drawn by papa_lib.book.charts.heatmap_chart)
 # ------------------------------------------------------------------------------------------------------------------
 
 
@@ -540,7 +539,8 @@ def position_labels(positions: Sequence[int], tokens: Sequence[str] | None = Non
 
 def packed_heatmaps(matrices: torch.Tensor, keys: Sequence[Mapping[str, Any]], labels: Sequence[Sequence[str]] | Sequence[str],
                     positions: Sequence[Sequence[int]] | Sequence[int] | None = None, scale: int = 1000) -> pd.DataFrame:
-    """One row per matrix, for :func:`heatmap_chart`: the key fields, ``labels`` and ``cells`` (row-major ints).
+    """One row per matrix, for :func:`papa_lib.book.charts.heatmap_chart`: the key fields, ``labels`` and ``cells``
+    (row-major ints).
 
     Args:
         matrices: ``[M, L, L]`` (or a list of square tensors of different sizes when ``positions`` is per matrix).
@@ -568,83 +568,3 @@ def packed_heatmaps(matrices: torch.Tensor, keys: Sequence[Mapping[str, Any]], l
         cells = torch.round(matrix * scale).to(torch.long).flatten().tolist()
         records.append({**dict(key), "labels": names, "cells": cells})
     return pd.DataFrame(records)
-
-
-def heatmap_chart(packed: pd.DataFrame, selectors: Mapping[str, Any], *, facet: str | None = None,
-                  facet_values: Sequence[Any] | None = None, facet_titles: Sequence[str] | None = None,
-                  columns: int | None = None, scale: int = 1000, cell: int = 12, value_title: str = "attention",
-                  color_type: str = "sqrt", title: Any = None) -> Any:
-    """Heat maps of the matrices of ``packed`` (:func:`packed_heatmaps`) picked by altair parameters.
-
-    ``selectors`` maps a key field to an ``alt.param`` (bound to a dropdown or slider): only rows whose field equals
-    the parameter's value are drawn. With ``facet``, one heat map per value of that field, side by side (``columns``
-    per row; one shared colour scale). The matrices are unpacked in the browser (flatten + window), so the page carries only the packed
-    integers. Returns an altair chart with the parameters attached at the top level.
-    """
-    import altair as alt
-
-    if "labels" not in packed.columns or "cells" not in packed.columns:
-        raise ValueError("heatmap_chart needs a packed_heatmaps() frame (columns 'labels' and 'cells')")
-    for field in selectors:
-        if field not in packed.columns:
-            raise ValueError(f"selector field {field!r} is not a column of the packed frame")
-    if facet is not None and facet not in packed.columns:
-        raise ValueError(f"facet field {facet!r} is not a column of the packed frame")
-    condition = " && ".join(f"datum[{_js(field)}] == {param.name}" for field, param in selectors.items()) or "true"
-    group = list(selectors) + ([facet] if facet else [])
-    size = max(len(labels) for labels in packed["labels"])
-
-    def one(value=None, subtitle=None):
-        base = alt.Chart(packed).transform_filter(condition)
-        if facet is not None:
-            base = base.transform_filter(f"datum[{_js(facet)}] == {_js(value)}")
-        chart = (
-            base.transform_flatten(["cells"], as_=["cell"])
-            .transform_window(index="row_number()", groupby=group)
-            .transform_calculate(
-                q="floor((datum.index - 1) / length(datum.labels))",
-                k="(datum.index - 1) % length(datum.labels)",
-            )
-            .transform_calculate(
-                query="datum.labels[datum.q]", key="datum.labels[datum.k]", weight=f"datum.cell / {scale}"
-            )
-            .mark_rect()
-            .encode(
-                x=alt.X("key:O", title="key position (attended to)", axis=alt.Axis(labelAngle=-60, labelFontSize=9)),
-                y=alt.Y("query:O", title="query position (attending)", axis=alt.Axis(labelFontSize=9)),
-                color=alt.Color("weight:Q", title=value_title, scale=alt.Scale(type=color_type, scheme="blues")),
-                tooltip=[
-                    alt.Tooltip("query:N", title="query"),
-                    alt.Tooltip("key:N", title="key"),
-                    alt.Tooltip("weight:Q", title=value_title, format=".3f"),
-                ],
-            )
-            .properties(width=cell * size, height=cell * size)
-        )
-        if subtitle is not None:
-            chart = chart.properties(title=alt.TitleParams(str(subtitle), fontSize=12, anchor="start"))
-        return chart
-
-    if facet is None:
-        chart = one()
-    else:
-        values = list(facet_values) if facet_values is not None else list(dict.fromkeys(packed[facet]))
-        titles = list(facet_titles) if facet_titles is not None else [str(v) for v in values]
-        if columns is not None and (isinstance(columns, bool) or not isinstance(columns, int) or columns < 1):
-            raise ValueError(f"columns must be a positive integer, got {columns!r}")
-        panels = [one(v, t) for v, t in zip(values, titles)]
-        per_row = columns or len(panels)
-        rows = [alt.hconcat(*panels[i : i + per_row]) for i in range(0, len(panels), per_row)]
-        chart = (rows[0] if len(rows) == 1 else alt.vconcat(*rows)).resolve_scale(color="shared")
-    if selectors:
-        chart = chart.add_params(*selectors.values())
-    if title is not None:
-        chart = chart.properties(title=title)
-    return chart
-
-
-def _js(value: Any) -> str:
-    """A Python value as a vega expression literal."""
-    import json
-
-    return json.dumps(value.item() if isinstance(value, np.generic) else value)

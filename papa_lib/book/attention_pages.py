@@ -67,7 +67,7 @@ def head_gallery(attentions, batch, tokenizer, texts, label: Mapping[str, str], 
                             bind=alt.binding_select(options=list(range(heads)), name="head "))
     titles = [f"{n + 1}: {texts[i][:28]}{'…' if len(texts[i]) > 28 else ''}" for n, i in enumerate(picked)]
     cell = max(6, min(11, 200 // max(len(p) for p in positions)))
-    return patterns.heatmap_chart(
+    return charts.heatmap_chart(
         packed, {"layer": layer_choice, "head": head_choice}, facet="sentence", facet_titles=titles,
         columns=2, cell=cell,
         title=charts.chart_title("One head's attention matrix on different sentences (Eq. 1)", **label))

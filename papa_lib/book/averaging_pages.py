@@ -86,7 +86,7 @@ def gallery(constants, label: Mapping[str, str], shown_positions: int = 32) -> A
                                                                             name="layer "))
     head = alt.param(name="head_choice", value=0, bind=alt.binding_select(options=list(range(heads)),
                                                                           name="head "))
-    return patterns.heatmap_chart(
+    return charts.heatmap_chart(
         packed, {"layer": layer, "head": head}, cell=min(12, 400 // len(positions)),
         value_title="mean attention",
         title=charts.chart_title("Constant matrix C of the chosen head (Eq. 2; cf. Fig. 4)", **label))
@@ -146,7 +146,7 @@ def representative_heads(constants, summary: pd.DataFrame, label: Mapping[str, s
     titles = [f"{name}: layer {int(row.layer)}, head {int(row['head'])}" for name, row in picks.items()]
     packed = patterns.packed_heatmaps([constants.matrices[int(r.layer), int(r["head"])] for r in picks.values()],
                                       [{"pick": title} for title in titles], labels=labels, positions=positions)
-    return patterns.heatmap_chart(
+    return charts.heatmap_chart(
         packed, {}, facet="pick", facet_values=titles, columns=2, cell=min(7, 170 // len(positions)),
         value_title="mean attention",
         title=charts.chart_title("Three representative constant matrices (cf. Fig. 4)", **label))
