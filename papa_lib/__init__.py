@@ -20,17 +20,19 @@ The core API is importable from the package itself::
 
 __version__ = "0.1.0"
 
+# Importing the registering modules here registers every built-in (tasks, matrix types, constant builders, head
+# rankings; the analysis layer's norm-weighted matrices and label-free rankings too) on ``import papa_lib``,
+# whatever module is imported first; later registrations are extensions (papa_lib.core.registry).
+from .analysis import norm_rankings as _norm_rankings  # noqa: F401
 from .core.averaging import ConstantAttention, average_attention
 from .core.layout import EncodedBatch, encode, encode_words
 from .core.models import SUPPORTED_MODEL_TYPES, UnsupportedModelError, load_encoder
 from .core.override import MODES, AttentionOverride, override, toeplitz_matrix
 from .core.packing import PackedBatch, pack, unpack
 from .core.registry import seal_builtins as _seal_builtins
-
-# Every built-in registration (tasks, matrix types, constant builders, head rankings; the analysis layer's
-# norm-weighted matrices and label-free rankings too) happens on ``import papa_lib``, whatever is imported first.
-from .experiments import matrices as _matrices, rankings as _rankings, tasks as _tasks  # noqa: E402,F401
-from .analysis import norm_rankings as _norm_rankings  # noqa: E402,F401
+from .experiments import matrices as _matrices  # noqa: F401
+from .experiments import rankings as _rankings  # noqa: F401
+from .experiments import tasks as _tasks  # noqa: F401
 
 _seal_builtins()
 

@@ -48,3 +48,17 @@ def test_eq2_has_one_implementation():
     assert torch.equal(counts, expected_counts) and torch.allclose(mean, expected[0], atol=1e-12)
     assert counts[0, 0] == 4 and counts[2, 3] == 1 and mean[0, 3, 4] == attentions[0, 0, 3, 4]
     assert "PadAwareAverage" in Path(patterns.__file__).read_text()
+
+
+def test_linting_is_configured():
+    import tomllib
+
+    import yaml
+
+    ruff = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["ruff"]
+    assert ruff["line-length"] == 120 and {"E", "F", "W", "I", "B", "UP"} <= set(ruff["lint"]["select"])
+    hooks = [hook for repo in yaml.safe_load((REPO / ".pre-commit-config.yaml").read_text())["repos"]
+             for hook in repo["hooks"]]
+    assert "ruff" in {hook["id"] for hook in hooks}
+    sync = next(hook for hook in hooks if hook["id"] == "chapters-in-sync")
+    assert sync["entry"] == "python -m papa_lib.book check"

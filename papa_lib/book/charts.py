@@ -289,12 +289,13 @@ def heatmap_chart(packed: pd.DataFrame, selectors: Mapping[str, Any], *, facet: 
                   facet_values: Sequence[Any] | None = None, facet_titles: Sequence[str] | None = None,
                   columns: int | None = None, scale: int = 1000, cell: int = 12, value_title: str = "attention",
                   color_type: str = "sqrt", title: Any = None) -> Any:
-    """Heat maps of the matrices of ``packed`` (:func:`papa_lib.analysis.patterns.packed_heatmaps`) picked by altair parameters.
+    """Heat maps of the matrices of ``packed`` (:func:`papa_lib.analysis.patterns.packed_heatmaps`) picked by altair
+    parameters.
 
     ``selectors`` maps a key field to an ``alt.param`` (bound to a dropdown or slider): only rows whose field equals
     the parameter's value are drawn. With ``facet``, one heat map per value of that field, side by side (``columns``
-    per row; one shared colour scale). The matrices are unpacked in the browser (flatten + window), so the page carries only the packed
-    integers. Returns an altair chart with the parameters attached at the top level.
+    per row; one shared colour scale). The matrices are unpacked in the browser (flatten + window), so the page
+    carries only the packed integers. Returns an altair chart with the parameters attached at the top level.
     """
     import altair as alt
 

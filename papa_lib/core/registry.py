@@ -15,7 +15,7 @@ from typing import Any
 __all__ = ["Registry", "extensions", "install", "seal_builtins"]
 
 #: Every registry, by what it holds ("task", "matrix type", ...).
-REGISTRIES: dict[str, "Registry"] = {}
+REGISTRIES: dict[str, Registry] = {}
 _sealed = False
 
 

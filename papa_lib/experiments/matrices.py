@@ -19,8 +19,8 @@ included) is registered when ``papa_lib`` is imported.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 from ..core.averaging import average_attention
 from ..core.registry import Registry

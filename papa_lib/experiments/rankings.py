@@ -18,8 +18,8 @@ imported)::
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 from ..core.registry import Registry
 
