@@ -50,7 +50,6 @@ __all__ = [
     "main",
     "notebook_from_chapter",
     "run_chapters",
-    "setup",
     "sync_notebooks",
     "toc_chapters",
 ]
