@@ -16,11 +16,15 @@ def test_one_find_repo_root_for_the_build_and_the_profiles(tmp_path):
     assert profiles.find_repo_root(REPO / "book") == REPO
     assert profiles.find_repo_root(REPO / "book" / "intro.md") == REPO
     (tmp_path / "_config.yml").write_text("title: t\n")
-    assert profiles.find_repo_root(tmp_path) == tmp_path.resolve()  # no _toc.yml: not a book root
+    assert profiles.find_repo_root(tmp_path) == tmp_path.resolve()  # _config.yml alone: not a root
     assert profiles.find_repo_root(tmp_path, fallback="package") == REPO
     (tmp_path / "_toc.yml").write_text("root: x\n")
     (tmp_path / "deep" / "er").mkdir(parents=True)
     assert profiles.find_repo_root(tmp_path / "deep" / "er", fallback="package") == tmp_path.resolve()
+    library = tmp_path / "lib"  # a checkout without chapters: _config.yml beside the package
+    (library / "papa_lib").mkdir(parents=True)
+    (library / "_config.yml").write_text("title: t\n")
+    assert profiles.find_repo_root(library / "papa_lib") == library.resolve()
 
 
 def test_pages_share_one_markdown_helper():

@@ -56,7 +56,7 @@ SMOKE_GRID = {
 
 def find_repo_root(start: str | os.PathLike | None = None, *, fallback: str = "start") -> Path:
     """Return the book's repository root: the nearest folder (from ``start``, default the working directory,
-    upwards) holding ``_config.yml`` and ``_toc.yml``.
+    upwards) holding ``_config.yml`` beside ``_toc.yml`` or the ``papa_lib/`` package.
 
     Chapters run with the working directory set to ``book/`` (Jupyter Book) or to the root (papermill,
     :func:`papa_lib.book.build.run_chapters`); resolving paths against this root makes both agree. Outside a checkout
@@ -67,7 +67,7 @@ def find_repo_root(start: str | os.PathLike | None = None, *, fallback: str = "s
     if here.is_file():
         here = here.parent
     for folder in (here, *here.parents):
-        if (folder / "_config.yml").is_file() and (folder / "_toc.yml").is_file():
+        if (folder / "_config.yml").is_file() and ((folder / "_toc.yml").is_file() or (folder / "papa_lib").is_dir()):
             return folder
     return Path(__file__).resolve().parents[2] if fallback == "package" else here
 
