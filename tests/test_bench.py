@@ -51,6 +51,7 @@ def test_run_benchmarks_on_a_tiny_model_prints_name_value_lines():
         assert printed[name] == pytest.approx(value, rel=1e-3)
 
 
+@pytest.mark.slow
 def test_memory_benchmark_runs_in_subprocesses():
     lines = []
     figures = bench.run_benchmarks(["memory"], model="tiny", sizes=TINY_SIZES, emit=lines.append)

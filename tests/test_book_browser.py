@@ -224,6 +224,7 @@ def _chapter_pages(html_dir: Path) -> list[Path]:
     return pages
 
 
+@pytest.mark.slow
 def test_built_pages_load_the_local_vega_bundle(built_book):
     bundle = built_book / "_static" / BUNDLE
     assert bundle.is_file() and "window.vegaEmbed" in bundle.read_text(encoding="utf-8")
@@ -250,6 +251,7 @@ def _math_pages(html_dir: Path) -> list[Path]:
     return [page for page in _chapter_pages(html_dir) if 'class="math' in page.read_text(encoding="utf-8")]
 
 
+@pytest.mark.slow
 def test_math_pages_load_the_bundled_mathjax(built_book):
     static = built_book / "_static" / "mathjax"
     for part in ("MathJax.js", "config/TeX-AMS-MML_HTMLorMML-full.js", "extensions/tex2jax.js",
@@ -602,6 +604,7 @@ def _open(chromium: _DevTools, url: str, timeout: float = 30.0) -> dict:
     return state
 
 
+@pytest.mark.slow
 @pytest.mark.browser
 @needs_chromium
 def test_chapter_pages_render_their_charts_offline(built_book, book_server, chromium):
@@ -630,6 +633,7 @@ def test_chapter_pages_render_their_charts_offline(built_book, book_server, chro
             )
 
 
+@pytest.mark.slow
 @pytest.mark.browser
 @needs_chromium
 def test_intro_chart_is_interactive_and_screenshot_is_kept(built_book, book_server, chromium, tmp_path_factory):
@@ -691,6 +695,7 @@ MATH_STATE_JS = """
 """
 
 
+@pytest.mark.slow
 @pytest.mark.browser
 @needs_chromium
 def test_equations_typeset_offline(built_book, book_server, chromium):

@@ -26,8 +26,8 @@ _skip = pytest.mark.skipif(importlib.util.find_spec("ray") is None, reason="ray 
 
 
 def needs_ray(test):
-    """A test on a real local Ray instance (marker ``ray``), skipped where ray is not installed."""
-    return pytest.mark.ray(_skip(test))
+    """A test on a real local Ray instance (markers ``ray`` and ``slow``), skipped where ray is not installed."""
+    return pytest.mark.slow(pytest.mark.ray(_skip(test)))
 
 
 #: Fields that describe the machine or the moment, not the run.
