@@ -1,0 +1,138 @@
+"""Every chapter helper module runs in the quick loop (``-m "not slow"``), on the smoke profile's tiny model and
+generated data, without executing a chapter: each test calls a page module as its chapter does and checks what it
+returns. (The chapters themselves run in the slow tests.)"""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+import torch
+
+import papa_lib
+from papa_lib.book import profiles
+
+
+@pytest.fixture(scope="module")
+def smoke(tmp_path_factory):
+    setup = profiles.resolve("smoke", results_dir=tmp_path_factory.mktemp("results"))
+    model, tokenizer = setup.encoder()
+    return setup, model, tokenizer
+
+
+def _spec(chart) -> dict:
+    return chart.to_dict()
+
+
+def test_attention_pages_and_inputs(smoke):
+    from papa_lib.book import attention_pages as page
+    from papa_lib.book import inputs
+
+    setup, model, tokenizer = smoke
+    texts, data_label = inputs.sentences(setup, limit=6)
+    assert len(texts) == 6 and all(isinstance(t, str) and t for t in texts) and data_label
+    batch = papa_lib.encode(tokenizer, texts, max_length=24)
+    first = page.first_tokens(tokenizer, batch)
+    assert first.columns[0] == 0 and first.columns[-1] == 23  # [CLS] at 0, [SEP] at L-1 (App. A)
+    with torch.no_grad():
+        attentions = torch.stack(model(**batch, output_attentions=True).attentions, dim=1)
+    frame = page.variability(attentions, batch["attention_mask"])
+    layers, heads = attentions.shape[1:3]
+    assert len(frame) == layers * heads and frame["variability"].between(0, 1).all()
+    label = dict(model=setup.model_label, data=data_label, profile="smoke")
+    gallery = _spec(page.head_gallery(attentions, batch, tokenizer, texts, label, shown=2))
+    assert {p["name"] for p in gallery["params"]} == {"layer_choice", "head_choice"}
+    assert _spec(page.variability_chart(frame, label, 6))["mark"]["type"] == "rect"
+    assert "6 sentences" in page.variability_text(frame, 6).data
+
+
+def test_averaging_pages(smoke):
+    from papa_lib.analysis import patterns
+    from papa_lib.book import averaging_pages as page
+
+    setup, model, tokenizer = smoke
+    batch = papa_lib.encode(tokenizer, ["a short one", "a rather longer sentence than the first one"], max_length=16)
+    constants = papa_lib.average_attention(model, [batch], progress=False, source="two sentences")
+    label = dict(model=setup.model_label, data="two sentences", profile="smoke")
+    assert _spec(page.counts_chart(constants.counts, label))
+    assert page.stored_constants(setup, model, "sst2", 16) is None  # nothing stored in a fresh results folder
+    assert "2" in page.corpus_label(constants, "sst2")
+    assert _spec(page.gallery(constants, label, shown_positions=8))
+    summary = patterns.pattern_summary(constants)
+    assert page.pattern_table(summary, label) is not None
+    assert _spec(page.pattern_scatter(summary, label))
+    assert _spec(page.representative_heads(constants, summary, label, 8))
+    assert _spec(page.sensitivity_chart(summary, label))
+    assert setup.model_label in page.patterns_text(summary, setup.model_label).data
+
+
+def test_intro_pages(smoke):
+    from papa_lib.book import intro_pages as page
+
+    setup, _, _ = smoke
+    settings = page.settings(setup, ["sst2"], 1, runs_missing=False)
+    assert isinstance(settings, pd.DataFrame) and len(settings)
+    assert page.task_table(setup, ["sst2"]) is not None
+    assert _spec(page.heads_chart("smoke"))
+    assert "No records" in page.claims_table(setup).data and page.claims_rules(setup) is None  # none run yet
+
+
+@pytest.fixture(scope="module")
+def local(tmp_path_factory):
+    """The local profile reading the committed records (nothing is run: run_missing stays False)."""
+    return profiles.resolve("local")
+
+
+def test_mlm_figures_on_the_committed_run(local, capsys):
+    from papa_lib.analysis import mlm_probe
+    from papa_lib.book import mlm_figures as page
+
+    plan = page.plan(local, None, None, run=False)
+    assert plan.table() is not None
+    mlm_frame, grid_frame, lambdas = plan.results()
+    assert len(mlm_frame) and len(lambdas)
+    tokenizer = plan.tokenizer()
+    corpus = mlm_probe.load_mlm_corpus(local.data_dir)
+    mlm_data = page.corpus_label(corpus, "local")
+    examples = mlm_probe.mlm_sequences(tokenizer, corpus["eval_lines"], 32, limit=4)
+    counts, targets = page.masked_targets(mlm_probe.mask_tokens(examples, tokenizer, seed=1), tokenizer)
+    assert len(counts) and len(targets)
+    assert page.lambda_spread(lambdas) is not None
+    label = dict(model=plan.label, data=mlm_data, profile="local")
+    assert _spec(page.lambda_chart(lambdas, label))
+    assert page.fig6_coverage(plan, mlm_frame, grid_frame, ["mnli"]) is not None
+    assert page.fig6(mlm_frame, grid_frame, ["mnli"], mlm_data, "local") is not None
+    assert len(page.beside_paper(mlm_frame, mlm_data, "local"))
+    assert page.reference_scores(mlm_frame) is not None
+    assert page.drop_map(mlm_frame, mlm_data, "local", plan.label) is not None
+    assert page.minilm_text(local.root) is not None
+
+
+def test_norm_figures_on_the_committed_analyses(local, capsys):
+    from papa_lib.book import norm_papa_figures as aware
+    from papa_lib.book import norms_figures as fig
+    from papa_lib.book import norms_pages
+
+    tasks, ranking = ["sst2", "mnli"], ["sst2", "mnli"]
+    norm_frame, frame = norms_pages.norm_aware_results(local, tasks, ranking, run_missing=False)
+    folder = norms_pages.norm_results_folder(local, None)
+    assert len(norm_frame) and len(frame)
+    tables = norms_pages.read_analyses(folder / "analysis")
+    label = fig.analysis_label(tables, "local")
+    for chart in (fig.cv_chart, fig.shares_chart, fig.token_heads_chart, fig.observations_chart,
+                  fig.frequency_chart, fig.types_chart):
+        assert _spec(chart(tables, label)), chart.__name__
+    assert fig.cv_text(tables).data and fig.special_text(tables).data
+    assert len(fig.special_table(tables)) and len(fig.evidence_table(tables))
+    assert len(fig.comparison(tables, local.model_label, "local")) and fig.comparison_text(
+        tables, local.model_label, "local").data
+    assert aware.missing_runs(norm_frame, frame, tasks, ranking, 2) is not None
+    assert _spec(aware.distance_chart(local, norm_frame, folder, "sst2"))
+    assert aware.distance_text(folder, "sst2").data
+    assert aware.changed_head_chart(local, norm_frame, folder, "sst2") is not None
+    assert _spec(aware.matrix_chart(norm_frame, frame, tasks)) and aware.matrix_text(norm_frame, frame, tasks).data
+    assert len(aware.matrix_verdicts(norm_frame, frame, tasks))
+    assert _spec(aware.order_chart(norm_frame, frame, ranking)) and aware.order_table(norm_frame, frame, ranking) is not None
+    assert aware.order_text(norm_frame, frame, ranking).data
+    scores = aware.head_scores(local, None, None, folder, ranking, False)
+    assert aware.agreement_table(scores) is not None and aware.agreement_text(scores).data
+    assert aware.rank_chart(scores, norm_frame) is not None
