@@ -136,3 +136,26 @@ def test_norm_figures_on_the_committed_analyses(local, capsys):
     scores = aware.head_scores(local, None, None, folder, ranking, False)
     assert aware.agreement_table(scores) is not None and aware.agreement_text(scores).data
     assert aware.rank_chart(scores, norm_frame) is not None
+
+
+def test_transfer_and_selection_pages_on_the_committed_records(local):
+    from papa_lib.book import records, selection_pages, transfer_pages
+
+    tasks = ["cola", "mrpc", "sst2", "ner", "pos"]
+    frame = local.results(run_missing=False, blocks=["fig2", "table2"])
+    assert len(transfer_pages.table2(frame, tasks).data)  # a Styler over the table
+    assert _spec(transfer_pages.changes_chart(frame, tasks)) and transfer_pages.changes_text(frame, tasks).data
+    frame = local.results(run_missing=False, blocks=["fig5"])
+    assert selection_pages.lambda_maps(local, frame) is not None and selection_pages.lambda_table(local) is not None
+    assert selection_pages.lambda_text(local).data
+    assert selection_pages.fig5_missing(frame, records.grid_or_empty(local)) is not None
+    assert _spec(selection_pages.fig5(frame))
+    assert len(selection_pages.order_ranking(frame).data) and selection_pages.order_text(frame).data
+
+
+def test_the_book_tool_runs_as_a_module():
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-m", "papa_lib.book", "--help"], capture_output=True, text=True)
+    assert out.returncode == 0 and "{sync,check,build,badge,run}" in out.stdout
