@@ -159,3 +159,21 @@ def test_the_book_tool_runs_as_a_module():
 
     out = subprocess.run([sys.executable, "-m", "papa_lib.book", "--help"], capture_output=True, text=True)
     assert out.returncode == 0 and "{sync,check,build,badge,run}" in out.stdout
+
+
+def test_alternatives_pages_name_matrix_types_from_the_registry(local):
+    from papa_lib.book import alternatives_pages as page
+    from papa_lib.experiments import matrices
+
+    tasks = ["cola", "mrpc", "sst2", "mnli", "ner", "pos"]
+    frame = local.results(run_missing=False, blocks=["fig2", "table1"])
+    table = page.table1(frame, tasks)
+    shown = list((table.data if hasattr(table, "data") else table).index)
+    assert shown == [matrices.matrix_label(m) for m in matrices.table_order() if matrices.matrix_label(m) in shown]
+    assert shown[0] == "Original (input-dependent)" and "Average (PAPA)" in shown
+    assert _spec(page.table1_chart(frame, tasks))
+    verdicts = page.verdicts(frame, tasks)
+    assert set(verdicts["best_data_free"].dropna()) <= {matrices.matrix_label(m) for m in matrices.data_free_types()}
+    assert page.verdict_text(frame, tasks).data
+    premise = page.premise_use(frame, local.results_dir)
+    assert len(premise) and page.premise_use_text(premise).data
