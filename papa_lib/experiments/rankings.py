@@ -3,7 +3,7 @@
 A ranking either fixes the order (``first_to_last``, ``last_to_first``, ``random``; Sec. 5.4) or scores every head
 ``[layers, heads]`` (low score = least input-dependent = replaced first): ``lambda`` uses the λ learned by mixing
 B = λA + (1-λ)C (Sec. 3.2, Eq. 3); ``reversed`` replaces the largest λ first. Label-free scores (beyond the paper)
-register themselves from :mod:`papa_lib.analysis.norm_rankings`.
+are registered in :mod:`papa_lib.analysis.norm_rankings`, which ``import papa_lib`` imports.
 
 Every ranking reads a variant's ``fraction`` the same way: the share of heads that **stay input-dependent**
 (1: none replaced, 0: all replaced); the heads replaced are a prefix of the ranking's replacement order, so with
