@@ -10,6 +10,7 @@ from typing import Iterable, Mapping, Sequence
 
 import pandas as pd
 
+from ..experiments import matrices
 from .figures import _block_variants, _check_frame, _empty, _grid_seeds, _sort_by_task
 
 #: Training-set sizes of the paper's data (GLUE train splits; CoNLL-2003 eng.train sentences), for estimates.
@@ -62,7 +63,10 @@ def feature_cache_bytes(kind: str, examples: int, layers: int, hidden: int, leng
 
 
 def _run_kind(matrix_type: str) -> str:
-    return "in-loop" if str(matrix_type).startswith("trainable") else "frozen"
+    """``in-loop`` for matrix types that train inside the backbone (registered as not ``frozen``), else ``frozen``."""
+    entry = matrices.MATRIX_TYPES.get(str(matrix_type))
+    trains = not entry.frozen if entry is not None else str(matrix_type).startswith("trainable")
+    return "in-loop" if trains else "frozen"
 
 
 def grid_plan(spec: Mapping, blocks: Iterable[str] | None = None) -> pd.DataFrame:
