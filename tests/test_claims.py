@@ -235,6 +235,7 @@ def test_book_table_has_no_index_no_nan_and_links_each_chapter():
     assert not re.search(r"\bnan\b", text, flags=re.IGNORECASE)
     assert "(probing.md)" in text and "(norms.md)" in text and "not testable: " in text
     c1a = table.set_index("claim").loc["C1a"]
-    assert f"{c1a.ours:.3g} [{c1a.ci_low:.3g}, {c1a.ci_high:.3g}]" in text
+    assert f"{claims.sig3(c1a.ours)} [{claims.sig3(c1a.ci_low)}, {claims.sig3(c1a.ci_high)}]" in text
+    assert claims.sig3(0.084) == "0.0840" and claims.sig3(-0.0387) == "-0.0387"
     sentence = claims.verdict_sentence("C1a", table)
     assert f"**{c1a.verdict}**" in sentence and "\n" not in sentence

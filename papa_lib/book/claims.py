@@ -310,7 +310,9 @@ def _task_drops(frame, variant_rows, tasks, kind="drop", reference=None):
     reference = _by_seed(original_rows(frame)) if reference is None else reference
     variant = _by_seed(variant_rows)
     used = [t for t in tasks if t in reference and t in variant]
-    return {t: paired(reference[t], variant[t], kind) for t in used}, [t for t in tasks if t not in used]
+    per_task = {t: paired(reference[t], variant[t], kind) for t in used}
+    per_task = {t: e for t, e in per_task.items() if np.isfinite(e.value)}  # a reference score of 0: undefined
+    return per_task, [t for t in tasks if t not in per_task]
 
 
 def _band_measure(per_task: dict, missing: list, rule, combine="average") -> Measured:
@@ -606,7 +608,9 @@ def sig3(value: float) -> str:
     """Three significant figures (``—`` for NaN)."""
     if value is None or not np.isfinite(value):
         return "—"
-    return f"{value:.3g}" if abs(value) >= 1e-3 or value == 0 else f"{value:.2e}"
+    if value == 0:
+        return "0"
+    return f"{value:#.3g}".rstrip(".") if abs(value) >= 1e-3 else f"{value:.2e}"
 
 
 def ours_text(row: pd.Series | Mapping) -> str:
@@ -637,8 +641,8 @@ def verdict_sentence(claim_id: str, table: pd.DataFrame, model: str | None = Non
     text = (f"{claim_id} — {row.statement} Ours ({row.model}; {row.statistic}): {ours_text(row)}"
             f"{f' over {row.tasks}' if row.tasks else ''}; paper: {row.paper}. Verdict: **{row.verdict}** "
             f"({row.rule}).")
-    if row.verdict_all_tasks and row.verdict_all_tasks != row.verdict:
-        every = {"ours": row.ours_all_tasks, "ci_low": row.ci_low_all_tasks, "ci_high": row.ci_high_all_tasks}
+    every = {"ours": row.ours_all_tasks, "ci_low": row.ci_low_all_tasks, "ci_high": row.ci_high_all_tasks}
+    if row.verdict_all_tasks and ours_text(every) != ours_text(row):
         text += f" With every task included: {ours_text(every)}, **{row.verdict_all_tasks}**."
     return text
 
