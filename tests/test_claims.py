@@ -239,3 +239,68 @@ def test_book_table_has_no_index_no_nan_and_links_each_chapter():
     assert claims.sig3(0.084) == "0.0840" and claims.sig3(-0.0387) == "-0.0387"
     sentence = claims.verdict_sentence("C1a", table)
     assert f"**{c1a.verdict}**" in sentence and "\n" not in sentence
+
+
+# ---------------------------------------------------------------------------------------------- the chapters
+CHAPTER_CALLS = {  # chapter -> the helper call that renders the engine's rows (and the claims it shows)
+    "intro.md": ("page.claims_table(setup)", ["C1a", "C1b", "C2", "C3", "C4", "C5", "C6a", "C6b", "C7", "C8a"]),
+    "probing.md": ("page.headline_text(frame, tasks)", ["C1a", "C1b", "C2"]),
+    "selection.md": ("page.order_text(frame)", ["C6a", "C6b"]),
+    "alternatives.md": ("page.verdict_text(frame, tasks)", ["C4"]),
+    "transfer.md": ("page.changes_text(frame, tasks)", ["C5"]),
+    "norms.md": ("norms_pages.kobayashi_table(analysis_dir)", ["C8a", "C8b", "C8c"]),
+}
+
+
+def test_every_chapter_renders_the_verdict_of_claims_csv():
+    """Each chapter calls a helper that renders the claims engine's row; that helper, run on the committed records,
+    prints the verdict claims.csv holds for the claim (and the rules' chapter link points at the chapter)."""
+    from types import SimpleNamespace
+
+    from papa_lib.book import (
+        alternatives_pages,
+        intro_pages,
+        norms_figures,
+        norms_pages,
+        probing_pages,
+        selection_pages,
+        transfer_pages,
+    )
+
+    committed = pd.read_csv(ROOT / "data" / "results" / "local-minilm" / "claims.csv").set_index("claim")
+    frame = pd.read_csv(ROOT / "data" / "results" / "local-minilm" / "results.csv")
+    analysis = ROOT / "data" / "results" / "norms-minilm" / "analysis"
+    six = ["cola", "mrpc", "sst2", "mnli", "ner", "pos"]
+    for chapter, (call, ids) in CHAPTER_CALLS.items():
+        assert call in (ROOT / "book" / chapter).read_text(), (chapter, call)
+        for claim in ids:
+            assert chapter == "intro.md" or committed.loc[claim, "chapter"] == chapter
+
+    setup = SimpleNamespace(profile="local", root=ROOT, results_dir=ROOT / "data" / "results" / "local-minilm")
+    intro = intro_pages.claims_table(setup).data
+    for claim, row in committed.iterrows():
+        line = next(line for line in intro.splitlines() if line.startswith(f"| {claim} |"))
+        assert f"**{row.verdict}**" in line, claim
+
+    def shows(text, claim):
+        sentence = next(s for s in text.split("\n\n") if f"{claim} — " in s)
+        assert f"Verdict: **{committed.loc[claim, 'verdict']}**" in sentence, (claim, sentence)
+
+    probing = probing_pages.headline_text(frame, six).data
+    selection = selection_pages.order_text(frame).data
+    alternatives = alternatives_pages.verdict_text(frame, six).data
+    transfer = transfer_pages.changes_text(frame, ["cola", "mrpc", "sst2", "ner", "pos"]).data
+    for text, ids in ((probing, ["C1a", "C1b", "C2"]), (selection, ["C6a", "C6b"]), (alternatives, ["C4"]),
+                      (transfer, ["C5"])):
+        for claim in ids:
+            shows(text, claim)
+    assert list(probing_pages.headline(frame, six).verdict) == list(committed.loc[["C1a", "C1b", "C2"], "verdict"])
+    kobayashi = norms_pages.kobayashi_table(analysis)
+    assert list(kobayashi.verdict) == list(committed.loc[["C8a", "C8b", "C8c"], "verdict"])
+    tables = norms_pages.read_analyses(analysis)
+    comparison = norms_figures.comparison(tables, "all-MiniLM-L6-v2", "local")
+    decided = comparison[comparison.verdict != "—"].verdict.tolist()
+    assert decided == [f"{committed.loc[c, 'verdict']} ({c})" for c in ("C8a", "C8b", "C8c")]
+    text = norms_figures.comparison_text(tables, "all-MiniLM-L6-v2", "local").data
+    for claim in ("C8a", "C8b", "C8c"):
+        shows(text, claim)

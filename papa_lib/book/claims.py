@@ -333,7 +333,7 @@ def _every_measure(per_unit: dict, missing: list, rule, unit_name=str) -> Measur
         return Measured(Estimate(float("nan"), float("nan"), float("nan")), "not measured", [], missing)
     verdicts = {u: decide("band", e.low, e.high, rule.low, rule.high) for u, e in per_unit.items()}
     smallest = min(per_unit, key=lambda u: per_unit[u].value)
-    parts = "; ".join(f"{unit_name(u)}: {per_unit[u].value:+.3g} [{per_unit[u].low:+.3g}, {per_unit[u].high:+.3g}]"
+    parts = "; ".join(f"{unit_name(u)}: {sig3(per_unit[u].value)} [{sig3(per_unit[u].low)}, {sig3(per_unit[u].high)}]"
                       f" {verdicts[u]}" for u in per_unit)
     return Measured(per_unit[smallest], decide_every(verdicts.values(), complete=not missing), list(per_unit),
                     missing, f"smallest: {unit_name(smallest)}; {parts}")
@@ -349,17 +349,38 @@ def _c2(frame, tasks, rule):
     return _band_measure(per_task, missing, rule)
 
 
-def _c4(frame, tasks, rule):
+def _c4_units(frame, tasks) -> tuple[dict, dict, list]:
+    """Per task: the best data-free type (by mean) and average minus it, seed-paired; the tasks not measured."""
     average_rows = _by_seed(_select(frame, "average", 0.0))
     free = {kind: _by_seed(_select(frame, kind, 0.0, source=None)) for kind in DATA_FREE}
-    per_task, missing = {}, []
+    per_task, best_of, missing = {}, {}, []
     for task in tasks:
         if task not in average_rows or not all(task in free[k] for k in DATA_FREE):
             missing.append(task)
             continue
-        best = max(DATA_FREE, key=lambda k: free[k][task].mean())
-        per_task[task] = paired(free[best][task], average_rows[task], "difference")
+        best_of[task] = max(DATA_FREE, key=lambda k: free[k][task].mean())
+        per_task[task] = paired(free[best_of[task]][task], average_rows[task], "difference")
+    return per_task, best_of, missing
+
+
+def _c4(frame, tasks, rule):
+    per_task, _, missing = _c4_units(frame, tasks)
     return _every_measure(per_task, missing, rule)
+
+
+def data_free_margins(frame: pd.DataFrame) -> pd.DataFrame:
+    """C4 task by task, for one model's records: the best data-free type, average minus it (seed-paired) with its
+    Student-t 95% interval, the task's verdict under C4's band, and whether the task enters C4 (the inclusion rule).
+    The claim's verdict is C4's row of :func:`claims_table`."""
+    rule = rules().loc["C4"]
+    included = informative_tasks(frame)[0]
+    per_task, best_of, _ = _c4_units(frame, _order(set(frame.task)))
+    return pd.DataFrame([{"task": t, "best data-free": best_of[t], "average minus best data-free": e.value,
+                          "ci_low": e.low, "ci_high": e.high,
+                          "verdict": decide("band", e.low, e.high, rule.low, rule.high),
+                          "enters C4": t in included} for t, e in per_task.items()],
+                        columns=["task", "best data-free", "average minus best data-free", "ci_low", "ci_high",
+                                 "verdict", "enters C4"])
 
 
 def _c5(frame, tasks, rule):
@@ -473,16 +494,23 @@ def cross_model_claims(frames: Mapping[str, pd.DataFrame]) -> list[dict]:
 
 
 def norm_claims(analysis_dir: str | Path, model: str = "") -> list[dict]:
-    """C8a-c from the norm analyses' ``kobayashi_findings.csv`` (:mod:`papa_lib.analysis.norm_findings`): Spearman ρ
-    with its cluster-bootstrap interval over sequences, decided by the ``correlation`` test (minimum |ρ| 0.1)."""
-    table = rules()
+    """C8a-c from the norm analyses' ``kobayashi_findings.csv`` in ``analysis_dir``
+    (:mod:`papa_lib.analysis.norm_findings`); see :func:`norm_claims_from`."""
     path = Path(analysis_dir) / "kobayashi_findings.csv"
-    found = pd.read_csv(path).set_index("finding") if path.exists() else pd.DataFrame()
+    return norm_claims_from(pd.read_csv(path) if path.exists() else None, model, str(path))
+
+
+def norm_claims_from(findings: pd.DataFrame | None, model: str = "", source: str = "kobayashi_findings.csv") \
+        -> list[dict]:
+    """C8a-c from a ``kobayashi_findings`` table: Spearman ρ with its cluster-bootstrap interval over sequences,
+    decided by the ``correlation`` test (minimum |ρ| 0.1); ``not measured`` rows for findings it lacks."""
+    table = rules()
+    found = findings.set_index("finding") if findings is not None and len(findings) else pd.DataFrame()
     rows = []
     for claim, finding in NORM_FINDINGS.items():
         rule = table.loc[claim]
         if finding not in found.index:
-            rows.append(_row(model, claim, rule, None, "", None, f"not measured: needs {path} with a {finding} row"))
+            rows.append(_row(model, claim, rule, None, "", None, f"not measured: needs {source} with a {finding} row"))
             continue
         found_row = found.loc[finding]
         estimate = Estimate(float(found_row.spearman_rho), float("nan"), float("nan"))
@@ -642,7 +670,7 @@ def verdict_sentence(claim_id: str, table: pd.DataFrame, model: str | None = Non
             f"{f' over {row.tasks}' if row.tasks else ''}; paper: {row.paper}. Verdict: **{row.verdict}** "
             f"({row.rule}).")
     every = {"ours": row.ours_all_tasks, "ci_low": row.ci_low_all_tasks, "ci_high": row.ci_high_all_tasks}
-    if row.verdict_all_tasks and ours_text(every) != ours_text(row):
+    if row.verdict_all_tasks and (ours_text(every) != ours_text(row) or row.verdict_all_tasks != row.verdict):
         text += f" With every task included: {ours_text(every)}, **{row.verdict_all_tasks}**."
     return text
 
