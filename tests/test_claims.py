@@ -237,6 +237,10 @@ def test_book_table_has_no_index_no_nan_and_links_each_chapter():
     c1a = table.set_index("claim").loc["C1a"]
     assert f"{claims.sig3(c1a.ours)} [{claims.sig3(c1a.ci_low)}, {claims.sig3(c1a.ci_high)}]" in text
     assert claims.sig3(0.084) == "0.0840" and claims.sig3(-0.0387) == "-0.0387"
+    plain = claims.summary(table)
+    for claim, verdict in zip(table.claim, table.verdict):
+        assert claim in plain
+    assert f"{(table.verdict == 'inconclusive').sum()} are inconclusive" in plain and claims.ours_text(c1a) in plain
     sentence = claims.verdict_sentence("C1a", table)
     assert f"**{c1a.verdict}**" in sentence and "\n" not in sentence
 
@@ -304,3 +308,26 @@ def test_every_chapter_renders_the_verdict_of_claims_csv():
     text = norms_figures.comparison_text(tables, "all-MiniLM-L6-v2", "local").data
     for claim in ("C8a", "C8b", "C8c"):
         shows(text, claim)
+
+
+def test_local_claims_take_a_second_model_folder(tmp_path):
+    """When a second local model's records land in data/results/local-mpnet, every claim is decided per model and
+    C3 across the two (a direction verdict); the same table is written to both folders."""
+    import shutil
+
+    results = tmp_path / "data" / "results"
+    shutil.copytree(ROOT / "data" / "results" / "norms-minilm" / "analysis", results / "norms-minilm" / "analysis")
+    (results / "local-minilm").mkdir(parents=True)
+    (results / "local-mpnet").mkdir(parents=True)
+    frame = pd.read_csv(ROOT / "data" / "results" / "local-minilm" / "results.csv")
+    frame.to_csv(results / "local-minilm" / "results.csv", index=False)
+    frame.assign(model="all-mpnet-base-v2").to_csv(results / "local-mpnet" / "results.csv", index=False)
+    paths = claims.write_local_claims(tmp_path)
+    assert len(paths) == 2 and paths[0].read_text() == paths[1].read_text()
+    table = claims.local_claims(tmp_path)
+    assert set(table[table.claim == "C1a"].model) == {"all-MiniLM-L6-v2", "all-mpnet-base-v2"}
+    c3 = table[table.claim == "C3"].iloc[0]
+    assert c3.model == "all-MiniLM-L6-v2 vs all-mpnet-base-v2" and c3.ours == pytest.approx(0.0)
+    assert c3.verdict == "inconclusive" and not c3.verdict.startswith("agrees")  # identical records: no direction
+    assert list(table[table.claim == "C8a"].model) == ["all-MiniLM-L6-v2"]
+    assert "| model |" in claims.book_table(table).splitlines()[0]

@@ -675,6 +675,32 @@ def verdict_sentence(claim_id: str, table: pd.DataFrame, model: str | None = Non
     return text
 
 
+def summary(table: pd.DataFrame) -> str:
+    """A plain-language paragraph of what the records show, every number from the engine's rows: per verdict, the
+    claims that got it (and, for inconclusive ones, how wide the task-averaged drop's interval is)."""
+    models = [m for m in table.model.unique() if " vs " not in str(m)]
+    groups: dict[str, list[str]] = {}
+    for row in table.itertuples():
+        key = row.verdict.split(":")[0]
+        groups.setdefault(key, []).append(row.claim if len(models) < 2 or " vs " in row.model
+                                          else f"{row.claim} ({row.model})")
+    order = ["agrees", "direction agrees", "differs", "direction differs", "negligible", "inconclusive",
+             "not measured", "not testable"]
+    words = {"agrees": "agree with the paper", "direction agrees": "agree in direction",
+             "differs": "differ from it", "direction differs": "differ in direction",
+             "negligible": "show the paper's sign but a negligible effect (|ρ| < 0.1)",
+             "inconclusive": "are inconclusive: their 95% interval reaches both inside and outside the paper's band",
+             "not measured": "are not measured yet", "not testable": "cannot be tested with these records"}
+    parts = [f"{len(groups[k])} {words[k]} ({', '.join(groups[k])})" for k in order if k in groups]
+    text = f"Of the {len(table)} claim rows checked on {', '.join(models) or 'no model'}: " + "; ".join(parts) + "."
+    c1a = table[(table.claim == "C1a") & table.ours.notna()]
+    if len(c1a):
+        row = c1a.iloc[0]
+        text += (f" For example, replacing every head by its constant matrix costs {ours_text(row)} of the original "
+                 f"score on average over {row.tasks.split(' (')[0]} (C1a; the paper: {row.paper}).")
+    return text
+
+
 def book_table(table: pd.DataFrame) -> str:
     """The intro's claims table as Markdown: claim, full statement, the paper's value, ours with its interval (three
     significant figures), the verdict, the verdict with every task, and a link to the chapter. No index, no NaN."""
@@ -683,11 +709,12 @@ def book_table(table: pd.DataFrame) -> str:
                                                             "with every task", "chapter"]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for row in table.itertuples():
+        ours = ours_text(row._asdict())
+        every = ours_text({"ours": row.ours_all_tasks, "ci_low": row.ci_low_all_tasks, "ci_high": row.ci_high_all_tasks})
+        same = row.verdict_all_tasks == row.verdict and every == ours
         cells = [row.claim] + ([row.model] if several else []) + [
-            row.statement, str(row.paper), ours_text(row._asdict()), f"**{row.verdict}**",
-            "" if row.verdict_all_tasks == row.verdict or not row.verdict_all_tasks else
-            f"{ours_text({'ours': row.ours_all_tasks, 'ci_low': row.ci_low_all_tasks, 'ci_high': row.ci_high_all_tasks})}"
-            f" {row.verdict_all_tasks}",
+            row.statement, str(row.paper), ours, f"**{row.verdict}**",
+            "same" if same else f"{every} {row.verdict_all_tasks}",
             f"[{row.chapter.removesuffix('.md')}]({row.chapter})"]
         lines.append("| " + " | ".join(str(c).replace("|", "\\|").replace("\n", " ") for c in cells) + " |")
     return "\n".join(lines)

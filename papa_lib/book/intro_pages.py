@@ -10,7 +10,7 @@ import pandas as pd
 
 from . import charts, claims, profiles
 
-__all__ = ["HEADS", "claims_rules", "claims_table", "heads_chart", "settings", "task_table"]
+__all__ = ["HEADS", "claims_rules", "claims_summary", "claims_table", "heads_chart", "settings", "task_table"]
 
 #: The models PAPA is run on, their sizes and where the book uses them (Sec. 4.1, 5.5; the local profile).
 HEADS = pd.DataFrame(
@@ -80,6 +80,16 @@ def claims_table(setup) -> Any:
     if table is None:
         return Markdown("No records in this profile's results folder yet, so no claim can be checked.")
     return Markdown(claims.book_table(table))
+
+
+def claims_summary(setup) -> Any:
+    """What the records show about the paper's claims, in plain language (:func:`papa_lib.book.claims.summary`)."""
+    from IPython.display import Markdown
+
+    table = claims.for_setup(setup)
+    if table is None:
+        return Markdown("No records in this profile's results folder yet, so no claim can be checked.")
+    return Markdown(claims.summary(table))
 
 
 def claims_rules(setup=None) -> Any:
