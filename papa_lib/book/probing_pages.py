@@ -211,8 +211,10 @@ def _majority_row(task: str, mine: pd.DataFrame) -> dict:
         verdict = "—"
     elif len(original) < 2:
         verdict = "one seed: no interval"
-    else:
-        verdict = "clearly above" if low > base else "not clearly above"
+    else:  # the claims engine's inclusion rule (Student-t interval over seeds above the baseline), not a copy of it
+        from . import claims
+
+        verdict = "clearly above" if task in claims.informative_tasks(mine)[0] else "not clearly above"
     names = sorted({f"{_variant_name(r)} (seed {int(r['seed'])})" for _, r in single.iterrows()})
     return {"task": task, "metric": mine["metric"].iloc[0], "seeds": len(original),
             "original": figures.format_mean_ci(mean, low, high, len(original), digits=3),
