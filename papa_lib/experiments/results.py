@@ -23,8 +23,12 @@ The CSV is meant to be committed and diffed: fixed column order (:data:`RECORD_F
 columns in alphabetical order), rows sorted by ``finished_at`` then ``run_id``, floats written with Python's
 shortest round-trip ``repr`` so that values survive a write/read cycle bit for bit.
 
-Writers lock the store (:meth:`ResultsStore.writer_lock`, POSIX ``flock`` on ``root/.results.lock``), so processes
+Writers lock the store (:meth:`ResultsStore.writer_lock`, :mod:`filelock` on ``root/.results.lock``), so processes
 appending to one store in parallel (grid shards, lanes of ``papa grid --task``) lose no record; readers never wait.
+A full disk during an append leaves the old table as it was. A table damaged by hand or by another tool never blocks
+a run: a torn last line is set aside into ``results.csv.torn-<time>`` (with a one-line notice) and its run computed
+again; damage before the last line is reported with its line, and :meth:`ResultsStore.repair` (``papa grid FILE
+--repair``) keeps every intact record and moves the damaged lines into ``results.csv.damaged-<time>``.
 """
 
 from __future__ import annotations
@@ -40,6 +44,7 @@ import sys
 import tempfile
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -51,6 +56,7 @@ __all__ = [
     "RECORD_FIELDS",
     "REQUIRED_FIELDS",
     "RESULTS_FILENAME",
+    "DamagedStoreError",
     "ResultsStore",
     "config_hash",
     "mean_ci",
@@ -340,6 +346,7 @@ class ResultsStore:
         self.path = self.root / RESULTS_FILENAME
         self._cache_key: tuple | None = None
         self._cache: tuple[list[str], list[dict[str, str]]] = ([], [])
+        self._lock = None
 
     def __repr__(self) -> str:
         return f"ResultsStore({str(self.root)!r})"
@@ -351,7 +358,13 @@ class ResultsStore:
     # ---- reading --------------------------------------------------------------------------------------------
 
     def _read_table(self) -> tuple[list[str], list[dict[str, str]]]:
-        """Return ``(header, rows)`` with rows as ``{column: raw text}``; cached until the file changes."""
+        """Return ``(header, rows)`` with rows as ``{column: raw text}``; cached until the file changes.
+
+        A damaged final line (a torn write: cut off, too few cells, no final newline) is set aside into a side file
+        ``results.csv.torn-<time>`` with a one-line notice naming it, and the table is rewritten without it (its run
+        is then computed again). Damage before the last line raises :class:`DamagedStoreError` naming the line
+        (:meth:`repair` keeps every intact record).
+        """
         try:
             stat = self.path.stat()
         except FileNotFoundError:
@@ -360,33 +373,106 @@ class ResultsStore:
         key = (stat.st_ino, stat.st_mtime_ns, stat.st_size)
         if key == self._cache_key:
             return self._cache
-        with open(self.path, newline="", encoding="utf-8") as handle:
-            reader = csv.reader(handle)
-            header = next(reader, None)
-            if header is None:
-                table: tuple[list[str], list[dict[str, str]]] = ([], [])
-            else:
-                lacking = [f for f in RECORD_FIELDS if f not in header]
-                if lacking:
-                    raise ValueError(f"{self.path}:1: results table header lacks column(s): {', '.join(lacking)}")
-                rows = []
-                seen: set[str] = set()
-                for cells in reader:
-                    line = reader.line_num
-                    if not cells:
-                        continue
-                    if len(cells) != len(header):
-                        raise ValueError(
-                            f"{self.path}:{line}: row has {len(cells)} cells, header has {len(header)} columns"
-                        )
-                    row = dict(zip(header, cells))
-                    if row["run_id"] in seen:
-                        raise ValueError(f"{self.path}:{line}: duplicate run_id {row['run_id']!r}")
-                    seen.add(row["run_id"])
-                    rows.append(row)
-                table = (header, rows)
+        header, rows, damaged = self._scan()
+        if damaged:
+            last = damaged[-1]
+            if len(damaged) == 1 and last.final:
+                return self._set_aside_torn()
+            first = damaged[0]
+            raise DamagedStoreError(
+                f"{self.path}:{first.line}: {first.reason}"
+                + (f" (and {len(damaged) - 1} more damaged line(s))" if len(damaged) > 1 else ""),
+                path=self.path, lines=[d.line for d in damaged])
+        table = (header, rows)
         self._cache_key, self._cache = key, table
         return table
+
+    def _scan(self) -> tuple[list[str], list[dict[str, str]], list["_Damage"]]:
+        """Parse the table: ``(header, intact rows, damaged lines)``; nothing is raised for a damaged row."""
+        text = self.path.read_bytes().decode("utf-8", errors="replace")
+        lines = text.splitlines(keepends=True)
+        if not lines:
+            return [], [], []
+        header = next(csv.reader([lines[0]]), [])
+        lacking = [f for f in RECORD_FIELDS if f not in header]
+        if lacking:
+            raise DamagedStoreError(f"{self.path}:1: results table header lacks column(s): {', '.join(lacking)}",
+                                    path=self.path, lines=[1])
+        rows: list[dict[str, str]] = []
+        damaged: list[_Damage] = []
+        seen: set[str] = set()
+        last = max((i for i, line in enumerate(lines) if line.strip()), default=0)
+        for index in range(1, len(lines)):
+            line = lines[index]
+            if not line.strip():
+                continue
+            final = index == last
+            try:
+                cells = next(csv.reader([line], strict=True))
+                problem = None
+            except csv.Error as error:
+                cells, problem = [], f"unreadable row ({error})"
+            if problem is None and len(cells) != len(header):
+                problem = f"row has {len(cells)} cells, header has {len(header)} columns"
+            if problem is None and final and not line.endswith("\n"):
+                problem = "the last row has no line end (cut off while it was written)"
+            row = dict(zip(header, cells))
+            if problem is None:
+                problem = _row_problem(row)
+            if problem is None and row["run_id"] in seen:
+                problem = f"duplicate run_id {row['run_id']!r}"
+            if problem is not None:
+                damaged.append(_Damage(index + 1, line, problem, final))
+                continue
+            seen.add(row["run_id"])
+            rows.append(row)
+        return header, rows, damaged
+
+    def _set_aside_torn(self) -> tuple[list[str], list[dict[str, str]]]:
+        """Move a torn final line into ``results.csv.torn-<time>`` (one-line notice) and rewrite the table."""
+        with self.writer_lock():
+            header, rows, damaged = self._scan()  # another writer may have healed it meanwhile
+            if damaged:
+                if not (len(damaged) == 1 and damaged[0].final):
+                    raise DamagedStoreError(f"{self.path}:{damaged[0].line}: {damaged[0].reason}", path=self.path,
+                                            lines=[d.line for d in damaged])
+                side = self._side_file("torn", damaged)
+                self._write_table(header, rows)
+                print(f"papa: notice: the last line of {self.path} (line {damaged[0].line}) was cut off "
+                      f"({damaged[0].reason}); set it aside in {side}; its run will be computed again",
+                      file=sys.stderr)
+            stat = self.path.stat()
+            self._cache_key = (stat.st_ino, stat.st_mtime_ns, stat.st_size)
+            self._cache = (header, rows)
+        return self._cache
+
+    def _side_file(self, kind: str, damaged: list["_Damage"]) -> Path:
+        """Write damaged lines (as they were) into ``results.csv.<kind>-<UTC time>`` beside the table."""
+        stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S%fZ")
+        side = self.root / f"{RESULTS_FILENAME}.{kind}-{stamp}"
+        with open(side, "w", encoding="utf-8", newline="") as handle:
+            for item in damaged:
+                handle.write(f"# line {item.line}: {item.reason}\n")
+                handle.write(item.text if item.text.endswith("\n") else item.text + "\n")
+            handle.flush()
+            os.fsync(handle.fileno())
+        return side
+
+    def repair(self) -> tuple[int, list[int], Path | None]:
+        """Keep every intact record and move every damaged line into ``results.csv.damaged-<time>``.
+
+        Returns ``(records kept, damaged line numbers, side file or None)``; the table is rewritten atomically.
+        """
+        with self.writer_lock():
+            if not self.path.exists():
+                return 0, [], None
+            header, rows, damaged = self._scan()
+            if not damaged:
+                return len(rows), [], None
+            side = self._side_file("damaged", damaged)
+            self._write_table(header, rows)
+            self._cache_key = None
+        return len(rows), [d.line for d in damaged], side
 
     def has(self, run_id: str) -> bool:
         """True when a run with this ``run_id`` is already stored."""
@@ -428,19 +514,14 @@ class ResultsStore:
 
     @contextmanager
     def writer_lock(self):
-        """Hold the store's exclusive writer lock (``root/.results.lock``, POSIX ``flock``; released when the block
-        ends or the process dies). Without ``fcntl`` (Windows) it is a no-op: one writer at a time there."""
-        try:
-            import fcntl
-        except ImportError:  # pragma: no cover - not POSIX
+        """Hold the store's exclusive writer lock (``root/.results.lock``, :mod:`filelock`: ``flock`` on POSIX,
+        ``msvcrt`` locking on Windows; released when the block ends or the process dies). Re-entrant."""
+        if self._lock is None:
+            from filelock import FileLock
+
+            self._lock = FileLock(str(self.root / LOCK_FILENAME))
+        with self._lock:
             yield
-            return
-        with open(self.root / LOCK_FILENAME, "a+") as handle:
-            fcntl.flock(handle, fcntl.LOCK_EX)
-            try:
-                yield
-            finally:
-                fcntl.flock(handle, fcntl.LOCK_UN)
 
     def append(self, record: dict, *, replace: bool = False, exist_ok: bool = False) -> bool:
         """Validate ``record`` and add it to the table atomically; whether it was written.
@@ -506,11 +587,14 @@ class ResultsStore:
                 os.fsync(handle.fileno())
             os.chmod(tmp_name, mode)
             os.replace(tmp_name, self.path)
-        except BaseException:
+        except BaseException as error:
             try:
                 os.unlink(tmp_name)
             except FileNotFoundError:
                 pass
+            if isinstance(error, OSError) and error.errno is not None and error.strerror:  # e.g. a full disk
+                raise OSError(error.errno, f"{error.strerror}; could not write {self.path}, which is unchanged "
+                                           f"(no record lost)") from error
             raise
         _fsync_directory(self.root)
 
@@ -560,6 +644,42 @@ class ResultsStore:
             return []
         stored = {record["run_id"]: record for record in _frame_records(self.frame())}
         return [dict(stored[run_id]) for run_id in job_ids]
+
+
+class DamagedStoreError(ValueError):
+    """A results table damaged before its last line: the message names the first damaged line (``file:line:``)."""
+
+    def __init__(self, message: str, path: Path | None = None, lines: Sequence[int] = ()):
+        super().__init__(message)
+        self.path, self.lines = path, list(lines)
+
+
+@dataclass
+class _Damage:
+    line: int  # 1-based line number in the file
+    text: str  # the line as it was
+    reason: str
+    final: bool  # the last non-blank line of the file
+
+
+def _row_problem(row: Mapping[str, str]) -> str | None:
+    """Why a row with the right number of cells cannot be a record (None when it can)."""
+    for field in NON_NULL_FIELDS:
+        if row.get(field, "") == "":
+            return f"empty {field!r}"
+    for field in _FLOAT_FIELDS:
+        if row.get(field, ""):
+            try:
+                float(row[field])
+            except ValueError:
+                return f"{field!r} is not a number: {row[field]!r}"
+    for field in _INT_FIELDS:
+        if row.get(field, ""):
+            try:
+                int(row[field])
+            except ValueError:
+                return f"{field!r} is not an integer: {row[field]!r}"
+    return None
 
 
 def _fsync_directory(directory: Path) -> None:
