@@ -258,6 +258,9 @@ def cmd_grid(args) -> int:
         spec["blocks"] = [b for b in spec["blocks"] if b.name in names]
     executor = _executor(args)
     results_dir = args.results_dir or str(Path(args.grid).parent)
+    if args.repair:
+        return _repair(args.grid, results_dir)
+    _check_store(args.grid, results_dir)
     device = "cpu" if executor.name == "ray" else args.device or spec.get("device", "cpu")  # workers move it
     model, tokenizer = _load_model(args.model or spec.get("model"), device)
     lengths = args.max_length or spec.get("max_length")
@@ -268,6 +271,37 @@ def cmd_grid(args) -> int:
     except ImportError as error:  # --executor ray without Ray installed
         raise UsageError(str(error)) from error
     print(f"{len(store)} records in {store.path}")
+    return 0
+
+
+def _check_store(grid, results_dir) -> None:
+    """Read the results table before any model loads: a torn last line is set aside (with a notice); damage before
+    it is one line naming it, and how to keep every intact record."""
+    from .experiments.results import RESULTS_FILENAME, DamagedStoreError, ResultsStore
+
+    if not (Path(results_dir) / RESULTS_FILENAME).exists():
+        return
+    try:
+        ResultsStore(results_dir).run_ids()
+    except DamagedStoreError as error:
+        raise DamagedStoreError(f"{error}; 'papa grid {grid} --repair' keeps every intact record and sets the damaged "
+                                f"lines aside", path=error.path, lines=error.lines) from error
+
+
+def _repair(grid, results_dir) -> int:
+    """``papa grid FILE --repair``: keep every intact record, move the damaged lines into a side file."""
+    from .experiments.results import RESULTS_FILENAME, ResultsStore
+
+    if not (Path(results_dir) / RESULTS_FILENAME).exists():
+        print(f"nothing to repair: no {Path(results_dir) / RESULTS_FILENAME}")
+        return 0
+    store = ResultsStore(results_dir)
+    kept, lines, side = store.repair()
+    if not lines:
+        print(f"nothing to repair: {store.path} holds {kept} intact records")
+        return 0
+    print(f"repaired {store.path}: kept {kept} intact records; moved {len(lines)} damaged line(s) "
+          f"({', '.join(map(str, lines))}) to {side}; 'papa grid {grid}' computes their runs again")
     return 0
 
 
@@ -385,6 +419,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--only-seed", type=int, action="append", default=None,
                    help="run only this seed of the file's seeds (repeatable); training subsets stay those of the "
                         "full grid, so shards run in parallel give the same records")
+    p.add_argument("--repair", action="store_true",
+                   help="repair the results table (results.csv in --results-dir): keep every intact record, move "
+                        "damaged lines into results.csv.damaged-<time>; run nothing")
     p.add_argument("--cache-budget", default=None,
                    help="bytes of cached features per variant before streaming (e.g. 8G; default: a quarter of RAM)")
     group = p.add_argument_group(

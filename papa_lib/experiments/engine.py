@@ -48,6 +48,7 @@ from torch import nn
 
 from ..core import layout
 from ..core.averaging import ConstantAttention
+from ..core.artefacts import read_or_heal, write_atomic
 from ..core.models import load_encoder, model_id, num_layers_and_heads
 from ..core.override import AttentionOverride
 from ..core.packing import pack, supports_packing
@@ -293,9 +294,8 @@ class TaskExperiment:
                                    **({"kind": kind} if kind != "average" else {}), **_provenance(source_task)})
         prefix = source_task if kind == "average" else f"{source_task}-{kind}"
         path = self.results_dir / "matrices" / f"{prefix}-L{cfg.max_length}-{key}.safetensors" if self.results_dir else None
-        if path is not None and path.exists():
-            constants = ConstantAttention.load(path)
-        else:
+        constants = read_or_heal(path, ConstantAttention.load)  # None: absent, or damaged and set aside
+        if constants is None:
             split = self.unlabeled_split(source_task)
             builder, accepts_packed = constant_builder(kind)
             batches = list(packed_batches(self.model, split.encoded, cfg.feature_batch_size,
@@ -339,9 +339,8 @@ class TaskExperiment:
         if ("lambda", source, seed) in self._scores:
             return self._scores[("lambda", source, seed)]
         cfg, path = self.config, self.lambda_path(source, seed)
-        if path is not None and path.exists():
-            lambdas = torch.load(path)
-        else:
+        lambdas = read_or_heal(path, torch.load)  # None: absent, or damaged and set aside
+        if lambdas is None:
             state = AttentionOverride(self.model, self.constants(source), "all", "mix")
             probes.set_seed(seed)
             wrapper = BackboneProbe(self.model, self._new_probe(), self.spec.kind, cfg.packed).to(cfg.device)
@@ -353,8 +352,7 @@ class TaskExperiment:
                              device=cfg.device)
             lambdas = state.lambdas()
             if path is not None:
-                path.parent.mkdir(parents=True, exist_ok=True)
-                torch.save(lambdas, path)
+                write_atomic(path, lambda tmp: torch.save(lambdas, tmp))
         self._scores[("lambda", source, seed)] = lambdas
         return lambdas
 

@@ -25,10 +25,9 @@ shortest round-trip ``repr`` so that values survive a write/read cycle bit for b
 
 Writers lock the store (:meth:`ResultsStore.writer_lock`, :mod:`filelock` on ``root/.results.lock``), so processes
 appending to one store in parallel (grid shards, lanes of ``papa grid --task``) lose no record; readers never wait.
-A full disk during an append leaves the old table as it was. A table damaged by hand or by another tool never blocks
-a run: a torn last line is set aside into ``results.csv.torn-<time>`` (with a one-line notice) and its run computed
-again; damage before the last line is reported with its line, and :meth:`ResultsStore.repair` (``papa grid FILE
---repair``) keeps every intact record and moves the damaged lines into ``results.csv.damaged-<time>``.
+A full disk during an append leaves the old table as it was. A torn last line is set aside into ``results.csv.torn-<time>``
+(one-line notice) and its run computed again; damage before it is reported with its line, and :meth:`ResultsStore.repair`
+(``papa grid FILE --repair``) keeps every intact record, moving damaged lines into ``results.csv.damaged-<time>``.
 """
 
 from __future__ import annotations
@@ -44,13 +43,15 @@ import sys
 import tempfile
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pandas as pd
+
+from ..core.artefacts import notice, write_atomic
+from .damage import Damage, DamagedStoreError, row_problem, scan_table, side_file
 
 __all__ = [
     "RECORD_FIELDS",
@@ -200,12 +201,13 @@ def _papa_lib_version() -> str:
 
 def write_curve(results_dir: str | Path, run_id: str, curve: list[dict]) -> str:
     """Write a run's learning curve (one row per epoch) to ``results_dir/curves/<run_id>.csv``; its relative path."""
-    path = Path(results_dir) / "curves" / f"{run_id}.csv"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("w", newline="") as handle:
-        writer = csv.DictWriter(handle, fieldnames=list(curve[0]) if curve else ["epoch"])
-        writer.writeheader()
-        writer.writerows(curve)
+    def write(tmp: Path) -> None:
+        with tmp.open("w", newline="") as handle:
+            writer = csv.DictWriter(handle, fieldnames=list(curve[0]) if curve else ["epoch"])
+            writer.writeheader()
+            writer.writerows(curve)
+
+    path = write_atomic(Path(results_dir) / "curves" / f"{run_id}.csv", write, sums=False)  # written, never read back
     return str(path.relative_to(Path(results_dir)))
 
 
@@ -358,13 +360,8 @@ class ResultsStore:
     # ---- reading --------------------------------------------------------------------------------------------
 
     def _read_table(self) -> tuple[list[str], list[dict[str, str]]]:
-        """Return ``(header, rows)`` with rows as ``{column: raw text}``; cached until the file changes.
-
-        A damaged final line (a torn write: cut off, too few cells, no final newline) is set aside into a side file
-        ``results.csv.torn-<time>`` with a one-line notice naming it, and the table is rewritten without it (its run
-        is then computed again). Damage before the last line raises :class:`DamagedStoreError` naming the line
-        (:meth:`repair` keeps every intact record).
-        """
+        """Return ``(header, rows)`` with rows as ``{column: raw text}``; cached until the file changes. A torn last
+        line is set aside (:meth:`_set_aside_torn`); damage before it raises :class:`DamagedStoreError`."""
         try:
             stat = self.path.stat()
         except FileNotFoundError:
@@ -387,46 +384,10 @@ class ResultsStore:
         self._cache_key, self._cache = key, table
         return table
 
-    def _scan(self) -> tuple[list[str], list[dict[str, str]], list["_Damage"]]:
+    def _scan(self) -> tuple[list[str], list[dict[str, str]], list[Damage]]:
         """Parse the table: ``(header, intact rows, damaged lines)``; nothing is raised for a damaged row."""
-        text = self.path.read_bytes().decode("utf-8", errors="replace")
-        lines = text.splitlines(keepends=True)
-        if not lines:
-            return [], [], []
-        header = next(csv.reader([lines[0]]), [])
-        lacking = [f for f in RECORD_FIELDS if f not in header]
-        if lacking:
-            raise DamagedStoreError(f"{self.path}:1: results table header lacks column(s): {', '.join(lacking)}",
-                                    path=self.path, lines=[1])
-        rows: list[dict[str, str]] = []
-        damaged: list[_Damage] = []
-        seen: set[str] = set()
-        last = max((i for i, line in enumerate(lines) if line.strip()), default=0)
-        for index in range(1, len(lines)):
-            line = lines[index]
-            if not line.strip():
-                continue
-            final = index == last
-            try:
-                cells = next(csv.reader([line], strict=True))
-                problem = None
-            except csv.Error as error:
-                cells, problem = [], f"unreadable row ({error})"
-            if problem is None and len(cells) != len(header):
-                problem = f"row has {len(cells)} cells, header has {len(header)} columns"
-            if problem is None and final and not line.endswith("\n"):
-                problem = "the last row has no line end (cut off while it was written)"
-            row = dict(zip(header, cells))
-            if problem is None:
-                problem = _row_problem(row)
-            if problem is None and row["run_id"] in seen:
-                problem = f"duplicate run_id {row['run_id']!r}"
-            if problem is not None:
-                damaged.append(_Damage(index + 1, line, problem, final))
-                continue
-            seen.add(row["run_id"])
-            rows.append(row)
-        return header, rows, damaged
+        return scan_table(self.path, RECORD_FIELDS, lambda row: row_problem(row, NON_NULL_FIELDS, _FLOAT_FIELDS,
+                                                                              _INT_FIELDS))
 
     def _set_aside_torn(self) -> tuple[list[str], list[dict[str, str]]]:
         """Move a torn final line into ``results.csv.torn-<time>`` (one-line notice) and rewrite the table."""
@@ -436,27 +397,14 @@ class ResultsStore:
                 if not (len(damaged) == 1 and damaged[0].final):
                     raise DamagedStoreError(f"{self.path}:{damaged[0].line}: {damaged[0].reason}", path=self.path,
                                             lines=[d.line for d in damaged])
-                side = self._side_file("torn", damaged)
+                side = side_file(self.path, "torn", damaged)
                 self._write_table(header, rows)
-                print(f"papa: notice: the last line of {self.path} (line {damaged[0].line}) was cut off "
-                      f"({damaged[0].reason}); set it aside in {side}; its run will be computed again",
-                      file=sys.stderr)
+                notice(f"the last line of {self.path} (line {damaged[0].line}) was cut off ({damaged[0].reason}); "
+                       f"set it aside in {side}; its run will be computed again")
             stat = self.path.stat()
             self._cache_key = (stat.st_ino, stat.st_mtime_ns, stat.st_size)
             self._cache = (header, rows)
         return self._cache
-
-    def _side_file(self, kind: str, damaged: list["_Damage"]) -> Path:
-        """Write damaged lines (as they were) into ``results.csv.<kind>-<UTC time>`` beside the table."""
-        stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S%fZ")
-        side = self.root / f"{RESULTS_FILENAME}.{kind}-{stamp}"
-        with open(side, "w", encoding="utf-8", newline="") as handle:
-            for item in damaged:
-                handle.write(f"# line {item.line}: {item.reason}\n")
-                handle.write(item.text if item.text.endswith("\n") else item.text + "\n")
-            handle.flush()
-            os.fsync(handle.fileno())
-        return side
 
     def repair(self) -> tuple[int, list[int], Path | None]:
         """Keep every intact record and move every damaged line into ``results.csv.damaged-<time>``.
@@ -469,7 +417,7 @@ class ResultsStore:
             header, rows, damaged = self._scan()
             if not damaged:
                 return len(rows), [], None
-            side = self._side_file("damaged", damaged)
+            side = side_file(self.path, "damaged", damaged)
             self._write_table(header, rows)
             self._cache_key = None
         return len(rows), [d.line for d in damaged], side
@@ -644,42 +592,6 @@ class ResultsStore:
             return []
         stored = {record["run_id"]: record for record in _frame_records(self.frame())}
         return [dict(stored[run_id]) for run_id in job_ids]
-
-
-class DamagedStoreError(ValueError):
-    """A results table damaged before its last line: the message names the first damaged line (``file:line:``)."""
-
-    def __init__(self, message: str, path: Path | None = None, lines: Sequence[int] = ()):
-        super().__init__(message)
-        self.path, self.lines = path, list(lines)
-
-
-@dataclass
-class _Damage:
-    line: int  # 1-based line number in the file
-    text: str  # the line as it was
-    reason: str
-    final: bool  # the last non-blank line of the file
-
-
-def _row_problem(row: Mapping[str, str]) -> str | None:
-    """Why a row with the right number of cells cannot be a record (None when it can)."""
-    for field in NON_NULL_FIELDS:
-        if row.get(field, "") == "":
-            return f"empty {field!r}"
-    for field in _FLOAT_FIELDS:
-        if row.get(field, ""):
-            try:
-                float(row[field])
-            except ValueError:
-                return f"{field!r} is not a number: {row[field]!r}"
-    for field in _INT_FIELDS:
-        if row.get(field, ""):
-            try:
-                int(row[field])
-            except ValueError:
-                return f"{field!r} is not an integer: {row[field]!r}"
-    return None
 
 
 def _fsync_directory(directory: Path) -> None:
