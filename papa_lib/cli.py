@@ -85,7 +85,12 @@ def _shared(parser: argparse.ArgumentParser, task_required: bool = True, custom:
         group.add_argument("--task", default=None, help="run only this task of the grid")
     group.add_argument("--data-dir", default=None, help="local data folder laid out like ../shared/data; default: the hub")
     group.add_argument("--max-length", type=_positive_int, default=None, help="sequence length L (default: paper Table 3 per task)")
-    group.add_argument("--limit", type=_positive_int, default=None, help="subsample the training data to N examples (seeded)")
+    group.add_argument("--limit", type=_positive_int, default=None, metavar="N",
+                       help="train each seed's probe on a seeded subset of N training examples; the constant matrices "
+                            "still average over the whole training set (see --average-limit)")
+    group.add_argument("--average-limit", type=_positive_int, default=None, metavar="N",
+                       help="average the constant matrices (Eq. 2) over a seeded subset of N training examples "
+                            "(default: the whole training set, as the paper does); records state it (average_limit)")
     group.add_argument("--seeds", type=_positive_int, default=None, help="number of seeds (0..N-1); default 3 (grid: the file's value)")
     group.add_argument("--epochs", type=_positive_int, default=None, help="probe epochs (default: Table 3)")
     group.add_argument("--device", default=None, help="cpu, cuda, cuda:1, ... (default: cpu)")
@@ -167,6 +172,7 @@ def _experiment(args):
     _check_data_dir(args.data_dir)
     config = ExperimentConfig(
         task=args.task, model=args.model, data_dir=args.data_dir, max_length=args.max_length, limit=args.limit,
+        average_limit=args.average_limit,
         epochs=args.epochs, device=args.device or "cpu", profile=getattr(args, "profile", "local"),
         lambda_learning_rate=getattr(args, "lambda_lr", None), lambda_epochs=getattr(args, "lambda_epochs", None),
     )
@@ -233,6 +239,7 @@ def cmd_grid(args) -> int:
     _check_data_dir(args.data_dir)
     overrides = {
         "model": args.model, "data_dir": args.data_dir, "max_length": args.max_length, "limit": args.limit,
+        "average_limit": args.average_limit,
         "epochs": args.epochs, "device": args.device,
         "seeds": list(range(args.seeds)) if args.seeds is not None else None,
         "cache_budget": parse_bytes(args.cache_budget) if args.cache_budget is not None else None,

@@ -392,3 +392,22 @@ def test_damaged_matrices_and_lambdas_are_set_aside_and_recomputed(tmp_path, pai
     matrices.write_bytes(matrices_bytes[:200])
     assert read_or_heal(matrices, ConstantAttention.load) is None
     assert "cannot be read" in capsys.readouterr().err and not matrices.exists()
+
+
+def test_average_limit_caps_the_averaged_text_and_records_say_so(tmp_path, pair_files, tiny, capsys):
+    train, dev = pair_files
+    base = ["--task", "custom", "--train", str(train), "--validation", str(dev), *PAIR, "--max-length", "16",
+            "--epochs", "1", "--seeds", "1"]
+    out = tmp_path / "out"
+    assert cli.main(["averages", *base, "--average-limit", "5", "--results-dir", str(out)]) == 0
+    assert "from 5 examples" in capsys.readouterr().out
+    assert cli.main(["averages", *base, "--results-dir", str(out)]) == 0
+    assert "from 24 examples" in capsys.readouterr().out  # default: the whole training set
+    assert cli.main(["probe", *base, "--fraction", "1", "0", "--average-limit", "5", "--results-dir", str(out)]) == 0
+    assert cli.main(["probe", *base, "--fraction", "0", "--results-dir", str(out)]) == 0
+    frame = results.ResultsStore(out).frame()
+    limited = frame[frame.matrix_type == "average"].set_index("average_limit")
+    assert sorted(map(str, limited.index)) == ["5", "all"] and len(frame) == 3  # the original model's run is shared
+    assert limited.loc["all", "run_id"] != limited.loc[5, "run_id"]
+    help_text = cli.build_parser()._subparsers._group_actions[0].choices["probe"].format_help()
+    assert "still average over the whole training set" in " ".join(help_text.split())

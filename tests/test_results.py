@@ -596,3 +596,11 @@ def test_a_run_finished_twice_keeps_the_first_record(tmp_path):
     assert first.get("r1")["value"] == 0.5 and len(first) == 1
     with pytest.raises(ValueError, match="already stored"):
         second.append(make_record("r1", value=0.9))
+
+
+def test_records_from_before_average_limit_read_as_all(tmp_path):
+    store = ResultsStore(tmp_path)
+    store.append(make_record("old"))
+    store.append(make_record("new", seed=1, average_limit=5000))
+    store.append(make_record("full", seed=2, average_limit="all"))
+    assert list(store.frame()["average_limit"]) == ["all", 5000, "all"]

@@ -71,7 +71,8 @@ def run_grid(spec: dict, results_dir: str | Path, model=None, tokenizer=None, pr
     """Run every run of a declared grid, resuming: finished runs (same run id) are skipped.
 
     ``spec`` is :func:`load_grid`'s output. Top-level keys: ``model``, ``data_dir``, ``profile``, ``seeds`` (list or
-    count), ``limit``, ``eval_limit``, ``max_length`` (int or per-task mapping with ``default``), ``epochs``,
+    count), ``limit`` (probe training rows per seed), ``average_limit`` (examples the constant matrices average over;
+    default all), ``eval_limit``, ``max_length`` (int or per-task mapping with ``default``), ``epochs``,
     ``patience``, ``cache_budget``, ``lambda_epochs``, ``inloop_epochs``, ``inloop_limit``, ``matrix_learning_rate``,
     ``lambda_learning_rate``, ``learning_rate``, ``batch_size``, ``device`` (each of
     the per-task ones may be a mapping ``{task: value, default: value}``). ``overrides`` replace top-level keys (the CLI's flags).
@@ -116,6 +117,7 @@ def task_config(settings: dict, task: str, seeds) -> ExperimentConfig:
         data_dir=settings.get("data_dir"),
         profile=settings.get("profile", "local"),
         limit=_per_task(settings.get("limit"), task),
+        average_limit=_per_task(settings.get("average_limit"), task),
         eval_limit=_per_task(settings.get("eval_limit"), task),
         max_length=_per_task(settings.get("max_length"), task),
         epochs=_per_task(settings.get("epochs"), task),

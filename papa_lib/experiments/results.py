@@ -69,25 +69,9 @@ __all__ = [
 
 #: Columns of the tidy results table, in the order they are written.
 RECORD_FIELDS: tuple[str, ...] = (
-    "run_id",
-    "model",
-    "task",
-    "matrix_type",
-    "matrices_from",
-    "selection_order",
-    "fraction",
-    "seed",
-    "metric",
-    "value",
-    "eval_size",
-    "train_size",
-    "config_hash",
-    "profile",
-    "data_source",
-    "versions",
-    "device",
-    "wall_time_s",
-    "finished_at",
+    "run_id", "model", "task", "matrix_type", "matrices_from", "selection_order", "fraction", "seed", "metric",
+    "value", "eval_size", "train_size", "config_hash", "profile", "data_source", "versions", "device",
+    "wall_time_s", "finished_at",
 )
 
 #: Fields a record passed to :meth:`ResultsStore.append` must contain (``finished_at`` is filled in).
@@ -109,13 +93,7 @@ _STRING_FIELDS = tuple(f for f in RECORD_FIELDS if f not in _FLOAT_FIELDS + _INT
 #: Columns that identify one configuration of the grid (everything but the seed); used by
 #: :func:`relative_drop` to decide which rows are "the same run over different seeds".
 CONFIG_COLUMNS: tuple[str, ...] = (
-    "model",
-    "task",
-    "matrix_type",
-    "matrices_from",
-    "selection_order",
-    "fraction",
-    "metric",
+    "model", "task", "matrix_type", "matrices_from", "selection_order", "fraction", "metric",
 )
 
 _CONFIG_HASH_LENGTH = 16
@@ -447,6 +425,9 @@ class ResultsStore:
                 data[column] = _decode_column(column, texts)
             except ValueError as err:
                 raise ValueError(f"{self.path}: column {column!r}: {err}") from None
+        if "average_limit" in data:  # examples the constant matrices averaged; records from before it: all
+            data["average_limit"] = pd.Series(["all" if _is_missing(v) or v == "all" else int(v)
+                                               for v in data["average_limit"]], dtype=object)
         columns = list(RECORD_FIELDS) + [c for c in header if c not in RECORD_FIELDS]
         return pd.DataFrame({c: data[c] for c in columns})
 
