@@ -28,6 +28,8 @@ import re
 import sys
 from pathlib import Path
 
+from .core.models import resolve_device
+
 CUSTOM = "custom"
 _CUSTOM_OPTIONS = ("train", "validation", "text_columns", "label_column", "metric", "delimiter", "name")
 
@@ -93,7 +95,9 @@ def _shared(parser: argparse.ArgumentParser, task_required: bool = True, custom:
                             "(default: the whole training set, as the paper does); records state it (average_limit)")
     group.add_argument("--seeds", type=_positive_int, default=None, help="number of seeds (0..N-1); default 3 (grid: the file's value)")
     group.add_argument("--epochs", type=_positive_int, default=None, help="probe epochs (default: Table 3)")
-    group.add_argument("--device", default=None, help="cpu, cuda, cuda:1, ... (default: cpu)")
+    group.add_argument("--device", default=None,
+                       help="cpu, cuda, cuda:1, ... or auto (CUDA when torch sees a GPU, else cpu); default: cpu "
+                            "(grid: the file's device)")
     group.add_argument("--results-dir", default="data/results/cli", help="where records, matrices and λ are stored")
     if custom:
         group = parser.add_argument_group(
@@ -173,7 +177,7 @@ def _experiment(args):
     config = ExperimentConfig(
         task=args.task, model=args.model, data_dir=args.data_dir, max_length=args.max_length, limit=args.limit,
         average_limit=args.average_limit,
-        epochs=args.epochs, device=args.device or "cpu", profile=getattr(args, "profile", "local"),
+        epochs=args.epochs, device=resolve_device(args.device), profile=getattr(args, "profile", "local"),
         lambda_learning_rate=getattr(args, "lambda_lr", None), lambda_epochs=getattr(args, "lambda_epochs", None),
     )
     model, tokenizer = _load_model(args.model, config.device)
@@ -268,7 +272,7 @@ def cmd_grid(args) -> int:
     if args.repair:
         return _repair(args.grid, results_dir)
     _check_store(args.grid, results_dir)
-    device = "cpu" if executor.name == "ray" else args.device or spec.get("device", "cpu")  # workers move it
+    device = "cpu" if executor.name == "ray" else resolve_device(args.device or spec.get("device"))  # workers move it
     model, tokenizer = _load_model(args.model or spec.get("model"), device)
     lengths = args.max_length or spec.get("max_length")
     _check_length(model, lengths.values() if isinstance(lengths, dict) else [lengths],
@@ -330,7 +334,7 @@ def cmd_bench(args) -> int:  # reached only through build_parser(); main() hands
 
 
 def cmd_reproduce(args) -> int:
-    from .book.build import run_chapters
+    from .book.build import ChapterExecutionError, failure_line, run_chapters
 
     parameters = {}
     if args.model:
@@ -338,21 +342,26 @@ def cmd_reproduce(args) -> int:
     if args.data_dir:
         parameters["data_dir"] = args.data_dir
     if args.device:
-        parameters["device"] = args.device
-    paths = run_chapters(args.profile, args.out, parameters=parameters or None, chapters=args.chapter or None, resume=not args.no_resume)
+        parameters["device"] = resolve_device(args.device)
+    try:
+        paths = run_chapters(args.profile, args.out, parameters=parameters or None, chapters=args.chapter or None,
+                             resume=not args.no_resume)
+    except ChapterExecutionError as error:  # one line naming the chapter and the cell, like papa book
+        print(failure_line("a chapter failed", error), file=sys.stderr)
+        return 1
     for path in paths:
         print(path)
     return 0
 
 
 def cmd_book(args) -> int:
-    from .book.build import BookBuildError, build_book, sync_notebooks
+    from .book.build import BookBuildError, build_book, failure_line, sync_notebooks
 
     sync_notebooks("book")
     try:
         html = build_book(".", warnings_as_errors=not args.allow_warnings)
     except BookBuildError as error:  # a page failed to execute, or Sphinx failed: the message says which
-        print(f"papa: error: the book did not build: {error}", file=sys.stderr)
+        print(failure_line("the book did not build", error), file=sys.stderr)
         return 1
     print(f"book built: {html / 'index.html'}")
     return 0
@@ -385,6 +394,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="papa", description=__doc__.split("\n\n")[0],
                      formatter_class=argparse.RawDescriptionHelpFormatter,
                      epilog="Run 'papa <command> --help' for a command's options.")
+    from . import __version__
+
+    parser.add_argument("--version", action="version", version=f"papa {__version__}",
+                        help="print the version of papa_lib and exit")
     parser.add_argument("--debug", action="store_true", help="show the traceback of an error (anywhere on the line)")
     sub = parser.add_subparsers(dest="command", required=True, metavar="command")
 
@@ -407,8 +420,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("probe", help="probe variants of a task and record the results (Sec. 3.3, 4, 5)",
                        description="For each matrix type x order x fraction x seed, train a probe on the frozen model and append a record.")
     _shared(p)
-    p.add_argument("--matrix-type", nargs="+", default=["average"], choices=MATRIX_TYPES)
-    p.add_argument("--order", nargs="+", default=["lambda"], choices=ORDERS)
+    p.add_argument("--matrix-type", nargs="+", default=["average"], choices=MATRIX_TYPES, metavar="TYPE",
+                   help=f"what replaced heads use (Sec. 3, 5.2): {', '.join(MATRIX_TYPES)}; default: average")
+    p.add_argument("--order", nargs="+", default=["lambda"], choices=ORDERS, metavar="ORDER",
+                   help=f"which heads are replaced first (Sec. 3.2, 5.4): {', '.join(ORDERS)}; default: lambda")
     p.add_argument("--fraction", nargs="+", type=_fraction, default=list(PAPER_FRACTIONS),
                    help="fractions of heads kept input-dependent, e.g. 1 1/2 1/8 1/16 0")
     p.add_argument("--matrices-from", default=None, help="average matrices from another task's text (Sec. 5.3)")
@@ -448,23 +463,28 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("bench", help="speed and memory benchmarks ('papa bench --help')", add_help=False,
                        description="Forwarded to python -m papa_lib.bench.")
-    p.add_argument("rest", nargs=argparse.REMAINDER)
+    p.add_argument("rest", nargs=argparse.REMAINDER, help="options of python -m papa_lib.bench ('papa bench --help')")
     p.set_defaults(func=cmd_bench)
 
     p = sub.add_parser("reproduce", help="execute every chapter through papermill for a profile",
                        description="Run all chapters (smoke: tiny model, seconds; local: embedded MiniLM + local data; paper: hub models, GPU).")
-    p.add_argument("--profile", required=True, choices=["smoke", "local", "paper"])
+    p.add_argument("--profile", required=True, choices=["smoke", "local", "paper"],
+                   help="smoke: tiny random model, seconds; local: embedded MiniLM on local data, CPU; paper: the "
+                        "paper's hub models, GPU")
     p.add_argument("--out", default="runs", help="executed notebooks go to OUT/<profile>/")
     p.add_argument("--chapter", action="append", help="only this chapter (repeatable)")
-    p.add_argument("--model", default=None)
-    p.add_argument("--data-dir", default=None)
-    p.add_argument("--device", default=None)
+    p.add_argument("--model", default=None, help="the chapters' model (hub id or folder); default: the profile's")
+    p.add_argument("--data-dir", default=None,
+                   help="local data folder laid out like ../shared/data; default: the profile's")
+    p.add_argument("--device", default=None,
+                   help="cpu, cuda, cuda:1, ... or auto (CUDA when torch sees a GPU); default: the profile's")
     p.add_argument("--no-resume", action="store_true", help="re-run chapters that already finished")
     p.set_defaults(func=cmd_reproduce)
 
     p = sub.add_parser("book", help="sync chapter notebooks and build the HTML book",
                        description="Regenerate the paired .ipynb files and run jupyter-book (warnings are errors).")
-    p.add_argument("--allow-warnings", action="store_true")
+    p.add_argument("--allow-warnings", action="store_true",
+                   help="build even when Sphinx warns (by default a warning fails the build)")
     p.set_defaults(func=cmd_book)
     return parser
 

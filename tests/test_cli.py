@@ -411,3 +411,81 @@ def test_average_limit_caps_the_averaged_text_and_records_say_so(tmp_path, pair_
     assert limited.loc["all", "run_id"] != limited.loc[5, "run_id"]
     help_text = cli.build_parser()._subparsers._group_actions[0].choices["probe"].format_help()
     assert "still average over the whole training set" in " ".join(help_text.split())
+
+
+def _options(parser):
+    """Every (parser prog, option) of an argparse parser and its subparsers, with the option's help."""
+    import argparse
+
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                yield from _options(sub)
+        elif not isinstance(action, argparse._HelpAction) and action.help != argparse.SUPPRESS:
+            yield parser.prog, "/".join(action.option_strings) or action.dest, action.help
+
+
+def test_every_option_has_help():
+    from papa_lib.book import build
+
+    parsers = [cli.build_parser(), build._build_parser()]
+
+    class Recorder(cli._Parser):  # papa bench builds its parser inside bench.main
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            parsers.append(self)
+
+    with pytest.raises(SystemExit):
+        bench.main(["--help"], parser_class=Recorder)
+    options = [option for parser in parsers for option in _options(parser)]
+    assert len(options) > 60
+    lacking = [(prog, name) for prog, name, text in options if not (text or "").strip()]
+    assert lacking == []
+    names = {(prog, name) for prog, name, _ in options}
+    assert {("papa reproduce", "--device"), ("papa probe", "--order"), ("papa book", "--allow-warnings"),
+            ("papa", "--version"), ("papa grid", "--repair"), ("papa grid", "--average-limit")} <= names
+
+
+def test_version_is_defined_once(capsys):
+    import tomllib
+
+    import papa_lib
+
+    version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+    assert papa_lib.__version__ == version
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["--version"])
+    assert exit_info.value.code == 0
+    assert capsys.readouterr().out.strip() == f"papa {version}"
+    assert not any(f'"{version}"' in path.read_text() for path in (ROOT / "papa_lib").rglob("*.py"))
+
+
+def test_reproduce_fails_in_one_line_naming_chapter_and_cell(monkeypatch, capsys):
+    from papa_lib.book import build
+
+    def failing(*args, **kwargs):
+        raise build.ChapterExecutionError("chapter probing (book/probing.md) failed under profile 'smoke': "
+                                          "ZeroDivisionError: division by zero (in cell [7]); partial notebook: "
+                                          "runs/smoke/probing.ipynb; chapters done and kept: intro")
+
+    monkeypatch.setattr(build, "run_chapters", failing)
+    assert cli.main(["reproduce", "--profile", "smoke"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "Traceback" not in err[0]
+    assert err[0].startswith("papa: error: a chapter failed: chapter probing (book/probing.md) failed under "
+                             "profile 'smoke': ZeroDivisionError: division by zero (in cell [7])")
+    assert build.failure_line("x", build.BookBuildError("first line\nlog tail")) == "papa: error: x: first line"
+
+
+def test_device_auto_picks_cuda_when_present(monkeypatch):
+    import torch
+
+    from papa_lib.experiments.grid import grid_settings
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert models.resolve_device("auto") == "cuda"
+    assert grid_settings({"device": "auto", "blocks": []})[0]["device"] == "cuda"
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert models.resolve_device("auto") == "cpu" and models.resolve_device(None) == "cpu"
+    assert models.resolve_device("cuda:1") == "cuda:1"
+    assert grid_settings({"device": "cpu", "blocks": []}, {"device": "auto"})[0]["device"] == "cpu"

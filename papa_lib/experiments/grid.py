@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable
 
-from ..core.models import load_encoder
+from ..core.models import load_encoder, resolve_device
 from . import custom, results, selection
 from .engine import ExperimentConfig, TaskExperiment, Variant
 
@@ -105,6 +105,7 @@ def grid_settings(spec: dict, overrides: dict | None = None) -> tuple[dict, list
     """A grid's top-level settings with the command line's ``overrides`` applied, and its list of seeds."""
     settings = {k: v for k, v in spec.items() if k != "blocks"}
     settings.update({k: v for k, v in (overrides or {}).items() if v is not None})
+    settings["device"] = resolve_device(settings.get("device"))  # auto: CUDA when there is one
     seeds = settings.get("seeds", 3)
     return settings, list(range(seeds)) if isinstance(seeds, int) else list(seeds)
 
