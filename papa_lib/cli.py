@@ -11,13 +11,18 @@ Subcommands::
     papa reproduce  execute every book chapter through papermill for a profile (smoke, local, paper)
     papa book       sync the chapter notebooks and build the HTML book
 
-Shared flags: ``--model --task --data-dir --max-length --limit --seeds --epochs --device --results-dir``.
+Shared flags: ``--model --task --data-dir --max-length --limit --average-limit --seeds --epochs --device
+--results-dir`` (``--limit`` caps each seed's probe training rows; the constant matrices average over the whole
+training set unless ``--average-limit`` caps them; ``--device auto`` is CUDA when torch sees a GPU).
+``papa --version`` prints the version; ``papa grid FILE --repair`` keeps every intact record of a damaged results
+table.
 ``--task custom --train F --validation F --text-columns A[,B] --label-column C`` probes a task of your own
 (:mod:`papa_lib.experiments.custom`).
 
 A user error (a bad or empty file, a bad value, an unsupported model, a wrong L, a missing data folder, an
 unreachable hub) prints one line, ``papa: error: <what went wrong> (<file>:<line>)``, to stderr and exits with 2;
-``--debug`` adds the traceback. Anything else is a bug and shows its traceback.
+``--debug`` adds the traceback. A failing chapter (``papa book``, ``papa reproduce``) prints one line naming the
+chapter and the cell, and exits with 1. Anything else is a bug and shows its traceback.
 """
 
 from __future__ import annotations
