@@ -573,7 +573,8 @@ class TaskExperiment:
         cfg = asdict(self.config)
         for key in _NOT_IN_RUN_ID:
             cfg.pop(key)
-        if cfg["average_limit"] is None or matrix_type(variant.matrix_type).constants is None:
+        if cfg["average_limit"] is None or (matrix_type(variant.matrix_type).constants is None
+                                            and not variant.needs_scores):  # λ mixes in the averages too
             cfg.pop("average_limit")  # run ids of averages over all the text stay those of before the setting
         cfg["model"] = model_id(self.model)
         cfg["data_dir"] = self.data_key  # the data itself, wherever it lies
