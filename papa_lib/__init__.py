@@ -18,7 +18,12 @@ The core API is importable from the package itself::
         hidden = model(**batch).last_hidden_state
 """
 
-__version__ = "0.1.0"
+from importlib import metadata as _metadata
+
+try:  # the version is written once, in pyproject.toml; the installed package's metadata carries it
+    __version__ = _metadata.version("papa_lib")
+except _metadata.PackageNotFoundError:  # a checkout on sys.path that was never installed
+    __version__ = "0+unknown"
 
 from .core.averaging import ConstantAttention, average_attention
 from .core.layout import EncodedBatch, encode, encode_words

@@ -117,6 +117,15 @@ def resolve_model_path(name_or_path: str | Path | None) -> tuple[str, str]:
     return str(name_or_path), str(name_or_path)
 
 
+def resolve_device(device: str | torch.device | None, default: str = "cpu") -> str:
+    """A device name for torch: ``auto`` is ``cuda`` when torch sees a CUDA GPU, else ``cpu``; ``None`` is
+    ``default``; anything else is returned as given (``cpu``, ``cuda:1``, ...)."""
+    device = default if device is None else str(device)
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return device
+
+
 def load_encoder(
     name_or_path: str | Path | None = None,
     *,
