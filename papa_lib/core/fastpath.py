@@ -103,14 +103,15 @@ def _skipped_projection(out_features: int) -> Callable[[torch.Tensor], torch.Ten
     return forward
 
 
-def skip_query_key_projections(self_attention: nn.Module) -> Callable[[], None]:
-    """Stop ``self_attention.query`` and ``.key`` from computing anything; return the function that undoes it.
+def skip_query_key_projections(self_attention: nn.Module, names: tuple[str, str] = ("query", "key")) -> Callable[[], None]:
+    """Stop ``self_attention.query`` and ``.key`` (or the two ``names``) from computing anything; return the function
+    that undoes it.
 
     Only the ``forward`` attribute of the two ``nn.Linear`` instances is replaced (parameters, buffers, hooks and
     the module tree are left alone); undoing restores whatever instance attribute was there before.
     """
     restores = []
-    for name in ("query", "key"):
+    for name in names:
         linear = getattr(self_attention, name, None)
         if not isinstance(linear, nn.Linear):
             raise TypeError(

@@ -42,7 +42,7 @@ from torch import nn
 
 from .fastpath import fast_attention, skip_query_key_projections
 from .masks import real_tokens_from_additive_mask, real_tokens_from_pair_mask
-from .models import adapter_for, model_device, num_layers_and_heads, self_attention_modules
+from .models import adapter_for, model_device, num_layers_and_heads, prepare_model, self_attention_modules
 
 MODES = ("original", "constant", "mix", "identity", "toeplitz", "zeros", "trainable")
 _USES_INPUT_ATTENTION = {"original", "mix"}
@@ -101,7 +101,7 @@ class AttentionOverride(nn.Module):
         fast: bool = True,
     ):
         super().__init__()
-        adapter_for(model)
+        prepare_model(model)
         self.fast = bool(fast)
         self.num_layers, self.num_heads = num_layers_and_heads(model)
         self.plan = _resolve_plan(self.num_layers, self.num_heads, heads, mode)
@@ -139,6 +139,8 @@ class AttentionOverride(nn.Module):
         self._dynamic_cache: dict[tuple[int, int], torch.Tensor] = {}
         # App. A position of each token of the running batch ([B, W]); None: sequence index = position (padded run)
         self.positions: torch.Tensor | None = None
+        # shared attention modules (ALBERT): the layer index is the call order within the running forward pass
+        self._calls = 0
         for layer in range(self.num_layers):
             layer_modes = [self.head_mode(layer, h) for h in range(self.num_heads)]
             if "trainable" in layer_modes:
@@ -160,6 +162,12 @@ class AttentionOverride(nn.Module):
     def needs_input_attention(self, layer: int) -> bool:
         """Whether this layer needs the model's own A (some head is ``original`` or ``mix``)."""
         return any(m in _USES_INPUT_ATTENTION for m in self.layer_modes(layer))
+
+    def next_layer(self) -> int:
+        """The layer position of the next call of a shared attention module (ALBERT), in call order."""
+        layer = self._calls % self.num_layers
+        self._calls += 1
+        return layer
 
     def lambdas(self) -> torch.Tensor:
         """λ = σ(θ) for every head ``[layers, heads]`` (meaningful for ``mix`` heads; Sec. 3.2)."""
@@ -273,22 +281,31 @@ class AttentionOverride(nn.Module):
         def read_positions(_module, _args, kwargs):
             position_ids = kwargs.get("position_ids")
             self.positions = None if position_ids is None else position_ids - first_position
+            self._calls = 0
 
         try:
             handle = model.register_forward_pre_hook(read_positions, with_kwargs=True)
             undo.append(lambda: (handle.remove(), setattr(self, "positions", None)))
-            for layer, module in enumerate(modules):
+            if adapter.shared_layers:  # one module, many layer positions: attach once, count calls
+                unique = list({id(m): m for m in modules}.values())
+                layers_of = {id(m): [i for i, n in enumerate(modules) if n is m] for m in unique}
+            else:
+                unique, layers_of = modules, {id(m): [i] for i, m in enumerate(modules)}
+            for module in unique:
+                layers = layers_of[id(module)]
+                layer = None if adapter.shared_layers else layers[0]
                 module._papa_state = (self, layer)
                 undo.append(lambda module=module: delattr(module, "_papa_state"))
                 if adapter.route == "probs_hook":
-                    hook = _ProbabilityRewrite(layer, module.dropout)
+                    hook = _ProbabilityRewrite(layer, getattr(module, adapter.dropout), adapter.mask)
                     object.__setattr__(hook, "override", self)
-                    module.dropout = hook
+                    setattr(module, adapter.dropout, hook)
                     handle = module.register_forward_pre_hook(hook.read_mask, with_kwargs=True)
                     undo.append(lambda module=module, hook=hook, handle=handle: (
-                        handle.remove(), setattr(module, "dropout", hook.inner)))
-                elif self.fast and not self.needs_input_attention(layer):
-                    undo.append(skip_query_key_projections(module))  # Sec. 3.4: no Q, no K
+                        handle.remove(), setattr(module, adapter.dropout, hook.inner)))
+                elif (self.fast and adapter.projections is not None
+                      and not any(self.needs_input_attention(i) for i in layers)):
+                    undo.append(skip_query_key_projections(module, adapter.projections))  # Sec. 3.4: no Q, no K
             if adapter.route == "interface":
                 _register_attention_function()
                 previous = model.config._attn_implementation
@@ -302,21 +319,25 @@ class AttentionOverride(nn.Module):
 
 
 class _ProbabilityRewrite(nn.Module):
-    """DeBERTa adapter: sits where the attention-probability dropout was and rewrites the probabilities."""
+    """``probs_hook`` route (DeBERTa, MPNet): sits where the attention-probability dropout was and rewrites the
+    probabilities; a forward pre-hook on the attention module reads which tokens are real from its mask."""
 
-    def __init__(self, layer: int, inner: nn.Module):
+    def __init__(self, layer: int | None, inner: nn.Module, mask: str = "pair"):
         super().__init__()
         self.layer = layer
         self.inner = inner
+        self.mask = mask
         self.real = None
 
     def read_mask(self, module, args, kwargs):
         hidden = kwargs.get("hidden_states", args[0] if args else None)
         mask = kwargs.get("attention_mask", args[1] if len(args) > 1 else None)
-        self.real = real_tokens_from_pair_mask(mask, hidden.shape[0], hidden.shape[1], hidden.device)
+        read = real_tokens_from_pair_mask if self.mask == "pair" else real_tokens_from_additive_mask
+        self.real = read(mask, hidden.shape[0], hidden.shape[1], hidden.device)
 
     def forward(self, probabilities: torch.Tensor) -> torch.Tensor:
-        weights = self.override.head_weights(self.layer, probabilities, self.real)
+        layer = self.layer if self.layer is not None else self.override.next_layer()
+        weights = self.override.head_weights(layer, probabilities, self.real)
         return self.inner(weights)
 
 
@@ -327,6 +348,8 @@ def papa_attention_function(module, query, key, value, attention_mask, scaling=N
     :class:`AttentionOverride` rewrite the weights, and returns ``(output [B, L, H, d'], weights [B, H, L, L])``.
     """
     state = getattr(module, "_papa_state", None)
+    if state is not None and state[1] is None:  # a shared module (ALBERT): the layer is the call order
+        state = (state[0], state[0].next_layer())
     if state is not None and state[0].fast:
         result = fast_attention(state[0], state[1], module, query, key, value, attention_mask, scaling, dropout)
         if result is not None:

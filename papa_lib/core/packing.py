@@ -22,7 +22,7 @@ import logging
 
 import torch
 
-from .models import adapter_for
+from .models import adapter_for, prepare_model
 
 logger = logging.getLogger(__name__)
 _MODEL_KEYS = ("input_ids", "attention_mask", "token_type_ids")
@@ -77,7 +77,7 @@ def pack(batch, model=None) -> PackedBatch:
     """
     first = 0
     if model is not None:
-        adapter = adapter_for(model)
+        adapter = adapter_for(prepare_model(model))
         if not adapter.packable:
             raise ValueError(f"{model.config.model_type} computes relative positions from sequence indices and "
                              "cannot run packed; run the padded batch")
@@ -110,7 +110,7 @@ def pack(batch, model=None) -> PackedBatch:
 def layout_position_ids(batch, model) -> torch.Tensor | None:
     """Explicit App. A position ids ``[B, L]`` for a padded batch of a packable model (RoBERTa would otherwise derive
     them from the non-pad tokens), or ``None`` for a model that takes none (DeBERTa)."""
-    adapter = adapter_for(model)
+    adapter = adapter_for(prepare_model(model))
     if not adapter.packable:
         return None
     size, length = batch["attention_mask"].shape
