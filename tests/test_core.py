@@ -200,7 +200,7 @@ def test_zeros_head_contributes_exactly_nothing(arch):
     captured = {}
     module = papa_lib.core.models.self_attention_modules(model)[1]
     # the heads' context is the module's output, or the input of its output projection where the module has one
-    projection = {"mpnet": "o", "distilbert": "out_lin", "albert": "dense"}.get(arch)
+    projection = {"mpnet": "o", "distilbert": "out_lin", "albert": "dense", "modernbert": "Wo"}.get(arch)
     if projection is None:
         handle = module.register_forward_hook(lambda m, a, out: captured.__setitem__("context", out[0]))
     else:  # ALBERT's module serves both layers: the last call is layer 1

@@ -131,6 +131,43 @@ def _mpnet_relative_positions_from_ids(model: nn.Module) -> None:
     encoder.compute_position_bias = compute_position_bias
 
 
+def _modernbert_windows_from_positions(model: nn.Module) -> None:
+    """ModernBERT: build the local (sliding-window) and global masks from the position ids the model is called with.
+
+    Transformers' ``ModernBertModel`` takes rotary positions from ``position_ids`` (so packing keeps them), but builds
+    its sliding-window mask ``|q - k| <= sliding_window`` from sequence indices. Packed execution drops the padding
+    between a pair's segments, so sequence indices are no longer App. A positions: given ``position_ids``, this
+    forward pre-hook passes the model both masks (its ``attention_mask`` may be such a mapping), with the window
+    measured in positions and padded keys masked, as transformers' eager masks do. Without position ids (positions =
+    sequence indices) the model is unchanged; with ``position_ids = arange(L)`` the masks are exactly the original ones.
+    """
+    base = getattr(model, "base_model", model)
+    if getattr(base, "_papa_windows", False):
+        return
+
+    def masks_from_positions(module, args, kwargs):
+        kwargs = {**dict(zip(("input_ids", "attention_mask", "position_ids", "inputs_embeds"), args)), **kwargs}
+        positions, mask = kwargs.get("position_ids"), kwargs.get("attention_mask")
+        if positions is None or isinstance(mask, dict) or (mask is not None and mask.dim() != 2):
+            return None
+        ids = kwargs.get("input_ids")
+        reference = ids if ids is not None else kwargs["inputs_embeds"][..., 0]
+        size, length = reference.shape[:2]
+        real = torch.ones(size, length, dtype=torch.bool, device=reference.device) if mask is None else mask.bool()
+        positions = positions.to(reference.device).expand(size, length)
+        dtype = next(module.parameters()).dtype
+        keys = real[:, None, None, :]  # [B, 1, 1, L]: padded keys are never attended
+        window = (positions[:, :, None] - positions[:, None, :]).abs() <= module.config.sliding_window
+        blocked = torch.finfo(dtype).min
+        full = torch.where(keys.expand(size, 1, length, length), 0.0, blocked).to(dtype)
+        local = torch.where(keys & window[:, None], 0.0, blocked).to(dtype)
+        kwargs["attention_mask"] = {"full_attention": full, "sliding_attention": local}
+        return (), kwargs
+
+    base.register_forward_pre_hook(masks_from_positions, with_kwargs=True)
+    object.__setattr__(base, "_papa_windows", True)
+
+
 def _albert_layers(base: nn.Module) -> list[nn.Module]:
     config = base.config
     if int(getattr(config, "inner_group_num", 1)) != 1:
@@ -179,6 +216,8 @@ for _adapter in (
                         prepare=_mpnet_relative_positions_from_ids),
     ArchitectureAdapter("distilbert", "interface", uses_token_type_ids=False, layers="transformer.layer",
                         attention="attention", projections=("q_lin", "k_lin")),
+    ArchitectureAdapter("modernbert", "interface", uses_token_type_ids=False, layers="layers", attention="attn",
+                        projections=None, prepare=_modernbert_windows_from_positions),
     ArchitectureAdapter("albert", "interface", attention="attention", shared_layers=True,
                         layer_modules=_albert_layers),
 ):

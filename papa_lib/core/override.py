@@ -41,7 +41,7 @@ import torch
 from torch import nn
 
 from .fastpath import fast_attention, skip_query_key_projections
-from .masks import real_tokens_from_additive_mask, real_tokens_from_pair_mask
+from .masks import allowed_pairs_from_additive_mask, real_tokens_from_additive_mask, real_tokens_from_pair_mask
 from .models import adapter_for, model_device, num_layers_and_heads, prepare_model, self_attention_modules
 
 MODES = ("original", "constant", "mix", "identity", "toeplitz", "zeros", "trainable")
@@ -210,10 +210,14 @@ class AttentionOverride(nn.Module):
             source = torch.where(is_trainable, self.trainable[str(layer)].clamp_min(0.0), source)
         return source.to(dtype)
 
-    def replacement_weights(self, layer: int, real: torch.Tensor, dtype=torch.float32) -> torch.Tensor:
+    def replacement_weights(self, layer: int, real: torch.Tensor, dtype=torch.float32,
+                            allowed: torch.Tensor | None = None) -> torch.Tensor:
         """Every head's replacement matrix for this input, masked to real tokens and row-normalised where the mode
         says so: ``[1 or B, H, W, W]``. With packed inputs (:attr:`positions` set) entry (i, j) of example b reads
-        the App. A entry ``(positions[b, i], positions[b, j])`` — the same numbers as the padded batch."""
+        the App. A entry ``(positions[b, i], positions[b, j])`` — the same numbers as the padded batch.
+        ``allowed`` (``[B, 1, W, W]`` bool) restricts the pairs further: a sliding-window layer's band (ModernBERT),
+        where the layer's own attention is zero outside it, so an averaged C already is and a Toeplitz or identity
+        matrix is cut to the window the layer can see."""
         modes = self.layer_modes(layer)
         width = real.shape[1]
         device = real.device
@@ -228,7 +232,10 @@ class AttentionOverride(nn.Module):
             index = positions.clamp(0, length - 1)
             full = self._replacement_source(layer, length, device, dtype)  # [H, L, L]
             source = full[:, index[:, :, None], index[:, None, :]].transpose(0, 1)  # [B, H, W, W]
-        pair = (real[:, None, :, None] & real[:, None, None, :]).to(dtype)  # [B, 1, W, W]
+        pair = real[:, None, :, None] & real[:, None, None, :]  # [B, 1, W, W]
+        if allowed is not None:
+            pair = pair & allowed
+        pair = pair.to(dtype)
         masked = source * pair  # [B, H, W, W]
         row_sum = masked.sum(-1, keepdim=True)
         normalise = torch.tensor([m in _ROW_NORMALISED for m in modes], device=device)[None, :, None, None]
@@ -239,7 +246,8 @@ class AttentionOverride(nn.Module):
         uniform = pair / pair.sum(-1, keepdim=True).clamp_min(1.0)
         return torch.where(normalise, torch.where(empty, uniform, normalised), masked)
 
-    def head_weights(self, layer: int, attention: torch.Tensor | None, real: torch.Tensor) -> torch.Tensor:
+    def head_weights(self, layer: int, attention: torch.Tensor | None, real: torch.Tensor,
+                     allowed: torch.Tensor | None = None) -> torch.Tensor:
         """The attention weights ``[B, H, W, W]`` each head of ``layer`` uses for this input.
 
         Args:
@@ -247,12 +255,13 @@ class AttentionOverride(nn.Module):
             attention: the model's own softmax attention A ``[B, H, W, W]`` (may be ``None`` when no head of this
                 layer is ``original`` or ``mix``).
             real: ``[B, W]`` bool, True at real (non-padding) tokens.
+            allowed: optional ``[B, 1, W, W]`` bool, the (query, key) pairs the layer may use (a sliding window).
         """
         modes = self.layer_modes(layer)
         if all(m == "original" for m in modes):
             return attention
         dtype = attention.dtype if attention is not None else torch.float32
-        replacement = self.replacement_weights(layer, real, dtype)
+        replacement = self.replacement_weights(layer, real, dtype, allowed)
 
         code = self.mode_codes[layer]
         lam = torch.sigmoid(self.theta[layer]).to(dtype)
@@ -350,7 +359,8 @@ def papa_attention_function(module, query, key, value, attention_mask, scaling=N
     state = getattr(module, "_papa_state", None)
     if state is not None and state[1] is None:  # a shared module (ALBERT): the layer is the call order
         state = (state[0], state[0].next_layer())
-    if state is not None and state[0].fast:
+    windowed = getattr(module, "sliding_window", None) is not None  # ModernBERT's local layers
+    if state is not None and state[0].fast and not windowed:
         result = fast_attention(state[0], state[1], module, query, key, value, attention_mask, scaling, dropout)
         if result is not None:
             return result
@@ -366,7 +376,10 @@ def papa_attention_function(module, query, key, value, attention_mask, scaling=N
     if state is not None:
         override_, layer = state
         real = real_tokens_from_additive_mask(attention_mask, batch, length, query.device)
-        weights = override_.head_weights(layer, attention, real)
+        allowed = None
+        if windowed and attention_mask is not None and attention_mask.dim() == 4:
+            allowed = allowed_pairs_from_additive_mask(attention_mask, length)
+        weights = override_.head_weights(layer, attention, real, allowed)
     else:
         weights = attention
     weights = nn.functional.dropout(weights, p=dropout, training=module.training)
