@@ -1,16 +1,24 @@
 """Pretrained encoders PAPA can probe, and the small per-architecture adapters the override seam needs.
 
-The paper (Sec. 4.1) studies BERT, RoBERTa and DeBERTa, and ELECTRA in Sec. 5.5. All of them are loaded through
+The paper (Sec. 4.1) studies BERT, RoBERTa and DeBERTa, and ELECTRA in Sec. 5.5. All encoders are loaded through
 `transformers` with ``attn_implementation="eager"`` so that attention weights are materialised and can be
 returned, averaged (Sec. 3.1) and replaced (Sec. 3.2).
 
-Architecture specifics live in :class:`ArchitectureAdapter` instances, one per ``config.model_type``:
+Architecture specifics live in :class:`ArchitectureAdapter` instances, one per ``config.model_type``, in a registry
+(:func:`register_adapter` adds one without editing the library):
 
-* BERT, RoBERTa and ELECTRA (and BERT-family checkpoints such as MiniLM) route their attention through
-  transformers' ``AttentionInterface``; :mod:`papa_lib.core.override` registers one attention function there.
-* DeBERTa and DeBERTa-v2/v3 compute disentangled (content + relative position) attention inside their own
-  ``DisentangledSelfAttention`` module; the override reaches them through a small probabilities hook
-  (see :mod:`papa_lib.core.override`).
+* BERT, RoBERTa, XLM-RoBERTa, ELECTRA (and BERT-family checkpoints such as MiniLM), DistilBERT, ALBERT and ModernBERT
+  route their attention through transformers' ``AttentionInterface``; :mod:`papa_lib.core.override` registers one
+  attention function there. ALBERT runs one shared layer at every layer position: the layer index is the call
+  order within a forward pass. ModernBERT alternates global and local (sliding-window) layers with rotary
+  positions; its masks are rebuilt from position ids so that packed execution keeps the window in App. A positions.
+* DeBERTa and DeBERTa-v2/v3 (disentangled attention in ``DisentangledSelfAttention``) and MPNet (scores plus a
+  relative position bias in ``MPNetSelfAttention``) compute attention by hand; the override reaches them through a
+  small probabilities hook (see :mod:`papa_lib.core.override`). MPNet's bias is computed from position ids, so it
+  packs; DeBERTa's relative positions follow sequence indices, so it runs padded.
+
+Besides hub ids and folders, :func:`load_encoder` knows the embedded all-MiniLM-L6-v2 (``None``) and the packaged
+all-mpnet-base-v2 (``"all-mpnet-base-v2"``, :mod:`papa_lib.core.packaged`).
 """
 
 from __future__ import annotations
@@ -332,7 +340,8 @@ def load_encoder(
         readable id used in result records.
 
     Raises:
-        UnsupportedModelError: the checkpoint is not BERT, RoBERTa, ELECTRA, DeBERTa or DeBERTa-v2/v3.
+        UnsupportedModelError: the checkpoint's type has no adapter (:func:`supported_model_types`).
+        PackagedModelError: ``"all-mpnet-base-v2"`` without its packages, or with a damaged piece (an ``OSError``).
     """
     from transformers import AutoConfig, AutoModel, AutoModelForMaskedLM, AutoTokenizer
 

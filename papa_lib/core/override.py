@@ -15,13 +15,18 @@ Every head h of every layer runs one of these modes:
 
 How a model is reached (architecture specifics are in :mod:`papa_lib.core.models`):
 
-* BERT, RoBERTa, ELECTRA: an attention function registered in transformers' ``AttentionInterface`` under the name
+* BERT, RoBERTa, XLM-R, ELECTRA, DistilBERT, ALBERT, ModernBERT: an attention function registered in transformers'
+  ``AttentionInterface`` under the name
   ``"papa"``, plus the eager mask function registered in ``AttentionMaskInterface`` under the same name — without
   the latter, transformers would silently drop the padding mask for an unknown implementation. While an override is
   active the model's ``config._attn_implementation`` is ``"papa"``.
-* DeBERTa, DeBERTa-v2/v3: a small adapter replaces the attention module's probability dropout (applied right after
-  the softmax, just before the product with the values) with a module that rewrites the probabilities, and a
+* DeBERTa, DeBERTa-v2/v3, MPNet: a small adapter replaces the attention module's probability dropout (applied right
+  after the softmax, just before the product with the values) with a module that rewrites the probabilities, and a
   forward pre-hook reads which tokens are real from the module's attention mask.
+* ALBERT's one attention module serves every layer position: the layer is the call order within a forward pass, so
+  constants, θ and modes stay per layer position. ModernBERT's local layers restrict every replacement to their
+  sliding window (their own A, hence an averaged C, is zero outside it; Toeplitz, identity and trainable matrices
+  are cut to it and renormalised), and use the reference path.
 
 Both routes call the same :meth:`AttentionOverride.head_weights`, so every mode means the same thing everywhere.
 Leaving the context restores the model exactly. With ``output_attentions=True`` the model returns the weights it

@@ -13,7 +13,10 @@ on the padded batch (paper Sec. 3.1, fn. 8). Only the width changes: the longest
 
 Architectures whose positions do not come from position ids alone cannot be packed: DeBERTa computes relative
 positions from sequence indices (:attr:`~papa_lib.core.models.ArchitectureAdapter.packable`); the engine runs them
-padded and says so once.
+padded and says so once. MPNet's relative position bias and ModernBERT's sliding window would also follow sequence
+indices in transformers; their adapters (:func:`~papa_lib.core.models.prepare_model`) read them from the position ids
+instead, so both pack exactly. RoBERTa-style models (RoBERTa, XLM-R, MPNet) get position ids from
+``pad_token_id + 1``.
 """
 
 from __future__ import annotations
