@@ -83,9 +83,7 @@ def tiny_model(model_type: str = "bert", seed: int = 0, **overrides):
     model = AutoModel.from_config(tiny_config(model_type, **overrides), attn_implementation="eager")
     model.eval()
     model.papa_model_id = f"tiny-random-{model_type}"
-    from .core.models import prepare_model
-
-    return prepare_model(model)
+    return model  # packing and the override install what the architecture needs (papa_lib.core.models.prepare_model)
 
 
 def _vocabulary() -> list[str]:

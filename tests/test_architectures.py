@@ -70,7 +70,7 @@ def test_modernbert_local_layers_keep_their_window():
 
 def test_mpnet_bias_follows_position_ids():
     """Shifting every App. A position by the same amount changes nothing in MPNet's relative bias."""
-    model = tiny_model("mpnet")
+    model = models.prepare_model(tiny_model("mpnet"))
     batch = random_batch(batch=2)
     base = torch.arange(12).expand(2, 12) + 2
     with torch.no_grad():

@@ -377,6 +377,6 @@ def model_inputs(model: nn.Module, batch: dict) -> dict:
     device = model_device(model)
     keys = ("input_ids", "attention_mask", "token_type_ids", "position_ids")
     out = {k: batch[k].to(device) for k in keys if k in batch and batch[k] is not None}
-    if not adapter_for(model).uses_token_type_ids:
+    if not adapter_for(prepare_model(model)).uses_token_type_ids:
         out.pop("token_type_ids", None)
     return out
