@@ -84,6 +84,13 @@ def test_mpnet_bias_follows_position_ids():
     gap[:, 6:] += 10  # a gap between segments, as packing leaves
     with torch.no_grad():
         assert not torch.equal(model.encoder.compute_position_bias(first.last_hidden_state, position_ids=gap), bias)
+    import copy
+
+    twin = copy.deepcopy(model)  # a copy computes its bias with its own weights
+    with torch.no_grad():
+        twin.encoder.relative_attention_bias.weight.add_(1.0)
+        moved = twin.encoder.compute_position_bias(first.last_hidden_state, position_ids=base)
+    torch.testing.assert_close(moved, bias + 1.0)
 
 
 def test_register_adapter_adds_an_architecture(monkeypatch):

@@ -24,6 +24,7 @@ all-mpnet-base-v2 (``"all-mpnet-base-v2"``, :mod:`papa_lib.core.packaged`).
 from __future__ import annotations
 
 import os
+import types
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -119,24 +120,25 @@ def _mpnet_relative_positions_from_ids(model: nn.Module) -> None:
     encoder = base.encoder
     if "compute_position_bias" in encoder.__dict__:
         return
-    original = encoder.compute_position_bias
-    state = {"position_ids": None}
+    encoder._papa_position_ids = None
+    base.register_forward_pre_hook(_mpnet_read_position_ids, with_kwargs=True)
+    # bound to the encoder (not a closure over it), so a deep copy of the model computes with its own weights
+    encoder.compute_position_bias = types.MethodType(_mpnet_position_bias, encoder)
 
-    def read_position_ids(_module, args, kwargs):
-        state["position_ids"] = kwargs.get("position_ids", args[2] if len(args) > 2 else None)
 
-    def compute_position_bias(x, position_ids=None, num_buckets=32):
-        positions = position_ids if position_ids is not None else state["position_ids"]
-        if positions is None:
-            return original(x, num_buckets=num_buckets)
-        positions = positions.to(x.device)
-        relative = positions[:, None, :] - positions[:, :, None]  # key - query, as MPNet's memory - context
-        bucket = encoder.relative_position_bucket(relative, num_buckets=num_buckets)
-        bias = encoder.relative_attention_bias(bucket).permute(0, 3, 1, 2)  # [B or 1, H, Lq, Lk]
-        return bias.expand(x.shape[0], -1, -1, -1).contiguous()
+def _mpnet_read_position_ids(module, args, kwargs):
+    module.encoder._papa_position_ids = kwargs.get("position_ids", args[2] if len(args) > 2 else None)
 
-    base.register_forward_pre_hook(read_position_ids, with_kwargs=True)
-    encoder.compute_position_bias = compute_position_bias
+
+def _mpnet_position_bias(encoder, x, position_ids=None, num_buckets=32):
+    positions = position_ids if position_ids is not None else encoder._papa_position_ids
+    if positions is None:  # no position ids: sequence indices, as transformers computes it
+        return type(encoder).compute_position_bias(encoder, x, num_buckets=num_buckets)
+    positions = positions.to(x.device)
+    relative = positions[:, None, :] - positions[:, :, None]  # key - query, as MPNet's memory - context
+    bucket = encoder.relative_position_bucket(relative, num_buckets=num_buckets)
+    bias = encoder.relative_attention_bias(bucket).permute(0, 3, 1, 2)  # [B or 1, H, Lq, Lk]
+    return bias.expand(x.shape[0], -1, -1, -1).contiguous()
 
 
 def _modernbert_windows_from_positions(model: nn.Module) -> None:
