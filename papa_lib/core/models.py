@@ -306,7 +306,8 @@ def resolve_model_path(name_or_path: str | Path | None) -> tuple[str, str]:
 
     ``"all-mpnet-base-v2"`` is the packaged all-mpnet-base-v2 (:mod:`papa_lib.core.packaged`, the ``mpnet`` extra),
     assembled into the cache on first use. Its hub id ``sentence-transformers/all-mpnet-base-v2`` goes to the hub,
-    except offline (``HF_HUB_OFFLINE=1``) with the pieces installed, where the packaged copy is used.
+    except offline (``HF_HUB_OFFLINE=1``) with the pieces installed, where the packaged copy is used (and
+    :func:`load_encoder` falls back to it too when the hub cannot be reached).
     """
     if name_or_path is None or str(name_or_path) in {"embedded", "minilm", EMBEDDED_MODEL_NAME}:
         return str(embedded_model_path()), "all-MiniLM-L6-v2"
@@ -348,7 +349,14 @@ def load_encoder(
     from transformers import AutoConfig, AutoModel, AutoModelForMaskedLM, AutoTokenizer
 
     path, model_id = resolve_model_path(name_or_path)
-    config = AutoConfig.from_pretrained(path)
+    try:
+        config = AutoConfig.from_pretrained(path)
+    except OSError:  # an unreachable hub: a packaged copy of the same model, when installed, stands in
+        packaged = packaged_model_for(path) if path == str(name_or_path) else None
+        if packaged is None or not installed(packaged):
+            raise
+        path, model_id = str(packaged_model_dir(packaged)), packaged.name
+        config = AutoConfig.from_pretrained(path)
     adapter_for(config)
     kwargs = {"attn_implementation": "eager"}
     if dtype is not None:
