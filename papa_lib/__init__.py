@@ -27,11 +27,15 @@ except _metadata.PackageNotFoundError:  # a checkout on sys.path that was never 
 
 from .core.averaging import ConstantAttention, average_attention
 from .core.layout import EncodedBatch, encode, encode_words
-from .core.models import SUPPORTED_MODEL_TYPES, UnsupportedModelError, load_encoder
+from .core.models import (
+    SUPPORTED_MODEL_TYPES, ArchitectureAdapter, UnsupportedModelError, load_encoder, register_adapter,
+    supported_model_types,
+)
 from .core.override import MODES, AttentionOverride, override, toeplitz_matrix
 from .core.packing import PackedBatch, pack, unpack
 
 __all__ = [
+    "ArchitectureAdapter",
     "AttentionOverride",
     "ConstantAttention",
     "EncodedBatch",
@@ -42,6 +46,8 @@ __all__ = [
     "encode",
     "encode_words",
     "load_encoder",
+    "register_adapter",
+    "supported_model_types",
     "override",
     "pack",
     "PackedBatch",

@@ -84,7 +84,7 @@ def _shared(parser: argparse.ArgumentParser, task_required: bool = True, custom:
     from .experiments.tasks import TASKS
 
     group = parser.add_argument_group("shared options")
-    group.add_argument("--model", default=None, help="hub id or local folder; default: the embedded all-MiniLM-L6-v2")
+    group.add_argument("--model", default=None, help="hub id, local folder or all-mpnet-base-v2 (the mpnet extra); default: the embedded all-MiniLM-L6-v2")
     if custom:
         group.add_argument("--task", required=task_required, choices=sorted(TASKS) + [CUSTOM],
                            help="downstream task, or 'custom' for your own files (see below)")
@@ -150,8 +150,10 @@ def _position_limit(model) -> int | None:
     if getattr(config, "position_biased_input", True) is False:
         return None
     limit = getattr(config, "max_position_embeddings", None)
-    if limit is not None and config.model_type == "roberta":  # positions start after the padding index
-        limit -= (config.pad_token_id or 0) + 1
+    if limit is not None:  # RoBERTa-style positions (RoBERTa, XLM-R, MPNet) start after the padding index
+        from .core.models import adapter_for
+
+        limit -= adapter_for(config).first_position_id(config)
     return limit
 
 

