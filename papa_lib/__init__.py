@@ -18,7 +18,12 @@ The core API is importable from the package itself::
         hidden = model(**batch).last_hidden_state
 """
 
-__version__ = "0.1.0"
+from importlib import metadata as _metadata
+
+try:  # the version is written once, in pyproject.toml; the installed package's metadata carries it
+    __version__ = _metadata.version("papa_lib")
+except _metadata.PackageNotFoundError:  # a checkout on sys.path that was never installed
+    __version__ = "0+unknown"
 
 # Importing the registering modules here registers every built-in (tasks, matrix types, constant builders, head
 # rankings; the analysis layer's norm-weighted matrices and label-free rankings too) on ``import papa_lib``,
@@ -26,7 +31,10 @@ __version__ = "0.1.0"
 from .analysis import norm_rankings as _norm_rankings  # noqa: F401
 from .core.averaging import ConstantAttention, average_attention
 from .core.layout import EncodedBatch, encode, encode_words
-from .core.models import SUPPORTED_MODEL_TYPES, UnsupportedModelError, load_encoder
+from .core.models import (
+    SUPPORTED_MODEL_TYPES, ArchitectureAdapter, UnsupportedModelError, load_encoder, register_adapter,
+    supported_model_types,
+)
 from .core.override import MODES, AttentionOverride, override, toeplitz_matrix
 from .core.packing import PackedBatch, pack, unpack
 from .core.registry import seal_builtins as _seal_builtins
@@ -37,6 +45,7 @@ from .experiments import tasks as _tasks  # noqa: F401
 _seal_builtins()
 
 __all__ = [
+    "ArchitectureAdapter",
     "AttentionOverride",
     "ConstantAttention",
     "EncodedBatch",
@@ -47,6 +56,8 @@ __all__ = [
     "encode",
     "encode_words",
     "load_encoder",
+    "register_adapter",
+    "supported_model_types",
     "override",
     "pack",
     "PackedBatch",

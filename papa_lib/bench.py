@@ -3,7 +3,8 @@
 Run ``python -m papa_lib.bench [averaging|probe|constant|memory|all] [--quick]`` (also ``papa bench``). Every figure
 is printed as one ``name: value`` line (lines starting with ``#`` are context); all are measured in one run, side by
 side, on the embedded all-MiniLM-L6-v2 unless ``--model`` (or the ``PAPA_BENCH_MODEL`` environment variable) says
-otherwise (``tiny`` is a 2-layer random BERT used by the tests).
+otherwise (``tiny`` is a 2-layer random BERT used by the tests; ``all-mpnet-base-v2`` the second real model, from the
+``mpnet`` extra).
 
 Figures
 -------
@@ -602,7 +603,8 @@ def main(argv: list[str] | None = None, parser_class: type[argparse.ArgumentPars
     parser.add_argument("--quick", action="store_true", help="small sizes (a smoke run, < 60 s)")
     parser.add_argument("--device", default="cpu", help="cpu (default) or cuda")
     parser.add_argument("--dtype", default="fp32", choices=sorted(DTYPES), help="parameter dtype (default fp32)")
-    parser.add_argument("--model", default=None, help=f"minilm (default; or ${MODEL_ENV}), tiny, or a model path")
+    parser.add_argument("--model", default=None,
+                        help=f"minilm (default; or ${MODEL_ENV}), tiny, all-mpnet-base-v2, or a model path or hub id")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     parser.add_argument("--clock", default="wall", choices=sorted(CLOCKS),
                         help="wall (default) or process: CPU time of this process, robust to a busy shared machine")

@@ -11,13 +11,18 @@ Subcommands::
     papa reproduce  execute every book chapter through papermill for a profile (smoke, local, paper)
     papa book       sync the chapter notebooks and build the HTML book
 
-Shared flags: ``--model --task --data-dir --max-length --limit --seeds --epochs --device --results-dir``.
+Shared flags: ``--model --task --data-dir --max-length --limit --average-limit --seeds --epochs --device
+--results-dir`` (``--limit`` caps each seed's probe training rows; the constant matrices average over the whole
+training set unless ``--average-limit`` caps them; ``--device auto`` is CUDA when torch sees a GPU).
+``papa --version`` prints the version; ``papa grid FILE --repair`` keeps every intact record of a damaged results
+table.
 ``--task custom --train F --validation F --text-columns A[,B] --label-column C`` probes a task of your own
 (:mod:`papa_lib.experiments.custom`).
 
 A user error (a bad or empty file, a bad value, an unsupported model, a wrong L, a missing data folder, an
 unreachable hub) prints one line, ``papa: error: <what went wrong> (<file>:<line>)``, to stderr and exits with 2;
-``--debug`` adds the traceback. Anything else is a bug and shows its traceback.
+``--debug`` adds the traceback. A failing chapter (``papa book``, ``papa reproduce``) prints one line naming the
+chapter and the cell, and exits with 1. Anything else is a bug and shows its traceback.
 """
 
 from __future__ import annotations
@@ -27,6 +32,8 @@ import os
 import re
 import sys
 from pathlib import Path
+
+from .core.models import resolve_device
 
 CUSTOM = "custom"
 _CUSTOM_OPTIONS = ("train", "validation", "text_columns", "label_column", "metric", "delimiter", "name")
@@ -77,7 +84,7 @@ def _shared(parser: argparse.ArgumentParser, task_required: bool = True, custom:
     from .experiments.tasks import TASKS
 
     group = parser.add_argument_group("shared options")
-    group.add_argument("--model", default=None, help="hub id or local folder; default: the embedded all-MiniLM-L6-v2")
+    group.add_argument("--model", default=None, help="hub id, local folder or all-mpnet-base-v2 (the mpnet extra); default: the embedded all-MiniLM-L6-v2")
     if custom:
         group.add_argument("--task", required=task_required, choices=sorted(TASKS) + [CUSTOM],
                            help="downstream task, or 'custom' for your own files (see below)")
@@ -85,10 +92,17 @@ def _shared(parser: argparse.ArgumentParser, task_required: bool = True, custom:
         group.add_argument("--task", default=None, help="run only this task of the grid")
     group.add_argument("--data-dir", default=None, help="local data folder laid out like ../shared/data; default: the hub")
     group.add_argument("--max-length", type=_positive_int, default=None, help="sequence length L (default: paper Table 3 per task)")
-    group.add_argument("--limit", type=_positive_int, default=None, help="subsample the training data to N examples (seeded)")
+    group.add_argument("--limit", type=_positive_int, default=None, metavar="N",
+                       help="train each seed's probe on a seeded subset of N training examples; the constant matrices "
+                            "still average over the whole training set (see --average-limit)")
+    group.add_argument("--average-limit", type=_positive_int, default=None, metavar="N",
+                       help="average the constant matrices (Eq. 2) over a seeded subset of N training examples "
+                            "(default: the whole training set, as the paper does); records state it (average_limit)")
     group.add_argument("--seeds", type=_positive_int, default=None, help="number of seeds (0..N-1); default 3 (grid: the file's value)")
     group.add_argument("--epochs", type=_positive_int, default=None, help="probe epochs (default: Table 3)")
-    group.add_argument("--device", default=None, help="cpu, cuda, cuda:1, ... (default: cpu)")
+    group.add_argument("--device", default=None,
+                       help="cpu, cuda, cuda:1, ... or auto (CUDA when torch sees a GPU, else cpu); default: cpu "
+                            "(grid: the file's device)")
     group.add_argument("--results-dir", default="data/results/cli", help="where records, matrices and λ are stored")
     if custom:
         group = parser.add_argument_group(
@@ -136,8 +150,10 @@ def _position_limit(model) -> int | None:
     if getattr(config, "position_biased_input", True) is False:
         return None
     limit = getattr(config, "max_position_embeddings", None)
-    if limit is not None and config.model_type == "roberta":  # positions start after the padding index
-        limit -= (config.pad_token_id or 0) + 1
+    if limit is not None:  # RoBERTa-style positions (RoBERTa, XLM-R, MPNet) start after the padding index
+        from .core.models import adapter_for
+
+        limit -= adapter_for(config).first_position_id(config)
     return limit
 
 
@@ -167,7 +183,8 @@ def _experiment(args):
     _check_data_dir(args.data_dir)
     config = ExperimentConfig(
         task=args.task, model=args.model, data_dir=args.data_dir, max_length=args.max_length, limit=args.limit,
-        epochs=args.epochs, device=args.device or "cpu", profile=getattr(args, "profile", "local"),
+        average_limit=args.average_limit,
+        epochs=args.epochs, device=resolve_device(args.device), profile=getattr(args, "profile", "local"),
         lambda_learning_rate=getattr(args, "lambda_lr", None), lambda_epochs=getattr(args, "lambda_epochs", None),
     )
     model, tokenizer = _load_model(args.model, config.device)
@@ -233,6 +250,7 @@ def cmd_grid(args) -> int:
     _check_data_dir(args.data_dir)
     overrides = {
         "model": args.model, "data_dir": args.data_dir, "max_length": args.max_length, "limit": args.limit,
+        "average_limit": args.average_limit,
         "epochs": args.epochs, "device": args.device,
         "seeds": list(range(args.seeds)) if args.seeds is not None else None,
         "cache_budget": parse_bytes(args.cache_budget) if args.cache_budget is not None else None,
@@ -258,7 +276,10 @@ def cmd_grid(args) -> int:
         spec["blocks"] = [b for b in spec["blocks"] if b.name in names]
     executor = _executor(args)
     results_dir = args.results_dir or str(Path(args.grid).parent)
-    device = "cpu" if executor.name == "ray" else args.device or spec.get("device", "cpu")  # workers move it
+    if args.repair:
+        return _repair(args.grid, results_dir)
+    _check_store(args.grid, results_dir)
+    device = "cpu" if executor.name == "ray" else resolve_device(args.device or spec.get("device"))  # workers move it
     model, tokenizer = _load_model(args.model or spec.get("model"), device)
     lengths = args.max_length or spec.get("max_length")
     _check_length(model, lengths.values() if isinstance(lengths, dict) else [lengths],
@@ -268,6 +289,37 @@ def cmd_grid(args) -> int:
     except ImportError as error:  # --executor ray without Ray installed
         raise UsageError(str(error)) from error
     print(f"{len(store)} records in {store.path}")
+    return 0
+
+
+def _check_store(grid, results_dir) -> None:
+    """Read the results table before any model loads: a torn last line is set aside (with a notice); damage before
+    it is one line naming it, and how to keep every intact record."""
+    from .experiments.results import RESULTS_FILENAME, DamagedStoreError, ResultsStore
+
+    if not (Path(results_dir) / RESULTS_FILENAME).exists():
+        return
+    try:
+        ResultsStore(results_dir).run_ids()
+    except DamagedStoreError as error:
+        raise DamagedStoreError(f"{error}; 'papa grid {grid} --repair' keeps every intact record and sets the damaged "
+                                f"lines aside", path=error.path, lines=error.lines) from error
+
+
+def _repair(grid, results_dir) -> int:
+    """``papa grid FILE --repair``: keep every intact record, move the damaged lines into a side file."""
+    from .experiments.results import RESULTS_FILENAME, ResultsStore
+
+    if not (Path(results_dir) / RESULTS_FILENAME).exists():
+        print(f"nothing to repair: no {Path(results_dir) / RESULTS_FILENAME}")
+        return 0
+    store = ResultsStore(results_dir)
+    kept, lines, side = store.repair()
+    if not lines:
+        print(f"nothing to repair: {store.path} holds {kept} intact records")
+        return 0
+    print(f"repaired {store.path}: kept {kept} intact records; moved {len(lines)} damaged line(s) "
+          f"({', '.join(map(str, lines))}) to {side}; 'papa grid {grid}' computes their runs again")
     return 0
 
 
@@ -289,7 +341,7 @@ def cmd_bench(args) -> int:  # reached only through build_parser(); main() hands
 
 
 def cmd_reproduce(args) -> int:
-    from .book.build import run_chapters
+    from .book.build import ChapterExecutionError, failure_line, run_chapters
 
     parameters = {}
     if args.model:
@@ -297,21 +349,26 @@ def cmd_reproduce(args) -> int:
     if args.data_dir:
         parameters["data_dir"] = args.data_dir
     if args.device:
-        parameters["device"] = args.device
-    paths = run_chapters(args.profile, args.out, parameters=parameters or None, chapters=args.chapter or None, resume=not args.no_resume)
+        parameters["device"] = resolve_device(args.device)
+    try:
+        paths = run_chapters(args.profile, args.out, parameters=parameters or None, chapters=args.chapter or None,
+                             resume=not args.no_resume)
+    except ChapterExecutionError as error:  # one line naming the chapter and the cell, like papa book
+        print(failure_line("a chapter failed", error), file=sys.stderr)
+        return 1
     for path in paths:
         print(path)
     return 0
 
 
 def cmd_book(args) -> int:
-    from .book.build import BookBuildError, build_book, sync_notebooks
+    from .book.build import BookBuildError, build_book, failure_line, sync_notebooks
 
     sync_notebooks("book")
     try:
         html = build_book(".", warnings_as_errors=not args.allow_warnings)
     except BookBuildError as error:  # a page failed to execute, or Sphinx failed: the message says which
-        print(f"papa: error: the book did not build: {error}", file=sys.stderr)
+        print(failure_line("the book did not build", error), file=sys.stderr)
         return 1
     print(f"book built: {html / 'index.html'}")
     return 0
@@ -344,6 +401,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="papa", description=__doc__.split("\n\n")[0],
                      formatter_class=argparse.RawDescriptionHelpFormatter,
                      epilog="Run 'papa <command> --help' for a command's options.")
+    from . import __version__
+
+    parser.add_argument("--version", action="version", version=f"papa {__version__}",
+                        help="print the version of papa_lib and exit")
     parser.add_argument("--debug", action="store_true", help="show the traceback of an error (anywhere on the line)")
     sub = parser.add_subparsers(dest="command", required=True, metavar="command")
 
@@ -366,8 +427,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("probe", help="probe variants of a task and record the results (Sec. 3.3, 4, 5)",
                        description="For each matrix type x order x fraction x seed, train a probe on the frozen model and append a record.")
     _shared(p)
-    p.add_argument("--matrix-type", nargs="+", default=["average"], choices=MATRIX_TYPES)
-    p.add_argument("--order", nargs="+", default=["lambda"], choices=ORDERS)
+    p.add_argument("--matrix-type", nargs="+", default=["average"], choices=MATRIX_TYPES, metavar="TYPE",
+                   help=f"what replaced heads use (Sec. 3, 5.2): {', '.join(MATRIX_TYPES)}; default: average")
+    p.add_argument("--order", nargs="+", default=["lambda"], choices=ORDERS, metavar="ORDER",
+                   help=f"which heads are replaced first (Sec. 3.2, 5.4): {', '.join(ORDERS)}; default: lambda")
     p.add_argument("--fraction", nargs="+", type=_fraction, default=list(PAPER_FRACTIONS),
                    help="fractions of heads kept input-dependent, e.g. 1 1/2 1/8 1/16 0")
     p.add_argument("--matrices-from", default=None, help="average matrices from another task's text (Sec. 5.3)")
@@ -385,6 +448,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--only-seed", type=int, action="append", default=None,
                    help="run only this seed of the file's seeds (repeatable); training subsets stay those of the "
                         "full grid, so shards run in parallel give the same records")
+    p.add_argument("--repair", action="store_true",
+                   help="repair the results table (results.csv in --results-dir): keep every intact record, move "
+                        "damaged lines into results.csv.damaged-<time>; run nothing")
     p.add_argument("--cache-budget", default=None,
                    help="bytes of cached features per variant before streaming (e.g. 8G; default: a quarter of RAM)")
     group = p.add_argument_group(
@@ -404,23 +470,28 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("bench", help="speed and memory benchmarks ('papa bench --help')", add_help=False,
                        description="Forwarded to python -m papa_lib.bench.")
-    p.add_argument("rest", nargs=argparse.REMAINDER)
+    p.add_argument("rest", nargs=argparse.REMAINDER, help="options of python -m papa_lib.bench ('papa bench --help')")
     p.set_defaults(func=cmd_bench)
 
     p = sub.add_parser("reproduce", help="execute every chapter through papermill for a profile",
                        description="Run all chapters (smoke: tiny model, seconds; local: embedded MiniLM + local data; paper: hub models, GPU).")
-    p.add_argument("--profile", required=True, choices=["smoke", "local", "paper"])
+    p.add_argument("--profile", required=True, choices=["smoke", "local", "paper"],
+                   help="smoke: tiny random model, seconds; local: embedded MiniLM on local data, CPU; paper: the "
+                        "paper's hub models, GPU")
     p.add_argument("--out", default="runs", help="executed notebooks go to OUT/<profile>/")
     p.add_argument("--chapter", action="append", help="only this chapter (repeatable)")
-    p.add_argument("--model", default=None)
-    p.add_argument("--data-dir", default=None)
-    p.add_argument("--device", default=None)
+    p.add_argument("--model", default=None, help="the chapters' model (hub id or folder); default: the profile's")
+    p.add_argument("--data-dir", default=None,
+                   help="local data folder laid out like ../shared/data; default: the profile's")
+    p.add_argument("--device", default=None,
+                   help="cpu, cuda, cuda:1, ... or auto (CUDA when torch sees a GPU); default: the profile's")
     p.add_argument("--no-resume", action="store_true", help="re-run chapters that already finished")
     p.set_defaults(func=cmd_reproduce)
 
     p = sub.add_parser("book", help="sync chapter notebooks and build the HTML book",
                        description="Regenerate the paired .ipynb files and run jupyter-book (warnings are errors).")
-    p.add_argument("--allow-warnings", action="store_true")
+    p.add_argument("--allow-warnings", action="store_true",
+                   help="build even when Sphinx warns (by default a warning fails the build)")
     p.set_defaults(func=cmd_book)
     return parser
 

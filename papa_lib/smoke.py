@@ -12,7 +12,9 @@ from pathlib import Path
 
 import torch
 
-ARCHITECTURES = ("bert", "roberta", "electra", "deberta", "deberta-v2")
+ARCHITECTURES = (
+    "bert", "roberta", "electra", "deberta", "deberta-v2", "xlm-roberta", "mpnet", "distilbert", "albert", "modernbert",
+)
 
 _POSITIVE = ["good", "great", "wonderful", "moving", "funny", "brilliant"]
 _NEGATIVE = ["bad", "dull", "awful", "boring", "weak", "terrible"]
@@ -25,7 +27,10 @@ _VERBS = ["visited", "left", "saw", "joined"]
 
 def tiny_config(model_type: str, **overrides):
     """A tiny config (2 layers, 4 heads, hidden 32) of one supported architecture."""
-    from transformers import BertConfig, DebertaConfig, DebertaV2Config, ElectraConfig, RobertaConfig
+    from transformers import (
+        AlbertConfig, BertConfig, DebertaConfig, DebertaV2Config, DistilBertConfig, ElectraConfig, ModernBertConfig,
+        MPNetConfig, RobertaConfig, XLMRobertaConfig,
+    )
 
     common = dict(
         vocab_size=120, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37,
@@ -45,6 +50,28 @@ def tiny_config(model_type: str, **overrides):
             **{**common, "relative_attention": True, "pos_att_type": ["c2p", "p2c"], "position_buckets": 16,
                "norm_rel_ebd": "layer_norm", "share_att_key": True, "position_biased_input": False}
         )
+    if model_type == "xlm-roberta":
+        return XLMRobertaConfig(**{**common, "pad_token_id": 1, "type_vocab_size": 1})
+    if model_type == "mpnet":
+        return MPNetConfig(**{k: v for k, v in common.items() if k != "type_vocab_size"}, pad_token_id=1,
+                           relative_attention_num_buckets=32)
+    if model_type == "distilbert":
+        return DistilBertConfig(
+            vocab_size=common["vocab_size"], dim=common["hidden_size"], n_layers=common["num_hidden_layers"],
+            n_heads=common["num_attention_heads"], hidden_dim=common["intermediate_size"],
+            max_position_embeddings=common["max_position_embeddings"], dropout=common["hidden_dropout_prob"],
+            attention_dropout=common["attention_probs_dropout_prob"], pad_token_id=0,
+        )
+    if model_type == "albert":  # one shared layer for both layer positions, as in the released checkpoints
+        return AlbertConfig(**{**common, "embedding_size": 24, "num_hidden_groups": 1, "inner_group_num": 1})
+    if model_type == "modernbert":  # layer 0 global, layer 1 local (a window of +-2 positions), rotary positions
+        return ModernBertConfig(
+            vocab_size=common["vocab_size"], hidden_size=common["hidden_size"], intermediate_size=common["intermediate_size"],
+            num_hidden_layers=common["num_hidden_layers"], num_attention_heads=common["num_attention_heads"],
+            max_position_embeddings=common["max_position_embeddings"], global_attn_every_n_layers=2, local_attention=4,
+            attention_dropout=common["attention_probs_dropout_prob"], pad_token_id=0, bos_token_id=2, eos_token_id=3,
+            cls_token_id=2, sep_token_id=3,
+        )
     raise ValueError(f"unknown architecture {model_type!r}; choose one of {ARCHITECTURES}")
 
 
@@ -56,7 +83,7 @@ def tiny_model(model_type: str = "bert", seed: int = 0, **overrides):
     model = AutoModel.from_config(tiny_config(model_type, **overrides), attn_implementation="eager")
     model.eval()
     model.papa_model_id = f"tiny-random-{model_type}"
-    return model
+    return model  # packing and the override install what the architecture needs (papa_lib.core.models.prepare_model)
 
 
 def _vocabulary() -> list[str]:

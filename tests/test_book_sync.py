@@ -277,8 +277,10 @@ def test_run_chapters_injects_parameters_resumes_and_keeps_done_chapters(tmp_pat
     )
     root = _make_book(tmp_path / "repo", chapters={"good": good, "bad": bad})
     runs = tmp_path / "runs"
-    with pytest.raises(build.ChapterExecutionError, match=r"chapter bad .*smoke.*deliberate failure smoke"):
+    with pytest.raises(build.ChapterExecutionError, match=r"chapter bad .*smoke.*deliberate failure smoke") as caught:
         build.run_chapters("smoke", runs, parameters={"value": 5}, root=root)
+    line = build.failure_line("a chapter failed", caught.value)  # what papa reproduce prints: chapter and cell
+    assert "\n" not in str(caught.value) and "chapter bad (" in line and "(in cell [" in line
     # the good chapter ran in the repository root with the injected parameters, and is kept
     assert json.loads((root / "out.json").read_text()) == {"profile": "smoke", "value": 5}
     done_nb = runs / "smoke" / "good.ipynb"

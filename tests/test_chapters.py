@@ -82,11 +82,12 @@ def test_chapter_executes_at_smoke_profile(chapter, smoke_run):
 
 
 def test_gpu_workflow_runs_the_paper_profile_and_uploads_artifacts():
+    """(The matrix, the 24-hour limit and the resuming checkout: tests/test_workflow.py.)"""
     path = REPO / ".github" / "workflows" / "reproduce-gpu.yml"
     workflow = yaml.safe_load(path.read_text(encoding="utf-8"))
     triggers = workflow.get("on", workflow.get(True))  # YAML 1.1 reads a bare `on` as True
     assert "workflow_dispatch" in triggers
-    job = workflow["jobs"]["reproduce"]
+    job = workflow["jobs"]["book"]
     assert job["runs-on"] == ["self-hosted", "gpu"]
     scripts = "\n".join(step.get("run", "") for step in job["steps"])
     assert 'pip install -e ".[book]"' in scripts

@@ -184,7 +184,9 @@ def test_bad_grid_files(capsys, tmp_path):
     assert line.startswith("papa: error: invalid YAML: while parsing a flow sequence") and line.endswith(f"({broken}:5)")
     unknown = tmp_path / "unknown.yaml"
     unknown.write_text("blocks:\n  - name: a\n    tasks: [nosuchtask]\n")
-    assert papa_error(capsys, ["grid", str(unknown)]) == f"papa: error: block a names unknown task 'nosuchtask' ({unknown})"
+    line = papa_error(capsys, ["grid", str(unknown)])
+    assert line.startswith("papa: error: blocks[0].tasks[0]: unknown task 'nosuchtask'; known: cola, mnli, mrpc, ner")
+    assert line.endswith(f"({unknown}:3)")
 
 
 def test_debug_shows_the_traceback_and_bugs_always_do(capsys, tmp_path, monkeypatch):
@@ -307,5 +309,183 @@ def test_grid_declares_custom_tasks(tmp_path, pair_files, tiny):
     bad = tmp_path / "bad.yaml"
     bad.write_text("custom_tasks:\n  - {name: x, train: train.tsv, validation: dev.tsv, text_columns: review, label: y}\n"
                    "blocks: []\n")
-    with pytest.raises(ValueError, match=r"bad.yaml: custom task x has unknown keys \['label'\]"):
+    with pytest.raises(ValueError, match=r"bad.yaml:2: unknown key 'label' in custom_tasks\[0\] \(did you mean 'label_column'\?\)"):
         load_grid(bad)
+
+
+def _reviews_grid(tmp_path) -> Path:
+    grid = tmp_path / "grid.yaml"
+    grid.write_text(
+        "seeds: 1\nmax_length: 16\nepochs: 1\nlambda_epochs: 1\n"
+        "custom_tasks:\n"
+        "  - {name: reviews, train: train.tsv, validation: dev.tsv, text_columns: [review, summary],"
+        " label_column: sentiment}\n"
+        "blocks:\n  - {name: mine, tasks: [reviews], matrix_types: [average], orders: [lambda], fractions: [1, 0.5]}\n")
+    return grid
+
+
+def test_grid_sets_a_torn_line_aside_and_repairs_damage_in_the_middle(tmp_path, pair_files, tiny, capsys):
+    grid = _reviews_grid(tmp_path)
+    out = tmp_path / "out"
+    assert cli.main(["grid", str(grid), "--results-dir", str(out)]) == 0
+    table = out / "results.csv"
+    whole = table.read_text()
+    lines = whole.splitlines(keepends=True)
+    assert len(lines) == 3
+    capsys.readouterr()
+    # a torn last line: set aside with a one-line notice, its run computed again
+    table.write_text(whole[: len(whole) - 60])
+    assert cli.main(["grid", str(grid), "--results-dir", str(out)]) == 0
+    notices = [line for line in capsys.readouterr().err.replace("\r", "\n").splitlines() if line.startswith("papa: notice:")]
+    assert len(notices) == 1 and "(line 3) was cut off" in notices[0]
+    (side,) = out.glob("results.csv.torn-*")
+    assert side.name in notices[0]
+    assert len(results.ResultsStore(out)) == 2
+    # damage in the middle: one line naming it, exit 2, and how to repair
+    lines = table.read_text().splitlines(keepends=True)
+    table.write_text(lines[0] + lines[1][:50] + "\n" + lines[2])
+    line = papa_error(capsys, ["grid", str(grid), "--results-dir", str(out)])
+    assert line.startswith("papa: error: row has ") and f"'papa grid {grid} --repair' keeps every intact record" in line
+    assert line.endswith(f"({table}:2)")
+    assert cli.main(["grid", str(grid), "--results-dir", str(out), "--repair"]) == 0
+    said = capsys.readouterr().out.strip()
+    assert said.startswith(f"repaired {table}: kept 1 intact records; moved 1 damaged line(s) (2) to ")
+    assert results.ResultsStore(out).run_ids() == [lines[2].split(",")[0]]
+    assert cli.main(["grid", str(grid), "--results-dir", str(out)]) == 0
+    assert len(results.ResultsStore(out)) == 2
+
+
+def test_damaged_matrices_and_lambdas_are_set_aside_and_recomputed(tmp_path, pair_files, tiny, capsys):
+    grid = _reviews_grid(tmp_path)
+    out = tmp_path / "out"
+    assert cli.main(["grid", str(grid), "--results-dir", str(out)]) == 0
+    first = results.ResultsStore(out).frame().set_index("run_id")["value"]
+    (matrices,) = out.glob("matrices/*.safetensors")
+    (lambdas,) = out.glob("lambdas/*.pt")
+    assert (out / "matrices" / (matrices.name + ".sha256")).exists()
+    matrices_bytes, lambda_bytes = matrices.read_bytes(), lambdas.read_bytes()
+    matrices.write_bytes(matrices_bytes[:200])  # cut short, as by a crash or a full disk
+    lambdas.write_bytes(lambda_bytes[:100])
+    (out / "results.csv").unlink()  # so that the runs need them again
+    capsys.readouterr()
+    assert cli.main(["grid", str(grid), "--results-dir", str(out)]) == 0
+    err = capsys.readouterr().err
+    notices = [line for line in err.replace("\r", "\n").splitlines() if line.startswith("papa: notice:")]
+    assert len(notices) == 2, repr(err)[-3000:]
+    assert any(f"{matrices} is damaged (200 bytes where {len(matrices_bytes)} were written)" in n for n in notices)
+    assert any(f"{lambdas} is damaged (100 bytes where {len(lambda_bytes)} were written)" in n for n in notices)
+    assert (matrices.parent / (matrices.name + ".damaged")).read_bytes() == matrices_bytes[:200]
+    import torch
+
+    from papa_lib.core.artefacts import read_or_heal
+    from papa_lib.core.averaging import ConstantAttention
+
+    recomputed = ConstantAttention.load(matrices)  # the same numbers again (the metadata holds the time taken)
+    (tmp_path / "old.safetensors").write_bytes(matrices_bytes)
+    assert torch.equal(recomputed.matrices, ConstantAttention.load(tmp_path / "old.safetensors").matrices)
+    (tmp_path / "old.pt").write_bytes(lambda_bytes)
+    assert torch.equal(torch.load(lambdas), torch.load(tmp_path / "old.pt"))
+    again = results.ResultsStore(out).frame().set_index("run_id")["value"]
+    assert again.to_dict() == first.to_dict()
+    # without a checksum file (an older cache), a failed read is what shows the damage
+    (out / "matrices" / (matrices.name + ".sha256")).unlink()
+    matrices.write_bytes(matrices_bytes[:200])
+    assert read_or_heal(matrices, ConstantAttention.load) is None
+    assert "cannot be read" in capsys.readouterr().err and not matrices.exists()
+
+
+def test_average_limit_caps_the_averaged_text_and_records_say_so(tmp_path, pair_files, tiny, capsys):
+    train, dev = pair_files
+    base = ["--task", "custom", "--train", str(train), "--validation", str(dev), *PAIR, "--max-length", "16",
+            "--epochs", "1", "--seeds", "1"]
+    out = tmp_path / "out"
+    assert cli.main(["averages", *base, "--average-limit", "5", "--results-dir", str(out)]) == 0
+    assert "from 5 examples" in capsys.readouterr().out
+    assert cli.main(["averages", *base, "--results-dir", str(out)]) == 0
+    assert "from 24 examples" in capsys.readouterr().out  # default: the whole training set
+    assert cli.main(["probe", *base, "--fraction", "1", "0", "--average-limit", "5", "--results-dir", str(out)]) == 0
+    assert cli.main(["probe", *base, "--fraction", "0", "--results-dir", str(out)]) == 0
+    frame = results.ResultsStore(out).frame()
+    limited = frame[frame.matrix_type == "average"].set_index("average_limit")
+    assert sorted(map(str, limited.index)) == ["5", "all"] and len(frame) == 3  # the original model's run is shared
+    assert limited.loc["all", "run_id"] != limited.loc[5, "run_id"]
+    help_text = cli.build_parser()._subparsers._group_actions[0].choices["probe"].format_help()
+    assert "still average over the whole training set" in " ".join(help_text.split())
+
+
+def _options(parser):
+    """Every (parser prog, option) of an argparse parser and its subparsers, with the option's help."""
+    import argparse
+
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                yield from _options(sub)
+        elif not isinstance(action, argparse._HelpAction) and action.help != argparse.SUPPRESS:
+            yield parser.prog, "/".join(action.option_strings) or action.dest, action.help
+
+
+def test_every_option_has_help():
+    from papa_lib.book import build
+
+    parsers = [cli.build_parser(), build._build_parser()]
+
+    class Recorder(cli._Parser):  # papa bench builds its parser inside bench.main
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            parsers.append(self)
+
+    with pytest.raises(SystemExit):
+        bench.main(["--help"], parser_class=Recorder)
+    options = [option for parser in parsers for option in _options(parser)]
+    assert len(options) > 60
+    lacking = [(prog, name) for prog, name, text in options if not (text or "").strip()]
+    assert lacking == []
+    names = {(prog, name) for prog, name, _ in options}
+    assert {("papa reproduce", "--device"), ("papa probe", "--order"), ("papa book", "--allow-warnings"),
+            ("papa", "--version"), ("papa grid", "--repair"), ("papa grid", "--average-limit")} <= names
+
+
+def test_version_is_defined_once(capsys):
+    import tomllib
+
+    import papa_lib
+
+    version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+    assert papa_lib.__version__ == version
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["--version"])
+    assert exit_info.value.code == 0
+    assert capsys.readouterr().out.strip() == f"papa {version}"
+    assert not any(f'"{version}"' in path.read_text() for path in (ROOT / "papa_lib").rglob("*.py"))
+
+
+def test_reproduce_fails_in_one_line_naming_chapter_and_cell(monkeypatch, capsys):
+    from papa_lib.book import build
+
+    def failing(*args, **kwargs):
+        raise build.ChapterExecutionError("chapter probing (book/probing.md) failed under profile 'smoke': "
+                                          "ZeroDivisionError: division by zero (in cell [7]); partial notebook: "
+                                          "runs/smoke/probing.ipynb; chapters done and kept: intro")
+
+    monkeypatch.setattr(build, "run_chapters", failing)
+    assert cli.main(["reproduce", "--profile", "smoke"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "Traceback" not in err[0]
+    assert err[0].startswith("papa: error: a chapter failed: chapter probing (book/probing.md) failed under "
+                             "profile 'smoke': ZeroDivisionError: division by zero (in cell [7])")
+    assert build.failure_line("x", build.BookBuildError("first line\nlog tail")) == "papa: error: x: first line"
+
+
+def test_device_auto_picks_cuda_when_present(monkeypatch):
+    import torch
+
+    from papa_lib.experiments.grid import grid_settings
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert models.resolve_device("auto") == "cuda"
+    assert grid_settings({"device": "auto", "blocks": []})[0]["device"] == "cuda"
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert models.resolve_device("auto") == "cpu" and models.resolve_device(None) == "cpu"
+    assert models.resolve_device("cuda:1") == "cuda:1"
+    assert grid_settings({"device": "cpu", "blocks": []}, {"device": "auto"})[0]["device"] == "cpu"

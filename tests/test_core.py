@@ -153,8 +153,8 @@ def test_padded_token_ids_do_not_change_real_positions(arch, mode):
     assert not torch.equal(other["input_ids"], batch["input_ids"])
     heads = {(0, 0): mode, (1, 2): mode, (1, 3): "constant"}
     extra = {}
-    if arch == "roberta":
-        # RoBERTa numbers positions by counting non-pad ids, so a pad id swapped for a word id would shift the final
+    if papa_lib.core.models.adapter_for(model).position_offset == "padding_idx":
+        # RoBERTa (and XLM-R, MPNet) numbers positions by counting non-pad ids, so a pad id swapped for a word id would shift the final
         # separator's position embedding (a property of the model, not of the override): pin the position ids.
         extra["position_ids"] = torch.cumsum(batch["attention_mask"], 1) * batch["attention_mask"] + 1
     with papa_lib.override(model, constants, heads=heads, trainable_init="average") as papa:
@@ -199,7 +199,13 @@ def test_zeros_head_contributes_exactly_nothing(arch):
     batch = random_batch()
     captured = {}
     module = papa_lib.core.models.self_attention_modules(model)[1]
-    handle = module.register_forward_hook(lambda m, a, out: captured.__setitem__("context", out[0]))
+    # the heads' context is the module's output, or the input of its output projection where the module has one
+    projection = {"mpnet": "o", "distilbert": "out_lin", "albert": "dense", "modernbert": "Wo"}.get(arch)
+    if projection is None:
+        handle = module.register_forward_hook(lambda m, a, out: captured.__setitem__("context", out[0]))
+    else:  # ALBERT's module serves both layers: the last call is layer 1
+        handle = getattr(module, projection).register_forward_pre_hook(
+            lambda m, a: captured.__setitem__("context", a[0]))
     with papa_lib.override(model, None, heads=[(1, 2)], mode="zeros"):
         run(model, batch)
     handle.remove()
@@ -267,8 +273,10 @@ def test_unsupported_model_names_supported_types(tmp_path):
     from transformers import GPT2Config, GPT2Model
 
     gpt = GPT2Model(GPT2Config(n_layer=1, n_head=2, n_embd=8, vocab_size=50))
-    with pytest.raises(papa_lib.UnsupportedModelError, match="bert, roberta, electra, deberta, deberta-v2"):
+    with pytest.raises(papa_lib.UnsupportedModelError, match="bert, roberta, electra, deberta, deberta-v2") as error:
         papa_lib.override(gpt, None, mode="zeros").__enter__()
+    for model_type in papa_lib.SUPPORTED_MODEL_TYPES:  # every supported type is named
+        assert f"{model_type}," in str(error.value) or f"{model_type} (" in str(error.value)
     gpt.save_pretrained(tmp_path / "gpt")
     with pytest.raises(papa_lib.UnsupportedModelError, match="'gpt2'"):
         papa_lib.load_encoder(tmp_path / "gpt")

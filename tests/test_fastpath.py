@@ -12,7 +12,7 @@ import papa_lib
 from papa_lib.core import fastpath
 from papa_lib.core.models import model_inputs, self_attention_modules
 
-INTERFACE_ARCHITECTURES = ("bert", "roberta", "electra")
+INTERFACE_ARCHITECTURES = ("bert", "roberta", "electra", "xlm-roberta", "distilbert", "albert", "modernbert")
 REPLACING_MODES = ("constant", "identity", "zeros", "toeplitz")
 
 
@@ -74,7 +74,7 @@ def test_padding_does_not_leak_through_the_fast_path(interface_arch):
     noise = torch.randint(5, 120, batch["input_ids"].shape, generator=torch.Generator().manual_seed(3))
     other["input_ids"] = torch.where(batch["attention_mask"].bool(), batch["input_ids"], noise)
     extra = {}
-    if interface_arch == "roberta":  # pin RoBERTa's pad-counting position ids (see test_core)
+    if interface_arch in ("roberta", "xlm-roberta"):  # pin RoBERTa's pad-counting position ids (see test_core)
         extra["position_ids"] = torch.cumsum(batch["attention_mask"], 1) * batch["attention_mask"] + 1
     constants = constants_for(model)
     with papa_lib.override(model, constants, heads={(0, 0): "constant", (0, 1): "identity", (1, 2): "toeplitz"}):
@@ -138,21 +138,28 @@ class LinearCalls:
 
 
 def test_query_and_key_are_not_projected_in_all_replaced_layers(interface_arch, monkeypatch):
+    from papa_lib.core.models import adapter_for
+
     model = tiny_model(interface_arch)
+    adapter = adapter_for(model)
+    if adapter.projections is None or adapter.shared_layers:
+        pytest.skip(f"{interface_arch}: fused QKV projection (ModernBERT) or one module for every layer (ALBERT)")
+    q, k = adapter.projections
+    v = {"query": "value", "q_lin": "v_lin"}[q]
     constants = constants_for(model)
     calls = LinearCalls(monkeypatch)
     layer0, layer1 = self_attention_modules(model)
     plan = {(0, h): REPLACING_MODES[h] for h in range(4)} | {(1, 0): "constant"}  # layer 0 all replaced, layer 1 not
     with papa_lib.override(model, constants, heads=plan):
-        assert fastpath.projection_is_skipped(layer0.query) and fastpath.projection_is_skipped(layer0.key)
-        assert not fastpath.projection_is_skipped(layer1.query)
+        assert fastpath.projection_is_skipped(getattr(layer0, q)) and fastpath.projection_is_skipped(getattr(layer0, k))
+        assert not fastpath.projection_is_skipped(getattr(layer1, q))
         run(model, random_batch())
-    assert calls.count(layer0.query) == 0 and calls.count(layer0.key) == 0
-    assert calls.count(layer0.value) == 1
-    assert calls.count(layer1.query) == 1 and calls.count(layer1.key) == 1
+    assert calls.count(getattr(layer0, q)) == 0 and calls.count(getattr(layer0, k)) == 0
+    assert calls.count(getattr(layer0, v)) == 1
+    assert calls.count(getattr(layer1, q)) == 1 and calls.count(getattr(layer1, k)) == 1
     with papa_lib.override(model, constants, mode="constant", fast=False):
         run(model, random_batch())
-    assert calls.count(layer0.query) == 1  # the reference path still projects
+    assert calls.count(getattr(layer0, q)) == 1  # the reference path still projects
 
 
 def test_no_softmax_in_all_constant_model(monkeypatch):

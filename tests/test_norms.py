@@ -935,7 +935,7 @@ def test_norm_aware_grid_runs_through_the_experiments(smoke_setup, tmp_path):
     assert sorted(frame["selection_order"]) == ["attention_variance", "none", "norm_variance"]
     assert set(frame["matrix_type"]) == {"average", "norm_average"}
     assert frame["value"].between(0, 1).all()
-    matrices = sorted(p.name for p in (tmp_path / "matrices").iterdir())
+    matrices = sorted(p.name for p in (tmp_path / "matrices").glob("*.safetensors"))  # (each with its .sha256)
     assert any("norm_average" in name for name in matrices) and len(matrices) == 2
     # the label-free order replaces the heads with the lowest score first
     config = engine.ExperimentConfig(task="sst2", data_dir=str(data_dir), profile="smoke", max_length=16, epochs=1)

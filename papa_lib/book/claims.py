@@ -1,28 +1,64 @@
-"""The paper's claims, checked against our records: one verdict per claim, with the statistic, the paper's value, ours,
-a 95% interval and the rule that turns them into a verdict (``claims.csv``, shown in the intro chapter).
+"""The paper's claims, checked against our records: ONE engine that decides every verdict the book prints.
 
-The statistics are computed as the paper computes them:
+Every chapter renders a row of :func:`claims_table` (:func:`verdict_sentence`, :func:`book_table`); no page helper
+decides a verdict on its own. ``claims.csv`` beside a results folder is :func:`write_claims`' output.
 
-* the relative drop of a (model, task) is ``(s_orig - s) / |s_orig|`` on the mean over seeds (Sec. 4.2, Fig. 3);
-* the 8% average and the 20% bound (Sec. 4.2) are on a model's drop averaged over the six tasks: Fig. 3 plots one
-  point per model, and the paper's own Table 1 has a 34% CoLA drop for RoBERTa-base, so a per-task maximum would make
-  the paper contradict itself (:func:`paper_model_drops` recomputes them from Tables 1 and 4);
-* intervals come from resampling the seeds of every configuration with replacement (a percentile bootstrap), so
-  they show the variance between probe seeds (and, where a subset is drawn per seed, between training subsets);
-* a task enters C1, C2, C4 and C5 only when its original probe clearly beats guessing (:func:`informative_tasks`:
-  the 95% interval of its score over seeds lies above the records' ``majority_baseline``): when even the original
-  model's probe is at the majority class, every variant is too, and their differences say nothing about attention.
-  The statistic names the tasks left out.
+**The rules** are declared in ``data/paper/claims_rules.csv`` (:func:`rules`; declared before the verdicts were
+recomputed with them): per claim, its full statement, the paper's value, the statistic, the test and the band
+``[low, high]``. On the statistic's 95% interval ``[lo, hi]``:
 
-Claims (the book's numbering): C1 all-constant drop, C2 half of the heads, C3 better models use attention more,
-C4 average beats data-free matrices, C5 MNLI-built matrices, C6 λ order first and reversed last, C7 MLM-pretrained
-models, C8 Kobayashi et al.'s norm findings (the paper's Sec. 5.1 cites them).
+* ``band``: **agrees** when ``[lo, hi]`` lies inside the band (an equivalence test), **differs** when it lies
+  entirely outside, **inconclusive** otherwise;
+* ``band_every`` (a claim "on every task" / "at every fraction"): the band test per task (fraction); agrees when
+  every one agrees, differs when any one differs, inconclusive otherwise (and never agrees when one is unmeasured);
+* ``direction`` (C3, which of two models drops more): the band test, reported as **direction agrees** /
+  **direction differs** / **inconclusive** — only the direction is tested, never the size;
+* ``correlation`` (C8): the band test on Spearman's ρ with a minimum effect |ρ| = 0.1: an interval inside
+  ``(-0.1, 0.1)`` is **negligible** and cannot agree;
+* ``not_testable``: the verdict reads ``not testable: <why>``.
+
+**Sign convention** (stated once, used everywhere): a difference is *variant minus reference*,
+``s_variant - s_reference``; a relative drop is ``(s_orig - s_variant) / |s_orig|`` (positive: the variant scores
+lower); a relative change is ``(s_variant - s_reference) / |s_reference|`` (C5: MNLI-built minus per-task, the sign
+of the transfer chapter's changes).
+
+**One interval method.** A single configuration: the Student-t 95% interval over its seeds
+(:func:`papa_lib.experiments.results.mean_ci`). A comparison of two configurations of one task: seed-paired — runs
+are paired by their seed id (the same probe initialisation and training subset), and the per-seed values of the
+statistic's linearisation give a Student-t interval with ``n - 1`` degrees of freedom (a plain difference is paired
+directly; a relative drop, a ratio of means, is linearised by the delta method, ``z_s = (a_s - d·b_s) / |mean b|``
+with ``a = orig - variant`` and ``b = orig``). A statistic over tasks (a task average, C3's difference of two
+models' averages) adds the per-task variances and takes Welch–Satterthwaite degrees of freedom,
+``df = (Σ v_t)² / Σ (v_t² / df_t)``. Why this and not a hierarchical bootstrap: with three seeds a bootstrap
+interval is about ``[min, max]`` of three values (about 39% as wide as Student-t), while the t quantile with few
+degrees of freedom widens the interval as it should; pairing by seed removes the variance the two configurations
+share; and the tasks are the paper's fixed six, not a sample, so only the seed-to-seed variance within each task is
+noise (a bootstrap over tasks would treat the task mix as random). The computation is deterministic.
+A comparison uses only the seed ids both configurations have; the ``tasks`` column says when they differ.
+
+**Task inclusion**, by one declared rule for every task (MRPC included): a task enters C1–C6 when its original
+probe's Student-t 95% interval over seeds lies above the majority-class baseline of its validation set (records'
+``majority_baseline``; a task whose records carry none enters); one seed gives no interval, so it does not enter.
+Each claim is also computed with every measured task (``ours_all_tasks``, ``verdict_all_tasks``: a sensitivity
+column).
+
+**C8** (Kobayashi et al.'s norm findings) is a correlation over a corpus of one deterministic model: there are no
+seeds, and its interval is the norm analysis' cluster bootstrap over sequences
+(:mod:`papa_lib.analysis.norm_findings`), the only statistic not on seeds.
+
+Claims: C1a/C1b the 20% bound read on the task average / on the worst task, C2 half of the heads, C3 larger models
+drop more (cross-model), C4 average beats data-free matrices, C5 MNLI-built matrices, C6a λ best / C6b reversed
+worst at every fraction, C7 MLM-pretrained models (needs their MLM heads), C8a-c the norm findings.
 """
 
 from __future__ import annotations
 
+import itertools
+import json
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 import pandas as pd
@@ -30,14 +66,184 @@ import pandas as pd
 from ..experiments.matrices import data_free_types
 from . import paper
 
-COLUMNS = ["claim", "statistic", "paper", "ours", "ci_low", "ci_high", "verdict", "rule"]
+RULES_PATH = paper.PAPER_DIR / "claims_rules.csv"
+COLUMNS = ["model", "claim", "statement", "statistic", "tasks", "paper", "ours", "ci_low", "ci_high", "df", "verdict",
+           "ours_all_tasks", "ci_low_all_tasks", "ci_high_all_tasks", "verdict_all_tasks", "rule", "chapter"]
 TASK_ORDER = ("cola", "mrpc", "sst2", "mnli", "ner", "pos")
 DATA_FREE = data_free_types()  # registered data-free matrix types (at import: the paper's identity, Toeplitz, zeros)
 FIG5_FRACTIONS = (0.5, 0.125, 0.0625)
-BOOTSTRAP = 2000
+ORDERS = ("lambda", "reversed", "first_to_last", "last_to_first", "random")
+CONFIDENCE = 0.95
+#: parameters of the models whose records may meet in C3 (the larger one is expected to drop more)
+MODEL_PARAMETERS = {"all-MiniLM-L6-v2": 22.7e6, "all-mpnet-base-v2": 109.5e6, "bert-base-uncased": 110e6,
+                    "roberta-base": 125e6, "electra-base-discriminator": 110e6, "deberta-base": 139e6,
+                    "bert-large-uncased": 335e6, "roberta-large": 355e6, "electra-large-discriminator": 335e6,
+                    "deberta-v3-large": 435e6, "RoBERTa-base": 125e6, "RoBERTa-large": 355e6}
+#: C8's rows, by claim id: the finding of ``kobayashi_findings.csv`` that measures it
+NORM_FINDINGS = {"C8a": "sep_weight_vs_norm", "C8b": "cls_weight_vs_norm", "C8c": "frequency_rank_vs_norm"}
+NOT_TESTABLE = {"C7": "needs MLM-pretrained models with their pretrained MLM heads beside ELECTRA; the records hold "
+                      "{models} with a trained MLM probe only"}
+
+
+# ---------------------------------------------------------------------------------------------- the rules
+def rules() -> pd.DataFrame:
+    """The declared rules (``data/paper/claims_rules.csv``), indexed by claim id; ``low``/``high`` as floats."""
+    table = pd.read_csv(RULES_PATH, keep_default_na=False)
+    for column in ("low", "high", "min_effect"):
+        table[column] = [_number(v, column, i) for i, v in enumerate(table[column], start=2)]
+    return table.set_index("id")
+
+
+def _number(value: str, column: str, line: int) -> float:
+    try:
+        return float(value) if str(value).strip() else float("nan")
+    except ValueError:
+        raise ValueError(f"{RULES_PATH}:{line}: column {column} is not a number: {value!r}") from None
+
+
+def rule_text(rule: pd.Series) -> str:
+    """The rule of one claim in words."""
+    def show(v):
+        return "-inf" if v == -math.inf else "inf" if v == math.inf else f"{v:g}"
+
+    band = f"[{show(rule.low)}, {show(rule.high)}]"
+    if rule.test == "band":
+        return f"agrees if the 95% interval lies inside {band}, differs if entirely outside, else inconclusive"
+    if rule.test == "band_every":
+        return (f"per task (fraction): inside {band} agrees, entirely outside differs; agrees if every one agrees, "
+                "differs if any one differs, else inconclusive")
+    if rule.test == "direction":
+        return (f"direction agrees if the 95% interval lies inside {band}, direction differs if entirely outside, "
+                "else inconclusive")
+    if rule.test == "correlation":
+        return (f"agrees if the 95% interval lies inside {band}; negligible if inside (-{rule.min_effect:g}, "
+                f"{rule.min_effect:g}); differs if entirely outside {band} and not negligible; else inconclusive")
+    return "the records cannot decide it"
+
+
+def decide(test: str, low: float, high: float, band_low: float, band_high: float,
+           min_effect: float | None = None) -> str:
+    """The verdict of an interval ``[low, high]`` under one test (module docstring). A NaN interval (one seed)
+    is inconclusive."""
+    if test == "not_testable":
+        return "not testable"
+    if not (np.isfinite(low) and np.isfinite(high)):
+        return "inconclusive"
+    if test == "correlation" and min_effect is not None and -min_effect < low and high < min_effect:
+        return "negligible"
+    if band_low <= low and high <= band_high:
+        verdict = "agrees"
+    elif high < band_low or low > band_high:
+        verdict = "differs"
+    else:
+        verdict = "inconclusive"
+    return f"direction {verdict}" if test == "direction" and verdict != "inconclusive" else verdict
+
+
+def decide_every(verdicts: Iterable[str], complete: bool = True) -> str:
+    """``band_every``: agrees when every unit agrees (and none is missing), differs when any one differs."""
+    verdicts = list(verdicts)
+    if any(v == "differs" for v in verdicts):
+        return "differs"
+    return "agrees" if verdicts and complete and all(v == "agrees" for v in verdicts) else "inconclusive"
+
+
+# ---------------------------------------------------------------------------------------------- intervals
+@dataclass(frozen=True)
+class Estimate:
+    """A statistic, its standard error and degrees of freedom; ``parts`` are the (variance, df) components that
+    Welch–Satterthwaite combines. ``se`` NaN: no interval (one seed)."""
+
+    value: float
+    se: float
+    df: float
+    parts: tuple = ()
+
+    @property
+    def half_width(self) -> float:
+        from scipy import stats
+
+        if not np.isfinite(self.se) or not np.isfinite(self.value):
+            return float("nan")
+        if self.se == 0:
+            return 0.0
+        return float(stats.t.ppf((1 + CONFIDENCE) / 2, self.df)) * self.se
+
+    @property
+    def low(self) -> float:
+        return self.value - self.half_width
+
+    @property
+    def high(self) -> float:
+        return self.value + self.half_width
+
+
+def _from_parts(value: float, parts: Sequence[tuple[float, float]]) -> Estimate:
+    if not parts or any(not np.isfinite(v) for v, _ in parts):
+        return Estimate(value, float("nan"), float("nan"), tuple(parts))
+    variance = sum(v for v, _ in parts)
+    if variance == 0:
+        return Estimate(value, 0.0, math.inf, tuple(parts))
+    df = variance ** 2 / sum(v ** 2 / d for v, d in parts if v > 0)
+    return Estimate(value, math.sqrt(variance), df, tuple(parts))
+
+
+def one_sample(values: np.ndarray) -> Estimate:
+    """Mean of per-seed values with its Student-t standard error (n - 1 degrees of freedom)."""
+    values = np.asarray(values, float)
+    n = len(values)
+    if n < 2:
+        return Estimate(float(values.mean()) if n else float("nan"), float("nan"), float("nan"))
+    variance = float(values.var(ddof=1)) / n
+    return _from_parts(float(values.mean()), [(variance, n - 1)])
+
+
+def paired(reference: pd.Series, variant: pd.Series, kind: str) -> Estimate:
+    """Seed-paired statistic of two configurations (Series of values indexed by seed id), on their common seeds.
+
+    ``kind``: ``difference`` (variant - reference), ``drop`` ((ref - variant) / |ref|) or ``change``
+    ((variant - ref) / |ref|); the ratios are linearised by the delta method (module docstring)."""
+    seeds = sorted(set(reference.index) & set(variant.index))
+    ref, var = reference.loc[seeds].to_numpy(float), variant.loc[seeds].to_numpy(float)
+    if not seeds:
+        return Estimate(float("nan"), float("nan"), float("nan"))
+    if kind == "difference":
+        return one_sample(var - ref)
+    base = float(ref.mean())
+    if base == 0:
+        return Estimate(float("nan"), float("nan"), float("nan"))
+    a, b = ref - var, np.sign(base) * ref
+    drop = float(a.mean()) / abs(base)
+    z = (a - drop * b) / abs(base)
+    linear = one_sample(z)
+    estimate = Estimate(drop, linear.se, linear.df, linear.parts)
+    if kind == "drop":
+        return estimate
+    if kind == "change":
+        return Estimate(-drop, linear.se, linear.df, linear.parts)
+    raise ValueError(f"paired: unknown kind {kind!r} (difference, drop, change)")
+
+
+def average(estimates: Sequence[Estimate]) -> Estimate:
+    """The mean of per-task estimates: variances summed (scaled by 1/T²), Welch–Satterthwaite df."""
+    if not estimates:
+        return Estimate(float("nan"), float("nan"), float("nan"))
+    t = len(estimates)
+    parts = [(v / t ** 2, d) for e in estimates for v, d in (e.parts or [(float("nan"), float("nan"))])]
+    return _from_parts(float(np.mean([e.value for e in estimates])), parts)
+
+
+def difference(larger: Estimate, smaller: Estimate) -> Estimate:
+    """``larger - smaller`` of two independent estimates (two models): variances summed, Welch–Satterthwaite df."""
+    return _from_parts(larger.value - smaller.value, list(larger.parts) + list(smaller.parts))
 
 
 # ---------------------------------------------------------------------------------------------- selections
+def _order(tasks: Iterable[str]) -> list[str]:
+    rank = {task: i for i, task in enumerate(TASK_ORDER)}
+    return sorted(tasks, key=lambda t: (rank.get(t, 99), t))
+
+
 def _select(frame: pd.DataFrame, matrix_type: str, fraction: float, order: str = "none",
             source: str | None = "own") -> pd.DataFrame:
     """Rows of one configuration; ``source`` ``'own'``: matrices from the row's task, else a task name or None."""
@@ -54,64 +260,465 @@ def original_rows(frame: pd.DataFrame) -> pd.DataFrame:
     return frame[frame.matrix_type == "original"]
 
 
-def _seed_values(rows: pd.DataFrame) -> dict[str, np.ndarray]:
-    return {task: group.sort_values("seed").value.to_numpy(float) for task, group in rows.groupby("task")}
+def _by_seed(rows: pd.DataFrame) -> dict[str, pd.Series]:
+    """Per task: values indexed by seed id (duplicate seeds are an error in the records)."""
+    out = {}
+    for task, group in rows.groupby("task"):
+        if group.seed.duplicated().any():
+            raise ValueError(f"claims: task {task} has two records for seed(s) "
+                             f"{sorted(group.seed[group.seed.duplicated()].tolist())} of one configuration")
+        out[task] = group.set_index("seed").value.astype(float).sort_index()
+    return out
 
 
-# ---------------------------------------------------------------------------------------------- bootstrap
-def bootstrap(groups: dict, statistic: Callable[[dict], float], draws: int = BOOTSTRAP, seed: int = 0):
-    """``(estimate, low, high)``: ``statistic`` on the seed values of every group, and its 95% percentile interval
-    when each group's seeds are resampled with replacement (NaN bounds when a group has fewer than two seeds)."""
-    estimate = float(statistic(groups))
-    if np.isnan(estimate) or not groups or min(len(v) for v in groups.values()) < 2:
-        return estimate, float("nan"), float("nan")
-    rng = np.random.default_rng(seed)
-    samples = []
-    for _ in range(draws):
-        drawn = {k: v[rng.integers(0, len(v), len(v))] for k, v in groups.items()}
-        samples.append(statistic(drawn))
-    low, high = np.nanpercentile(samples, [2.5, 97.5])
-    return estimate, float(low), float(high)
-
-
-def _drop(orig: np.ndarray, other: np.ndarray) -> float:
-    base = float(np.mean(orig))
-    return (base - float(np.mean(other))) / abs(base) if base else float("nan")
+def seed_mismatches(frame: pd.DataFrame) -> list[str]:
+    """Configurations whose seed ids differ from their task's original runs (pairing would drop seeds)."""
+    keys = ["task", "matrix_type", "matrices_from", "selection_order", "fraction"]
+    originals = {t: set(s.index) for t, s in _by_seed(original_rows(frame)).items()}
+    out = []
+    for key, group in frame.fillna({"matrices_from": "", "selection_order": "none"}).groupby(keys):
+        if key[1] != "original" and key[0] in originals and set(group.seed) != originals[key[0]]:
+            out.append(f"{key[0]}/{key[1]}/{key[2] or '-'}/{key[3]}/{key[4]:g}: seeds {sorted(set(group.seed))}")
+    return out
 
 
 def informative_tasks(frame: pd.DataFrame) -> tuple[list[str], list[str]]:
-    """``(informative, left_out)``: the tasks whose original probe's 95% Student-t interval over seeds lies above
-    the majority-class baseline of their validation set (records' ``majority_baseline``), and those whose does not.
-    A task with no baseline in its records (older records) counts as informative; one seed gives no interval."""
-    from ..experiments.results import mean_ci
-
-    informative, left_out = [], []
-    for task, values in _seed_values(original_rows(frame)).items():
+    """``(included, left_out)``: the tasks whose original probe's Student-t 95% interval over seeds lies above the
+    majority-class baseline (records' ``majority_baseline``), and the others (one seed: no interval, left out).
+    A task whose records carry no baseline is included."""
+    included, left_out = [], []
+    for task, values in _by_seed(original_rows(frame)).items():
         baseline = frame.loc[frame.task == task, "majority_baseline"].dropna() if "majority_baseline" in frame \
             else pd.Series(dtype=float)
-        low = mean_ci(values)[1] if len(values) > 1 else float("nan")
-        (informative if baseline.empty or low > float(baseline.iloc[0]) else left_out).append(task)
-    order = {task: i for i, task in enumerate(TASK_ORDER)}
-    return sorted(informative, key=lambda t: order.get(t, 99)), sorted(left_out, key=lambda t: order.get(t, 99))
+        low = one_sample(values.to_numpy()).low
+        (included if baseline.empty or (np.isfinite(low) and low > float(baseline.iloc[0])) else left_out).append(task)
+    return _order(included), _order(left_out)
 
 
-def _left_out_note(frame: pd.DataFrame) -> str:
-    left_out = informative_tasks(frame)[1]
-    return (f"; left out: {', '.join(left_out)} "
-            "(original probe not clearly above its majority baseline with the grid's seeds)" if left_out else "")
+# ---------------------------------------------------------------------------------------------- statistics
+@dataclass
+class Measured:
+    """One claim's statistic on one task set: the estimate, the verdict, the tasks it used and what was missing."""
+
+    estimate: Estimate
+    verdict: str
+    tasks: list
+    missing: list
+    note: str = ""
 
 
-def mean_drop(frame: pd.DataFrame, variant: pd.DataFrame, tasks=None):
-    """Task-averaged relative drop of ``variant``'s rows from the original model, with its interval; the tasks used
-    (``tasks``, default the :func:`informative_tasks`, that have both)."""
-    originals, others = _seed_values(original_rows(frame)), _seed_values(variant)
-    tasks = [t for t in (tasks or informative_tasks(frame)[0]) if t in originals and t in others]
-    groups = {**{("o", t): originals[t] for t in tasks}, **{("v", t): others[t] for t in tasks}}
+def _task_drops(frame, variant_rows, tasks, kind="drop", reference=None):
+    reference = _by_seed(original_rows(frame)) if reference is None else reference
+    variant = _by_seed(variant_rows)
+    used = [t for t in tasks if t in reference and t in variant]
+    per_task = {t: paired(reference[t], variant[t], kind) for t in used}
+    per_task = {t: e for t, e in per_task.items() if np.isfinite(e.value)}  # a reference score of 0: undefined
+    return per_task, [t for t in tasks if t not in per_task]
 
-    def statistic(g):
-        return float(np.mean([_drop(g[("o", t)], g[("v", t)]) for t in tasks])) if tasks else float("nan")
 
-    return (*bootstrap(groups, statistic), tasks)
+def _band_measure(per_task: dict, missing: list, rule, combine="average") -> Measured:
+    if not per_task:
+        return Measured(Estimate(float("nan"), float("nan"), float("nan")), "not measured", [], missing)
+    if combine == "average":
+        estimate = average(list(per_task.values()))
+        note = ""
+    else:  # the worst task (largest drop)
+        worst = max(per_task, key=lambda t: per_task[t].value)
+        estimate, note = per_task[worst], f"worst task: {worst}"
+    verdict = decide(rule.test, estimate.low, estimate.high, rule.low, rule.high)
+    return Measured(estimate, verdict, list(per_task), missing, note)
+
+
+def _every_measure(per_unit: dict, missing: list, rule, unit_name=str) -> Measured:
+    if not per_unit:
+        return Measured(Estimate(float("nan"), float("nan"), float("nan")), "not measured", [], missing)
+    verdicts = {u: decide("band", e.low, e.high, rule.low, rule.high) for u, e in per_unit.items()}
+    smallest = min(per_unit, key=lambda u: per_unit[u].value)
+    parts = "; ".join(f"{unit_name(u)}: {sig3(per_unit[u].value)} [{sig3(per_unit[u].low)}, {sig3(per_unit[u].high)}]"
+                      f" {verdicts[u]}" for u in per_unit)
+    return Measured(per_unit[smallest], decide_every(verdicts.values(), complete=not missing), list(per_unit),
+                    missing, f"smallest: {unit_name(smallest)}; {parts}")
+
+
+def _c1(frame, tasks, rule, combine):
+    per_task, missing = _task_drops(frame, _select(frame, "average", 0.0), tasks)
+    return _band_measure(per_task, missing, rule, combine)
+
+
+def _c2(frame, tasks, rule):
+    per_task, missing = _task_drops(frame, _select(frame, "average", 0.5, "lambda"), tasks)
+    return _band_measure(per_task, missing, rule)
+
+
+def _c4_units(frame, tasks) -> tuple[dict, dict, list]:
+    """Per task: the best data-free type (by mean) and average minus it, seed-paired; the tasks not measured."""
+    average_rows = _by_seed(_select(frame, "average", 0.0))
+    free = {kind: _by_seed(_select(frame, kind, 0.0, source=None)) for kind in DATA_FREE}
+    per_task, best_of, missing = {}, {}, []
+    for task in tasks:
+        if task not in average_rows or not all(task in free[k] for k in DATA_FREE):
+            missing.append(task)
+            continue
+        best_of[task] = max(DATA_FREE, key=lambda k: free[k][task].mean())
+        per_task[task] = paired(free[best_of[task]][task], average_rows[task], "difference")
+    return per_task, best_of, missing
+
+
+def _c4(frame, tasks, rule):
+    per_task, _, missing = _c4_units(frame, tasks)
+    return _every_measure(per_task, missing, rule)
+
+
+def data_free_margins(frame: pd.DataFrame) -> pd.DataFrame:
+    """C4 task by task, for one model's records: the best data-free type, average minus it (seed-paired) with its
+    Student-t 95% interval, the task's verdict under C4's band, and whether the task enters C4 (the inclusion rule).
+    The claim's verdict is C4's row of :func:`claims_table`."""
+    rule = rules().loc["C4"]
+    included = informative_tasks(frame)[0]
+    per_task, best_of, _ = _c4_units(frame, _order(set(frame.task)))
+    return pd.DataFrame([{"task": t, "best data-free": best_of[t], "average minus best data-free": e.value,
+                          "ci_low": e.low, "ci_high": e.high,
+                          "verdict": decide("band", e.low, e.high, rule.low, rule.high),
+                          "enters C4": t in included} for t, e in per_task.items()],
+                        columns=["task", "best data-free", "average minus best data-free", "ci_low", "ci_high",
+                                 "verdict", "enters C4"])
+
+
+def _c5(frame, tasks, rule):
+    own = _by_seed(_select(frame, "average", 0.0))
+    per_task, missing = _task_drops(frame, _select(frame, "average", 0.0, source="mnli"),
+                                    [t for t in tasks if t != "mnli"], kind="change", reference=own)
+    return _band_measure(per_task, missing, rule)
+
+
+FRACTION_LABELS = {0.5: "½", 0.125: "⅛", 0.0625: "1/16"}
+
+
+def _c6(frame, tasks, rule, which):
+    if "mnli" not in tasks:
+        return Measured(Estimate(float("nan"), float("nan"), float("nan")), "not measured", [], ["mnli"],
+                        "MNLI is not among the included tasks")
+    mnli = frame[(frame.task == "mnli") & (frame.matrices_from.fillna("mnli") == "mnli")]
+    per_fraction, missing = {}, []
+    for fraction in FIG5_FRACTIONS:
+        runs = {o: _by_seed(_select(mnli, "average", fraction, o, source=None)).get("mnli") for o in ORDERS}
+        if any(v is None for v in runs.values()):
+            missing.append(fraction)
+            continue
+        means = {o: v.mean() for o, v in runs.items()}
+        if which == "lambda":
+            best = max((o for o in ORDERS if o != "lambda"), key=means.get)
+            per_fraction[fraction] = paired(runs[best], runs["lambda"], "difference")
+        else:
+            worst = min((o for o in ORDERS if o != "reversed"), key=means.get)
+            per_fraction[fraction] = paired(runs["reversed"], runs[worst], "difference")
+    return _every_measure(per_fraction, missing, rule, unit_name=lambda f: FRACTION_LABELS.get(f, f"{f:g}"))
+
+
+PER_MODEL = {
+    "C1a": lambda frame, tasks, rule: _c1(frame, tasks, rule, "average"),
+    "C1b": lambda frame, tasks, rule: _c1(frame, tasks, rule, "worst"),
+    "C2": _c2,
+    "C4": _c4,
+    "C5": _c5,
+    "C6a": lambda frame, tasks, rule: _c6(frame, tasks, rule, "lambda"),
+    "C6b": lambda frame, tasks, rule: _c6(frame, tasks, rule, "reversed"),
+}
+
+
+def _fmt_tasks(measured: Measured, left_out: Sequence[str], all_tasks: bool = False) -> str:
+    text = ", ".join(str(FRACTION_LABELS.get(t, t)) for t in measured.tasks) if measured.tasks else "none"
+    if left_out and not all_tasks:
+        text += (f" (left out: {', '.join(left_out)} — original probe's 95% interval not above its majority "
+                 "baseline)")
+    if measured.missing:
+        text += f" (not measured: {', '.join(str(FRACTION_LABELS.get(m, m)) for m in measured.missing)})"
+    if measured.note:
+        text += f"; {measured.note}"
+    return text
+
+
+def _row(model, claim, rule, measured: Measured | None, tasks_text: str, sensitivity: Measured | None,
+         verdict: str | None = None) -> dict:
+    estimate = measured.estimate if measured else Estimate(float("nan"), float("nan"), float("nan"))
+    other = sensitivity.estimate if sensitivity else Estimate(float("nan"), float("nan"), float("nan"))
+    return {"model": model, "claim": claim, "statement": rule.statement, "statistic": rule.statistic, "tasks": tasks_text,
+                "paper": rule.paper_value, "ours": estimate.value, "ci_low": estimate.low, "ci_high": estimate.high,
+                "df": estimate.df, "verdict": verdict or measured.verdict, "ours_all_tasks": other.value,
+                "ci_low_all_tasks": other.low, "ci_high_all_tasks": other.high,
+                "verdict_all_tasks": (sensitivity.verdict if sensitivity else (verdict or "")),
+                "rule": rule_text(rule), "chapter": rule.chapter}
+
+
+def model_claims(frame: pd.DataFrame, model: str | None = None) -> list[dict]:
+    """C1a-C6b for one model's records (the rows' ``model``), each on the included tasks and on every task."""
+    table = rules()
+    model = model or (str(frame.model.iloc[0]) if len(frame) else "this model")
+    included, left_out = informative_tasks(frame)
+    every = _order(set(frame.task))
+    rows = []
+    for claim, compute in PER_MODEL.items():
+        rule = table.loc[claim]
+        measured, sensitivity = compute(frame, included, rule), compute(frame, every, rule)
+        shown = left_out if not claim.startswith("C6") else [t for t in left_out if t == "mnli"]
+        rows.append(_row(model, claim, rule, measured, _fmt_tasks(measured, shown), sensitivity))
+    return rows
+
+
+def cross_model_claims(frames: Mapping[str, pd.DataFrame]) -> list[dict]:
+    """C3 when the records hold two models of known size: the larger's task-averaged all-constant drop minus the
+    smaller's, over the tasks included for both; else one row ``not testable: <why>``."""
+    rule = rules().loc["C3"]
+    known = sorted((m for m in frames if m in MODEL_PARAMETERS), key=MODEL_PARAMETERS.get)
+    if len(known) < 2:
+        why = (f"needs the records of two models of different size; these hold {', '.join(frames) or 'none'}")
+        return [_row(" vs ".join(frames) or "—", "C3", rule, None, "", None, f"not testable: {why}")]
+    rows = []
+    for small, large in itertools.pairwise(known):
+        per = {}
+        for kind, restrict in (("included", True), ("every", False)):
+            shared = sorted(set.intersection(*[set(informative_tasks(frames[m])[0] if restrict else frames[m].task)
+                                               for m in (small, large)]))
+            drops = {m: _task_drops(frames[m], _select(frames[m], "average", 0.0), _order(shared))[0]
+                     for m in (small, large)}
+            common = [t for t in _order(shared) if all(t in drops[m] for m in (small, large))]
+            if not common:
+                per[kind] = Measured(Estimate(float("nan"), float("nan"), float("nan")), "not measured", [], shared)
+                continue
+            estimate = difference(average([drops[large][t] for t in common]),
+                                  average([drops[small][t] for t in common]))
+            per[kind] = Measured(estimate, decide("direction", estimate.low, estimate.high, rule.low, rule.high),
+                                 common, [], f"{large} minus {small}")
+        rows.append(_row(f"{small} vs {large}", "C3", rule, per["included"], _fmt_tasks(per["included"], []),
+                         per["every"]))
+    return rows
+
+
+def norm_claims(analysis_dir: str | Path, model: str = "") -> list[dict]:
+    """C8a-c from the norm analyses' ``kobayashi_findings.csv`` in ``analysis_dir``
+    (:mod:`papa_lib.analysis.norm_findings`); see :func:`norm_claims_from`."""
+    path = Path(analysis_dir) / "kobayashi_findings.csv"
+    return norm_claims_from(pd.read_csv(path) if path.exists() else None, model, str(path))
+
+
+def norm_claims_from(findings: pd.DataFrame | None, model: str = "", source: str = "kobayashi_findings.csv") \
+        -> list[dict]:
+    """C8a-c from a ``kobayashi_findings`` table: Spearman ρ with its cluster-bootstrap interval over sequences,
+    decided by the ``correlation`` test (minimum |ρ| 0.1); ``not measured`` rows for findings it lacks."""
+    table = rules()
+    found = findings.set_index("finding") if findings is not None and len(findings) else pd.DataFrame()
+    rows = []
+    for claim, finding in NORM_FINDINGS.items():
+        rule = table.loc[claim]
+        if finding not in found.index:
+            rows.append(_row(model, claim, rule, None, "", None, f"not measured: needs {source} with a {finding} row"))
+            continue
+        found_row = found.loc[finding]
+        estimate = Estimate(float(found_row.spearman_rho), float("nan"), float("nan"))
+        low, high = float(found_row.ci_low), float(found_row.ci_high)
+        verdict = decide("correlation", low, high, rule.low, rule.high, rule.min_effect)
+        sampled = f", {int(found_row.n)} sampled" if int(found_row.n) < int(found_row.n_seen) else ""
+        unit = "occurrences" if finding.startswith("frequency") else "pairs"
+        text = (f"{int(found_row.n_seen)} {unit}{sampled}; {int(found_row.n_clusters)} sequences; 95% interval: "
+                "cluster bootstrap over sequences")
+        row = _row(model, claim, rule, Measured(estimate, verdict, [], []), text, None)
+        row.update(ci_low=low, ci_high=high, df=float("nan"), ours_all_tasks=estimate.value, ci_low_all_tasks=low,
+                   ci_high_all_tasks=high, verdict_all_tasks=verdict)
+        rows.append(row)
+    return rows
+
+
+def _analysis_model(analysis_dir: Path) -> str | None:
+    meta = Path(analysis_dir) / "metadata.json"
+    if not meta.exists():
+        return None
+    name = str(json.loads(meta.read_text()).get("model", ""))
+    return next((m for m in MODEL_PARAMETERS if m.lower() in name.lower()), None)
+
+
+def claims_table(frame: pd.DataFrame | Mapping[str, pd.DataFrame],
+                 analysis_dir: str | Path | Mapping[str, str | Path] | None = None) -> pd.DataFrame:
+    """Every claim's verdict: per model (``frame`` may hold several models' records, or map model -> records),
+    the cross-model C3, C7, and C8 from each model's norm analyses (``analysis_dir``: one folder, for the first
+    model, or model -> folder)."""
+    if isinstance(frame, Mapping):
+        frames = {m: f for m, f in frame.items() if len(f)}
+    else:
+        frames = {str(m): g for m, g in frame.groupby("model", sort=False)} if len(frame) else {}
+    if isinstance(analysis_dir, (str, Path)):
+        analysis_dir = {next(iter(frames), _analysis_model(Path(analysis_dir)) or ""): analysis_dir}
+    analysis_dir = analysis_dir or {}
+    table = rules()
+    rows = []
+    for model, records in frames.items():
+        rows += model_claims(records, model)
+    rows += cross_model_claims(frames)
+    names = ", ".join(frames) or "no model"
+    for claim, why in NOT_TESTABLE.items():
+        rows.append(_row(" vs ".join(frames) or "—", claim, table.loc[claim], None, "", None,
+                         f"not testable: {why.format(models=names)}"))
+    for model in frames:
+        if model in analysis_dir:
+            rows += norm_claims(analysis_dir[model], model)
+    order = {c: i for i, c in enumerate(table.index)}
+    return (pd.DataFrame(rows, columns=COLUMNS).sort_values("claim", key=lambda c: c.map(order), kind="stable")
+            .reset_index(drop=True))
+
+
+# ---------------------------------------------------------------------------------------------- files
+#: the committed local results folders whose records meet in one claims table (one per model)
+LOCAL_FOLDERS = ("local-minilm", "local-mpnet")
+NORMS_FOLDERS = {"all-MiniLM-L6-v2": "norms-minilm/analysis"}
+
+
+def read_folders(folders: Sequence[str | Path]) -> dict[str, pd.DataFrame]:
+    """model -> records of the ``results.csv`` of each folder that has one (a folder may hold several models)."""
+    frames: dict[str, pd.DataFrame] = {}
+    for folder in folders:
+        path = Path(folder) / "results.csv"
+        if path.exists():
+            records = pd.read_csv(path)
+            for model, group in records.groupby("model", sort=False):
+                frames[str(model)] = pd.concat([frames[str(model)], group]) if str(model) in frames else group
+    return frames
+
+
+def local_claims(root: str | Path) -> pd.DataFrame:
+    """The claims of the committed local records under ``root/data/results`` (every model of
+    :data:`LOCAL_FOLDERS`; C8 from :data:`NORMS_FOLDERS`)."""
+    results = Path(root) / "data" / "results"
+    frames = read_folders([results / f for f in LOCAL_FOLDERS])
+    return claims_table(frames, {m: results / f for m, f in NORMS_FOLDERS.items() if m in frames})
+
+
+def write_claims(results_dir: str | Path, analysis_dir: str | Path | Mapping | None = None,
+                 also: Sequence[str | Path] = ()) -> Path:
+    """:func:`claims_table` of ``results_dir/results.csv`` (and of the folders ``also``), written to
+    ``results_dir/claims.csv``."""
+    results_dir = Path(results_dir)
+    table = claims_table(read_folders([results_dir, *also]), analysis_dir)
+    path = results_dir / "claims.csv"
+    table.to_csv(path, index=False, float_format="%.4g")
+    return path
+
+
+def write_local_claims(root: str | Path) -> list[Path]:
+    """Regenerate ``claims.csv`` in every committed local results folder that has records."""
+    table = local_claims(root)
+    paths = []
+    for folder in LOCAL_FOLDERS:
+        path = Path(root) / "data" / "results" / folder
+        if (path / "results.csv").exists():
+            table.to_csv(path / "claims.csv", index=False, float_format="%.4g")
+            paths.append(path / "claims.csv")
+    return paths
+
+
+def for_setup(setup) -> pd.DataFrame | None:
+    """The claims table of a chapter's setup (:func:`papa_lib.book.profiles.resolve`): its results folder's records;
+    under the ``local`` profile also every other committed local model (:data:`LOCAL_FOLDERS`) and C8 from the
+    committed norm analyses (:data:`NORMS_FOLDERS`). None without records."""
+    if setup.results_dir is None:
+        return None
+    folders = [Path(setup.results_dir)]
+    norms = {}
+    if setup.profile == "local":
+        results = Path(setup.root) / "data" / "results"
+        folders += [results / f for f in LOCAL_FOLDERS if (results / f).resolve() != folders[0].resolve()]
+        norms = {m: results / f for m, f in NORMS_FOLDERS.items()}
+    frames = read_folders(folders)
+    if not frames:
+        return None
+    return claims_table(frames, {m: f for m, f in norms.items() if m in frames})
+
+
+# ---------------------------------------------------------------------------------------------- rendering
+def sig3(value: float) -> str:
+    """Three significant figures (``—`` for NaN)."""
+    if value is None or not np.isfinite(value):
+        return "—"
+    if value == 0:
+        return "0"
+    return f"{value:#.3g}".rstrip(".") if abs(value) >= 1e-3 else f"{value:.2e}"
+
+
+def ours_text(row: pd.Series | Mapping) -> str:
+    """``value [low, high]`` at three significant figures, or ``—``."""
+    if not np.isfinite(row["ours"]):
+        return "—"
+    if not (np.isfinite(row["ci_low"]) and np.isfinite(row["ci_high"])):
+        return f"{sig3(row['ours'])} (no interval: one seed)"
+    return f"{sig3(row['ours'])} [{sig3(row['ci_low'])}, {sig3(row['ci_high'])}]"
+
+
+def claim_row(claim_id: str, table: pd.DataFrame, model: str | None = None) -> pd.Series:
+    """The row of one claim (of ``model``, default the first model that has it)."""
+    rows = table[table.claim == claim_id]
+    if model is not None:
+        rows = rows[rows.model == model]
+    if rows.empty:
+        raise KeyError(f"no claim {claim_id!r}{f' for {model}' if model else ''} in the claims table")
+    return rows.iloc[0]
+
+
+def verdict_sentence(claim_id: str, table: pd.DataFrame, model: str | None = None) -> str:
+    """One plain sentence of a claim's row: statement, ours with its interval and tasks, the paper's value, the
+    verdict and its rule (and the verdict with every task, when it differs)."""
+    row = claim_row(claim_id, table, model)
+    if str(row.verdict).startswith(("not testable", "not measured")):
+        return f"{claim_id} — {row.statement} Verdict for {row.model}: **{row.verdict}**."
+    text = (f"{claim_id} — {row.statement} Ours ({row.model}; {row.statistic}): {ours_text(row)}"
+            f"{f' over {row.tasks}' if row.tasks else ''}; paper: {row.paper}. Verdict: **{row.verdict}** "
+            f"({row.rule}).")
+    every = {"ours": row.ours_all_tasks, "ci_low": row.ci_low_all_tasks, "ci_high": row.ci_high_all_tasks}
+    if row.verdict_all_tasks and (ours_text(every) != ours_text(row) or row.verdict_all_tasks != row.verdict):
+        text += f" With every task included: {ours_text(every)}, **{row.verdict_all_tasks}**."
+    return text
+
+
+def summary(table: pd.DataFrame) -> str:
+    """A plain-language paragraph of what the records show, every number from the engine's rows: per verdict, the
+    claims that got it (and, for inconclusive ones, how wide the task-averaged drop's interval is)."""
+    models = [m for m in table.model.unique() if " vs " not in str(m)]
+    groups: dict[str, list[str]] = {}
+    for row in table.itertuples():
+        key = row.verdict.split(":")[0]
+        groups.setdefault(key, []).append(row.claim if len(models) < 2 or " vs " in row.model
+                                          else f"{row.claim} ({row.model})")
+    order = ["agrees", "direction agrees", "differs", "direction differs", "negligible", "inconclusive",
+             "not measured", "not testable"]
+    words = {"agrees": "agree with the paper", "direction agrees": "agree in direction",
+             "differs": "differ from it", "direction differs": "differ in direction",
+             "negligible": "show the paper's sign but a negligible effect (|ρ| < 0.1)",
+             "inconclusive": "are inconclusive: their 95% interval reaches both inside and outside the paper's band",
+             "not measured": "are not measured yet", "not testable": "cannot be tested with these records"}
+    parts = [f"{len(groups[k])} {words[k]} ({', '.join(groups[k])})" for k in order if k in groups]
+    text = f"Of the {len(table)} claim rows checked on {', '.join(models) or 'no model'}: " + "; ".join(parts) + "."
+    c1a = table[(table.claim == "C1a") & table.ours.notna()]
+    if len(c1a):
+        row = c1a.iloc[0]
+        text += (f" For example, replacing every head by its constant matrix costs {ours_text(row)} of the original "
+                 f"score on average over {row.tasks.split(' (')[0]} (C1a; the paper: {row.paper}).")
+    return text
+
+
+def book_table(table: pd.DataFrame) -> str:
+    """The intro's claims table as Markdown: claim, full statement, the paper's value, ours with its interval (three
+    significant figures), the verdict, the verdict with every task, and a link to the chapter. No index, no NaN."""
+    several = table.model.nunique() > 1
+    header = ["claim"] + (["model"] if several else []) + ["statement", "paper", "ours [95% interval]", "verdict",
+                                                            "with every task", "chapter"]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for row in table.itertuples():
+        ours = ours_text(row._asdict())
+        every = ours_text({"ours": row.ours_all_tasks, "ci_low": row.ci_low_all_tasks, "ci_high": row.ci_high_all_tasks})
+        same = row.verdict_all_tasks == row.verdict and every == ours
+        cells = [row.claim] + ([row.model] if several else []) + [
+            row.statement, str(row.paper), ours, f"**{row.verdict}**",
+            "same" if same else f"{every} {row.verdict_all_tasks}",
+            f"[{row.chapter.removesuffix('.md')}]({row.chapter})"]
+        lines.append("| " + " | ".join(str(c).replace("|", "\\|").replace("\n", " ") for c in cells) + " |")
+    return "\n".join(lines)
 
 
 # ---------------------------------------------------------------------------------------------- the paper's own
@@ -127,212 +734,29 @@ def paper_model_drops() -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-# ---------------------------------------------------------------------------------------------- verdict rules
-def _band(value, low, high, target, tolerance) -> str:
-    if np.isnan(value):
-        return "not measured"
-    lo, hi = (value, value) if np.isnan(low) else (low, high)
-    if hi < target - tolerance or lo > target + tolerance:
-        return "differs"
-    return "agrees" if (target - tolerance <= value <= target + tolerance) else "inconclusive"
-
-
-def _at_most(value, low, high, bound) -> str:
-    if np.isnan(value):
-        return "not measured"
-    hi = value if np.isnan(high) else high
-    lo = value if np.isnan(low) else low
-    return "agrees" if hi <= bound else ("differs" if lo > bound else "inconclusive")
-
-
-def _row(claim, statistic, paper_value, estimate, verdict, rule) -> dict:
-    value, low, high = estimate
-    return dict(claim=claim, statistic=statistic, paper=paper_value, ours=value, ci_low=low, ci_high=high,
-                verdict=verdict, rule=rule)
-
-
-# ---------------------------------------------------------------------------------------------- the claims
-def probing_claims(frame: pd.DataFrame) -> list[dict]:
-    """C1, C2, C4, C5, C6 from a results frame of one model."""
+def paper_verdicts() -> pd.DataFrame:
+    """The paper's own printed numbers (Tables 1, 2, 4, 5; no intervals, so each interval is the point) under the
+    declared rules: C1a, C1b, C4, C5 per model and C3 across the two models. Columns: model, claim, value, verdict."""
+    table = rules()
     rows = []
-    left_out = _left_out_note(frame)
-    value, low, high, tasks = mean_drop(frame, _select(frame, "average", 0.0))
-    note = f" ({len(tasks)} of 6 tasks: {', '.join(tasks)}{left_out})" if len(tasks) < 6 else ""
-    rows.append(_row("C1", "all heads constant: task-averaged relative drop" + note,
-                     paper.headline("mean_relative_drop_all_constant"), (value, low, high),
-                     _band(value, low, high, 0.08, 0.04),
-                     "agrees if the estimate lies within 0.08 ± 0.04 and the interval overlaps it; differs if the "
-                     "interval lies outside it"))
-    rows.append(_row("C1", "all heads constant: task-averaged drop within the 20% bound" + note,
-                     paper.headline("max_relative_drop_all_constant"), (value, low, high),
-                     _at_most(value, low, high, 0.20),
-                     "agrees if the interval's upper end is at most 0.20; differs if its lower end is above"))
-    value, low, high, tasks = mean_drop(frame, _select(frame, "average", 0.5, "lambda"))
-    note = f" ({len(tasks)} of 6 tasks{left_out})" if 0 < len(tasks) < 6 else ""
-    rows.append(_row("C2", "half of the heads constant (λ order): task-averaged relative drop" + note,
-                     "≈ 0 (no major drop)", (value, low, high), _at_most(value, low, high, 0.05),
-                     "'no major drop': agrees if the interval's upper end is at most 0.05"))
-    rows.append(_data_free_claim(frame))
-    rows.append(_mnli_claim(frame))
-    rows.append(_order_claim(frame))
-    return rows
-
-
-def _data_free_claim(frame: pd.DataFrame) -> dict:
-    average = _seed_values(_select(frame, "average", 0.0))
-    free = {kind: _seed_values(_select(frame, kind, 0.0, source=None)) for kind in DATA_FREE}
-    informative, left_out = informative_tasks(frame)
-    measured = [t for t in TASK_ORDER if t in average and all(t in free[k] for k in DATA_FREE)]
-    tasks = [t for t in measured if t in informative]
-    groups = {("a", t): average[t] for t in tasks} | {(k, t): free[k][t] for k in DATA_FREE for t in tasks}
-
-    def margin(g):  # the smallest margin of the average over the best data-free matrix, across tasks
-        return min(float(np.mean(g[("a", t)])) - max(float(np.mean(g[(k, t)])) for k in DATA_FREE) for t in tasks) \
-            if tasks else float("nan")
-
-    estimate = bootstrap(groups, margin)
-    verdict = ("not measured" if not tasks else
-               "agrees" if len(measured) == 6 and estimate[1] > 0 else
-               "differs" if estimate[2] < 0 else "inconclusive")
-    return _row("C4", f"average minus the best of identity/Toeplitz/zeros, smallest over tasks ({len(tasks)} of 6"
-                f"{_left_out_note(frame)})", "> 0 on every task", estimate, verdict,
-                "agrees if all six tasks are measured and the interval of the smallest margin, over the tasks whose "
-                "original probe clearly beats its majority baseline, is above 0; differs if it is below 0")
-
-
-def _mnli_claim(frame: pd.DataFrame) -> dict:
-    own = _seed_values(_select(frame, "average", 0.0))
-    mnli = _seed_values(_select(frame, "average", 0.0, source="mnli"))
-    informative = informative_tasks(frame)[0]
-    tasks = [t for t in TASK_ORDER if t != "mnli" and t in own and t in mnli and t in informative]
-    groups = {("own", t): own[t] for t in tasks} | {("mnli", t): mnli[t] for t in tasks}
-
-    def gap(g):
-        return float(np.mean([_drop(g[("own", t)], g[("mnli", t)]) for t in tasks])) if tasks else float("nan")
-
-    estimate = bootstrap(groups, gap)
-    return _row("C5", f"MNLI-built vs own matrices: mean relative difference ({len(tasks)} of 5 tasks"
-                f"{_left_out_note(frame)})", "≈ 0",
-                estimate, _band(*estimate, 0.0, 0.03),
-                "agrees if the estimate lies within ±0.03 of 0 and the interval overlaps that band")
-
-
-def _order_claim(frame: pd.DataFrame) -> dict:
-    mnli = frame[(frame.task == "mnli") & (frame.matrices_from.fillna("mnli") == "mnli")]
-    orders = ("lambda", "reversed", "first_to_last", "last_to_first", "random")
-    groups = {}
-    for order in orders:
-        for fraction in FIG5_FRACTIONS:
-            values = _select(mnli, "average", fraction, order, source=None).sort_values("seed").value.to_numpy(float)
-            if len(values):
-                groups[(order, fraction)] = values
-    measured = [o for o in orders if all((o, f) in groups for f in FIG5_FRACTIONS)]
-
-    def lambda_minus_best_other(g):
-        means = {o: np.mean([np.mean(g[(o, f)]) for f in FIG5_FRACTIONS]) for o in measured}
-        others = [means[o] for o in measured if o != "lambda"]
-        return float(means["lambda"] - max(others)) if "lambda" in means and others else float("nan")
-
-    estimate = bootstrap(groups, lambda_minus_best_other)
-    verdict = "not measured" if len(measured) < len(orders) else (
-        "agrees" if estimate[1] > 0 else "differs" if estimate[2] < 0 else "inconclusive")
-    return _row("C6", "MNLI, mean over ½, ⅛, 1/16 of the heads kept: λ order minus the best other order", "> 0",
-                estimate, verdict, "agrees if the interval is above 0 (λ first); the reversed order's rank is in Fig. 5")
-
-
-def untestable_claims(model_name: str) -> list[dict]:
-    nan = (float("nan"),) * 3
-    return [
-        _row("C3", "larger/better models rely more on attention", "", nan, "not testable with this model",
-             f"needs several pretrained models of different quality; this run has one ({model_name})"),
-        _row("C7", "MLM-pretrained models drop more than ELECTRA in MLM probing", "", nan,
-             "not testable with this model",
-             f"needs MLM-pretrained weights with their MLM head; {model_name} ships none"),
-    ]
-
-
-#: C8: Kobayashi et al.'s findings, as :mod:`papa_lib.analysis.norm_findings` computes them (the rows of
-#: ``kobayashi_findings.csv``): finding -> (statistic, the paper's value, rule).
-NORM_FINDINGS = {
-    "sep_weight_vs_norm": (
-        "[SEP]: Spearman ρ of α and ‖f(x)‖ over every (query, [SEP]) pair, pooled over heads and layers", "< 0",
-        "Kobayashi et al. 2020 (Sec. 4.2, Fig. 4): negative; agrees if the 95% interval (cluster bootstrap over "
-        "sequences) is below 0, differs if it is above"),
-    "cls_weight_vs_norm": (
-        "[CLS]: Spearman ρ of α and ‖f(x)‖ over every (query, [CLS]) pair, pooled over heads and layers",
-        "< 0 (stated for [SEP])",
-        "the paper states the correlation for [SEP] (Fig. 4); [CLS], which also draws large weights but little "
-        "norm-based attention (Sec. 4.2, Fig. 3), is tested the same way: agrees if the 95% interval is below 0, "
-        "differs if it is above"),
-    "frequency_rank_vs_norm": (
-        "frequency: Spearman ρ of a token's corpus-wide frequency rank (1 = most frequent) and its ‖f(x)‖ averaged "
-        "over heads and layers, over token occurrences", "> 0",
-        "Kobayashi et al. 2020 (Sec. 4.3, Fig. 5): positive (frequent tokens have a short f(x)); agrees if the 95% "
-        "interval (cluster bootstrap over sequences) is above 0, differs if it is below"),
-}
-
-
-def _sign_verdict(value, low, high, sign: int) -> str:
-    if np.isnan(value):
-        return "not measured"
-    lo, hi = (value, value) if np.isnan(low) else (low, high)
-    if (hi < 0 and sign < 0) or (lo > 0 and sign > 0):
-        return "agrees"
-    if (lo > 0 and sign < 0) or (hi < 0 and sign > 0):
-        return "differs"
-    return "inconclusive"
-
-
-def norm_claims(analysis_dir: str | Path) -> list[dict]:
-    """C8 from the norm analyses' ``kobayashi_findings.csv`` (:func:`papa_lib.analysis.norm_findings.kobayashi_findings`):
-    [SEP] (and [CLS]) get much attention weight but pass on a short ``f(x)``, so α and ‖f(x)‖ are negatively
-    correlated over all query-to-[SEP] pairs pooled across heads and layers (Fig. 4); frequent tokens have a short
-    ``f(x)``, a positive correlation between corpus-wide frequency rank and ‖f(x)‖ over token occurrences (Fig. 5)."""
-    path = Path(analysis_dir) / "kobayashi_findings.csv"
-    found = pd.read_csv(path).set_index("finding") if path.exists() else pd.DataFrame()
-    rows = []
-    for finding, (statistic, paper_value, rule) in NORM_FINDINGS.items():
-        if finding not in found.index:
-            rows.append(_row("C8", statistic, paper_value, (float("nan"),) * 3, "not measured",
-                             f"needs {path.name} with a {finding} row ({rule})"))
-            continue
-        row = found.loc[finding]
-        estimate = (float(row.spearman_rho), float(row.ci_low), float(row.ci_high))
-        sampled = f", {int(row.n)} sampled" if int(row.n) < int(row.n_seen) else ""
-        unit = "occurrences" if finding.startswith("frequency") else "pairs"
-        rows.append(_row("C8", f"{statistic} ({int(row.n_seen)} {unit}{sampled}; {int(row.n_clusters)} sequences)",
-                         paper_value, estimate, _sign_verdict(*estimate, int(row.paper_sign)), rule))
-    return rows
-
-
-def claims_table(frame: pd.DataFrame, analysis_dir: str | Path | None = None) -> pd.DataFrame:
-    """Every claim's verdict for one model's records (and its norm analyses, for C8)."""
-    model = str(frame.model.iloc[0]) if len(frame) else "this model"
-    rows = probing_claims(frame) + untestable_claims(model)
-    if analysis_dir is not None:
-        rows += norm_claims(analysis_dir)
-    order = {f"C{i}": i for i in range(1, 9)}
-    return pd.DataFrame(rows, columns=COLUMNS).sort_values("claim", key=lambda c: c.map(order), kind="stable") \
-        .reset_index(drop=True)
-
-
-def write_claims(results_dir: str | Path, analysis_dir: str | Path | None = None) -> Path:
-    """Compute :func:`claims_table` from ``results_dir/results.csv`` and write ``results_dir/claims.csv``."""
-    results_dir = Path(results_dir)
-    table = claims_table(pd.read_csv(results_dir / "results.csv"), analysis_dir)
-    path = results_dir / "claims.csv"
-    table.to_csv(path, index=False, float_format="%.4g")
-    return path
-
-
-def for_setup(setup) -> pd.DataFrame | None:
-    """The claims table of a chapter's setup (:func:`papa_lib.book.profiles.resolve`): its results folder's records;
-    C8 from the committed norm analyses of the embedded MiniLM under the ``local`` profile. None without records."""
-    path = Path(setup.results_dir) / "results.csv" if setup.results_dir is not None else None
-    if path is None or not path.exists():
-        return None
-    frame = pd.read_csv(path)
-    if frame.empty:
-        return None
-    analysis = Path(setup.root) / "data" / "results" / "norms-minilm" / "analysis" if setup.profile == "local" else None
-    return claims_table(frame, analysis)
+    drops = paper_model_drops().set_index("model")
+    for model, (types, transfer) in {"RoBERTa-base": ("table1", "table2"),
+                                     "RoBERTa-large": ("table4", "table5")}.items():
+        mean, worst = drops.loc[model, "mean_drop"], drops.loc[model, "max_drop"]
+        for claim, value in (("C1a", mean), ("C1b", worst)):
+            rule = table.loc[claim]
+            rows.append((model, claim, value, decide(rule.test, value, value, rule.low, rule.high)))
+        reported = paper.table(types).set_index("matrix_type")
+        tasks = [c for c in reported.columns if c in TASK_ORDER]
+        margins = reported.loc["average", tasks] - reported.loc[list(DATA_FREE), tasks].max()
+        rule = table.loc["C4"]
+        rows.append((model, "C4", float(margins.min()),
+                     decide_every(decide("band", m, m, rule.low, rule.high) for m in margins)))
+        moved = paper.table(transfer).set_index("matrices_from")
+        change = float(((moved.loc["mnli"] - moved.loc["per-task"]) / moved.loc["per-task"].abs()).mean())
+        rule = table.loc["C5"]
+        rows.append((model, "C5", change, decide(rule.test, change, change, rule.low, rule.high)))
+    rule = table.loc["C3"]
+    gap = drops.loc["RoBERTa-large", "mean_drop"] - drops.loc["RoBERTa-base", "mean_drop"]
+    rows.append(("RoBERTa-base vs RoBERTa-large", "C3", gap, decide(rule.test, gap, gap, rule.low, rule.high)))
+    return pd.DataFrame(rows, columns=["model", "claim", "value", "verdict"])

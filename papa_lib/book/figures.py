@@ -6,9 +6,9 @@ plots or prints. Means, 95% confidence intervals and relative drops come from :f
 and :func:`papa_lib.experiments.results.relative_drop`; this module only chooses *which rows* feed them:
 
 * :func:`fraction_curves` -- Fig. 2: score vs fraction of input-dependent heads (1, 1/2, 1/8, 1/16, 0).
-* :func:`all_constant_drop`, :func:`half_heads_drop`, :func:`headline_comparison` -- the Sec. 4.2 headline
-  numbers (8% average and at most 20% relative drop with every head constant; no major drop with half of them),
-  with a verdict against the paper's, and Fig. 3's points (:meth:`DropSummary.per_model`).
+* :func:`all_constant_drop`, :func:`half_heads_drop` -- relative drops with every head (half of the heads)
+  constant, per task, and Fig. 3's points (:meth:`DropSummary.per_model`); the verdicts on them are the claims
+  engine's (:mod:`papa_lib.book.claims`), not this module's.
 * :func:`matrix_type_summary`, :func:`matrix_type_table`, :func:`average_vs_data_free` -- Table 1 / Table 4.
 * :func:`transfer_summary`, :func:`transfer_table`, :func:`transfer_differences` -- Table 2 / Table 5.
 * :func:`with_paper` -- our numbers beside the paper's (``papa_lib.book.paper``), in one long frame for a chart.
@@ -53,7 +53,6 @@ __all__ = [
     "grid_coverage",
     "per_task_setting",
     "half_heads_drop",
-    "headline_comparison",
     "matrix_type_summary",
     "matrix_type_table",
     "position_coverage",
@@ -341,53 +340,6 @@ def half_heads_drop(frame: pd.DataFrame, tasks: Iterable[str] | None = None, ord
     if not 0.0 < float(fraction) < 1.0:
         raise ValueError(f"half_heads_drop: fraction must be strictly between 0 and 1, got {fraction}")
     return _drop_at(frame, float(fraction), order, matrix_type, None, _check_tasks(tasks, "half_heads_drop"))
-
-
-def headline_comparison(all_constant: DropSummary, half: DropSummary, paper_mean: float, paper_max: float,
-                        paper_half: float = 0.0, tolerance: float = 0.04, major: float = 0.05) -> pd.DataFrame:
-    """Sec. 4.2's three claims, the paper's value, ours, and a verdict computed from them.
-
-    * average relative drop with every head constant: "close to the paper" when within ``tolerance`` (absolute,
-      e.g. 0.04 = 4 percentage points) of ``paper_mean``, else "larger"/"smaller than the paper's";
-    * largest such drop: "within the paper's bound" when <= ``paper_max``, else "above the paper's bound";
-    * half of the heads constant: "no major drop, as in the paper" when every task's drop is <= ``major`` (the
-      paper reports ``paper_half`` = no major drop), else "a major drop" naming the worst task.
-
-    Claims without measurements read "not measured yet". Columns: claim, paper, ours, verdict, drops (how many
-    (model, task) drops the number is taken over), worst.
-    """
-    rows = []
-
-    def verdict_mean() -> str:
-        if all_constant.count == 0:
-            return "not measured yet"
-        gap = all_constant.mean - paper_mean
-        if abs(gap) <= tolerance + _EPS:
-            return "close to the paper"
-        return "larger than the paper's" if gap > 0 else "smaller than the paper's"
-
-    rows.append(("average relative drop, every head constant", paper_mean, all_constant.mean, verdict_mean(),
-                 all_constant.count, all_constant.worst))
-    if all_constant.count == 0:
-        bound = "not measured yet"
-    else:
-        bound = "within the paper's bound" if all_constant.max <= paper_max + _EPS else "above the paper's bound"
-    rows.append(("largest relative drop, every head constant", paper_max, all_constant.max, bound, all_constant.count,
-                 all_constant.worst))
-    if half.count == 0:
-        half_verdict = "not measured yet"
-    elif half.max <= major + _EPS:
-        half_verdict = "no major drop, as in the paper"
-    else:
-        half_verdict = f"a major drop (above {major:.0%}) for {half.worst}"
-    rows.append((f"largest relative drop, {fraction_label(half.fraction)} of the heads input-dependent", paper_half,
-                 half.max, half_verdict, half.count, half.worst))
-    return pd.DataFrame(rows, columns=["claim", "paper", "ours", "verdict", "drops", "worst"])
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# Tables: wide layout
-# ----------------------------------------------------------------------------------------------------------------
 
 
 def wide_table(summary: pd.DataFrame, row: str, column: str = "task", row_order: Sequence[str] | None = None,

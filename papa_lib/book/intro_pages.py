@@ -10,7 +10,7 @@ import pandas as pd
 
 from . import charts, claims, profiles
 
-__all__ = ["HEADS", "claims_rules", "claims_table", "heads_chart", "settings", "task_table"]
+__all__ = ["HEADS", "claims_rules", "claims_summary", "claims_table", "heads_chart", "settings", "task_table"]
 
 #: The models PAPA is run on, their sizes and where the book uses them (Sec. 4.1, 5.5; the local profile).
 HEADS = pd.DataFrame(
@@ -71,17 +71,30 @@ def heads_chart(profile: str) -> Any:
 
 
 def claims_table(setup) -> Any:
-    """Each claim of the paper, the statistic that tests it, the paper's value, ours with its interval and the
-    verdict (:func:`papa_lib.book.claims.for_setup`), or a sentence when the profile has no records yet."""
+    """The claims table of :func:`papa_lib.book.claims.book_table`: each claim's full statement, the paper's value,
+    ours with its 95% interval (three significant figures), the verdict, the verdict with every task and a link to
+    the chapter that shows it (rows of :func:`papa_lib.book.claims.for_setup`); a sentence without records."""
     from IPython.display import Markdown
 
-    verdicts = claims.for_setup(setup)
-    if verdicts is None:
+    table = claims.for_setup(setup)
+    if table is None:
         return Markdown("No records in this profile's results folder yet, so no claim can be checked.")
-    return verdicts.drop(columns="rule")
+    return Markdown(claims.book_table(table))
 
 
-def claims_rules(setup) -> Any:
-    """The rule behind every verdict of :func:`claims_table`."""
-    verdicts = claims.for_setup(setup)
-    return None if verdicts is None else verdicts[["claim", "rule"]].drop_duplicates().set_index("claim")
+def claims_summary(setup) -> Any:
+    """What the records show about the paper's claims, in plain language (:func:`papa_lib.book.claims.summary`)."""
+    from IPython.display import Markdown
+
+    table = claims.for_setup(setup)
+    if table is None:
+        return Markdown("No records in this profile's results folder yet, so no claim can be checked.")
+    return Markdown(claims.summary(table))
+
+
+def claims_rules(setup=None) -> Any:
+    """The declared rule behind every verdict (``data/paper/claims_rules.csv``, :func:`papa_lib.book.claims.rules`):
+    claim, statistic and rule in words, with the band it tests."""
+    rules = claims.rules()
+    return pd.DataFrame({"statistic": rules.statistic, "rule": [claims.rule_text(r) for _, r in rules.iterrows()],
+                         "source": rules.source}).rename_axis("claim")

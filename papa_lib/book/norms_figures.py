@@ -266,13 +266,20 @@ def types_chart(tables: Mapping, label: Mapping[str, str], min_count: int = 10) 
         width=420, height=280, title=charts.chart_title(f"Token types seen at least {min_count} times", **label))
 
 
-def _verdict(ok) -> str:
-    return "agrees" if ok else "differs"
+def _engine_rows(tables: Mapping, model_label: str) -> pd.DataFrame:
+    """The claims engine's C8 rows for this run (:func:`papa_lib.book.claims.norm_claims_from`)."""
+    from . import claims
+
+    return pd.DataFrame(claims.norm_claims_from(tables.get("kobayashi_findings"), model_label))
 
 
 def comparison(tables: Mapping, model_label: str, profile: str) -> pd.DataFrame:
-    """Each of Kobayashi's findings for BERT-base, the number that tests it on this run, the verdict and its rule;
-    two rows marked "not in the paper" ask the same of [CLS]."""
+    """Each of Kobayashi's findings for BERT-base and the numbers that bear on it here. Three are claims the book
+    tests (C8a [SEP], C8b [CLS], C8c frequency): their verdict and rule are the claims engine's rows (the intro's),
+    decided on the pooled ρ the paper computes, with the per-head / per-layer numbers beside it as evidence. The other
+    findings are shown, not decided (verdict "—": not one of the book's claims)."""
+    from . import claims
+
     cv, special, evidence = tables["fx_norm_variation"], special_table(tables), evidence_table(tables)
     freq = tables["frequency_correlation"]
     sink = special["weight-based share"].idxmax()
@@ -284,73 +291,52 @@ def comparison(tables: Mapping, model_label: str, profile: str) -> pd.DataFrame:
     punct = (special.loc["punctuation", "mean norm share (all layers)"]
              / special.loc["punctuation", "mean weight share (all layers)"])
     neg, pos = "heads with rho < 0 (CI below 0)", "heads with rho > 0 (CI above 0)"
+    engine = _engine_rows(tables, model_label).set_index("claim")
+    shown_only = ("—", "not one of the book's claims: shown, not decided")
 
     def across(row):
         return f"across heads rho = {row['across heads: rho']:.2f} [{row['95% CI low']:.2f}, {row['95% CI high']:.2f}]"
 
+    def claim(claim_id, evidence_text):
+        row = engine.loc[claim_id]
+        return (f"pooled rho = {claims.ours_text(row)}; {evidence_text}", f"{row.verdict} ({claim_id})", row.rule)
+
     rows = [
         ("||f(x)|| varies within heads (Sec. 4.1)",
-         f"CV median {cv['cv'].median():.2f}, range {cv['cv'].min():.2f}-{cv['cv'].max():.2f}",
-         _verdict(bool((cv["cv_ci_low"] > 0).all()) and cv["cv"].median() >= 0.1),
-         "every head's CI above 0 and median CV >= 0.1"),
+         f"CV median {cv['cv'].median():.2f}, range {cv['cv'].min():.2f}-{cv['cv'].max():.2f}", *shown_only),
         ("special tokens get large weights but small norm-based attention (Sec. 4.2)",
          f"{sink}: {special.loc[sink, 'weight-based share']:.0%} by weight -> "
-         f"{special.loc[sink, 'norm-based share']:.1%} by norm",
-         _verdict(special.loc[sink, "norm / weight"] < 0.5 and sink in ("cls", "sep")),
-         "the category with most weight is a special token and loses more than half of it"),
+         f"{special.loc[sink, 'norm-based share']:.1%} by norm", *shown_only),
         ("... and [SEP] is the token that draws the weight (Sec. 4.2)",
          f"[SEP] at most {special.loc['sep', 'weight-based share']:.1%} of the weight; [CLS] up to "
-         f"{special.loc['cls', 'weight-based share']:.0%}",
-         _verdict(special.loc["sep", "weight-based share"] >= special.loc["cls", "weight-based share"]),
-         "[SEP]'s largest weight share >= [CLS]'s"),
+         f"{special.loc['cls', 'weight-based share']:.0%}", *shown_only),
         ("punctuation, too, is turned down by the norms (Sec. 4.2)", f"norm / weight share of punctuation = "
-         f"{punct:.2f}", _verdict(punct < 0.8), "ratio below 0.8"),
-        ("heads that attend to [SEP] read short f([SEP]) (Sec. 4.2)", across(sep),
-         _verdict(sep["95% CI high"] < 0), "CI below 0"),
-        ("(not in the paper) the same for [CLS]", across(cls), _verdict(cls["95% CI high"] < 0), "CI below 0"),
-        ("within a head, more weight on [SEP] goes with a shorter f([SEP]) (Fig. 4)",
-         f"{int(sep[neg])} heads negative, {int(sep[pos])} positive (of {int(sep['heads'])})",
-         _verdict(sep[neg] > sep[pos]), "more heads significantly negative than positive"),
-        ("(not in the paper) the same within heads for [CLS]",
-         f"{int(cls[neg])} heads negative, {int(cls[pos])} positive, {int(cls['heads where rho is undefined'])} "
-         "undefined (constant ||f([CLS])||)", _verdict(cls[neg] > cls[pos]),
-         "more heads significantly negative than positive"),
+         f"{punct:.2f}", *shown_only),
+        ("more weight on [SEP] goes with a shorter f([SEP]) (Sec. 4.2, Fig. 4)",
+         *claim("C8a", f"{across(sep)}; within heads {int(sep[neg])} negative, {int(sep[pos])} positive "
+                       f"(of {int(sep['heads'])})")),
+        ("(not in the paper) the same for [CLS]",
+         *claim("C8b", f"{across(cls)}; within heads {int(cls[neg])} negative, {int(cls[pos])} positive, "
+                       f"{int(cls['heads where rho is undefined'])} undefined")),
         ("frequent tokens have shorter f(x) (Sec. 4.3)",
-         f"rho CI above 0 in {positive_all}/{layers} layers (all types), {positive_frequent}/{layers} (types seen "
-         f">= {int(frequent['min_count'].iloc[0])} times)", _verdict(positive_all > layers / 2),
-         "positive in most layers over all types"),
+         *claim("C8c", f"per layer: rho CI above 0 in {positive_all}/{layers} layers (all types), "
+                       f"{positive_frequent}/{layers} (types seen >= {int(frequent['min_count'].iloc[0])} times)")),
     ]
     return pd.DataFrame(rows, columns=["finding for BERT-base (Kobayashi et al.)", f"{model_label} ({profile})",
                                        "verdict", "rule"])
 
 
 def comparison_text(tables: Mapping, model_label: str, profile: str) -> Any:
-    """How many of the paper's findings hold here, whether the core claim holds and for which token, and whether
-    the frequency effect shows — all from :func:`comparison`."""
-    table = comparison(tables, model_label, profile)
+    """The three findings the book tests (C8a-c) in the claims engine's sentences
+    (:func:`papa_lib.book.claims.verdict_sentence`), then what the weight and norm shares show (no verdict)."""
+    from . import claims
+
+    engine = _engine_rows(tables, model_label)
     special = special_table(tables)
     sink = special["weight-based share"].idxmax()
-    freq = tables["frequency_correlation"]
-    all_types = freq[freq["min_count"] == freq["min_count"].min()]
-    frequent = freq[freq["min_count"] == freq["min_count"].max()]
-    layers = int(all_types["layer"].nunique())
-    in_paper = ~table.iloc[:, 0].str.startswith("(not in the paper)")
-    agree = int((table.loc[in_paper, "verdict"] == "agrees").sum())
-    extra = table.loc[~in_paper, "verdict"]
     name = f"`[{sink.upper()}]`" if sink in ("cls", "sep") else sink
-    text = [f"**{agree} of {int(in_paper.sum())}** of the paper's BERT findings hold for {model_label} on this "
-            f"corpus (and {int((extra == 'agrees').sum())} of the {len(extra)} [CLS] variants added here)."]
-    if table["verdict"].iloc[1] == "agrees":
-        text.append("The core claim — the weights overstate how much a head takes from the special token it "
-                    f"attends to most, because that token's vector is short — holds, for {name}"
-                    + (" rather than `[SEP]`." if sink != "sep" else ", as in BERT."))
-    else:
-        text.append(f"The core claim — special tokens draw weight but give little — does not hold here (the "
-                    f"heaviest special category, {name}, keeps {special.loc[sink, 'norm / weight']:.0%} of its "
-                    "weight share by norm).")
-    if int((all_types["ci_low"] > 0).sum()) > layers / 2:
-        text.append("The frequency effect is visible over all token types.")
-    else:
-        text.append(f"The frequency effect is not there over all token types; among frequent types it appears in "
-                    f"{int((frequent['ci_low'] > 0).sum())} of {layers} layers.")
-    return _markdown(" ".join(text))
+    text = [f"- {claims.verdict_sentence(c, engine)}" for c in engine["claim"]]
+    text.append(f"The category that draws the most weight here is {name} "
+                f"({special.loc[sink, 'weight-based share']:.0%} of it at most); measured by norm it keeps "
+                f"{special.loc[sink, 'norm / weight']:.0%} of that share.")
+    return _markdown("\n\n".join(text))

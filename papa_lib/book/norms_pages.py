@@ -293,16 +293,16 @@ def read_analyses(folder) -> dict[str, pd.DataFrame]:
     return tables
 
 def kobayashi_table(analysis_dir) -> pd.DataFrame:
-    """Kobayashi's [SEP], [CLS] and frequency findings on this run, as the paper computes them, with verdicts.
+    """Kobayashi's [SEP], [CLS] and frequency findings on this run as claims C8a-c: the claims engine's rows
+    (:func:`papa_lib.book.claims.norm_claims`, the intro's verdicts), read from the folder's
+    ``kobayashi_findings.csv``: finding, paper, ours (Spearman ρ with its 95% cluster-bootstrap interval over
+    sequences), sample, verdict, rule."""
+    from . import claims
 
-    One row per finding (claim C8 of :func:`papa_lib.book.claims.norm_claims`, read from the folder's
-    ``kobayashi_findings.csv``): finding, paper, ours (Spearman rho), ci_low, ci_high (95%, cluster bootstrap over
-    sequences), verdict, rule.
-    """
-    from .claims import norm_claims
-
-    rows = pd.DataFrame(norm_claims(analysis_dir))
-    return rows.drop(columns="claim").rename(columns={"statistic": "finding"})
+    rows = pd.DataFrame(claims.norm_claims(analysis_dir))
+    return pd.DataFrame({"finding": rows["claim"] + ": " + rows["statistic"], "paper": rows["paper"],
+                         "ours": [claims.ours_text(r) for _, r in rows.iterrows()], "sample": rows["tasks"],
+                         "verdict": rows["verdict"], "rule": rows["rule"]})
 
 
 def _chart_title(text: str, title: Mapping | None):

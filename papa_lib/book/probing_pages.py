@@ -206,8 +206,10 @@ def _majority_row(task: str, mine: pd.DataFrame) -> dict:
         verdict = "—"
     elif len(original) < 2:
         verdict = "one seed: no interval"
-    else:
-        verdict = "clearly above" if low > base else "not clearly above"
+    else:  # the claims engine's inclusion rule (Student-t interval over seeds above the baseline), not a copy of it
+        from . import claims
+
+        verdict = "clearly above" if task in claims.informative_tasks(mine)[0] else "not clearly above"
     names = sorted({f"{_variant_name(r)} (seed {int(r['seed'])})" for _, r in single.iterrows()})
     return {"task": task, "metric": mine["metric"].iloc[0], "seeds": len(original),
             "original": figures.format_mean_ci(mean, low, high, len(original), digits=3),
@@ -283,50 +285,46 @@ def _accuracy_columns(mine: pd.DataFrame) -> dict:
             "majority accuracy": f"{float(share.iloc[0]):.3f}"}
 
 
-def _headline(frame: pd.DataFrame, tasks: Sequence[str] | None):
-    drops = figures.all_constant_drop(frame, tasks=tasks)
-    half = figures.half_heads_drop(frame, tasks=tasks)
-    comparison = figures.headline_comparison(
-        drops, half, paper_mean=paper.headline("mean_relative_drop_all_constant"),
-        paper_max=paper.headline("max_relative_drop_all_constant"), paper_half=paper.headline("half_heads_drop"))
-    return drops, half, comparison
+HEADLINE_CLAIMS = ("C1a", "C1b", "C2")
+
+
+def _headline_claims(frame: pd.DataFrame, tasks: Sequence[str] | None) -> pd.DataFrame:
+    """The engine's rows of Sec. 4.2's claims (:func:`papa_lib.book.claims.claims_table`) for these records."""
+    from . import claims
+
+    shown = frame[frame["task"].isin(tasks)] if tasks is not None else frame
+    table = claims.claims_table(shown) if len(shown) else pd.DataFrame(columns=claims.COLUMNS)
+    return table[table["claim"].isin(HEADLINE_CLAIMS)]
 
 
 def headline(frame: pd.DataFrame, tasks: Sequence[str] | None = None) -> pd.DataFrame:
-    """Sec. 4.2's three claims: the paper's number, ours, the verdict, how many drops it is taken over and the worst
-    (model/)task (:func:`papa_lib.book.figures.headline_comparison`), formatted as percentages."""
-    _, _, comparison = _headline(frame, tasks)
-    return comparison.assign(
-        paper=comparison["paper"].map("{:.0%}".format),
-        ours=comparison["ours"].map(lambda v: "—" if pd.isna(v) else f"{v:.1%}"),
-    ).set_index("claim")
+    """Sec. 4.2's claims (C1a, C1b, C2) as the claims engine decides them, the same rows as the intro's table and
+    ``claims.csv``: model, statistic, the paper's value, ours with its 95% interval, the tasks, the verdict, and
+    ours and the verdict with every task included (:mod:`papa_lib.book.claims`)."""
+    from . import claims
+
+    table = _headline_claims(frame, tasks)
+    every = table.apply(lambda r: claims.ours_text({"ours": r.ours_all_tasks, "ci_low": r.ci_low_all_tasks,
+                                                    "ci_high": r.ci_high_all_tasks}), axis=1) if len(table) else []
+    return pd.DataFrame({"claim": table["claim"], "model": table["model"], "statistic": table["statistic"],
+                         "paper": table["paper"], "ours [95% interval]": [claims.ours_text(r) for _, r in table.iterrows()],
+                         "tasks": table["tasks"], "verdict": table["verdict"], "with every task": list(every),
+                         "verdict with every task": table["verdict_all_tasks"]}).set_index("claim")
 
 
 def headline_text(frame: pd.DataFrame, tasks: Sequence[str] | None = None) -> Any:
-    """The headline numbers in a paragraph, ours (from the records) against the paper's, with the verdicts and the
-    (model, task) groups that had to be left out."""
-    drops, half, comparison = _headline(frame, tasks)
-    who = describe(frame)
-    who = f"{who['model']} ({who['data']}, profile {who['profile']})"
-    paper_mean = paper.headline("mean_relative_drop_all_constant")
-    paper_max = paper.headline("max_relative_drop_all_constant")
-    if drops.count == 0:
+    """Sec. 4.2's claims in sentences: each is :func:`papa_lib.book.claims.verdict_sentence` of the engine's row
+    (the same verdict as the intro's table), for the records' model(s)."""
+    from . import claims
+
+    table = _headline_claims(frame, tasks)
+    if table.empty or not table["ours"].notna().any():
         return _markdown("There are no all-constant results in the table yet, so the headline numbers cannot "
                          "be checked.")
-    verdicts = comparison.set_index("claim")["verdict"]
-    text = (f"For {who}, replacing **every** head with its constant matrix costs **{drops.mean:.1%}** of the "
-            f"original score on average over {drops.count} task(s) (paper: {paper_mean:.0%}) — "
-            f"{verdicts.iloc[0]}. The largest drop is **{drops.max:.1%}** ({drops.worst}; paper: at most "
-            f"{paper_max:.0%}) — {verdicts.iloc[1]}. ")
-    if half.count:
-        text += (f"Keeping half of the heads input-dependent costs on average {half.mean:.1%} and at most "
-                 f"{half.max:.1%} ({half.worst}) — {verdicts.iloc[2]}.")
-    else:
-        text += "The half-heads runs are not in the table yet."
-    notes = list(dict.fromkeys(drops.missing + half.missing))
-    if notes:
-        text += " Left out: " + "; ".join(notes) + "."
-    return _markdown(text)
+    who = describe(frame)
+    sentences = [claims.verdict_sentence(row.claim, table, row.model) for row in table.itertuples()]
+    return _markdown(f"Records: {who['model']} ({who['data']}, profile {who['profile']}).\n\n"
+                     + "\n\n".join(f"- {s}" for s in sentences))
 
 
 def training_note(setup, spec, model) -> Any:

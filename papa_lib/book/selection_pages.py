@@ -175,23 +175,20 @@ def order_ranking(frame: pd.DataFrame) -> Any:
         return _markdown("Not enough orders at any intermediate fraction yet to compare them.")
     shown = ranking.assign(fraction=ranking["fraction"].map(lambda f: _FRACTION_LABELS.get(f, f)),
                            best=ranking["best"].map(ORDER_NAMES), worst=ranking["worst"].map(ORDER_NAMES))
+    shown = shown.rename(columns={"lambda_best": "λ best (by mean)", "reversed_worst": "reversed worst (by mean)"})
     return shown.set_index("fraction").style.format({"margin": "{:+.3f}"}, na_rep="–")
 
 
 def order_text(frame: pd.DataFrame) -> Any:
-    """The paper's two Sec. 5.4 claims (λ best at every fraction, reversed worst) against our counts."""
-    from ..analysis import patterns
+    """The paper's two Sec. 5.4 claims (C6a: λ best at every fraction; C6b: reversed worst at every fraction) as the
+    claims engine decides them (:func:`papa_lib.book.claims.verdict_sentence`; the intro's rows): per fraction a
+    seed-paired difference with its Student-t 95% interval, the declared rule over the three fractions."""
+    from . import claims
 
-    ranking = patterns.compare_orders(_summary(frame)[1])
-    steps = ranking[ranking["fraction"] != "mean"] if not ranking.empty else ranking
-    if steps.empty:
+    mnli = frame[frame["task"] == "mnli"]
+    if mnli.empty:
         return _markdown("")
-    lambda_wins, reversed_last = int(steps["lambda_best"].sum()), int(steps["reversed_worst"].sum())
-    agree = {True: "agree", False: "do not agree"}
-    who = describe(frame[frame["task"] == "mnli"])
-    return _markdown(
-        f"**Paper (RoBERTa-base, MNLI):** λ best at every fraction, reversed worst. **Ours ({who['model']}, "
-        f"{who['profile']}):** λ is best at {lambda_wins} of {len(steps)} intermediate fractions and reversed is "
-        f"worst at {reversed_last} of {len(steps)}, so on the first claim we {agree[lambda_wins == len(steps)]} and "
-        f"on the second we {agree[reversed_last == len(steps)]}. The margin column is λ's mean minus the best "
-        "other order's; margins smaller than the confidence intervals in the figure are not evidence either way.")
+    table = claims.claims_table(frame)
+    rows = table[table["claim"].isin(["C6a", "C6b"])]
+    return _markdown("\n\n".join(f"- {claims.verdict_sentence(r.claim, table, r.model)}" for r in rows.itertuples())
+                     + "\n\nThe ranking table above compares means only; the verdicts use the intervals.")

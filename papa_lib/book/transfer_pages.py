@@ -1,8 +1,9 @@
 """The MNLI-transfer chapter's figures and tables (book/transfer.md; paper Sec. 5.3, Tables 2 and 5).
 
 * :func:`table2`: our Table 2 (every head constant, matrices built on the task's own text or on MNLI's);
-* :func:`changes_chart`, :func:`changes_text`: the change of score when the matrices come from MNLI, ours beside the
-  paper's RoBERTa-base, against the seed noise of our per-task score;
+* :func:`changes_chart`, :func:`changes_text`: the change of score when the matrices come from MNLI (MNLI-built minus
+  per-task, the claims engine's sign), ours beside the paper's RoBERTa-base, against the seed noise of our per-task
+  score, and claim C5's verdict as the claims engine decides it;
 * :func:`layout_overview`, :func:`layout_chart`, :func:`layout_text`: where the MNLI pair layout moves the weight
   (position L/2, the middle separator), read from the constant matrices the grid stored.
 
@@ -95,6 +96,11 @@ def changes_text(frame: pd.DataFrame, tasks: Sequence[str]) -> Any:
     if not inside.empty:
         text += (f" In {int(inside.within_ci.astype(bool).sum())} of {len(inside)} task(s) the change lies within "
                  "the 95% interval of the per-task score across seeds.")
+    from . import claims
+
+    table = claims.claims_table(frame)  # every task's records: the inclusion rule is the engine's, as in claims.csv
+    for row in table[table["claim"] == "C5"].itertuples():
+        text += f"\n\n{claims.verdict_sentence('C5', table, row.model)}"
     return _markdown(text)
 
 

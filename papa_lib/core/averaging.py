@@ -72,18 +72,13 @@ class ConstantAttention:
             )
 
     def save(self, path: str | Path) -> Path:
-        """Save to a ``.safetensors`` file (tensors ``matrices`` and ``counts``; metadata as strings)."""
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
+        """Save to a ``.safetensors`` file (tensors ``matrices`` and ``counts``; metadata as strings), atomically and
+        with a checksum file beside it (:func:`papa_lib.core.artefacts.write_atomic`)."""
+        from .artefacts import write_atomic
+
         meta = {str(k): json.dumps(v) for k, v in self.metadata.items()}
-        tmp = path.with_name(path.name + ".tmp")
-        save_file(
-            {"matrices": self.matrices.detach().float().cpu().contiguous(), "counts": self.counts.cpu().contiguous()},
-            str(tmp),
-            metadata=meta,
-        )
-        tmp.replace(path)
-        return path
+        tensors = {"matrices": self.matrices.detach().float().cpu().contiguous(), "counts": self.counts.cpu().contiguous()}
+        return write_atomic(path, lambda tmp: save_file(tensors, str(tmp), metadata=meta))
 
     @classmethod
     def load(cls, path: str | Path) -> "ConstantAttention":

@@ -6,7 +6,9 @@ n²d′ + nd′² (the V projection plus CV). The reference path of :mod:`papa_l
 numbers but pays the full price: it still projects queries and keys, still builds every head's ``[B, L, L]``
 weight matrix for every example, and multiplies the values with it. This module is the cheap way to the same result.
 
-What it does, for BERT, RoBERTa and ELECTRA (the ``AttentionInterface`` route of :mod:`papa_lib.core.models`):
+What it does, for BERT, RoBERTa, XLM-R, ELECTRA, DistilBERT and ALBERT (the ``AttentionInterface`` route of
+:mod:`papa_lib.core.models`; ModernBERT's global layers too, without the Q/K skip since its Q, K and V come from one
+fused projection):
 
 * ``constant`` and ``toeplitz`` heads: the weights of the reference path are C masked to the real keys and
   row-normalised, ``W = (C ⊙ m_k) / ((C ⊙ m_k) 1)``. Since ``(C ⊙ m_k) V = C (m_k ⊙ V)``, the output is
@@ -28,7 +30,9 @@ When the fast path steps aside (the reference path of :mod:`papa_lib.core.overri
   still skip the Q/K projections, since they never read them);
 * attention dropout is active (``module.training`` with a dropout probability > 0);
 * the caller asked for the attention weights (``output_attentions=True``), which the fast path never builds;
-* DeBERTa / DeBERTa-v2: their disentangled attention is computed inside the model's own module and the override
+* ModernBERT's local (sliding-window) layers, whose replacements are cut to the window;
+* ALBERT's Q/K projections are skipped only when no layer position that shares them needs the input attention;
+* DeBERTa / DeBERTa-v2 and MPNet: their attention is computed inside the model's own module and the override
   reaches it only after the softmax (the ``probs_hook`` route), so there is nothing to skip there; the reference path
   is used.
 
@@ -103,14 +107,15 @@ def _skipped_projection(out_features: int) -> Callable[[torch.Tensor], torch.Ten
     return forward
 
 
-def skip_query_key_projections(self_attention: nn.Module) -> Callable[[], None]:
-    """Stop ``self_attention.query`` and ``.key`` from computing anything; return the function that undoes it.
+def skip_query_key_projections(self_attention: nn.Module, names: tuple[str, str] = ("query", "key")) -> Callable[[], None]:
+    """Stop ``self_attention.query`` and ``.key`` (or the two ``names``) from computing anything; return the function
+    that undoes it.
 
     Only the ``forward`` attribute of the two ``nn.Linear`` instances is replaced (parameters, buffers, hooks and
     the module tree are left alone); undoing restores whatever instance attribute was there before.
     """
     restores = []
-    for name in ("query", "key"):
+    for name in names:
         linear = getattr(self_attention, name, None)
         if not isinstance(linear, nn.Linear):
             raise TypeError(

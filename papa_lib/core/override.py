@@ -15,13 +15,18 @@ Every head h of every layer runs one of these modes:
 
 How a model is reached (architecture specifics are in :mod:`papa_lib.core.models`):
 
-* BERT, RoBERTa, ELECTRA: an attention function registered in transformers' ``AttentionInterface`` under the name
+* BERT, RoBERTa, XLM-R, ELECTRA, DistilBERT, ALBERT, ModernBERT: an attention function registered in transformers'
+  ``AttentionInterface`` under the name
   ``"papa"``, plus the eager mask function registered in ``AttentionMaskInterface`` under the same name — without
   the latter, transformers would silently drop the padding mask for an unknown implementation. While an override is
   active the model's ``config._attn_implementation`` is ``"papa"``.
-* DeBERTa, DeBERTa-v2/v3: a small adapter replaces the attention module's probability dropout (applied right after
-  the softmax, just before the product with the values) with a module that rewrites the probabilities, and a
+* DeBERTa, DeBERTa-v2/v3, MPNet: a small adapter replaces the attention module's probability dropout (applied right
+  after the softmax, just before the product with the values) with a module that rewrites the probabilities, and a
   forward pre-hook reads which tokens are real from the module's attention mask.
+* ALBERT's one attention module serves every layer position: the layer is the call order within a forward pass, so
+  constants, θ and modes stay per layer position. ModernBERT's local layers restrict every replacement to their
+  sliding window (their own A, hence an averaged C, is zero outside it; Toeplitz, identity and trainable matrices
+  are cut to it and renormalised), and use the reference path.
 
 Both routes call the same :meth:`AttentionOverride.head_weights`, so every mode means the same thing everywhere.
 Leaving the context restores the model exactly. With ``output_attentions=True`` the model returns the weights it
@@ -41,8 +46,8 @@ import torch
 from torch import nn
 
 from .fastpath import fast_attention, skip_query_key_projections
-from .masks import real_tokens_from_additive_mask, real_tokens_from_pair_mask
-from .models import adapter_for, model_device, num_layers_and_heads, self_attention_modules
+from .masks import allowed_pairs_from_additive_mask, real_tokens_from_additive_mask, real_tokens_from_pair_mask
+from .models import adapter_for, model_device, num_layers_and_heads, prepare_model, self_attention_modules
 
 MODES = ("original", "constant", "mix", "identity", "toeplitz", "zeros", "trainable")
 _USES_INPUT_ATTENTION = {"original", "mix"}
@@ -101,7 +106,7 @@ class AttentionOverride(nn.Module):
         fast: bool = True,
     ):
         super().__init__()
-        adapter_for(model)
+        prepare_model(model)
         self.fast = bool(fast)
         self.num_layers, self.num_heads = num_layers_and_heads(model)
         self.plan = _resolve_plan(self.num_layers, self.num_heads, heads, mode)
@@ -139,6 +144,8 @@ class AttentionOverride(nn.Module):
         self._dynamic_cache: dict[tuple[int, int], torch.Tensor] = {}
         # App. A position of each token of the running batch ([B, W]); None: sequence index = position (padded run)
         self.positions: torch.Tensor | None = None
+        # shared attention modules (ALBERT): the layer index is the call order within the running forward pass
+        self._calls = 0
         for layer in range(self.num_layers):
             layer_modes = [self.head_mode(layer, h) for h in range(self.num_heads)]
             if "trainable" in layer_modes:
@@ -160,6 +167,12 @@ class AttentionOverride(nn.Module):
     def needs_input_attention(self, layer: int) -> bool:
         """Whether this layer needs the model's own A (some head is ``original`` or ``mix``)."""
         return any(m in _USES_INPUT_ATTENTION for m in self.layer_modes(layer))
+
+    def next_layer(self) -> int:
+        """The layer position of the next call of a shared attention module (ALBERT), in call order."""
+        layer = self._calls % self.num_layers
+        self._calls += 1
+        return layer
 
     def lambdas(self) -> torch.Tensor:
         """λ = σ(θ) for every head ``[layers, heads]`` (meaningful for ``mix`` heads; Sec. 3.2)."""
@@ -202,10 +215,14 @@ class AttentionOverride(nn.Module):
             source = torch.where(is_trainable, self.trainable[str(layer)].clamp_min(0.0), source)
         return source.to(dtype)
 
-    def replacement_weights(self, layer: int, real: torch.Tensor, dtype=torch.float32) -> torch.Tensor:
+    def replacement_weights(self, layer: int, real: torch.Tensor, dtype=torch.float32,
+                            allowed: torch.Tensor | None = None) -> torch.Tensor:
         """Every head's replacement matrix for this input, masked to real tokens and row-normalised where the mode
         says so: ``[1 or B, H, W, W]``. With packed inputs (:attr:`positions` set) entry (i, j) of example b reads
-        the App. A entry ``(positions[b, i], positions[b, j])`` — the same numbers as the padded batch."""
+        the App. A entry ``(positions[b, i], positions[b, j])`` — the same numbers as the padded batch.
+        ``allowed`` (``[B, 1, W, W]`` bool) restricts the pairs further: a sliding-window layer's band (ModernBERT),
+        where the layer's own attention is zero outside it, so an averaged C already is and a Toeplitz or identity
+        matrix is cut to the window the layer can see."""
         modes = self.layer_modes(layer)
         width = real.shape[1]
         device = real.device
@@ -220,7 +237,10 @@ class AttentionOverride(nn.Module):
             index = positions.clamp(0, length - 1)
             full = self._replacement_source(layer, length, device, dtype)  # [H, L, L]
             source = full[:, index[:, :, None], index[:, None, :]].transpose(0, 1)  # [B, H, W, W]
-        pair = (real[:, None, :, None] & real[:, None, None, :]).to(dtype)  # [B, 1, W, W]
+        pair = real[:, None, :, None] & real[:, None, None, :]  # [B, 1, W, W]
+        if allowed is not None:
+            pair = pair & allowed
+        pair = pair.to(dtype)
         masked = source * pair  # [B, H, W, W]
         row_sum = masked.sum(-1, keepdim=True)
         normalise = torch.tensor([m in _ROW_NORMALISED for m in modes], device=device)[None, :, None, None]
@@ -231,7 +251,8 @@ class AttentionOverride(nn.Module):
         uniform = pair / pair.sum(-1, keepdim=True).clamp_min(1.0)
         return torch.where(normalise, torch.where(empty, uniform, normalised), masked)
 
-    def head_weights(self, layer: int, attention: torch.Tensor | None, real: torch.Tensor) -> torch.Tensor:
+    def head_weights(self, layer: int, attention: torch.Tensor | None, real: torch.Tensor,
+                     allowed: torch.Tensor | None = None) -> torch.Tensor:
         """The attention weights ``[B, H, W, W]`` each head of ``layer`` uses for this input.
 
         Args:
@@ -239,12 +260,13 @@ class AttentionOverride(nn.Module):
             attention: the model's own softmax attention A ``[B, H, W, W]`` (may be ``None`` when no head of this
                 layer is ``original`` or ``mix``).
             real: ``[B, W]`` bool, True at real (non-padding) tokens.
+            allowed: optional ``[B, 1, W, W]`` bool, the (query, key) pairs the layer may use (a sliding window).
         """
         modes = self.layer_modes(layer)
         if all(m == "original" for m in modes):
             return attention
         dtype = attention.dtype if attention is not None else torch.float32
-        replacement = self.replacement_weights(layer, real, dtype)
+        replacement = self.replacement_weights(layer, real, dtype, allowed)
 
         code = self.mode_codes[layer]
         lam = torch.sigmoid(self.theta[layer]).to(dtype)
@@ -273,22 +295,31 @@ class AttentionOverride(nn.Module):
         def read_positions(_module, _args, kwargs):
             position_ids = kwargs.get("position_ids")
             self.positions = None if position_ids is None else position_ids - first_position
+            self._calls = 0
 
         try:
             handle = model.register_forward_pre_hook(read_positions, with_kwargs=True)
             undo.append(lambda: (handle.remove(), setattr(self, "positions", None)))
-            for layer, module in enumerate(modules):
+            if adapter.shared_layers:  # one module, many layer positions: attach once, count calls
+                unique = list({id(m): m for m in modules}.values())
+                layers_of = {id(m): [i for i, n in enumerate(modules) if n is m] for m in unique}
+            else:
+                unique, layers_of = modules, {id(m): [i] for i, m in enumerate(modules)}
+            for module in unique:
+                layers = layers_of[id(module)]
+                layer = None if adapter.shared_layers else layers[0]
                 module._papa_state = (self, layer)
                 undo.append(lambda module=module: delattr(module, "_papa_state"))
                 if adapter.route == "probs_hook":
-                    hook = _ProbabilityRewrite(layer, module.dropout)
+                    hook = _ProbabilityRewrite(layer, getattr(module, adapter.dropout), adapter.mask)
                     object.__setattr__(hook, "override", self)
-                    module.dropout = hook
+                    setattr(module, adapter.dropout, hook)
                     handle = module.register_forward_pre_hook(hook.read_mask, with_kwargs=True)
                     undo.append(lambda module=module, hook=hook, handle=handle: (
-                        handle.remove(), setattr(module, "dropout", hook.inner)))
-                elif self.fast and not self.needs_input_attention(layer):
-                    undo.append(skip_query_key_projections(module))  # Sec. 3.4: no Q, no K
+                        handle.remove(), setattr(module, adapter.dropout, hook.inner)))
+                elif (self.fast and adapter.projections is not None
+                      and not any(self.needs_input_attention(i) for i in layers)):
+                    undo.append(skip_query_key_projections(module, adapter.projections))  # Sec. 3.4: no Q, no K
             if adapter.route == "interface":
                 _register_attention_function()
                 previous = model.config._attn_implementation
@@ -302,21 +333,25 @@ class AttentionOverride(nn.Module):
 
 
 class _ProbabilityRewrite(nn.Module):
-    """DeBERTa adapter: sits where the attention-probability dropout was and rewrites the probabilities."""
+    """``probs_hook`` route (DeBERTa, MPNet): sits where the attention-probability dropout was and rewrites the
+    probabilities; a forward pre-hook on the attention module reads which tokens are real from its mask."""
 
-    def __init__(self, layer: int, inner: nn.Module):
+    def __init__(self, layer: int | None, inner: nn.Module, mask: str = "pair"):
         super().__init__()
         self.layer = layer
         self.inner = inner
+        self.mask = mask
         self.real = None
 
     def read_mask(self, module, args, kwargs):
         hidden = kwargs.get("hidden_states", args[0] if args else None)
         mask = kwargs.get("attention_mask", args[1] if len(args) > 1 else None)
-        self.real = real_tokens_from_pair_mask(mask, hidden.shape[0], hidden.shape[1], hidden.device)
+        read = real_tokens_from_pair_mask if self.mask == "pair" else real_tokens_from_additive_mask
+        self.real = read(mask, hidden.shape[0], hidden.shape[1], hidden.device)
 
     def forward(self, probabilities: torch.Tensor) -> torch.Tensor:
-        weights = self.override.head_weights(self.layer, probabilities, self.real)
+        layer = self.layer if self.layer is not None else self.override.next_layer()
+        weights = self.override.head_weights(layer, probabilities, self.real)
         return self.inner(weights)
 
 
@@ -327,7 +362,10 @@ def papa_attention_function(module, query, key, value, attention_mask, scaling=N
     :class:`AttentionOverride` rewrite the weights, and returns ``(output [B, L, H, d'], weights [B, H, L, L])``.
     """
     state = getattr(module, "_papa_state", None)
-    if state is not None and state[0].fast:
+    if state is not None and state[1] is None:  # a shared module (ALBERT): the layer is the call order
+        state = (state[0], state[0].next_layer())
+    windowed = getattr(module, "sliding_window", None) is not None  # ModernBERT's local layers
+    if state is not None and state[0].fast and not windowed:
         result = fast_attention(state[0], state[1], module, query, key, value, attention_mask, scaling, dropout)
         if result is not None:
             return result
@@ -343,7 +381,10 @@ def papa_attention_function(module, query, key, value, attention_mask, scaling=N
     if state is not None:
         override_, layer = state
         real = real_tokens_from_additive_mask(attention_mask, batch, length, query.device)
-        weights = override_.head_weights(layer, attention, real)
+        allowed = None
+        if windowed and attention_mask is not None and attention_mask.dim() == 4:
+            allowed = allowed_pairs_from_additive_mask(attention_mask, length)
+        weights = override_.head_weights(layer, attention, real, allowed)
     else:
         weights = attention
     weights = nn.functional.dropout(weights, p=dropout, training=module.training)

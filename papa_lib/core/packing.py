@@ -13,7 +13,10 @@ on the padded batch (paper Sec. 3.1, fn. 8). Only the width changes: the longest
 
 Architectures whose positions do not come from position ids alone cannot be packed: DeBERTa computes relative
 positions from sequence indices (:attr:`~papa_lib.core.models.ArchitectureAdapter.packable`); the engine runs them
-padded and says so once.
+padded and says so once. MPNet's relative position bias and ModernBERT's sliding window would also follow sequence
+indices in transformers; their adapters (:func:`~papa_lib.core.models.prepare_model`) read them from the position ids
+instead, so both pack exactly. RoBERTa-style models (RoBERTa, XLM-R, MPNet) get position ids from
+``pad_token_id + 1``.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ import logging
 
 import torch
 
-from .models import adapter_for
+from .models import adapter_for, prepare_model
 
 logger = logging.getLogger(__name__)
 _MODEL_KEYS = ("input_ids", "attention_mask", "token_type_ids")
@@ -77,7 +80,7 @@ def pack(batch, model=None) -> PackedBatch:
     """
     first = 0
     if model is not None:
-        adapter = adapter_for(model)
+        adapter = adapter_for(prepare_model(model))
         if not adapter.packable:
             raise ValueError(f"{model.config.model_type} computes relative positions from sequence indices and "
                              "cannot run packed; run the padded batch")
@@ -110,7 +113,7 @@ def pack(batch, model=None) -> PackedBatch:
 def layout_position_ids(batch, model) -> torch.Tensor | None:
     """Explicit App. A position ids ``[B, L]`` for a padded batch of a packable model (RoBERTa would otherwise derive
     them from the non-pad tokens), or ``None`` for a model that takes none (DeBERTa)."""
-    adapter = adapter_for(model)
+    adapter = adapter_for(prepare_model(model))
     if not adapter.packable:
         return None
     size, length = batch["attention_mask"].shape

@@ -34,7 +34,7 @@ from __future__ import annotations
 import csv
 import hashlib
 import re
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
@@ -279,37 +279,44 @@ def register_custom_task(task: CustomTask) -> TaskSpec:
     return spec
 
 
-def register_custom_tasks(entries: Any, base: str | Path | None = None, where: str = "custom_tasks") -> list[CustomTask]:
+def register_custom_tasks(entries: Any, base: str | Path | None = None, where: str = "custom_tasks",
+                          root=None) -> list[CustomTask]:
     """Register a grid file's ``custom_tasks:`` list (mappings with :class:`CustomTask`'s fields) or CustomTask objects.
 
-    Relative file paths are taken relative to ``base`` (the grid file's folder); ``where`` names the source in errors.
-    Returns the registered tasks (as :class:`CustomTask` with resolved paths).
+    Each mapping is checked first (:class:`~papa_lib.experiments.specs.CustomTaskSpec`: unknown keys with the closest
+    valid one, types, ranges); ``root`` (the grid file's YAML node tree) lets errors name the line. Relative file paths
+    are taken relative to ``base`` (the grid file's folder); ``where`` names the source in errors. Returns the
+    registered tasks (as :class:`CustomTask` with resolved paths).
     """
+    from .specs import CustomTaskSpec, at, validate
+
     if entries is None:
         return []
     if not isinstance(entries, (list, tuple)):
-        raise ValueError(f"{where}: custom_tasks must be a list of tasks, got {type(entries).__name__}")
-    known = {f.name for f in fields(CustomTask)}
-    required = {"name", "train", "validation", "text_columns", "label_column"}
-    registered = []
-    for i, entry in enumerate(entries):
+        raise ValueError(f"{at(where, root, ('custom_tasks',))}: custom_tasks must be a list of tasks, "
+                         f"got {type(entries).__name__}")
+    checked: list[CustomTask] = []
+    for i, entry in enumerate(entries):  # every entry checked before any file is read
+        here = at(where, root, ("custom_tasks", i))
         if not isinstance(entry, CustomTask):
             if not isinstance(entry, dict):
-                raise ValueError(f"{where}: custom task {i} must be a mapping of {sorted(required)}, got {entry!r}")
-            label = entry.get("name", i)
-            unknown = sorted(set(entry) - known)
-            if unknown:
-                raise ValueError(f"{where}: custom task {label} has unknown keys {unknown}; known: {sorted(known)}")
-            missing = sorted(required - set(entry))
-            if missing:
-                raise ValueError(f"{where}: custom task {label} lacks {missing}")
+                raise ValueError(f"{here}: custom task {i} must be a mapping with name, train, validation, "
+                                 f"text_columns and label_column, got {entry!r}")
+            validate(CustomTaskSpec, entry, where, root, base=("custom_tasks", i))
             entry = dict(entry)
             for key in ("train", "validation"):
                 path = Path(str(entry[key]))
                 entry[key] = str(path if base is None or path.is_absolute() else Path(base) / path)
-            entry = CustomTask(**entry)
-        if entry.name in {t.name for t in registered}:
-            raise ValueError(f"{where}: custom task {entry.name!r} is declared twice")
+            try:
+                entry = CustomTask(**entry)
+            except ValueError as error:
+                raise ValueError(f"{here}: {error}") from None
+        if entry.name in {t.name for t in checked}:
+            raise ValueError(f"{here}: custom task {entry.name!r} is declared twice")
+        if entry.name in _BUILTIN_TASKS:
+            raise ValueError(f"{here}: custom task name {entry.name!r} is taken by one of the paper's tasks; "
+                             "choose another name")
+        checked.append(entry)
+    for entry in checked:
         register_custom_task(entry)
-        registered.append(entry)
-    return registered
+    return checked

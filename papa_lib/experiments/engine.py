@@ -48,6 +48,7 @@ from torch import nn
 
 from ..core import layout
 from ..core.averaging import ConstantAttention
+from ..core.artefacts import read_or_heal, write_atomic
 from ..core.models import load_encoder, model_id, num_layers_and_heads
 from ..core.override import AttentionOverride
 from ..core.packing import pack, supports_packing
@@ -112,6 +113,8 @@ class ExperimentConfig:
     """Everything that defines a task's experiments except the variant and the seed.
 
     ``epochs`` caps probe training (early stopping after ``patience`` epochs without held-out improvement);
+    ``limit`` subsamples each seed's probe training rows; the constant matrices average over the whole training text
+    (as the paper does) unless ``average_limit`` caps it at a seeded subset of that many examples;
     ``seeds`` are the seeds whose training subsets the feature store covers; ``cache_budget`` (bytes) decides
     between cached and streamed features (None: :func:`~papa_lib.experiments.features.default_budget`); a variant's
     cached features are deleted once its records are written unless ``keep_features``. ``inloop_*`` and
@@ -122,6 +125,7 @@ class ExperimentConfig:
     data_dir: str | None = None
     profile: str = "local"
     limit: int | None = None
+    average_limit: int | None = None
     eval_limit: int | None = None
     data_seed: int = 0
     max_length: int | None = None
@@ -280,6 +284,18 @@ class TaskExperiment:
         examples = tasks.unlabeled_texts(source_task, data_dir=self.config.data_dir)
         return encode_split(self.tokenizer, tasks.TASKS[source_task], examples, self.config.max_length)
 
+    def averaged_split(self, source_task: str | None = None) -> EncodedSplit:
+        """The text the constant matrices average over: :meth:`unlabeled_split`, or a seeded subset of
+        ``average_limit`` of its examples."""
+        split, limit = self.unlabeled_split(source_task), self.config.average_limit
+        count = int(split.encoded["input_ids"].shape[0])
+        if limit is None or limit >= count:
+            return split
+        generator = torch.Generator().manual_seed(1_000_037 * self.config.data_seed + 17)
+        rows = torch.randperm(count, generator=generator)[:limit].sort().values
+        labels = split.labels[rows] if split.labels.shape[:1] == (count,) else split.labels
+        return EncodedSplit(select_rows(split.encoded, rows), labels, split.examples)
+
     def constants(self, source_task: str | None = None, kind: str = "average") -> ConstantAttention:
         """Constant matrices of ``kind`` (a registered builder; Eq. 2 for ``average``) from the training text of
         ``source_task``, labels unused; cached in memory and under ``results_dir/matrices``."""
@@ -287,16 +303,15 @@ class TaskExperiment:
         if (source_task, kind) in self._constants:
             return self._constants[(source_task, kind)]
         cfg = self.config
-        text = _fingerprint(self.unlabeled_split(source_task).encoded["input_ids"])
+        text = _fingerprint(self.averaged_split(source_task).encoded["input_ids"])
         key = results.config_hash({"model": model_id(self.model), "source": source_task, "L": cfg.max_length,
                                    "text": text,
                                    **({"kind": kind} if kind != "average" else {}), **_provenance(source_task)})
         prefix = source_task if kind == "average" else f"{source_task}-{kind}"
         path = self.results_dir / "matrices" / f"{prefix}-L{cfg.max_length}-{key}.safetensors" if self.results_dir else None
-        if path is not None and path.exists():
-            constants = ConstantAttention.load(path)
-        else:
-            split = self.unlabeled_split(source_task)
+        constants = read_or_heal(path, ConstantAttention.load)  # None: absent, or damaged and set aside
+        if constants is None:
+            split = self.averaged_split(source_task)
             builder, accepts_packed = constant_builder(kind)
             batches = list(packed_batches(self.model, split.encoded, cfg.feature_batch_size,
                                           use_packing=cfg.packed and accepts_packed))
@@ -328,6 +343,7 @@ class TaskExperiment:
                                    "L": cfg.max_length, "limit": cfg.limit, "epochs": cfg.lambda_epochs,
                                    "lr": cfg.learning_rate, "bs": cfg.batch_size, "lambda_lr": cfg.lambda_learning_rate,
                                    "seed": seed, "data_seed": cfg.data_seed,
+                                   **({"average_limit": cfg.average_limit} if cfg.average_limit is not None else {}),
                                    **_provenance(cfg.task), **_provenance(source, "source")})
         return self.results_dir / "lambdas" / f"{cfg.task}-from-{source}-{key}.pt" if self.results_dir else None
 
@@ -339,9 +355,8 @@ class TaskExperiment:
         if ("lambda", source, seed) in self._scores:
             return self._scores[("lambda", source, seed)]
         cfg, path = self.config, self.lambda_path(source, seed)
-        if path is not None and path.exists():
-            lambdas = torch.load(path)
-        else:
+        lambdas = read_or_heal(path, torch.load)  # None: absent, or damaged and set aside
+        if lambdas is None:
             state = AttentionOverride(self.model, self.constants(source), "all", "mix")
             probes.set_seed(seed)
             wrapper = BackboneProbe(self.model, self._new_probe(), self.spec.kind, cfg.packed).to(cfg.device)
@@ -353,8 +368,7 @@ class TaskExperiment:
                              device=cfg.device)
             lambdas = state.lambdas()
             if path is not None:
-                path.parent.mkdir(parents=True, exist_ok=True)
-                torch.save(lambdas, path)
+                write_atomic(path, lambda tmp: torch.save(lambdas, tmp))
         self._scores[("lambda", source, seed)] = lambdas
         return lambdas
 
@@ -559,6 +573,9 @@ class TaskExperiment:
         cfg = asdict(self.config)
         for key in _NOT_IN_RUN_ID:
             cfg.pop(key)
+        if cfg["average_limit"] is None or (matrix_type(variant.matrix_type).constants is None
+                                            and not variant.needs_scores):  # λ mixes in the averages too
+            cfg.pop("average_limit")  # run ids of averages over all the text stay those of before the setting
         cfg["model"] = model_id(self.model)
         cfg["data_dir"] = self.data_key  # the data itself, wherever it lies
         cfg["engine"] = "packed-early-stopping-v2"
@@ -601,6 +618,7 @@ class TaskExperiment:
             "single_class": bool(predictions.numel() > 0 and bool((predictions == predictions[0]).all())),
             "eval_size": len(validation.examples),
             "train_size": int(len(plan.train)),
+            "average_limit": "all" if self.config.average_limit is None else self.config.average_limit,
             "heldout_size": int(len(plan.heldout)),
             "best_epoch": result.best_epoch,
             "epochs_run": len(result.curve),

@@ -29,6 +29,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from ..core.artefacts import set_aside, write_atomic
 from ..core.layout import EncodedBatch
 from ..core.models import adapter_for, model_device
 from ..core.packing import layout_position_ids, pack, packing_notice, supports_packing
@@ -264,7 +265,28 @@ class FeatureStore:
         shutil.rmtree(self._folder(key), ignore_errors=True)
 
     def has(self, key: str, split: str) -> bool:
-        return (self._folder(key) / f"{split}.json").exists()
+        """Whether whole features of ``split`` are stored. Damaged ones (an unreadable index, a missing file or one of
+        another size than written) are set aside as ``<key>.damaged`` with a one-line notice, and count as absent."""
+        if not (self._folder(key) / f"{split}.json").exists():
+            return False
+        why = self._damage(key, split)
+        if why is not None:
+            set_aside(self._folder(key), f"{split}: {why}")
+        return why is None
+
+    def _damage(self, key: str, split: str) -> str | None:
+        folder = self._folder(key)
+        try:
+            meta = json.loads((folder / f"{split}.json").read_text())
+            shape = tuple(meta["shape"])
+        except (OSError, ValueError, KeyError, TypeError) as error:
+            return f"its index {split}.json cannot be read ({error})"
+        sizes = meta.get("bytes") or {f"{split}.values": 2 * math.prod(shape)}  # older folders: the values file
+        for name, size in sizes.items():
+            actual = (folder / name).stat().st_size if (folder / name).exists() else None
+            if actual != size and size:
+                return f"{name} has {actual} bytes where {size} were written" if actual is not None else f"no {name}"
+        return None
 
     def load(self, key: str, split: str) -> RaggedRows:
         folder = self._folder(key)
@@ -278,22 +300,32 @@ class FeatureStore:
         return RaggedRows(values, offsets, positions)
 
     def save(self, key: str, split: str, rows: RaggedRows) -> None:
+        """Write every file atomically (:func:`~papa_lib.core.artefacts.write_atomic`), the index with each file's
+        size last: a split counts as stored only once whole."""
         folder = self._folder(key)
         folder.mkdir(parents=True, exist_ok=True)
-        tmp = folder / f".{split}.values.tmp"
-        array = np.memmap(tmp, dtype=np.float16, mode="w+", shape=tuple(rows.values.shape)) if rows.values.numel() \
-            else None
-        if array is not None:
-            array[:] = rows.values.numpy()
-            array.flush()
-            del array
-            os.replace(tmp, folder / f"{split}.values")
-        np.save(folder / f"{split}.offsets.npy", rows.offsets.numpy())
+        files = {}
+        if rows.values.numel():
+            def values(tmp):
+                array = np.memmap(tmp, dtype=np.float16, mode="w+", shape=tuple(rows.values.shape))
+                array[:] = rows.values.numpy()
+                array.flush()
+                del array
+            files[f"{split}.values"] = values
+        files[f"{split}.offsets.npy"] = _npy(rows.offsets.numpy())
         if rows.positions is not None:
-            np.save(folder / f"{split}.positions.npy", rows.positions.numpy())
-        meta = {"shape": list(rows.values.shape), "positions": rows.positions is not None}
-        (folder / f".{split}.json.tmp").write_text(json.dumps(meta))
-        os.replace(folder / f".{split}.json.tmp", folder / f"{split}.json")
+            files[f"{split}.positions.npy"] = _npy(rows.positions.numpy())
+        sizes = {name: write_atomic(folder / name, write, sums=False).stat().st_size for name, write in files.items()}
+        meta = {"shape": list(rows.values.shape), "positions": rows.positions is not None, "bytes": sizes}
+        write_atomic(folder / f"{split}.json", lambda tmp: tmp.write_text(json.dumps(meta)), sums=False)
+
+
+def _npy(array: np.ndarray):
+    """A writer of ``array`` in .npy format into a given file (np.save on a name would add ``.npy`` to it)."""
+    def write(path: Path) -> None:
+        with open(path, "wb") as handle:
+            np.save(handle, array)
+    return write
 
 
 def estimate_seconds(examples: int, tokens_per_example: float, tokens_per_second: float) -> float:

@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable
 
-from ..core.models import load_encoder
-from . import custom, results, selection, tasks
+from ..core.models import load_encoder, resolve_device
+from . import custom, results, selection
 from .engine import ExperimentConfig, TaskExperiment, Variant
 
 __all__ = ["GridBlock", "grid_runs", "grid_settings", "load_grid", "run_grid", "task_config"]
@@ -33,31 +33,21 @@ class GridBlock:
 
 
 def load_grid(path: str | Path) -> dict:
-    """Read a grid YAML file: top-level settings plus ``blocks`` (see ``data/results/*/grid.yaml``)."""
-    import yaml
+    """Read and check a grid YAML file: top-level settings plus ``blocks`` (see ``data/results/*/grid.yaml``).
+
+    Every key, type and range is checked before anything runs (:mod:`papa_lib.experiments.specs`): a problem raises
+    :class:`~papa_lib.experiments.specs.SpecError`, one line ``<file>:<line>: <what>`` (an unknown key names the
+    closest valid one). The file's ``custom_tasks`` are then registered (their files checked) and ``blocks`` become
+    :class:`GridBlock` objects; the other settings are returned as written.
+    """
+    from .specs import validate_grid
 
     path = Path(path)
-    try:
-        spec = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as error:
-        mark = getattr(error, "problem_mark", None)
-        where = f"{path}:{mark.line + 1}" if mark is not None else str(path)
-        raise ValueError(f"{where}: invalid YAML: {error}") from error
-    if not isinstance(spec, dict) or "blocks" not in spec:
-        raise ValueError(f"{path}: a grid needs a top-level mapping with a 'blocks' list")
-    if "custom_tasks" in spec:  # tasks of your own (issue 11), registered now so that blocks may name them
-        spec["custom_tasks"] = custom.register_custom_tasks(spec["custom_tasks"], base=path.parent, where=str(path))
-    known = set(GridBlock.__dataclass_fields__)
-    blocks = []
-    for i, block in enumerate(spec["blocks"]):
-        unknown = set(block) - known
-        if unknown:
-            raise ValueError(f"{path}: block {i} ({block.get('name', '?')}) has unknown keys {sorted(unknown)}")
-        for task in block.get("tasks", []):
-            if task not in tasks.TASKS:
-                raise ValueError(f"{path}: block {block.get('name', i)} names unknown task {task!r}")
-        blocks.append(GridBlock(**block))
-    spec["blocks"] = blocks
+    spec, root = validate_grid(path)
+    if spec.get("custom_tasks") is not None:  # tasks of your own (issue 11), registered now so that blocks may name them
+        spec["custom_tasks"] = custom.register_custom_tasks(spec["custom_tasks"], base=path.parent, where=str(path),
+                                                            root=root)
+    spec["blocks"] = [GridBlock(**block) for block in spec["blocks"]]
     return spec
 
 
@@ -81,7 +71,8 @@ def run_grid(spec: dict, results_dir: str | Path, model=None, tokenizer=None, pr
     """Run every run of a declared grid, resuming: finished runs (same run id) are skipped.
 
     ``spec`` is :func:`load_grid`'s output. Top-level keys: ``model``, ``data_dir``, ``profile``, ``seeds`` (list or
-    count), ``limit``, ``eval_limit``, ``max_length`` (int or per-task mapping with ``default``), ``epochs``,
+    count), ``limit`` (probe training rows per seed), ``average_limit`` (examples the constant matrices average over;
+    default all), ``eval_limit``, ``max_length`` (int or per-task mapping with ``default``), ``epochs``,
     ``patience``, ``cache_budget``, ``lambda_epochs``, ``inloop_epochs``, ``inloop_limit``, ``matrix_learning_rate``,
     ``lambda_learning_rate``, ``learning_rate``, ``batch_size``, ``device`` (each of
     the per-task ones may be a mapping ``{task: value, default: value}``). ``overrides`` replace top-level keys (the CLI's flags).
@@ -114,6 +105,7 @@ def grid_settings(spec: dict, overrides: dict | None = None) -> tuple[dict, list
     """A grid's top-level settings with the command line's ``overrides`` applied, and its list of seeds."""
     settings = {k: v for k, v in spec.items() if k != "blocks"}
     settings.update({k: v for k, v in (overrides or {}).items() if v is not None})
+    settings["device"] = resolve_device(settings.get("device"))  # auto: CUDA when there is one
     seeds = settings.get("seeds", 3)
     return settings, list(range(seeds)) if isinstance(seeds, int) else list(seeds)
 
@@ -126,6 +118,7 @@ def task_config(settings: dict, task: str, seeds) -> ExperimentConfig:
         data_dir=settings.get("data_dir"),
         profile=settings.get("profile", "local"),
         limit=_per_task(settings.get("limit"), task),
+        average_limit=_per_task(settings.get("average_limit"), task),
         eval_limit=_per_task(settings.get("eval_limit"), task),
         max_length=_per_task(settings.get("max_length"), task),
         epochs=_per_task(settings.get("epochs"), task),

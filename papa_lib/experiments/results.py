@@ -23,8 +23,11 @@ The CSV is meant to be committed and diffed: fixed column order (:data:`RECORD_F
 columns in alphabetical order), rows sorted by ``finished_at`` then ``run_id``, floats written with Python's
 shortest round-trip ``repr`` so that values survive a write/read cycle bit for bit.
 
-Writers lock the store (:meth:`ResultsStore.writer_lock`, POSIX ``flock`` on ``root/.results.lock``), so processes
+Writers lock the store (:meth:`ResultsStore.writer_lock`, :mod:`filelock` on ``root/.results.lock``), so processes
 appending to one store in parallel (grid shards, lanes of ``papa grid --task``) lose no record; readers never wait.
+A full disk during an append leaves the old table as it was. A torn last line is set aside into ``results.csv.torn-<time>``
+(one-line notice) and its run computed again; damage before it is reported with its line, and :meth:`ResultsStore.repair`
+(``papa grid FILE --repair``) keeps every intact record, moving damaged lines into ``results.csv.damaged-<time>``.
 """
 
 from __future__ import annotations
@@ -47,10 +50,14 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from ..core.artefacts import notice, write_atomic
+from .damage import Damage, DamagedStoreError, row_problem, scan_table, side_file
+
 __all__ = [
     "RECORD_FIELDS",
     "REQUIRED_FIELDS",
     "RESULTS_FILENAME",
+    "DamagedStoreError",
     "ResultsStore",
     "config_hash",
     "mean_ci",
@@ -62,25 +69,9 @@ __all__ = [
 
 #: Columns of the tidy results table, in the order they are written.
 RECORD_FIELDS: tuple[str, ...] = (
-    "run_id",
-    "model",
-    "task",
-    "matrix_type",
-    "matrices_from",
-    "selection_order",
-    "fraction",
-    "seed",
-    "metric",
-    "value",
-    "eval_size",
-    "train_size",
-    "config_hash",
-    "profile",
-    "data_source",
-    "versions",
-    "device",
-    "wall_time_s",
-    "finished_at",
+    "run_id", "model", "task", "matrix_type", "matrices_from", "selection_order", "fraction", "seed", "metric",
+    "value", "eval_size", "train_size", "config_hash", "profile", "data_source", "versions", "device",
+    "wall_time_s", "finished_at",
 )
 
 #: Fields a record passed to :meth:`ResultsStore.append` must contain (``finished_at`` is filled in).
@@ -102,13 +93,7 @@ _STRING_FIELDS = tuple(f for f in RECORD_FIELDS if f not in _FLOAT_FIELDS + _INT
 #: Columns that identify one configuration of the grid (everything but the seed); used by
 #: :func:`relative_drop` to decide which rows are "the same run over different seeds".
 CONFIG_COLUMNS: tuple[str, ...] = (
-    "model",
-    "task",
-    "matrix_type",
-    "matrices_from",
-    "selection_order",
-    "fraction",
-    "metric",
+    "model", "task", "matrix_type", "matrices_from", "selection_order", "fraction", "metric",
 )
 
 _CONFIG_HASH_LENGTH = 16
@@ -194,12 +179,13 @@ def _papa_lib_version() -> str:
 
 def write_curve(results_dir: str | Path, run_id: str, curve: list[dict]) -> str:
     """Write a run's learning curve (one row per epoch) to ``results_dir/curves/<run_id>.csv``; its relative path."""
-    path = Path(results_dir) / "curves" / f"{run_id}.csv"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("w", newline="") as handle:
-        writer = csv.DictWriter(handle, fieldnames=list(curve[0]) if curve else ["epoch"])
-        writer.writeheader()
-        writer.writerows(curve)
+    def write(tmp: Path) -> None:
+        with tmp.open("w", newline="") as handle:
+            writer = csv.DictWriter(handle, fieldnames=list(curve[0]) if curve else ["epoch"])
+            writer.writeheader()
+            writer.writerows(curve)
+
+    path = write_atomic(Path(results_dir) / "curves" / f"{run_id}.csv", write, sums=False)  # written, never read back
     return str(path.relative_to(Path(results_dir)))
 
 
@@ -340,6 +326,7 @@ class ResultsStore:
         self.path = self.root / RESULTS_FILENAME
         self._cache_key: tuple | None = None
         self._cache: tuple[list[str], list[dict[str, str]]] = ([], [])
+        self._lock = None
 
     def __repr__(self) -> str:
         return f"ResultsStore({str(self.root)!r})"
@@ -351,7 +338,8 @@ class ResultsStore:
     # ---- reading --------------------------------------------------------------------------------------------
 
     def _read_table(self) -> tuple[list[str], list[dict[str, str]]]:
-        """Return ``(header, rows)`` with rows as ``{column: raw text}``; cached until the file changes."""
+        """Return ``(header, rows)`` with rows as ``{column: raw text}``; cached until the file changes. A torn last
+        line is set aside (:meth:`_set_aside_torn`); damage before it raises :class:`DamagedStoreError`."""
         try:
             stat = self.path.stat()
         except FileNotFoundError:
@@ -360,33 +348,57 @@ class ResultsStore:
         key = (stat.st_ino, stat.st_mtime_ns, stat.st_size)
         if key == self._cache_key:
             return self._cache
-        with open(self.path, newline="", encoding="utf-8") as handle:
-            reader = csv.reader(handle)
-            header = next(reader, None)
-            if header is None:
-                table: tuple[list[str], list[dict[str, str]]] = ([], [])
-            else:
-                lacking = [f for f in RECORD_FIELDS if f not in header]
-                if lacking:
-                    raise ValueError(f"{self.path}:1: results table header lacks column(s): {', '.join(lacking)}")
-                rows = []
-                seen: set[str] = set()
-                for cells in reader:
-                    line = reader.line_num
-                    if not cells:
-                        continue
-                    if len(cells) != len(header):
-                        raise ValueError(
-                            f"{self.path}:{line}: row has {len(cells)} cells, header has {len(header)} columns"
-                        )
-                    row = dict(zip(header, cells))
-                    if row["run_id"] in seen:
-                        raise ValueError(f"{self.path}:{line}: duplicate run_id {row['run_id']!r}")
-                    seen.add(row["run_id"])
-                    rows.append(row)
-                table = (header, rows)
+        header, rows, damaged = self._scan()
+        if damaged:
+            last = damaged[-1]
+            if len(damaged) == 1 and last.final:
+                return self._set_aside_torn()
+            first = damaged[0]
+            raise DamagedStoreError(
+                f"{self.path}:{first.line}: {first.reason}"
+                + (f" (and {len(damaged) - 1} more damaged line(s))" if len(damaged) > 1 else ""),
+                path=self.path, lines=[d.line for d in damaged])
+        table = (header, rows)
         self._cache_key, self._cache = key, table
         return table
+
+    def _scan(self) -> tuple[list[str], list[dict[str, str]], list[Damage]]:
+        """Parse the table: ``(header, intact rows, damaged lines)``; nothing is raised for a damaged row."""
+        return scan_table(self.path, RECORD_FIELDS, lambda row: row_problem(row, NON_NULL_FIELDS, _FLOAT_FIELDS,
+                                                                              _INT_FIELDS))
+
+    def _set_aside_torn(self) -> tuple[list[str], list[dict[str, str]]]:
+        """Move a torn final line into ``results.csv.torn-<time>`` (one-line notice) and rewrite the table."""
+        with self.writer_lock():
+            header, rows, damaged = self._scan()  # another writer may have healed it meanwhile
+            if damaged:
+                if not (len(damaged) == 1 and damaged[0].final):
+                    raise DamagedStoreError(f"{self.path}:{damaged[0].line}: {damaged[0].reason}", path=self.path,
+                                            lines=[d.line for d in damaged])
+                side = side_file(self.path, "torn", damaged)
+                self._write_table(header, rows)
+                notice(f"the last line of {self.path} (line {damaged[0].line}) was cut off ({damaged[0].reason}); "
+                       f"set it aside in {side}; its run will be computed again")
+            stat = self.path.stat()
+            self._cache_key = (stat.st_ino, stat.st_mtime_ns, stat.st_size)
+            self._cache = (header, rows)
+        return self._cache
+
+    def repair(self) -> tuple[int, list[int], Path | None]:
+        """Keep every intact record and move every damaged line into ``results.csv.damaged-<time>``.
+
+        Returns ``(records kept, damaged line numbers, side file or None)``; the table is rewritten atomically.
+        """
+        with self.writer_lock():
+            if not self.path.exists():
+                return 0, [], None
+            header, rows, damaged = self._scan()
+            if not damaged:
+                return len(rows), [], None
+            side = side_file(self.path, "damaged", damaged)
+            self._write_table(header, rows)
+            self._cache_key = None
+        return len(rows), [d.line for d in damaged], side
 
     def has(self, run_id: str) -> bool:
         """True when a run with this ``run_id`` is already stored."""
@@ -413,6 +425,9 @@ class ResultsStore:
                 data[column] = _decode_column(column, texts)
             except ValueError as err:
                 raise ValueError(f"{self.path}: column {column!r}: {err}") from None
+        if "average_limit" in data:  # examples the constant matrices averaged; records from before it: all
+            data["average_limit"] = pd.Series(["all" if _is_missing(v) or v == "all" else int(v)
+                                               for v in data["average_limit"]], dtype=object)
         columns = list(RECORD_FIELDS) + [c for c in header if c not in RECORD_FIELDS]
         return pd.DataFrame({c: data[c] for c in columns})
 
@@ -428,19 +443,14 @@ class ResultsStore:
 
     @contextmanager
     def writer_lock(self):
-        """Hold the store's exclusive writer lock (``root/.results.lock``, POSIX ``flock``; released when the block
-        ends or the process dies). Without ``fcntl`` (Windows) it is a no-op: one writer at a time there."""
-        try:
-            import fcntl
-        except ImportError:  # pragma: no cover - not POSIX
+        """Hold the store's exclusive writer lock (``root/.results.lock``, :mod:`filelock`: ``flock`` on POSIX,
+        ``msvcrt`` locking on Windows; released when the block ends or the process dies). Re-entrant."""
+        if self._lock is None:
+            from filelock import FileLock
+
+            self._lock = FileLock(str(self.root / LOCK_FILENAME))
+        with self._lock:
             yield
-            return
-        with open(self.root / LOCK_FILENAME, "a+") as handle:
-            fcntl.flock(handle, fcntl.LOCK_EX)
-            try:
-                yield
-            finally:
-                fcntl.flock(handle, fcntl.LOCK_UN)
 
     def append(self, record: dict, *, replace: bool = False, exist_ok: bool = False) -> bool:
         """Validate ``record`` and add it to the table atomically; whether it was written.
@@ -506,11 +516,14 @@ class ResultsStore:
                 os.fsync(handle.fileno())
             os.chmod(tmp_name, mode)
             os.replace(tmp_name, self.path)
-        except BaseException:
+        except BaseException as error:
             try:
                 os.unlink(tmp_name)
             except FileNotFoundError:
                 pass
+            if isinstance(error, OSError) and error.errno is not None and error.strerror:  # e.g. a full disk
+                raise OSError(error.errno, f"{error.strerror}; could not write {self.path}, which is unchanged "
+                                           f"(no record lost)") from error
             raise
         _fsync_directory(self.root)
 

