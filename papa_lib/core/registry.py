@@ -1,4 +1,4 @@
-"""Registries: named tables of what the library can run (tasks, matrix types, constant builders, head rankings).
+"""Registries: named tables of what the library can run (architectures, tasks, matrix types, builders, rankings).
 
 Each registry is a :class:`Registry` (a ``dict`` from name to entry) that knows what it holds, so an unknown name
 is one clear error listing the choices. The library's own entries (its *built-ins*) are registered when
