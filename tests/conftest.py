@@ -39,6 +39,20 @@ def random_batch(batch: int = 3, length: int = 12, vocab: int = 120, seed: int =
     return {"input_ids": ids, "attention_mask": mask, "token_type_ids": torch.zeros_like(ids)}
 
 
+@pytest.fixture
+def restore_registries():
+    """Whatever a test registers (a grid's custom tasks, a matrix type) is gone after it."""
+    from papa_lib.core import registry
+
+    saved = {what: (dict(table), set(table.added)) for what, table in registry.REGISTRIES.items()}
+    yield
+    for what, (entries, added) in saved.items():
+        table = registry.REGISTRIES[what]
+        dict.clear(table)
+        dict.update(table, entries)
+        table.added = added
+
+
 @pytest.fixture(scope="module")
 def tiny():
     """A tiny random BERT and its tokenizer (:func:`papa_lib.smoke.tiny_encoder`), one per test module."""

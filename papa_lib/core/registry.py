@@ -57,8 +57,9 @@ def seal_builtins() -> None:
 def extensions() -> dict[str, dict]:
     """What this process registered beyond the built-ins, per registry (functions defined in a script travel by
     value when pickled with cloudpickle, as Ray does)."""
-    return {what: {name: registry[name] for name in sorted(registry.added) if name in registry}
-            for what, registry in REGISTRIES.items() if registry.added}
+    found = {what: {name: registry[name] for name in sorted(registry.added) if name in registry}
+             for what, registry in REGISTRIES.items()}
+    return {what: entries for what, entries in found.items() if entries}
 
 
 def install(snapshot: dict[str, dict]) -> None:
