@@ -332,8 +332,9 @@ class TaskExperiment:
         return self.results_dir / "lambdas" / f"{cfg.task}-from-{source}-{key}.pt" if self.results_dir else None
 
     def learn_lambdas(self, matrices_from: str | None = None, seed: int = 0) -> torch.Tensor:
-        """Train θ (λ = σ(θ)) of every head jointly with a probe on ``seed``'s training rows; λ ``[layers, heads]``."""
-        from .inloop import BackboneProbe, train_inloop
+        """Train θ (λ = σ(θ)) of every head jointly with a probe on ``seed``'s training rows
+        (:func:`papa_lib.experiments.inloop.learn_lambdas`); λ ``[layers, heads]``, saved under ``results_dir/lambdas``."""
+        from .inloop import BackboneProbe, inloop_batches, learn_lambdas
 
         source = matrices_from or self.config.task
         if ("lambda", source, seed) in self._scores:
@@ -342,16 +343,16 @@ class TaskExperiment:
         if path is not None and path.exists():
             lambdas = torch.load(path)
         else:
-            state = AttentionOverride(self.model, self.constants(source), "all", "mix")
+            constants, split = self.constants(source), self.split("train")
             probes.set_seed(seed)
-            wrapper = BackboneProbe(self.model, self._new_probe(), self.spec.kind, cfg.packed).to(cfg.device)
-            split = self.split("train")
-            with state.applied(self.model):
-                train_inloop(wrapper, state, split.encoded, split.labels, self.spec.kind, self.seed_plan(seed).train,
-                             seed=seed, epochs=cfg.lambda_epochs, learning_rate=cfg.learning_rate,
-                             batch_size=cfg.batch_size, extra_rates={"theta": cfg.lambda_learning_rate},
-                             device=cfg.device)
-            lambdas = state.lambdas()
+            probe = self._new_probe()
+            lambdas = learn_lambdas(
+                self.model, constants, probe,
+                lambda state: BackboneProbe(self.model, probe, self.spec.kind, cfg.packed).to(cfg.device),
+                inloop_batches(split.encoded, split.labels, self.spec.kind, self.seed_plan(seed).train, cfg.batch_size,
+                               seed),
+                seed=seed, epochs=cfg.lambda_epochs, learning_rate=cfg.learning_rate,
+                theta_learning_rate=cfg.lambda_learning_rate, device=cfg.device)
             if path is not None:
                 path.parent.mkdir(parents=True, exist_ok=True)
                 torch.save(lambdas, path)

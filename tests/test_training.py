@@ -1,0 +1,75 @@
+"""The one training loop (papa_lib.experiments.loop.fit): all seeds of a variant trained together equal the seeds
+trained one by one, bit for bit, for sentence and token probes, early stopping included."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from papa_lib.experiments import probes, training
+from papa_lib.experiments.features import RaggedRows
+from papa_lib.experiments.loop import Member, fit
+
+LAYERS, HIDDEN, N = 3, 16, 120
+
+
+def _rows(kind: str):
+    generator = torch.Generator().manual_seed(0)
+    lengths = torch.randint(3, 12, (N,), generator=generator)
+    offsets = torch.cat([torch.zeros(1, dtype=torch.long), lengths.cumsum(0)])
+    values = torch.randn(int(offsets[-1]), LAYERS, HIDDEN, generator=generator).half()
+    positions = torch.cat([torch.arange(int(n)) for n in lengths])
+    if kind == "token":
+        labels = torch.full((N, 12), -100)
+        for i, n in enumerate(lengths.tolist()):
+            labels[i, :n] = torch.randint(0, 3, (n,), generator=generator)
+    else:
+        labels = torch.randint(0, 2, (N,), generator=generator)
+    return RaggedRows(values, offsets, positions), labels
+
+
+def _train(kind: str, seeds, batched: bool = True):
+    rows, labels = _rows(kind)
+    plans = [training.SeedPlan(s, *training.heldout_split(torch.arange(N), 0.1, s)) for s in seeds]
+
+    def score(plan, predictions):  # a noisy held-out score, so the seeds stop at different epochs
+        return float(torch.rand(1, generator=torch.Generator().manual_seed(int(predictions.sum()) + plan.seed)))
+
+    return training.train_seeds(
+        lambda seed: probes.make_probe(kind, LAYERS, 16, HIDDEN, 3 if kind == "token" else 2, dropout=0.3), plans,
+        lambda chunk: (rows, chunk), lambda plan: (rows, plan.heldout), score, labels, kind, pool_size=N,
+        batch_size=8, learning_rate=1e-2, max_epochs=8, patience=2, chunk_size=50, batched=batched)
+
+
+@pytest.mark.parametrize("kind", ["sentence", "token"])
+def test_seeds_trained_together_equal_seeds_trained_one_by_one(kind):
+    seeds = [0, 1, 2, 3, 4]
+    together = _train(kind, seeds)
+    interleaved = _train(kind, seeds, batched=False)
+    stopped = {len(together[s].curve) for s in seeds}
+    assert len(stopped) > 1, "every seed stopped at the same epoch: early stopping is not exercised"
+    assert min(stopped) < 8  # at least one seed froze before the last epoch
+    for seed in seeds:
+        alone = _train(kind, [seed])[seed]
+        for other in (together[seed], interleaved[seed]):
+            assert other.curve == alone.curve  # losses and held-out scores, exact float equality
+            assert (other.best_epoch, other.updates, other.updates_at_best) == (alone.best_epoch, alone.updates,
+                                                                                 alone.updates_at_best)
+            for a, b in zip(other.probe.state_dict().values(), alone.probe.state_dict().values(), strict=True):
+                assert torch.equal(a, b)
+
+
+def test_a_member_without_a_batch_is_not_touched():
+    torch.manual_seed(0)
+    a, b = torch.nn.Linear(4, 2), torch.nn.Linear(4, 2)
+    before = [p.detach().clone() for p in b.parameters()]
+    members = [Member(0, a, [{"params": list(a.parameters())}]), Member(1, b, [{"params": list(b.parameters())}])]
+    x, y = torch.randn(8, 4), torch.randint(0, 2, (8,))
+
+    def steps(epoch, active):
+        yield [(members[0], x, y)]  # member 1 never gets a batch: no AdamW step, no momentum, no decay
+
+    fit(members, steps, epochs=3, learning_rate=0.1, weight_decay=0.1)
+    assert members[0].result.updates == 3 and members[1].result.updates == 0
+    assert all(torch.equal(p, q) for p, q in zip(b.parameters(), before))
+    assert not torch.equal(a.weight, torch.nn.Linear(4, 2).weight)
