@@ -153,3 +153,14 @@ def test_packing_benchmark_on_generated_task_files(tmp_path):
     assert figures["feature_bytes_per_example_padded_sst2_L64"] == 64 * layers * hidden * 2
     assert figures["feature_bytes_padded_vs_stored_sst2_L64"] == pytest.approx(64 / real)
     assert bench.bench_packing(model, tokenizer, sizes, "cpu", data_dir=tmp_path / "none") == {}
+
+
+def test_seeds_benchmark_trains_together_what_it_trains_one_by_one():
+    lines = []
+    sizes = bench.BenchSizes(seeds=3, seeds_sentences=12, seeds_repeats=1)
+    figures = bench.run_benchmarks(["seeds"], model="tiny", sizes=sizes, emit=lines.append)
+    for kind in ("sentence", "token"):
+        assert figures[f"probe_seeds_batched_vs_sequential_{kind}"] > 0
+        assert figures[f"probe_seeds_together_s_{kind}"] > 0
+        assert figures[f"probe_seeds_max_abs_diff_{kind}"] == 0.0  # the same weights, bit for bit
+    assert f"probe_seeds_batched_vs_sequential_token: {figures['probe_seeds_batched_vs_sequential_token']:.4g}" in lines
