@@ -73,3 +73,34 @@ def test_a_member_without_a_batch_is_not_touched():
     assert members[0].result.updates == 3 and members[1].result.updates == 0
     assert all(torch.equal(p, q) for p, q in zip(b.parameters(), before))
     assert not torch.equal(a.weight, torch.nn.Linear(4, 2).weight)
+
+
+def test_records_carry_provenance_and_old_records_read_it_as_empty(tmp_path):
+    import hashlib
+    import json
+
+    from papa_lib import smoke
+    from papa_lib.experiments import results
+    from papa_lib.experiments.engine import ExperimentConfig, TaskExperiment, Variant
+
+    data_dir = smoke.generate_data_dir(tmp_path / "data", n_train=24, n_dev=8)
+    model, tokenizer = smoke.tiny_encoder("bert")
+    config = ExperimentConfig("cola", data_dir=str(data_dir), max_length=16, epochs=1, seeds=(0,))
+    experiment = TaskExperiment(config, model, tokenizer, results_dir=tmp_path / "runs", progress=False)
+    record = experiment.run(Variant(), 0)
+    assert set(results.PROVENANCE_FIELDS) <= set(record)
+    digests = json.loads(record["data_sha256"])
+    files = {str(data_dir / "glue" / "CoLA" / name) for name in ("train.tsv", "dev.tsv")}
+    assert set(digests) == files
+    for name, digest in digests.items():
+        assert digest == hashlib.sha256(open(name, "rb").read()).hexdigest()
+    assert record["torch_version"] == torch.__version__ and record["threads"] == torch.get_num_threads()
+    assert record["optimizer"] == "torch.optim.AdamW(fused=True)" and record["processor"]
+    assert record["git_commit"] == "unknown" or len(record["git_commit"].removesuffix("-dirty")) == 40
+    stored = results.ResultsStore(tmp_path / "runs").get(record["run_id"])
+    assert stored["data_sha256"] == record["data_sha256"] and stored["threads"] == record["threads"]
+    # a table written before these columns existed: they read as missing
+    old = results.ResultsStore(tmp_path / "old")
+    old.append({k: v for k, v in record.items() if k not in results.PROVENANCE_FIELDS})
+    frame = old.frame()
+    assert set(results.PROVENANCE_FIELDS) <= set(frame.columns) and frame["git_commit"].isna().all()

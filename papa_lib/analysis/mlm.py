@@ -49,7 +49,8 @@ from ..core.models import base_encoder, model_id, num_layers_and_heads
 from ..core.override import AttentionOverride
 from ..experiments.inloop import learn_lambdas
 from ..experiments.probes import set_seed
-from ..experiments.results import ResultsStore, config_hash, package_versions
+from ..experiments.loop import optimizer_for
+from ..experiments.results import ResultsStore, config_hash, package_versions, run_provenance
 from ..experiments.selection import PAPER_FRACTIONS, heads_to_replace
 from ..experiments.tasks import MLM_HPARAMS
 from .mlm_probe import (
@@ -327,6 +328,7 @@ def run_mlm_curve(
             "model": name, "task": "mlm", "metric": "neg_log_perplexity", "eval_size": len(eval_masked),
             "train_size": len(train_masked), "profile": None, "data_source": corpus["source"],
             "versions": package_versions(), "device": str(device),
+            **run_provenance(str(device), corpus.get("files", {}), optimizer_for(device)),
             "eval_targets": eval_masked.num_targets, "train_targets": train_masked.num_targets,
         }
 

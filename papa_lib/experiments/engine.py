@@ -37,6 +37,7 @@ Choices the paper leaves open (documented here, reported in the book)
 from __future__ import annotations
 
 import hashlib
+import re
 import resource
 import time
 from contextlib import nullcontext
@@ -56,6 +57,7 @@ from .features import (BackboneRunner, FeatureStore, RaggedRows, default_budget,
                        select_rows)
 from .matrices import MATRIX_TYPES, constant_builder, matrix_type
 from .rankings import HEAD_RANKINGS, head_ranking
+from .loop import optimizer_for
 from .training import HELDOUT_FRACTION, SeedPlan, heldout_split, train_seeds
 
 
@@ -252,6 +254,14 @@ class TaskExperiment:
     @property
     def data_source(self) -> str:
         return f"train: {self.split('train').examples.source}; validation: {self.split('validation').examples.source}"
+
+    def data_files(self, matrices_from: str | None = None) -> dict[str, Path]:
+        """The data files a record of this task reads (training, validation, and ``matrices_from``'s training text),
+        named as the records' ``data_source`` shows them; hub data has none."""
+        sources = [self.split("train").examples.source, self.split("validation").examples.source]
+        if matrices_from and matrices_from != self.config.task:
+            sources.append(self.unlabeled_split(matrices_from).examples.source)
+        return {name: path for source in sources for name, path in _source_files(source).items()}
 
     def seed_rows(self, seed: int) -> torch.Tensor:
         """The training examples of ``seed``: a seeded subset of ``limit`` examples, or the whole training set."""
@@ -620,6 +630,8 @@ class TaskExperiment:
             "device": str(self.config.device),
             "wall_time_s": round(seconds, 3),
             **_provenance(self.spec.name),
+            **results.run_provenance(self.config.device, self.data_files(variant.matrices_from),
+                                     optimizer_for(self.config.device)),
         }
 
     def compute_records(self, variant: Variant, seeds) -> list[dict]:
@@ -670,6 +682,19 @@ def _provenance(task: str, key: str = "provenance") -> dict:
     """``{key: ...}`` for a task of your own (files, columns: :mod:`papa_lib.experiments.custom`), else ``{}``."""
     provenance = tasks.TASKS[task].provenance if task in tasks.TASKS else None
     return {key: provenance} if provenance else {}
+
+
+def _source_files(source: str) -> dict[str, Path]:
+    """``{name: path}`` of the files a split's ``source`` names (a path, or ``papa_lib/samples/...`` for the packaged
+    sample, maybe followed by a note in parentheses); nothing for hub data."""
+    from . import sample_data
+
+    name = re.split(r" [(\[]", source)[0].strip()
+    if name.startswith("papa_lib/samples/"):
+        path = sample_data._unpacked_dir(sample_data.SAMPLE_PACK) / name[len("papa_lib/samples/"):]
+    else:
+        path = Path(name)
+    return {name: path} if path.is_file() else {}
 
 
 def _fingerprint(*tensors: torch.Tensor) -> str:

@@ -75,8 +75,9 @@ def optimizer_name(optimizer: torch.optim.Optimizer) -> str:
     return f"torch.optim.{type(optimizer).__name__}({', '.join(flags)})"
 
 
-#: What :func:`adamw` builds on this machine's CPU (records' ``optimizer`` column).
-OPTIMIZER = "torch.optim.AdamW(fused=True)"
+def optimizer_for(device="cpu") -> str:
+    """What :func:`adamw` builds for parameters on ``device`` (records' ``optimizer`` column)."""
+    return optimizer_name(adamw([torch.zeros(1, device=device, requires_grad=True)], 1e-3))
 
 
 @dataclass

@@ -50,6 +50,7 @@ import pandas as pd
 __all__ = [
     "RECORD_FIELDS",
     "REQUIRED_FIELDS",
+    "PROVENANCE_FIELDS",
     "RESULTS_FILENAME",
     "ResultsStore",
     "config_hash",
@@ -57,8 +58,18 @@ __all__ = [
     "package_versions",
     "read_results",
     "relative_drop",
+    "run_provenance",
     "summarize",
 ]
+
+#: Where a record was made, beside ``versions`` and ``device`` (:func:`run_provenance`): the repository's git commit
+#: (``unknown`` outside a git checkout; ``-dirty`` when tracked files differ from it), the SHA-256 of each data file
+#: read (JSON ``{file: digest}``), torch and transformers versions, the processor (the GPU's name on a CUDA device,
+#: else the CPU's model name), torch's thread count and the optimiser implementation. Records made before these
+#: columns existed read them as empty (missing values); a record may leave them out (they are not required).
+PROVENANCE_FIELDS: tuple[str, ...] = (
+    "git_commit", "data_sha256", "torch_version", "transformers_version", "processor", "threads", "optimizer",
+)
 
 #: Columns of the tidy results table, in the order they are written.
 RECORD_FIELDS: tuple[str, ...] = (
@@ -81,10 +92,11 @@ RECORD_FIELDS: tuple[str, ...] = (
     "device",
     "wall_time_s",
     "finished_at",
+    *PROVENANCE_FIELDS,
 )
 
 #: Fields a record passed to :meth:`ResultsStore.append` must contain (``finished_at`` is filled in).
-REQUIRED_FIELDS: tuple[str, ...] = tuple(f for f in RECORD_FIELDS if f != "finished_at")
+REQUIRED_FIELDS: tuple[str, ...] = tuple(f for f in RECORD_FIELDS if f != "finished_at" and f not in PROVENANCE_FIELDS)
 
 #: Fields that must hold a real value (not ``None``); the other required fields may be ``None`` when they do
 #: not apply (e.g. ``matrix_type`` for the original model).
@@ -96,7 +108,7 @@ RESULTS_FILENAME = "results.csv"
 LOCK_FILENAME = ".results.lock"
 
 _FLOAT_FIELDS = ("fraction", "value", "wall_time_s")
-_INT_FIELDS = ("seed", "eval_size", "train_size")
+_INT_FIELDS = ("seed", "eval_size", "train_size", "threads")
 _STRING_FIELDS = tuple(f for f in RECORD_FIELDS if f not in _FLOAT_FIELDS + _INT_FIELDS)
 
 #: Columns that identify one configuration of the grid (everything but the seed); used by
@@ -216,6 +228,79 @@ def package_versions() -> str:
         "papa_lib": _papa_lib_version(),
     }
     return json.dumps(versions, sort_keys=True)
+
+
+_GIT_COMMIT: str | None = None
+_DIGESTS: dict[tuple, str] = {}
+
+
+def git_commit() -> str:
+    """The commit of the git checkout that holds ``papa_lib`` (``-dirty`` when tracked files differ from it), read
+    once per process (so a long run names the code it started with); ``unknown`` when it is not a git checkout."""
+    global _GIT_COMMIT
+    if _GIT_COMMIT is None:
+        import subprocess
+
+        root = Path(__file__).resolve().parents[2]
+        try:
+            commit = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True,
+                                    timeout=10, check=True).stdout.strip()
+            dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
+                                   capture_output=True, text=True, timeout=30, check=True).stdout.strip()
+            _GIT_COMMIT = commit + ("-dirty" if dirty else "") if commit else "unknown"
+        except (OSError, subprocess.SubprocessError):
+            _GIT_COMMIT = "unknown"
+    return _GIT_COMMIT
+
+
+def file_sha256(path: str | Path) -> str:
+    """SHA-256 of a file's bytes (hex), computed once per file version (path, size, modification time)."""
+    path = Path(path)
+    stat = path.stat()
+    key = (str(path.resolve()), stat.st_size, stat.st_mtime_ns)
+    if key not in _DIGESTS:
+        digest = hashlib.sha256()
+        with path.open("rb") as handle:
+            for block in iter(lambda: handle.read(1 << 20), b""):
+                digest.update(block)
+        _DIGESTS[key] = digest.hexdigest()
+    return _DIGESTS[key]
+
+
+def processor_name(device: str = "cpu") -> str:
+    """The GPU's name on a CUDA device, else the CPU's model name (``/proc/cpuinfo``, or ``platform.processor()``)."""
+    if str(device).startswith("cuda"):
+        import torch
+
+        if torch.cuda.is_available():
+            return torch.cuda.get_device_name(torch.device(device))
+    try:
+        for line in Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace").splitlines():
+            if line.lower().startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "unknown"
+
+
+def run_provenance(device: str, data_files: Mapping[str, str | Path] | Iterable[str | Path] = (),
+                   optimizer: str | None = None) -> dict:
+    """The :data:`PROVENANCE_FIELDS` of a record made now on ``device`` from ``data_files`` (paths, or ``{name shown:
+    path}``; files that do not exist, e.g. hub datasets, are left out) with ``optimizer`` (e.g.
+    ``torch.optim.AdamW(fused=True)``)."""
+    import torch
+
+    named = dict(data_files) if isinstance(data_files, Mapping) else {str(f): f for f in data_files}
+    return {
+        "git_commit": git_commit(),
+        "data_sha256": json.dumps({name: file_sha256(path) for name, path in named.items() if Path(path).is_file()},
+                                  sort_keys=True),
+        "torch_version": _distribution_version("torch"),
+        "transformers_version": _distribution_version("transformers"),
+        "processor": processor_name(device),
+        "threads": int(torch.get_num_threads()),
+        "optimizer": optimizer,
+    }
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -366,7 +451,7 @@ class ResultsStore:
             if header is None:
                 table: tuple[list[str], list[dict[str, str]]] = ([], [])
             else:
-                lacking = [f for f in RECORD_FIELDS if f not in header]
+                lacking = [f for f in RECORD_FIELDS if f not in header and f not in PROVENANCE_FIELDS]
                 if lacking:
                     raise ValueError(f"{self.path}:1: results table header lacks column(s): {', '.join(lacking)}")
                 rows = []
@@ -414,6 +499,9 @@ class ResultsStore:
             except ValueError as err:
                 raise ValueError(f"{self.path}: column {column!r}: {err}") from None
         columns = list(RECORD_FIELDS) + [c for c in header if c not in RECORD_FIELDS]
+        for column in columns:  # provenance columns of a table written before they existed: empty
+            if column not in data:
+                data[column] = _decode_column(column, [""] * len(rows))
         return pd.DataFrame({c: data[c] for c in columns})
 
     def get(self, run_id: str) -> dict:
