@@ -104,3 +104,32 @@ def test_records_carry_provenance_and_old_records_read_it_as_empty(tmp_path):
     old.append({k: v for k, v in record.items() if k not in results.PROVENANCE_FIELDS})
     frame = old.frame()
     assert set(results.PROVENANCE_FIELDS) <= set(frame.columns) and frame["git_commit"].isna().all()
+
+
+def test_plan_counts_the_seeds_of_a_seed_independent_variant_stepping_together():
+    from papa_lib.experiments import plan
+    from papa_lib.experiments.engine import ExperimentConfig, Variant
+
+    config = ExperimentConfig("cola", seeds=tuple(range(10)), epochs=2).resolved()
+    kwargs = dict(layers=6, hidden=384, tokens_per_second=1e4, step_seconds=1e-3, budget=10**12)
+    costs = {}
+    for name, variants in {"constant": [Variant(), Variant.make("zeros", "none", 0.0)],
+                           "lambda": [Variant.make("average", "lambda", 0.5)]}.items():
+        for together in (1.0, 0.1):
+            costs[name, together] = plan.plan_task("cola", variants, config, together=together, **kwargs)
+    alone, batched = costs["constant", 1.0], costs["constant", 0.1]
+    assert batched.frozen_backbones == alone.frozen_backbones == 2  # one backbone pass per variant, all seeds
+    assert batched.probe_seconds == pytest.approx(0.1 * alone.probe_seconds) and batched.probe_seconds > 0
+    assert batched.seconds == pytest.approx(batched.backbone_seconds + batched.probe_seconds)
+    # λ differs per seed: its own backbone and its own probe per seed, whatever training together would save
+    assert costs["lambda", 0.1].probe_seconds == costs["lambda", 1.0].probe_seconds
+    assert costs["lambda", 1.0].frozen_backbones == 10
+
+
+def test_measured_seed_batching_is_a_positive_factor():
+    from papa_lib import smoke
+    from papa_lib.experiments import plan
+
+    model, _ = smoke.tiny_encoder("bert")
+    factor = plan.measure_seed_batching(model, seeds=3, tokens=8, steps=3)
+    assert 0 < factor < float("inf")  # a timing ratio (its size depends on the machine and its load)
