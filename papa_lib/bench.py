@@ -23,8 +23,10 @@ Figures
     call per seed) divided by training them together (one call for all: every step takes each seed's batch in one
     backward pass and one AdamW call), one epoch on cached real-token features of 256 sentences (L = 64), each seed
     with its own 90% of them; sentence probes at batch 32, token probes (one row per token) at batch 8, Table 3's
-    sizes for SST-2 and NER. Median of three interleaved repetitions. ``probe_seeds_max_abs_diff_*`` is the largest
-    difference between the two ways' trained weights (0: equal bit for bit). On a CPU a token probe's step is
+    sizes for SST-2 and NER. Median of three interleaved repetitions. ``probe_seeds_interleaved_vs_sequential_*``: the
+    same with the seeds trained in one pass but in turns (each seed takes all its batches of a chunk of the pass before
+    the next seed; ``train_seeds(batched=False)``). ``probe_seeds_max_abs_diff_*`` is the largest difference between
+    the sequential probes' trained weights and the other two ways' (0: equal bit for bit). On a CPU a token probe's step is
     dominated by its first layer's matrix products, whose work grows with the number of seeds either way, so the
     ratio stays near 1 there; what training together saves is the per-step overhead (one backward, one optimiser
     call), which dominates on a GPU.
@@ -369,11 +371,11 @@ def bench_seeds(model, tokenizer, sizes: BenchSizes, device) -> dict[str, float]
     plans = [SeedPlan(seed, *heldout_split(rows, HELDOUT_FRACTION, seed)) for seed in range(sizes.seeds)]
     figures: dict[str, float] = {}
     for kind, batch, targets, classes, rate in (("sentence", 32, labels, 2, 1e-4), ("token", 8, tags, 9, 5e-4)):
-        def train(chosen, kind=kind, batch=batch, targets=targets, classes=classes, rate=rate):
+        def train(chosen, batched=True, kind=kind, batch=batch, targets=targets, classes=classes, rate=rate):
             return train_seeds(lambda seed: probes.make_probe(kind, layers, length, hidden, classes), chosen,
                                lambda chunk: (features, chunk), lambda plan: (features, plan.heldout),
                                lambda plan, predictions: 0.0, targets, kind, pool_size=len(rows), batch_size=batch,
-                               learning_rate=rate, max_epochs=1, patience=1, device=device)
+                               learning_rate=rate, max_epochs=1, patience=1, device=device, batched=batched)
 
         trained = {}
 
@@ -383,15 +385,21 @@ def bench_seeds(model, tokenizer, sizes: BenchSizes, device) -> dict[str, float]
         def together():
             trained["together"] = train(plans)
 
-        times = _interleaved({"sequential": sequential, "together": together}, sizes.seeds_repeats, device,
-                             [lambda: train(plans[:1])])
+        def interleaved():
+            trained["interleaved"] = train(plans, batched=False)
+
+        times = _interleaved({"sequential": sequential, "together": together, "interleaved": interleaved},
+                             sizes.seeds_repeats, device, [lambda: train(plans[:1])])
         figures[f"probe_seeds_batched_vs_sequential_{kind}"] = _median_ratio(times["sequential"], times["together"])
+        figures[f"probe_seeds_interleaved_vs_sequential_{kind}"] = _median_ratio(times["sequential"],
+                                                                                  times["interleaved"])
         figures[f"probe_seeds_together_s_{kind}"] = statistics.median(times["together"])
         figures[f"probe_seeds_max_abs_diff_{kind}"] = max(
             float((a - b).abs().max())
             for plan in plans
+            for way in ("together", "interleaved")
             for a, b in zip(trained["sequential"][plan.seed].probe.state_dict().values(),
-                            trained["together"][plan.seed].probe.state_dict().values()))
+                            trained[way][plan.seed].probe.state_dict().values()))
     return figures
 
 

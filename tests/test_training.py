@@ -3,6 +3,8 @@ trained one by one, bit for bit, for sentence and token probes, early stopping i
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -93,7 +95,7 @@ def test_records_carry_provenance_and_old_records_read_it_as_empty(tmp_path):
     files = {str(data_dir / "glue" / "CoLA" / name) for name in ("train.tsv", "dev.tsv")}
     assert set(digests) == files
     for name, digest in digests.items():
-        assert digest == hashlib.sha256(open(name, "rb").read()).hexdigest()
+        assert digest == hashlib.sha256(Path(name).read_bytes()).hexdigest()
     assert record["torch_version"] == torch.__version__ and record["threads"] == torch.get_num_threads()
     assert record["optimizer"] == "torch.optim.AdamW(fused=True)" and record["processor"]
     assert record["git_commit"] == "unknown" or len(record["git_commit"].removesuffix("-dirty")) == 40
@@ -111,7 +113,7 @@ def test_plan_counts_the_seeds_of_a_seed_independent_variant_stepping_together()
     from papa_lib.experiments.engine import ExperimentConfig, Variant
 
     config = ExperimentConfig("cola", seeds=tuple(range(10)), epochs=2).resolved()
-    kwargs = dict(layers=6, hidden=384, tokens_per_second=1e4, step_seconds=1e-3, budget=10**12)
+    kwargs = {"layers": 6, "hidden": 384, "tokens_per_second": 1e4, "step_seconds": 1e-3, "budget": 10**12}
     costs = {}
     for name, variants in {"constant": [Variant(), Variant.make("zeros", "none", 0.0)],
                            "lambda": [Variant.make("average", "lambda", 0.5)]}.items():
