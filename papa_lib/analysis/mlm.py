@@ -50,7 +50,8 @@ from ..core.override import AttentionOverride
 from ..experiments.inloop import learn_lambdas
 from ..experiments.probes import set_seed
 from ..experiments.loop import optimizer_for
-from ..experiments.results import ResultsStore, config_hash, package_versions, run_provenance
+from ..experiments.provenance import run_provenance
+from ..experiments.results import ResultsStore, config_hash, package_versions
 from ..experiments.selection import PAPER_FRACTIONS, heads_to_replace
 from ..experiments.tasks import MLM_HPARAMS
 from .mlm_probe import (

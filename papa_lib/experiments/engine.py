@@ -58,6 +58,7 @@ from .features import (BackboneRunner, FeatureStore, RaggedRows, default_budget,
 from .matrices import MATRIX_TYPES, constant_builder, matrix_type
 from .rankings import HEAD_RANKINGS, head_ranking
 from .loop import optimizer_for
+from .provenance import run_provenance
 from .training import HELDOUT_FRACTION, SeedPlan, heldout_split, train_seeds
 
 
@@ -630,7 +631,7 @@ class TaskExperiment:
             "device": str(self.config.device),
             "wall_time_s": round(seconds, 3),
             **_provenance(self.spec.name),
-            **results.run_provenance(self.config.device, self.data_files(variant.matrices_from),
+            **run_provenance(self.config.device, self.data_files(variant.matrices_from),
                                      optimizer_for(self.config.device)),
         }
 

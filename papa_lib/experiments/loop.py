@@ -25,6 +25,7 @@ alone: same initialisation, same batches in the same order, same dropout draws, 
 from __future__ import annotations
 
 import copy
+import random
 from collections.abc import Callable, Iterable
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
@@ -94,12 +95,22 @@ class TrainedProbe:
     curve: list[dict] = field(default_factory=list)
 
 
+def set_seed(seed: int) -> None:
+    """Seed Python's ``random``, NumPy and torch (and every CUDA device when CUDA is available)."""
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
+        raise ValueError(f"seed must be an integer, got {seed!r}")
+    seed = int(seed)
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+    if torch.cuda.is_available():
+        torch.cuda.manual_seed_all(seed)
+
+
 class RandomStream:
     """A private torch random stream (CPU and CUDA) so a model's dropout does not depend on other models' steps."""
 
     def __init__(self, seed: int):
-        from .probes import set_seed
-
         with torch.random.fork_rng(devices=range(torch.cuda.device_count()) if torch.cuda.is_available() else []):
             set_seed(seed)
             self.cpu = torch.get_rng_state()

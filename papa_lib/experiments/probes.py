@@ -46,16 +46,15 @@ bit-for-bit reproducible on CPU, provided ``batches_fn`` is itself deterministic
 
 from __future__ import annotations
 
-import random
-from dataclasses import dataclass
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
 from torch import Tensor, nn
 
-from .loop import IGNORE_INDEX, Member, _as_inputs, _to_device, adamw, fit
+from .loop import IGNORE_INDEX, Member, _as_inputs, _to_device, adamw, fit, set_seed
 
 __all__ = [
     "SentenceProbe",
@@ -287,18 +286,6 @@ def make_probe(
     if kind == "token":
         return TokenProbe(num_layers, hidden_size, num_labels, **kwargs)
     raise ValueError(f"unknown probe kind {kind!r}; expected 'sentence' or 'token'")
-
-
-def set_seed(seed: int) -> None:
-    """Seed Python's ``random``, NumPy and torch (and every CUDA device when CUDA is available)."""
-    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
-        raise ValueError(f"seed must be an integer, got {seed!r}")
-    seed = int(seed)
-    random.seed(seed)
-    np.random.seed(seed % 2**32)
-    torch.manual_seed(seed)
-    if torch.cuda.is_available():
-        torch.cuda.manual_seed_all(seed)
 
 
 def train_probe(
