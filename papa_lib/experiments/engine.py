@@ -632,7 +632,7 @@ class TaskExperiment:
             "wall_time_s": round(seconds, 3),
             **_provenance(self.spec.name),
             **run_provenance(self.config.device, self.data_files(variant.matrices_from),
-                                     optimizer_for(self.config.device)),
+                             optimizer_for(self.config.device)),
         }
 
     def compute_records(self, variant: Variant, seeds) -> list[dict]:

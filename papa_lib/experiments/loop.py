@@ -19,7 +19,7 @@ Members that step together share one backward pass and one AdamW call (PyTorch's
 on its own, and a parameter without a gradient is skipped, step count included). A member that has no batch in a
 step, or that has stopped, is not touched. So a member's trajectory is bit for bit the one it has when it trains
 alone: same initialisation, same batches in the same order, same dropout draws, same early stopping
-(``tests/test_experiments.py`` checks ``torch.equal`` for sentence and token probes).
+(``tests/test_training.py`` checks ``torch.equal`` for sentence and token probes).
 """
 
 from __future__ import annotations
