@@ -1,6 +1,6 @@
 """Speed and memory benchmarks of the library (paper Sec. 3.4 "Potential Computational Gains", and our own tools).
 
-Run ``python -m papa_lib.bench [averaging|probe|constant|memory|all] [--quick]`` (also ``papa bench``). Every figure
+Run ``python -m papa_lib.bench [averaging|probe|seeds|constant|packing|memory|all] [--quick]`` (also ``papa bench``). Every figure
 is printed as one ``name: value`` line (lines starting with ``#`` are context); all are measured in one run, side by
 side, on the embedded all-MiniLM-L6-v2 unless ``--model`` (or the ``PAPA_BENCH_MODEL`` environment variable) says
 otherwise (``tiny`` is a 2-layer random BERT used by the tests; ``all-mpnet-base-v2`` the second real model, from the
@@ -19,6 +19,18 @@ Figures
     batches and probe initialisation; median of three interleaved repetitions). The cached path is exactly the one
     :class:`papa_lib.experiments.engine.TaskExperiment` uses for frozen variants; the recomputing path is its :class:`~papa_lib.experiments.engine.BackboneProbe` with the backbone's weights not requiring gradients
     (what a frozen variant would cost without the cache). ``feature_extraction_s`` is the one-off caching cost.
+``probe_seeds_batched_vs_sequential_{sentence,token}``
+    Time of training the probes of 10 seeds one after another (one :func:`~papa_lib.experiments.training.train_seeds`
+    call per seed) divided by training them together (one call for all: every step takes each seed's batch in one
+    backward pass and one AdamW call), one epoch on cached real-token features of 256 sentences (L = 64), each seed
+    with its own 90% of them; sentence probes at batch 32, token probes (one row per token) at batch 8, Table 3's
+    sizes for SST-2 and NER. Median of three interleaved repetitions. ``probe_seeds_interleaved_vs_sequential_*``: the
+    same with the seeds trained in one pass but in turns (each seed takes all its batches of a chunk of the pass before
+    the next seed; ``train_seeds(batched=False)``). ``probe_seeds_max_abs_diff_*`` is the largest difference between
+    the sequential probes' trained weights and the other two ways' (0: equal bit for bit). On a CPU a token probe's step is
+    dominated by its first layer's matrix products, whose work grows with the number of seeds either way, so the
+    ratio stays near 1 there; what training together saves is the per-step overhead (one backward, one optimiser
+    call), which dominates on a GPU.
 ``constant_vs_original_L{128,256,512}``
     Speed-up of a forward pass with every head ``constant`` (fast path, :mod:`papa_lib.core.fastpath`) over the original
     eager forward pass, same batch (8 sequences of random ids, every token real), median of four interleaved
@@ -62,7 +74,7 @@ from typing import Callable, Iterable
 
 import torch
 
-BENCHMARK_NAMES = ("averaging", "probe", "constant", "packing", "memory")
+BENCHMARK_NAMES = ("averaging", "probe", "seeds", "constant", "packing", "memory")
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 SST2_DEV = SHARED_DATA / "glue" / "SST-2" / "dev.tsv"
@@ -92,13 +104,16 @@ class BenchSizes:
     packing_sentences: int = 1024
     packing_batch: int = 32
     packing_repeats: int = 3
+    seeds: int = 10
+    seeds_sentences: int = 256
+    seeds_repeats: int = 3
 
 
 FULL = BenchSizes()
 QUICK = BenchSizes(
     averaging_sentences=32, averaging_batch=16, averaging_repeats=2, probe_sentences=32, probe_batch=16,
     probe_repeats=1, constant_batch=1, constant_repeats=2, memory_sentences=(32, 128), memory_batch=8,
-    packing_sentences=64, packing_batch=16, packing_repeats=1,
+    packing_sentences=64, packing_batch=16, packing_repeats=1, seeds_sentences=32, seeds_repeats=1,
 )
 
 
@@ -332,6 +347,61 @@ def bench_probe(model, tokenizer, sizes: BenchSizes, device) -> dict[str, float]
         "recomputed_epoch_s": statistics.median(times["recomputed"]),
         "feature_extraction_s": extract_s,
     }
+
+
+def bench_seeds(model, tokenizer, sizes: BenchSizes, device) -> dict[str, float]:
+    """``probe_seeds_batched_vs_sequential_{sentence,token}``: the probes of ``sizes.seeds`` seeds trained one after
+    another / trained together (see the module docstring), on the same cached features; and how far apart they end."""
+    from .core.layout import encode
+    from .experiments import probes
+    from .experiments.features import BackboneRunner
+    from .experiments.training import HELDOUT_FRACTION, SeedPlan, heldout_split, train_seeds
+
+    length = 64
+    texts, labels, _ = benchmark_sentences(sizes.seeds_sentences)
+    encoded = encode(tokenizer, texts, max_length=length)
+    labels = torch.tensor(labels, dtype=torch.long)
+    layers, hidden = int(model.config.num_hidden_layers) + 1, int(model.config.hidden_size)
+    rows = torch.arange(len(labels))
+    features = BackboneRunner(model, encoded, labels, "sentence", batch_size=32).rows(rows)
+    counts = features.offsets.diff()
+    generator = torch.Generator().manual_seed(0)
+    tags = torch.full((len(labels), int(counts.max())), -100, dtype=torch.long)  # one random tag (of 9) per token
+    for row, count in enumerate(counts.tolist()):
+        tags[row, :count] = torch.randint(0, 9, (count,), generator=generator)
+    plans = [SeedPlan(seed, *heldout_split(rows, HELDOUT_FRACTION, seed)) for seed in range(sizes.seeds)]
+    figures: dict[str, float] = {}
+    for kind, batch, targets, classes, rate in (("sentence", 32, labels, 2, 1e-4), ("token", 8, tags, 9, 5e-4)):
+        def train(chosen, batched=True, kind=kind, batch=batch, targets=targets, classes=classes, rate=rate):
+            return train_seeds(lambda seed: probes.make_probe(kind, layers, length, hidden, classes), chosen,
+                               lambda chunk: (features, chunk), lambda plan: (features, plan.heldout),
+                               lambda plan, predictions: 0.0, targets, kind, pool_size=len(rows), batch_size=batch,
+                               learning_rate=rate, max_epochs=1, patience=1, device=device, batched=batched)
+
+        trained = {}
+
+        def sequential():
+            trained["sequential"] = {seed: out for plan in plans for seed, out in train([plan]).items()}
+
+        def together():
+            trained["together"] = train(plans)
+
+        def interleaved():
+            trained["interleaved"] = train(plans, batched=False)
+
+        times = _interleaved({"sequential": sequential, "together": together, "interleaved": interleaved},
+                             sizes.seeds_repeats, device, [lambda: train(plans[:1])])
+        figures[f"probe_seeds_batched_vs_sequential_{kind}"] = _median_ratio(times["sequential"], times["together"])
+        figures[f"probe_seeds_interleaved_vs_sequential_{kind}"] = _median_ratio(times["sequential"],
+                                                                                  times["interleaved"])
+        figures[f"probe_seeds_together_s_{kind}"] = statistics.median(times["together"])
+        figures[f"probe_seeds_max_abs_diff_{kind}"] = max(
+            float((a - b).abs().max())
+            for plan in plans
+            for way in ("together", "interleaved")
+            for a, b in zip(trained["sequential"][plan.seed].probe.state_dict().values(),
+                            trained[way][plan.seed].probe.state_dict().values()))
+    return figures
 
 
 def bench_packing(model, tokenizer, sizes: BenchSizes, device, data_dir: Path | None = None) -> dict[str, float]:
@@ -581,8 +651,8 @@ def run_benchmarks(
                     say(f"# model: {getattr(loaded[0], 'papa_model_id', '?')}, device {device}, dtype {dtype}, "
                         f"torch threads {torch.get_num_threads()}, {clock} clock, {label} sizes, "
                         f"sentences from {benchmark_sentences(1)[2]}")
-                function = {"averaging": bench_averaging, "probe": bench_probe, "constant": bench_constant,
-                            "packing": bench_packing}[name]
+                function = {"averaging": bench_averaging, "probe": bench_probe, "seeds": bench_seeds,
+                            "constant": bench_constant, "packing": bench_packing}[name]
                 result = function(loaded[0], loaded[1], sizes, device)
             for key, value in result.items():
                 figures[key] = float(value)
@@ -594,7 +664,7 @@ def run_benchmarks(
 
 
 def main(argv: list[str] | None = None, parser_class: type[argparse.ArgumentParser] = argparse.ArgumentParser) -> int:
-    """Command line: ``python -m papa_lib.bench [averaging|probe|constant|memory|all] [--quick] [--device cuda] ...``.
+    """Command line: ``python -m papa_lib.bench [averaging|probe|seeds|constant|packing|memory|all] [--quick] [--device cuda] ...``.
 
     ``papa bench ...`` calls this with its own ``parser_class`` (one-line errors, exit status 2).
     """

@@ -170,3 +170,14 @@ def test_packing_benchmark_on_the_real_mpnet(tmp_path, mpnet):
     figures = bench.bench_packing(model, tokenizer, sizes, "cpu", data_dir=tmp_path)
     assert figures["packed_vs_padded_max_abs_diff_sst2"] < 1e-2  # fp16 storage rounding only
     assert figures["packed_vs_padded_sst2_L64"] > 1.5
+
+
+def test_seeds_benchmark_trains_together_what_it_trains_one_by_one():
+    lines = []
+    sizes = bench.BenchSizes(seeds=3, seeds_sentences=12, seeds_repeats=1)
+    figures = bench.run_benchmarks(["seeds"], model="tiny", sizes=sizes, emit=lines.append)
+    for kind in ("sentence", "token"):
+        assert figures[f"probe_seeds_batched_vs_sequential_{kind}"] > 0
+        assert figures[f"probe_seeds_together_s_{kind}"] > 0
+        assert figures[f"probe_seeds_max_abs_diff_{kind}"] == 0.0  # the same weights, bit for bit
+    assert f"probe_seeds_batched_vs_sequential_token: {figures['probe_seeds_batched_vs_sequential_token']:.4g}" in lines

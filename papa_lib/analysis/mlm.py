@@ -47,7 +47,10 @@ from ..core.averaging import ConstantAttention, average_attention
 from ..core.layout import batched
 from ..core.models import base_encoder, model_id, num_layers_and_heads
 from ..core.override import AttentionOverride
-from ..experiments.probes import set_seed, train_probe
+from ..experiments.inloop import learn_lambdas
+from ..experiments.probes import set_seed
+from ..experiments.loop import optimizer_for
+from ..experiments.provenance import run_provenance
 from ..experiments.results import ResultsStore, config_hash, package_versions
 from ..experiments.selection import PAPER_FRACTIONS, heads_to_replace
 from ..experiments.tasks import MLM_HPARAMS
@@ -92,13 +95,13 @@ MLM_DESIGN_VERSION = "mlm-v1"
 
 
 class _JointMLM(nn.Module):
-    """Frozen backbone (under a ``mix`` override) + MLM probe, trained together so θ gets gradients."""
+    """Frozen backbone (run under the ``mix`` override that :func:`learn_lambdas` applies) + MLM probe, trained
+    together so θ gets gradients."""
 
-    def __init__(self, encoder: nn.Module, probe: MLMProbe, state: AttentionOverride):
+    def __init__(self, encoder: nn.Module, probe: MLMProbe):
         super().__init__()
         self.encoder = encoder
         self.probe = probe
-        self.state = state
 
     def train(self, mode: bool = True):
         super().train(mode)
@@ -106,8 +109,7 @@ class _JointMLM(nn.Module):
         return self
 
     def forward(self, inputs: dict, rows: Tensor, cols: Tensor) -> Tensor:
-        with self.state.applied(self.encoder):
-            outputs = self.encoder(**inputs, output_hidden_states=True)
+        outputs = self.encoder(**inputs, output_hidden_states=True)
         return self.probe(_gather_layers(outputs.hidden_states, rows, cols))
 
 
@@ -123,18 +125,13 @@ def learn_mlm_lambdas(
     device: str | torch.device = "cpu",
     progress: bool = False,
 ) -> Tensor:
-    """Learn λ^h = σ(θ^h) for MLM: every head mixes ``λ A + (1-λ) C`` (Eq. 3) while an MLM probe is trained with it.
-
-    θ and the probe's parameters share one AdamW optimiser (Table 3 hyperparameters); the backbone's own weights
-    stay frozen (their ``requires_grad`` is switched off for the duration and restored). Returns λ
-    ``[layers, heads]`` on the CPU.
-    """
+    """λ^h = σ(θ^h) for MLM: the library's λ learner (:func:`papa_lib.experiments.inloop.learn_lambdas`) with an
+    MLM probe on masked sequences. θ and the probe share Table 3's learning rate; dropout draws from the global
+    generator after :func:`set_seed` (``seed``). Returns λ ``[layers, heads]`` on the CPU."""
     encoder = base_encoder(model)
     layers, _ = num_layers_and_heads(encoder)
     set_seed(seed)
     probe = _make_probe(model, layers + 1)
-    state = AttentionOverride(encoder, constants, "all", "mix")
-    joint = _JointMLM(encoder, probe, state)
     uses_types = _uses_token_type_ids(encoder)
     encoder_device = next(encoder.parameters()).device
 
@@ -149,17 +146,8 @@ def learn_mlm_lambdas(
             targets = train.original_ids[index][rows, cols]
             yield (inputs, rows.to(encoder_device), cols.to(encoder_device)), targets
 
-    flags = [(p, p.requires_grad) for p in encoder.parameters()]
-    for parameter, _ in flags:
-        parameter.requires_grad_(False)
-    try:
-        params = list(probe.parameters()) + state.trainable_parameters()
-        train_probe(joint, params, batches, epochs, lr, device=device, progress=progress)
-    finally:
-        for parameter, flag in flags:
-            parameter.requires_grad_(flag)
-        joint.eval()
-    return state.lambdas()
+    return learn_lambdas(encoder, constants, probe, lambda state: _JointMLM(encoder, probe).to(device), batches,
+                         seed=seed, epochs=epochs, learning_rate=lr, own_stream=False, device=device)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -341,6 +329,7 @@ def run_mlm_curve(
             "model": name, "task": "mlm", "metric": "neg_log_perplexity", "eval_size": len(eval_masked),
             "train_size": len(train_masked), "profile": None, "data_source": corpus["source"],
             "versions": package_versions(), "device": str(device),
+            **run_provenance(str(device), corpus.get("files", {}), optimizer_for(device)),
             "eval_targets": eval_masked.num_targets, "train_targets": train_masked.num_targets,
         }
 

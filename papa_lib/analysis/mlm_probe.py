@@ -121,7 +121,7 @@ def load_mlm_corpus(data_dir: str | Path | None = None) -> dict:
 
     Returns:
         ``{'train_lines', 'eval_lines', 'source' (human-readable), 'corpus' (stable id used in run ids),
-        'hub' (bool)}``.
+        'hub' (bool), 'files' ({name: path} of the local files read; absent for the hub)}``.
     """
     if data_dir is None:
         train = load_wikitext("train", None, name="wikitext-103")
@@ -140,6 +140,8 @@ def load_mlm_corpus(data_dir: str | Path | None = None) -> dict:
     sample = is_sample(root)  # the packaged sample: its own corpus id, so its runs never pass for full-file ones
     return {
         "train_lines": train, "eval_lines": evaluation, "hub": False,
+        "files": {f"{describe(root / corpus / name).split(' (')[0]}": root / corpus / name
+                  for name in ("wiki.valid.tokens", "wiki.test.tokens")},
         "source": f"{describe(root / corpus)} (probe: wiki.valid.tokens, score: wiki.test.tokens)",
         "corpus": f"local-{corpus}{'-sample' if sample else ''}:valid->test",
     }

@@ -37,6 +37,7 @@ Choices the paper leaves open (documented here, reported in the book)
 from __future__ import annotations
 
 import hashlib
+import re
 import resource
 import time
 from contextlib import nullcontext
@@ -57,6 +58,8 @@ from .features import (BackboneRunner, FeatureStore, RaggedRows, default_budget,
                        select_rows)
 from .matrices import MATRIX_TYPES, constant_builder, matrix_type
 from .rankings import HEAD_RANKINGS, head_ranking
+from .loop import optimizer_for
+from .provenance import run_provenance
 from .training import HELDOUT_FRACTION, SeedPlan, heldout_split, train_seeds
 
 
@@ -257,6 +260,14 @@ class TaskExperiment:
     def data_source(self) -> str:
         return f"train: {self.split('train').examples.source}; validation: {self.split('validation').examples.source}"
 
+    def data_files(self, matrices_from: str | None = None) -> dict[str, Path]:
+        """The data files a record of this task reads (training, validation, and ``matrices_from``'s training text),
+        named as the records' ``data_source`` shows them; hub data has none."""
+        sources = [self.split("train").examples.source, self.split("validation").examples.source]
+        if matrices_from and matrices_from != self.config.task:
+            sources.append(self.unlabeled_split(matrices_from).examples.source)
+        return {name: path for source in sources for name, path in _source_files(source).items()}
+
     def seed_rows(self, seed: int) -> torch.Tensor:
         """The training examples of ``seed``: a seeded subset of ``limit`` examples, or the whole training set."""
         n = len(self.split("train"))
@@ -348,8 +359,9 @@ class TaskExperiment:
         return self.results_dir / "lambdas" / f"{cfg.task}-from-{source}-{key}.pt" if self.results_dir else None
 
     def learn_lambdas(self, matrices_from: str | None = None, seed: int = 0) -> torch.Tensor:
-        """Train θ (λ = σ(θ)) of every head jointly with a probe on ``seed``'s training rows; λ ``[layers, heads]``."""
-        from .inloop import BackboneProbe, train_inloop
+        """Train θ (λ = σ(θ)) of every head jointly with a probe on ``seed``'s training rows
+        (:func:`papa_lib.experiments.inloop.learn_lambdas`); λ ``[layers, heads]``, saved under ``results_dir/lambdas``."""
+        from .inloop import BackboneProbe, inloop_batches, learn_lambdas
 
         source = matrices_from or self.config.task
         if ("lambda", source, seed) in self._scores:
@@ -357,16 +369,16 @@ class TaskExperiment:
         cfg, path = self.config, self.lambda_path(source, seed)
         lambdas = read_or_heal(path, torch.load)  # None: absent, or damaged and set aside
         if lambdas is None:
-            state = AttentionOverride(self.model, self.constants(source), "all", "mix")
+            constants, split = self.constants(source), self.split("train")
             probes.set_seed(seed)
-            wrapper = BackboneProbe(self.model, self._new_probe(), self.spec.kind, cfg.packed).to(cfg.device)
-            split = self.split("train")
-            with state.applied(self.model):
-                train_inloop(wrapper, state, split.encoded, split.labels, self.spec.kind, self.seed_plan(seed).train,
-                             seed=seed, epochs=cfg.lambda_epochs, learning_rate=cfg.learning_rate,
-                             batch_size=cfg.batch_size, extra_rates={"theta": cfg.lambda_learning_rate},
-                             device=cfg.device)
-            lambdas = state.lambdas()
+            probe = self._new_probe()
+            lambdas = learn_lambdas(
+                self.model, constants, probe,
+                lambda state: BackboneProbe(self.model, probe, self.spec.kind, cfg.packed).to(cfg.device),
+                inloop_batches(split.encoded, split.labels, self.spec.kind, self.seed_plan(seed).train, cfg.batch_size,
+                               seed),
+                seed=seed, epochs=cfg.lambda_epochs, learning_rate=cfg.learning_rate,
+                theta_learning_rate=cfg.lambda_learning_rate, device=cfg.device)
             if path is not None:
                 write_atomic(path, lambda tmp: torch.save(lambdas, tmp))
         self._scores[("lambda", source, seed)] = lambdas
@@ -637,6 +649,8 @@ class TaskExperiment:
             "device": str(self.config.device),
             "wall_time_s": round(seconds, 3),
             **_provenance(self.spec.name),
+            **run_provenance(self.config.device, self.data_files(variant.matrices_from),
+                             optimizer_for(self.config.device)),
         }
 
     def compute_records(self, variant: Variant, seeds) -> list[dict]:
@@ -687,6 +701,19 @@ def _provenance(task: str, key: str = "provenance") -> dict:
     """``{key: ...}`` for a task of your own (files, columns: :mod:`papa_lib.experiments.custom`), else ``{}``."""
     provenance = tasks.TASKS[task].provenance if task in tasks.TASKS else None
     return {key: provenance} if provenance else {}
+
+
+def _source_files(source: str) -> dict[str, Path]:
+    """``{name: path}`` of the files a split's ``source`` names (a path, or ``papa_lib/samples/...`` for the packaged
+    sample, maybe followed by a note in parentheses); nothing for hub data."""
+    from . import sample_data
+
+    name = re.split(r" [(\[]", source)[0].strip()
+    if name.startswith("papa_lib/samples/"):
+        path = sample_data._unpacked_dir(sample_data.SAMPLE_PACK) / name[len("papa_lib/samples/"):]
+    else:
+        path = Path(name)
+    return {name: path} if path.is_file() else {}
 
 
 def _fingerprint(*tensors: torch.Tensor) -> str:

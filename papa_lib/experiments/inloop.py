@@ -16,8 +16,9 @@ from torch import nn
 
 from ..core.packing import layout_position_ids, pack, supports_packing
 from .features import select_rows
-from .probes import IGNORE_INDEX, adamw
-from .training import TrainedProbe, _RandomStream, flat_targets, improves
+from .loop import Member, RandomStream, TrainedProbe, fit
+from .probes import IGNORE_INDEX
+from .training import flat_targets
 
 
 class BackboneProbe(nn.Module):
@@ -89,63 +90,93 @@ def predict_inloop(wrapper: BackboneProbe, encoded, labels, examples, kind: str,
     return (out, loss_sum / max(count, 1)) if with_loss else out
 
 
+def inloop_batches(encoded, labels, kind: str, train_rows, batch_size: int, seed: int):
+    """``batches_fn(epoch)`` for a :class:`BackboneProbe`: ``seed``'s rows in a seeded order per epoch, as
+    ``((encoded part,), targets)``; batches without a kept word are left out."""
+    train_rows = torch.as_tensor(train_rows, dtype=torch.long)
+
+    def batches(epoch):
+        for part_rows in _batches(encoded, train_rows, batch_size, seed, epoch):
+            targets = flat_targets(labels, part_rows, kind)
+            if targets.numel():
+                yield (_masked_part(encoded, labels, part_rows, kind),), targets
+
+    return batches
+
+
+def override_groups(state, extra_rates: dict | None = None) -> list[dict]:
+    """AdamW groups of an override's trainable parameters: θ (λ = σ(θ)) and trainable matrices, each at its own rate
+    when ``extra_rates`` names one (``"theta"``, ``"matrices"``), else at the loop's."""
+    extra_rates = extra_rates or {}
+    if state is None:
+        return []
+    groups = []
+    theta = [p for p in state.trainable_parameters() if p is state.theta]
+    matrices = [p for p in state.trainable_parameters() if p is not state.theta]
+    if theta:
+        groups.append({"params": theta, **({"lr": extra_rates["theta"]} if "theta" in extra_rates else {})})
+    if matrices:
+        groups.append({"params": matrices, **({"lr": extra_rates["matrices"]} if "matrices" in extra_rates else {})})
+    return groups
+
+
 def train_inloop(wrapper: BackboneProbe, state, encoded, labels, kind: str, train_rows, *, seed: int, epochs: int,
                  learning_rate: float, batch_size: int, extra_rates: dict | None = None, heldout_rows=None,
                  score=None, patience: int | None = None, device="cpu") -> TrainedProbe:
     """Train ``wrapper``'s probe and ``state``'s trainable parameters for up to ``epochs``; with ``heldout_rows``
     and ``score(predictions)``, stop early and restore the best epoch. ``extra_rates`` maps an override parameter
-    group (``"theta"``, ``"matrices"``) to its own learning rate."""
-    extra_rates = extra_rates or {}
-    groups = [{"params": list(wrapper.probe.parameters())}]
-    if state is not None:
-        theta = [p for p in state.trainable_parameters() if p is state.theta]
-        matrices = [p for p in state.trainable_parameters() if p is not state.theta]
-        if theta:
-            groups.append({"params": theta, **({"lr": extra_rates["theta"]} if "theta" in extra_rates else {})})
-        if matrices:
-            groups.append({"params": matrices, **({"lr": extra_rates["matrices"]} if "matrices" in extra_rates else {})})
-    optimiser = adamw(groups, learning_rate)
-    stream = _RandomStream(seed)
-    result = TrainedProbe(seed, wrapper.probe)
-    best, stale = None, 0
-    train_rows = torch.as_tensor(train_rows, dtype=torch.long)
-    for epoch in range(epochs):
-        wrapper.train()
-        losses = []
-        with stream.active():
-            for part_rows in _batches(encoded, train_rows, batch_size, seed, epoch):
-                targets = flat_targets(labels, part_rows, kind).to(device)
-                if targets.numel() == 0:
-                    continue
-                logits = wrapper(_masked_part(encoded, labels, part_rows, kind))
-                loss = F.cross_entropy(logits, targets, ignore_index=IGNORE_INDEX)
-                optimiser.zero_grad(set_to_none=True)
-                loss.backward()
-                optimiser.step()
-                result.updates += 1
-                losses.append(float(loss.detach()))
-        entry = {"epoch": epoch + 1, "updates": result.updates, "train_loss": sum(losses) / max(len(losses), 1)}
-        if heldout_rows is not None:
-            predictions, held_loss = predict_inloop(wrapper, encoded, labels, heldout_rows, kind, with_loss=True)
-            value = float(score(predictions))
-            entry.update(heldout_loss=held_loss, heldout_score=value)
-            if improves(value, held_loss, result):
-                result.best_score, result.best_loss = value, held_loss
-                result.best_epoch, result.updates_at_best = epoch + 1, result.updates
-                best = (copy.deepcopy(wrapper.probe.state_dict()),
-                        copy.deepcopy(state.state_dict()) if state is not None else None)
-                stale = 0
-            else:
-                stale += 1
-        result.curve.append(entry)
-        if patience is not None and heldout_rows is not None and stale >= patience:
-            break
-    if best is not None:
-        wrapper.probe.load_state_dict(best[0])
-        if state is not None:
-            state.load_state_dict(best[1])
-    else:
-        result.best_epoch, result.updates_at_best = len(result.curve), result.updates
-    wrapper.eval()
-    return result
+    group (``"theta"``, ``"matrices"``) to its own learning rate. The loop is :func:`papa_lib.experiments.loop.fit`."""
+    member = Member(
+        seed, wrapper, [{"params": list(wrapper.probe.parameters())}, *override_groups(state, extra_rates)],
+        RandomStream(seed),
+        snapshot=lambda: (copy.deepcopy(wrapper.probe.state_dict()),
+                          copy.deepcopy(state.state_dict()) if state is not None else None),
+        restore=lambda best: (wrapper.probe.load_state_dict(best[0]),
+                              state.load_state_dict(best[1]) if state is not None else None))
+    member.result.probe = wrapper.probe
+    batches = inloop_batches(encoded, labels, kind, train_rows, batch_size, seed)
 
+    def steps(epoch, active):
+        for inputs, targets in batches(epoch):
+            yield [(member, inputs, targets)]
+
+    def evaluate(member, epoch):
+        predictions, held_loss = predict_inloop(wrapper, encoded, labels, heldout_rows, kind, with_loss=True)
+        return float(score(predictions)), held_loss
+
+    fit([member], steps, epochs=epochs, learning_rate=learning_rate,
+        evaluate=evaluate if heldout_rows is not None else None, patience=patience, device=device)
+    return member.result
+
+
+def learn_lambdas(model, constants, probe: nn.Module, joint, batches_fn, *, seed: int, epochs: int,
+                  learning_rate: float, theta_learning_rate: float | None = None, own_stream: bool = True,
+                  device="cpu") -> torch.Tensor:
+    """λ^h = σ(θ^h) of every head (paper Sec. 3.2, Eq. 3), learned once for every task, MLM included: each head of
+    ``model`` mixes ``λ A + (1-λ) C`` with ``constants`` while ``probe`` trains with it (θ at
+    ``theta_learning_rate``, default the probe's rate). ``joint(state)`` builds the module that runs the backbone
+    (under ``state``, applied around the whole training) and the probe, e.g. a :class:`BackboneProbe`; ``batches_fn(epoch)`` yields its ``(inputs, targets)``;
+    ``own_stream``: dropout from a random stream of ``seed`` (else the global generator). The backbone's own weights
+    do not train (their ``requires_grad`` is switched off meanwhile). Returns λ ``[layers, heads]`` on the CPU."""
+    from ..core.override import AttentionOverride
+
+    state = AttentionOverride(model, constants, "all", "mix")
+    module = joint(state)
+    rates = {"theta": theta_learning_rate} if theta_learning_rate is not None else {}
+    member = Member(seed, module, [{"params": list(probe.parameters())}, *override_groups(state, rates)],
+                    RandomStream(seed) if own_stream else None)
+
+    def steps(epoch, active):
+        for inputs, targets in batches_fn(epoch):
+            yield [(member, inputs, targets)]
+
+    flags = [(p, p.requires_grad) for p in model.parameters()]
+    for parameter, _ in flags:
+        parameter.requires_grad_(False)
+    try:
+        with state.applied(model):
+            fit([member], steps, epochs=epochs, learning_rate=learning_rate, device=device)
+    finally:
+        for parameter, flag in flags:
+            parameter.requires_grad_(flag)
+    return state.lambdas()

@@ -16,7 +16,12 @@ it, and as it would be with λ learned once per task (and one random order) inst
 saving a budget could buy without touching the data, the seeds or the probes.
 
 Time = example passes x real tokens per example / measured tokens per second (packed forward), plus probe steps x
-measured seconds per step. Both figures are measured here, on the requested device, with the grid's model — or, for a
+measured seconds per step. The probes of all seeds of a variant whose backbone does not depend on the seed train
+together from one pass over its features (:func:`papa_lib.experiments.training.train_seeds`): such a variant costs one
+backbone pass and the seeds' steps taken together, measured here as a multiple of one seed's step
+(:func:`measure_seed_batching`; on a CPU close to the number of seeds, since a probe step's matrix products grow
+with it; on a GPU far less). Variants whose backbone depends on the seed (λ, random orders) and those trained
+inside the backbone train each seed on its own. Both figures are measured here, on the requested device, with the grid's model — or, for a
 model given by name with no weights at hand, with a randomly initialised model built from its configuration (timing
 does not depend on the weights).
 """
@@ -57,6 +62,7 @@ class TaskPlan:
     seconds: float
     data: str
     backbone_seconds: float = 0.0  # the backbone passes alone: a floor no probe speed-up can lower
+    probe_seconds: float = 0.0  # the probes' steps, the seeds of seed-independent variants stepping together
     shared_seconds: float = 0.0  # the same floor with λ and random orders drawn once per task, not once per seed
 
 
@@ -94,6 +100,49 @@ def measure_throughput(model, device="cpu", tokens: int = 24, batch: int = 64, r
     return tokens_per_second, (time.perf_counter() - started) / 20
 
 
+def measure_seed_batching(model, device="cpu", seeds: int = 10, tokens: int = 24, steps: int = 10,
+                          repeats: int = 3) -> float:
+    """Seconds of one training step of ``seeds`` probes stepping together (one backward, one AdamW call; the library's
+    loop, :func:`papa_lib.experiments.loop.fit`) over ``seeds`` x the seconds of one probe's step: 1 when training
+    together saves nothing, 1/seeds when the seeds cost what one does. Median of ``repeats`` interleaved
+    measurements."""
+    import statistics
+
+    from .loop import Member, fit
+    from .probes import make_probe
+
+    layers, hidden = int(model.config.num_hidden_layers) + 1, int(model.config.hidden_size)
+    features = torch.randn(16, layers, tokens, hidden, device=device)
+    mask = torch.ones(16, tokens, dtype=torch.long, device=device)
+    labels = torch.zeros(16, dtype=torch.long, device=device)
+    groups = {}
+    for count in (1, seeds):
+        members = []
+        for seed in range(count):
+            probe = make_probe("sentence", layers, 128, hidden, 3).to(device)
+            members.append(Member(seed, probe, [{"params": list(probe.parameters())}]))
+        groups[count] = members
+
+    def timed(members, count=steps) -> float:
+        if str(device).startswith("cuda"):
+            torch.cuda.synchronize()
+        started = time.perf_counter()
+        fit(members, lambda epoch, active: ([(m, (features, mask), labels) for m in active] for _ in range(count)),
+            epochs=1, learning_rate=1e-4, device=device)
+        if str(device).startswith("cuda"):
+            torch.cuda.synchronize()
+        return (time.perf_counter() - started) / count
+
+    for members in groups.values():
+        timed(members, 1)  # warm-up
+    ratios = []
+    for repeat in range(repeats):
+        order = (1, seeds) if repeat % 2 == 0 else (seeds, 1)
+        took = {count: timed(groups[count]) for count in order}
+        ratios.append(took[seeds] / (seeds * took[1]))
+    return statistics.median(ratios)
+
+
 def _task_data(task: str, config, tokenizer):
     """(train examples, validation examples, real tokens per example, where the numbers come from)."""
     if tokenizer is not None and config.data_dir is not None:
@@ -118,8 +167,9 @@ def _task_data(task: str, config, tokenizer):
 
 
 def plan_task(task: str, variants, config, *, layers: int, hidden: int, tokens_per_second: float,
-              step_seconds: float, budget: int, tokenizer=None) -> TaskPlan:
-    """The cost of one task's variants under one resolved :class:`~papa_lib.experiments.engine.ExperimentConfig`."""
+              step_seconds: float, budget: int, tokenizer=None, together: float = 1.0) -> TaskPlan:
+    """The cost of one task's variants under one resolved :class:`~papa_lib.experiments.engine.ExperimentConfig`;
+    ``together``: a step of all seeds together over as many separate steps (:func:`measure_seed_batching`)."""
     spec = tasks.TASKS[task]
     n_train, n_val, tokens, data = _task_data(task, config, tokenizer)
     seeds = len(config.seeds)
@@ -143,21 +193,26 @@ def plan_task(task: str, variants, config, *, layers: int, hidden: int, tokens_p
     passes += len(inloop) * seeds * (inloop_epochs * inloop_rows * 3 + per_seed + n_val)
     batch = config.batch_size
     steps = (len(frozen) * seeds + len(inloop) * seeds) * epochs * per_seed / batch
+    shared_seeds = sum(1 for v in frozen if not v.seed_dependent)  # variants whose seeds step together
+    alone = steps - shared_seeds * seeds * epochs * per_seed / batch
+    probe_seconds = (alone + shared_seeds * seeds * together * epochs * per_seed / batch) * step_seconds
     backbone_seconds = passes * tokens / tokens_per_second
-    seconds = backbone_seconds + steps * step_seconds
+    seconds = backbone_seconds + probe_seconds
     # what learning λ once per task (and drawing one random order) would leave: each seed-dependent backbone once
     shared = passes - (lambda_runs - len(sources)) * config.lambda_epochs * per_seed * 3 \
         - (backbones - len(frozen)) * per_backbone
     return TaskPlan(task, n_train, per_seed, n_val, round(tokens, 1), seeds, len(variants), backbones,
                     len(inloop) * seeds, lambda_runs, passes, steps, feature_bytes, mode, seconds, data,
-                    backbone_seconds, shared * tokens / tokens_per_second)
+                    backbone_seconds, probe_seconds, shared * tokens / tokens_per_second)
 
 
 def format_plan(plans: list[TaskPlan], *, model: str, device: str, tokens_per_second: float, step_seconds: float,
-                budget: int) -> str:
+                budget: int, together: float = 1.0) -> str:
     """A plain-text table of the plan, with totals (upper bounds: every probe runs to its epoch cap)."""
+    seeds = max((p.seeds for p in plans), default=1)
     lines = [f"plan for {model} on {device}: measured {tokens_per_second:,.0f} real tokens/s (packed forward), "
-             f"{step_seconds * 1e3:.1f} ms per probe step; feature budget {budget / 2**30:.1f} GiB",
+             f"{step_seconds * 1e3:.1f} ms per probe step, {seeds} seeds stepping together "
+             f"{together * seeds:.1f}x one seed's step; feature budget {budget / 2**30:.1f} GiB",
              f"{'task':6} {'train':>8} {'/seed':>7} {'valid':>6} {'tok/ex':>6} {'variants':>8} {'backbones':>9} "
              f"{'inloop':>6} {'λ runs':>6} {'passes':>10} {'features':>10} {'mode':>6} {'time':>9}  data"]
     for p in plans:
@@ -171,7 +226,9 @@ def format_plan(plans: list[TaskPlan], *, model: str, device: str, tokens_per_se
     lines.append(f"total: {sum(p.variants * p.seeds for p in plans)} runs, at most {total / 3600:.2f} h "
                  f"(every probe to its epoch cap; early stopping ends most sooner); at least {floor / 3600:.2f} h "
                  f"(the backbone passes alone, at the measured throughput); at least {shared / 3600:.2f} h if λ and "
-                 f"random orders were drawn once per task instead of per seed")
+                 f"random orders were drawn once per task instead of per seed; probes "
+                 f"{sum(p.probe_seconds for p in plans) / 3600:.2f} h of it (seeds of seed-independent variants "
+                 f"stepping together)")
     return "\n".join(lines)
 
 
@@ -227,12 +284,14 @@ def plan_grid(spec: dict, overrides: dict | None = None, model_name: str | None 
     layers, _ = num_layers_and_heads(model)
     hidden = int(model.config.hidden_size)
     tokens_per_second, step_seconds = measure_throughput(model, device)
+    seed_count = max(len(seeds), 1)
+    together = measure_seed_batching(model, device, seed_count) if seed_count > 1 else 1.0
     budget = settings.get("cache_budget") or default_budget()
     plans = []
     for task, variants in grid_runs(spec["blocks"]).items():
         config = task_config(settings, task, seeds).resolved()
         plans.append(plan_task(task, variants, config, layers=layers, hidden=hidden, tokens_per_second=tokens_per_second,
-                               step_seconds=step_seconds, budget=budget, tokenizer=tokenizer))
+                               step_seconds=step_seconds, budget=budget, tokenizer=tokenizer, together=together))
     label = f"{name or 'embedded all-MiniLM-L6-v2'} ({how})"
     return format_plan(plans, model=label, device=device, tokens_per_second=tokens_per_second,
-                       step_seconds=step_seconds, budget=budget)
+                       step_seconds=step_seconds, budget=budget, together=together)

@@ -9,8 +9,8 @@ freezing the model and training a small classifier on its hidden states (paper S
 * **Structured prediction** (NER, POS): "we concatenate for each token the representations across layers, and
   apply a 2-layer MLP" -> :class:`TokenProbe`.
 
-Training uses AdamW with the learning rates of paper App. B, Table 3 (:func:`train_probe`). This module is
-pure torch: it consumes already-extracted hidden states and knows nothing about ``transformers``.
+Training uses AdamW with the learning rates of paper App. B, Table 3 (:func:`train_probe`, one model through the
+library's one training loop, :func:`papa_lib.experiments.loop.fit`). This module is pure torch: it consumes already-extracted hidden states and knows nothing about ``transformers``.
 
 Choices the paper leaves open, and what this module does
 ---------------------------------------------------------
@@ -34,7 +34,8 @@ Choices the paper leaves open, and what this module does
   special tokens, padding), matching the usual Hugging Face label convention. A batch whose targets are all
   ignored contributes no update and is not counted in the epoch mean.
 * **Optimiser**: ``torch.optim.AdamW`` with betas (0.9, 0.999), eps 1e-8 and ``weight_decay=0.0`` by default
-  (PyTorch's own AdamW default would be 0.01; the paper does not mention weight decay), through :func:`adamw`:
+  (PyTorch's own AdamW default would be 0.01; the paper does not mention weight decay), through
+  :func:`papa_lib.experiments.loop.adamw`:
   PyTorch's fused kernel on CPU and CUDA (the same update, about 10x faster on a probe's 1M weights). Constant learning
   rate: the paper mentions no schedule, warm-up or gradient clipping, so none is used.
 * **Epoch loss**: the unweighted mean of the per-batch mean losses.
@@ -45,15 +46,15 @@ bit-for-bit reproducible on CPU, provided ``batches_fn`` is itself deterministic
 
 from __future__ import annotations
 
-import random
-from dataclasses import dataclass
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
+
+from .loop import IGNORE_INDEX, Member, _as_inputs, _to_device, adamw, fit, set_seed
 
 __all__ = [
     "SentenceProbe",
@@ -68,8 +69,6 @@ __all__ = [
     "ACTIVATIONS",
 ]
 
-#: Target value ignored by the token-level loss (Hugging Face convention).
-IGNORE_INDEX = -100
 
 #: Activation functions selectable by name for the probe MLP.
 ACTIVATIONS: dict[str, Callable[[], nn.Module]] = {
@@ -272,23 +271,6 @@ class TokenProbe(nn.Module):
         return self.mlp(features.flatten(start_dim=-2))
 
 
-def adamw(params, lr: float, weight_decay: float = 0.0, betas=(0.9, 0.999), eps: float = 1e-8
-          ) -> torch.optim.AdamW:
-    """AdamW (paper App. B: the probes' optimiser) over ``params`` (tensors or parameter groups), with PyTorch's
-    fused kernel when every parameter lives on a device that has one (CPU, CUDA).
-
-    The fused kernel applies the same update rule in one pass over the weights instead of about ten: on a 2-core
-    AMD EPYC a step over a probe's 1.03 M weights takes 0.55 ms instead of 6.2 ms (one thread), which is half of a
-    token probe's step at Table 3's batch of 8 sentences. After 300 steps its weights equal the default
-    implementation's to 1e-8 (float rounding).
-    """
-    params = list(params)
-    tensors = [t for group in params for t in (group["params"] if isinstance(group, dict) else [group])]
-    fused = bool(tensors) and all(t.device.type in ("cpu", "cuda") and t.is_floating_point() for t in tensors)
-    return torch.optim.AdamW(params, lr=float(lr), betas=betas, eps=eps, weight_decay=float(weight_decay),
-                             fused=True if fused else None)
-
-
 def make_probe(
     kind: str, num_layers: int, max_length: int | None, hidden_size: int, num_labels: int, **kwargs: Any
 ) -> nn.Module:
@@ -306,40 +288,6 @@ def make_probe(
     raise ValueError(f"unknown probe kind {kind!r}; expected 'sentence' or 'token'")
 
 
-def set_seed(seed: int) -> None:
-    """Seed Python's ``random``, NumPy and torch (and every CUDA device when CUDA is available)."""
-    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
-        raise ValueError(f"seed must be an integer, got {seed!r}")
-    seed = int(seed)
-    random.seed(seed)
-    np.random.seed(seed % 2**32)
-    torch.manual_seed(seed)
-    if torch.cuda.is_available():
-        torch.cuda.manual_seed_all(seed)
-
-
-def _to_device(value: Any, device: torch.device | str) -> Any:
-    if isinstance(value, Tensor):
-        return value.to(device)
-    if isinstance(value, (tuple, list)):
-        return type(value)(_to_device(v, device) for v in value)
-    return value
-
-
-def _as_inputs(inputs: Any) -> tuple:
-    """A probe's positional inputs: a tuple/list as is, a single tensor wrapped in a 1-tuple."""
-    if isinstance(inputs, (tuple, list)):
-        return tuple(inputs)
-    return (inputs,)
-
-
-def _default_loss(logits: Tensor, targets: Tensor) -> Tensor:
-    """Cross entropy over the last logits dimension, ignoring targets equal to ``IGNORE_INDEX``."""
-    return F.cross_entropy(
-        logits.reshape(-1, logits.shape[-1]), targets.reshape(-1).long(), ignore_index=IGNORE_INDEX
-    )
-
-
 def train_probe(
     probe: nn.Module,
     params: Iterable[nn.Parameter],
@@ -352,6 +300,9 @@ def train_probe(
     loss_fn: Callable[[Tensor, Tensor], Tensor] | None = None,
 ) -> list[float]:
     """Train ``probe`` with AdamW at a constant learning rate (paper App. B) and return the mean loss per epoch.
+
+    One model, no early stopping, dropout from the global generator: :func:`papa_lib.experiments.loop.fit` with
+    one member.
 
     Args:
         probe: module called as ``probe(*inputs)`` to get logits (``[B, C]`` or ``[B, L, C]``). It is moved to
@@ -371,50 +322,20 @@ def train_probe(
     Returns:
         One float per epoch: the mean of that epoch's per-batch losses (NaN for an epoch without usable batches).
     """
-    if isinstance(epochs, bool) or not isinstance(epochs, (int, np.integer)) or epochs < 0:
-        raise ValueError(f"epochs must be a non-negative integer, got {epochs!r}")
-    if not (float(lr) > 0.0):
-        raise ValueError(f"lr must be positive, got {lr!r}")
-    if not (float(weight_decay) >= 0.0):
-        raise ValueError(f"weight_decay must be non-negative, got {weight_decay!r}")
-    params = [p for p in params]
-    if not params:
-        raise ValueError("params is empty: nothing to optimise")
-    loss_fn = _default_loss if loss_fn is None else loss_fn
     probe.to(device)
-    optimizer = adamw(params, lr, weight_decay=weight_decay)
+    member = Member(0, probe, [{"params": list(params)}])
 
-    epoch_iter: Iterable[int] = range(int(epochs))
-    if progress:
-        from tqdm.auto import tqdm
+    def steps(epoch, active):
+        for batch in batches_fn(epoch):
+            try:
+                inputs, targets = batch
+            except (TypeError, ValueError) as err:
+                raise ValueError("each batch from batches_fn must be an (inputs, targets) pair") from err
+            yield [(member, inputs, targets)]
 
-        epoch_iter = tqdm(epoch_iter, desc="probe epochs")
-
-    epoch_losses: list[float] = []
-    probe.train()
-    try:
-        for epoch in epoch_iter:
-            total, count = 0.0, 0
-            for batch in batches_fn(epoch):
-                try:
-                    inputs, targets = batch
-                except (TypeError, ValueError) as err:
-                    raise ValueError("each batch from batches_fn must be an (inputs, targets) pair") from err
-                inputs = _to_device(_as_inputs(inputs), device)
-                targets = targets.to(device)
-                if loss_fn is _default_loss and not bool((targets != IGNORE_INDEX).any()):
-                    continue  # every target ignored: the loss would be NaN
-                logits = probe(*inputs)
-                loss = loss_fn(logits, targets)
-                optimizer.zero_grad(set_to_none=True)
-                loss.backward()
-                optimizer.step()
-                total += float(loss.detach())
-                count += 1
-            epoch_losses.append(total / count if count else float("nan"))
-    finally:
-        probe.eval()
-    return epoch_losses
+    fit([member], steps, epochs=epochs, learning_rate=lr, weight_decay=weight_decay, loss_fn=loss_fn, device=device,
+        progress=progress)
+    return [sum(losses) / len(losses) if losses else float("nan") for losses in member.epoch_losses]
 
 
 @torch.no_grad()

@@ -56,6 +56,7 @@ from .damage import Damage, DamagedStoreError, row_problem, scan_table, side_fil
 __all__ = [
     "RECORD_FIELDS",
     "REQUIRED_FIELDS",
+    "PROVENANCE_FIELDS",
     "RESULTS_FILENAME",
     "DamagedStoreError",
     "ResultsStore",
@@ -67,15 +68,27 @@ __all__ = [
     "summarize",
 ]
 
+#: Where a record was made, beside ``versions`` and ``device`` (:func:`papa_lib.experiments.provenance.run_provenance`): the repository's git commit
+#: (``unknown`` outside a git checkout; ``-dirty`` when tracked files differ from it), the SHA-256 of each data file
+#: read (JSON ``{file: digest}``), torch and transformers versions, the processor (the GPU's name on a CUDA device,
+#: else the CPU's model name), torch's thread count and the optimiser implementation. Records made before these
+#: columns existed read them as empty (missing values); a record may leave them out (they are not required).
+PROVENANCE_FIELDS: tuple[str, ...] = (
+    "git_commit", "data_sha256", "torch_version", "transformers_version", "processor", "threads", "optimizer",
+)
+
 #: Columns of the tidy results table, in the order they are written.
 RECORD_FIELDS: tuple[str, ...] = (
     "run_id", "model", "task", "matrix_type", "matrices_from", "selection_order", "fraction", "seed", "metric",
     "value", "eval_size", "train_size", "config_hash", "profile", "data_source", "versions", "device",
-    "wall_time_s", "finished_at",
+    "wall_time_s", "finished_at", *PROVENANCE_FIELDS,
 )
 
+#: Columns a results table's header must have (provenance columns may be absent: tables written before them).
+_HEADER_FIELDS = tuple(f for f in RECORD_FIELDS if f not in PROVENANCE_FIELDS)
+
 #: Fields a record passed to :meth:`ResultsStore.append` must contain (``finished_at`` is filled in).
-REQUIRED_FIELDS: tuple[str, ...] = tuple(f for f in RECORD_FIELDS if f != "finished_at")
+REQUIRED_FIELDS: tuple[str, ...] = tuple(f for f in RECORD_FIELDS if f != "finished_at" and f not in PROVENANCE_FIELDS)
 
 #: Fields that must hold a real value (not ``None``); the other required fields may be ``None`` when they do
 #: not apply (e.g. ``matrix_type`` for the original model).
@@ -87,7 +100,7 @@ RESULTS_FILENAME = "results.csv"
 LOCK_FILENAME = ".results.lock"
 
 _FLOAT_FIELDS = ("fraction", "value", "wall_time_s")
-_INT_FIELDS = ("seed", "eval_size", "train_size")
+_INT_FIELDS = ("seed", "eval_size", "train_size", "threads")
 _STRING_FIELDS = tuple(f for f in RECORD_FIELDS if f not in _FLOAT_FIELDS + _INT_FIELDS)
 
 #: Columns that identify one configuration of the grid (everything but the seed); used by
@@ -364,7 +377,7 @@ class ResultsStore:
 
     def _scan(self) -> tuple[list[str], list[dict[str, str]], list[Damage]]:
         """Parse the table: ``(header, intact rows, damaged lines)``; nothing is raised for a damaged row."""
-        return scan_table(self.path, RECORD_FIELDS, lambda row: row_problem(row, NON_NULL_FIELDS, _FLOAT_FIELDS,
+        return scan_table(self.path, _HEADER_FIELDS, lambda row: row_problem(row, NON_NULL_FIELDS, _FLOAT_FIELDS,
                                                                               _INT_FIELDS))
 
     def _set_aside_torn(self) -> tuple[list[str], list[dict[str, str]]]:
@@ -429,6 +442,9 @@ class ResultsStore:
             data["average_limit"] = pd.Series(["all" if _is_missing(v) or v == "all" else int(v)
                                                for v in data["average_limit"]], dtype=object)
         columns = list(RECORD_FIELDS) + [c for c in header if c not in RECORD_FIELDS]
+        for column in columns:  # provenance columns of a table written before they existed: empty
+            if column not in data:
+                data[column] = _decode_column(column, [""] * len(rows))
         return pd.DataFrame({c: data[c] for c in columns})
 
     def get(self, run_id: str) -> dict:
