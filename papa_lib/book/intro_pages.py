@@ -23,22 +23,33 @@ HEADS = pd.DataFrame(
 
 
 def _shown(setup, path) -> str:
+    """A folder as the reader should see it: relative to the repository root, the packaged sample by name, never a
+    machine path (a temporary or home folder)."""
     if path is None:
         return "(none: the dataset hub)"
+    if setup.data_source == "sample" and path == setup.data_dir:
+        return "papa_lib/samples (the packaged sample)"
     path = os.fspath(path)
     inside = os.path.abspath(path).startswith(os.path.abspath(setup.root.parent))
-    return os.path.relpath(path, setup.root) if inside else path
+    return os.path.relpath(path, setup.root) if inside else os.path.basename(path.rstrip(os.sep))
 
 
-def settings(setup, tasks: Sequence[str], seeds: int, runs_missing: bool) -> pd.DataFrame:
-    """What a chapter run uses: profile, model, data (folder), results folder, tasks, seeds, device, missing runs."""
+def settings(setup, tasks: Sequence[str], runs_missing: bool, frame: pd.DataFrame | None = None) -> pd.DataFrame:
+    """What a chapter run uses: profile, model and data of the cells that compute live, the results folder and the
+    seeds of its records (read from the records, never from a parameter), tasks, device, missing runs."""
+    from .provenance import seeds_label
+
+    if frame is None:
+        frame = setup.results(run_missing=False)
+    seeds = seeds_label(frame["seed"]) if "seed" in frame.columns else ""
     values = {
-        "profile": setup.profile, "model": setup.model_label, "data": setup.data_label,
+        "profile": setup.profile, "model (live cells)": setup.model_label, "data (live cells)": setup.data_label,
         "data folder": _shown(setup, setup.data_dir), "results folder": _shown(setup, setup.results_dir),
-        "tasks": ", ".join(tasks), "seeds": seeds, "device": setup.device,
+        "records in the results folder": f"{len(frame):,}", "seeds in the records": seeds or "no records yet",
+        "tasks": ", ".join(tasks), "device": setup.device,
         "missing runs": "run now" if runs_missing else "not run: read the committed results",
     }
-    return pd.DataFrame({"value": list(values.values())}, index=pd.Index(list(values), name="setting"))
+    return pd.DataFrame({"setting": list(values), "value": list(values.values())}).style.hide(axis="index")
 
 
 def task_table(setup, tasks: Sequence[str]) -> Any:

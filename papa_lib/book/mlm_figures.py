@@ -108,6 +108,29 @@ def corpus_label(corpus: dict, profile: str) -> str:
     return f"generated text as {text}" if profile == "smoke" else text
 
 
+def records_corpus_label(frame: pd.DataFrame, fallback: str, profile: str | None = None) -> str:
+    """The MLM data of committed records, from their ``data_source`` (e.g. ``WikiText-2 (wiki.valid.tokens →
+    wiki.test.tokens)``; the packaged sample says so), or ``fallback`` (the live corpus) when there are none."""
+    import re
+
+    from .records import data_label
+
+    if frame is None or "data_source" not in frame.columns or frame["data_source"].dropna().empty:
+        return fallback
+    labels = []
+    for source in dict.fromkeys(frame["data_source"].dropna().astype(str)):
+        if profile == "smoke":
+            labels.append(data_label([source], "smoke"))
+            continue
+        folder = source.split(" (")[0]
+        name = data_label([folder]).split(": ", 1)[-1]
+        if "packaged sample" in source or "papa_lib/samples" in source:
+            name = f"{name} (packaged sample)"
+        splits = re.search(r"probe: ([^,)]+), score: ([^,)]+)", source)
+        labels.append(f"{name} ({splits.group(1)} → {splits.group(2)})" if splits else name)
+    return "; ".join(dict.fromkeys(labels))
+
+
 def masked_targets(masked, tokenizer, sequence: int = 0, rows: int = 12) -> tuple[pd.DataFrame, pd.DataFrame]:
     """``(counts, targets)``: how many targets got each corruption, and the targets of one sequence (position, the
     original token, what the model sees, the corruption)."""
