@@ -19,6 +19,7 @@ import pandas as pd
 
 from . import charts, figures, paper
 from .records import describe, diagnostic_records, ours_label
+from .tables import plural
 
 __all__ = ["head_weights", "premise_use", "premise_use_text", "table1", "table1_chart", "verdict_text", "verdicts"]
 
@@ -180,7 +181,7 @@ def verdict_text(frame: pd.DataFrame, tasks: Sequence[str]) -> Any:
     ties = decided[decided.margin.abs() < 1e-12]
     losses = decided[decided.margin <= -1e-12]
     text = (f"In our numbers ({who['model']}, {who['data']}, profile {who['profile']}), the average matrices beat "
-            f"the best data-free matrix in **{len(wins)} of {len(decided)}** task(s)")
+            f"the best data-free matrix in **{len(wins)} of {len(decided)}** {plural(len(decided), 'task')}")
     if not wins.empty:
         text += f" ({', '.join(f'{r.task}: +{r.margin:.3f}' for r in wins.itertuples())})"
     if not ties.empty:

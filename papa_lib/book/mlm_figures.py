@@ -18,6 +18,7 @@ import pandas as pd
 
 from . import charts, figures, mlm_pages
 from .records import describe
+from .tables import plural
 
 __all__ = ["Plan", "beside_paper", "corpus_label", "drop_map", "fig6", "fig6_coverage", "lambda_chart",
            "lambda_spread", "masked_targets", "minilm_text", "plan", "reference_scores"]
@@ -406,7 +407,7 @@ def minilm_text(root: Path) -> Any:
         (f"From 1/2 to 0 the points differ by only {spread:.3f}: the change happens between 1 and 1/2."
          if spread < 0.1 * abs(gains).max() else f"From 1/2 to 0 the points still differ by {spread:.3f}."),
         f"Run: {int(raw['train_size'].iloc[0])} training / {int(raw['eval_size'].iloc[0])} evaluation sequences, "
-        f"probe seed(s) {original['seeds']}; learned λ between {lambdas.min():.3f} and {lambdas.max():.3f}.",
+        f"probe {plural(len(str(original['seeds']).split(',')), 'seed', number=False)} {original['seeds']}; learned λ between {lambdas.min():.3f} and {lambdas.max():.3f}.",
         f"So on this model {verdict}.",
     ]
     return _markdown(" ".join(text))

@@ -22,6 +22,7 @@ import numpy as np
 import pandas as pd
 
 from . import charts, figures, norms_pages
+from .tables import plural
 
 __all__ = ["ORDER_NAMES", "agreement_table", "agreement_text", "changed_head_chart", "distance_chart",
            "distance_text", "head_scores", "matrix_chart", "matrix_text", "matrix_verdicts", "missing_runs",
@@ -203,7 +204,7 @@ def matrix_text(norm_frame, frame, tasks: Sequence[str]) -> Any:
     better, worse = int((done["N - C"] > 0).sum()), int((done["N - C"] < 0).sum())
     verdicts = ", ".join(f"{v} x{c}" for v, c in done["verdict"].value_counts().items())
     return _markdown(
-        f"On {len(done)} task(s) with both matrix types, norm-weighted matrices score higher on {better}, lower on "
+        f"On {plural(len(done), 'task')} with both matrix types, norm-weighted matrices score higher on {better}, lower on "
         f"{worse} and the same on {len(done) - better - worse}; mean difference {done['N - C'].mean():+.3f}. "
         f"Verdicts: {verdicts}.")
 
@@ -274,7 +275,9 @@ def order_text(norm_frame, frame, tasks: Sequence[str]) -> Any:
     wide, incomplete = _order_wide(norm_frame, frame, tasks)
     if wide is None:
         return _markdown("")
-    lines = [f"({incomplete} (task, fraction) point(s) still lack an order and are left out.)"] if incomplete else []
+    lines = ([f"({plural(incomplete, '(task, fraction) point')} still "
+              f"{'lacks' if incomplete == 1 else 'lack'} an order and {'is' if incomplete == 1 else 'are'} left out.)"]
+             if incomplete else [])
     wins = wide["best"].value_counts()
     lines.append(f"Best order per (task, fraction), over {len(wide)} comparisons: "
                  + ", ".join(f"{o} x{c}" for o, c in wins.items()) + " (= marks ties).")

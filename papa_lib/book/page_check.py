@@ -39,9 +39,9 @@ TEXT_PATTERNS: list[tuple[str, re.Pattern]] = [
 MAX_SIGNIFICANT = 3
 #: A raw identifier: snake_case, as a column or axis title.
 IDENTIFIER = re.compile(r"^[a-z][a-z0-9]*(?:_[a-z0-9]+)+$")
-_SPEC = re.compile(r"var spec = (\{.*?\});\n\s*var opt", re.S)
+_SPEC = re.compile(r"var spec = (\{.*?\});\n\s*var opt", re.DOTALL)
 _TAGS = re.compile(r"<[^>]+>")
-_INVISIBLE = re.compile(r"<(script|style|head)\b.*?</\1>", re.S | re.I)
+_INVISIBLE = re.compile(r"<(script|style|head)\b.*?</\1>", re.DOTALL | re.IGNORECASE)
 _CHANNELS = ("x", "y", "x2", "y2", "color", "fill", "stroke", "size", "shape", "opacity", "theta", "row", "column",
              "facet", "xOffset", "yOffset")
 
@@ -145,7 +145,7 @@ def notebook_problems(path: str | Path) -> list[str]:
 
 def _links(page: str) -> Iterable[str]:
     for match in re.finditer(r"""<(?:a|link)\b[^>]*\bhref=["']([^"']+)["']|<(?:img|script)\b[^>]*\bsrc=["']([^"']+)["']""",
-                             page, re.I):
+                             page, re.IGNORECASE):
         yield match.group(1) or match.group(2)
 
 

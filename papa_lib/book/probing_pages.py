@@ -23,6 +23,7 @@ import pandas as pd
 
 from . import charts, figures, paper
 from .records import describe, diagnostic_records
+from .tables import plural
 
 __all__ = ["MORE_SEEDS_FOLDERS", "against_majority", "fig2", "fig3", "headline", "headline_text", "more_seeds",
            "more_seeds_text", "pooling_at_start", "probe_sizes", "relative_drops", "training_note"]
@@ -320,7 +321,7 @@ def headline_text(frame: pd.DataFrame, tasks: Sequence[str] | None = None) -> An
                          "be checked.")
     verdicts = comparison.set_index("claim")["verdict"]
     text = (f"For {who}, replacing **every** head with its constant matrix costs **{drops.mean:.1%}** of the "
-            f"original score on average over {drops.count} task(s) (paper: {paper_mean:.0%}) — "
+            f"original score on average over {plural(drops.count, 'task')} (paper: {paper_mean:.0%}) — "
             f"{verdicts.iloc[0]}. The largest drop is **{drops.max:.1%}** ({drops.worst}; paper: at most "
             f"{paper_max:.0%}) — {verdicts.iloc[1]}. ")
     if half.count:
@@ -348,5 +349,5 @@ def training_note(setup, spec, model) -> Any:
     if setup.profile == "smoke":
         text += ("The smoke profile's tiny random model on generated data only shows that the pipeline runs; its "
                  "numbers mean nothing. ")
-    text += "The `paper` profile (chapter [Reproducing at scale](scale.md)) is the like-for-like check."
+    text += "The `paper` profile (chapter *Reproducing at scale*) is the like-for-like check."
     return _markdown(text)

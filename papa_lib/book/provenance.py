@@ -30,7 +30,7 @@ DEVICE_WORDS = {"cuda": "a CUDA GPU", "cpu": "a CPU", "mps": "an Apple GPU"}
 
 def seeds_label(seeds: Iterable) -> str:
     """``'3 seeds (0, 1, 2)'`` from the ``seed`` values of some records (missing ones skipped); ``''`` for none."""
-    values = sorted({int(s) for s in seeds if s is not None and not (isinstance(s, float) and s != s)})
+    values = sorted({int(s) for s in seeds if s is not None and not pd.isna(s)})
     if not values:
         return ""
     word = "seed" if len(values) == 1 else "seeds"

@@ -17,6 +17,7 @@ import pandas as pd
 
 from . import charts, figures, paper
 from .records import describe, ours_label
+from .tables import plural
 
 __all__ = ["changes_chart", "changes_text", "layout_chart", "layout_overview", "layout_text", "table2"]
 
@@ -98,7 +99,7 @@ def changes_text(frame: pd.DataFrame, tasks: Sequence[str]) -> Any:
             f"largest change on RoBERTa-base is {paper_gap:.2f}.")
     inside = measured.dropna(subset=["within_ci"])
     if not inside.empty:
-        text += (f" In {int(inside.within_ci.astype(bool).sum())} of {len(inside)} task(s) the change lies within "
+        text += (f" In {int(inside.within_ci.astype(bool).sum())} of {plural(len(inside), 'task', number=False)} the change lies within "
                  "the 95% interval of the per-task score across seeds.")
     return _markdown(text)
 
