@@ -78,7 +78,7 @@ def head_weights(setup, frame: pd.DataFrame, tasks: Sequence[str], lengths: dict
         for label, row in [("average: most diagonal", diagonal), ("average: most on L-1", final)]:
             layer, head = int(row["layer"]), int(row["head"])
             state = AttentionOverride(model, constants, {(layer, head): "constant"})
-            panels.append((f"{label} ({layer},{head})", layer, head, state))
+            panels.append((f"{label}: layer {layer}, head {head}", layer, head, state))
     cells = []
     for label, layer, head, state in panels:
         dummy = torch.full((1, heads, length, length), 1.0 / length)  # the model's own A, unused here

@@ -284,7 +284,8 @@ def _papa_theme() -> dict[str, Any]:
             "view": {"continuousWidth": 440, "continuousHeight": 300, "stroke": None},
             "font": font,
             "title": {"fontSize": 15, "subtitleFontSize": 12, "subtitleColor": "#555", "anchor": "start"},
-            "axis": {"labelFontSize": 12, "titleFontSize": 13},
+            # overlapping tick labels are dropped (greedy), on band (ordinal) axes too
+            "axis": {"labelFontSize": 12, "titleFontSize": 13, "labelOverlap": "greedy", "labelSeparation": 3},
             "legend": {"labelFontSize": 12, "titleFontSize": 13},
         }
     }

@@ -34,6 +34,11 @@ ORDER_NAMES = {"lambda": "λ (PAPA, learned with labels)", "attention_variance":
                "norm_variance": "norm-weighted variance (label-free)"}
 
 
+#: Axis labels of the paper's fractions (1, 1/2, 1/8, 1/16, 0) on a quantitative axis.
+FRACTION_LABELS = ("datum.value == 0.0625 ? '1/16' : datum.value == 0.125 ? '1/8' : "
+                   "datum.value == 0.5 ? '1/2' : datum.label")
+
+
 def _markdown(text: str) -> Any:
     from IPython.display import Markdown
 
@@ -227,9 +232,10 @@ def order_chart(norm_frame, frame, tasks: Sequence[str]) -> Any:
         return _markdown("No runs to compare yet.")
     pick = alt.selection_point(fields=["order name"], bind="legend")
     base = alt.Chart().encode(
-        x=alt.X("fraction:Q", scale=alt.Scale(type="symlog", constant=0.05),
-                title="fraction of heads kept input-dependent",
-                axis=alt.Axis(values=[0, 0.0625, 0.125, 0.5, 1], format=".4~g")),
+        # 1 -> 0 from left to right, as in Fig. 2 and Fig. 5
+        x=alt.X("fraction:Q", scale=alt.Scale(type="symlog", constant=0.05, reverse=True),
+                title="fraction of input-dependent heads",
+                axis=alt.Axis(values=[0, 0.0625, 0.125, 0.5, 1], labelExpr=FRACTION_LABELS)),
         color=alt.Color("order name:N", title="head order", sort=list(ORDER_NAMES.values()),
                         legend=alt.Legend(labelLimit=320, orient="bottom", direction="vertical")),
         opacity=alt.condition(pick, alt.value(1.0), alt.value(0.15)))

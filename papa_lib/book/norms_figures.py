@@ -165,7 +165,7 @@ def _token_heads(tables: Mapping) -> pd.DataFrame:
                                                                f"mean_fx_norm_{token}": "mean_fx_norm"})
         parts.append(table.assign(token=f"[{token.upper()}]"))
     heads = pd.concat(parts, ignore_index=True)
-    return heads.assign(head_id=heads["layer"].astype(str) + "." + heads["head"].astype(str))
+    return heads.assign(head_id="layer " + heads["layer"].astype(str) + ", head " + heads["head"].astype(str))
 
 
 def token_heads_chart(tables: Mapping, label: Mapping[str, str]) -> Any:
@@ -176,9 +176,11 @@ def token_heads_chart(tables: Mapping, label: Mapping[str, str]) -> Any:
     return alt.Chart(_token_heads(tables)).mark_circle(size=60).encode(
         x=alt.X("mean_alpha:Q", title="mean weight given to the token", scale=alt.Scale(type="sqrt")),
         y=alt.Y("mean_fx_norm:Q", title="mean ||f(token)||"),
-        color=alt.Color("layer:O", scale=alt.Scale(scheme="viridis"), legend=alt.Legend(orient="bottom")),
+        # a categorical palette with no pale colour, and full-size opaque legend symbols: readable on white
+        color=alt.Color("layer:O", scale=alt.Scale(scheme="tableau10"), title="layer",
+                        legend=alt.Legend(orient="bottom", symbolOpacity=1, symbolSize=90, symbolType="circle")),
         opacity=alt.condition(pick, alt.value(0.9), alt.value(0.1)),
-        tooltip=["token:N", "head_id:N", alt.Tooltip("mean_alpha:Q", format=".3f"),
+        tooltip=["token:N", alt.Tooltip("head_id:N", title="head"), alt.Tooltip("mean_alpha:Q", format=".3f"),
                  alt.Tooltip("mean_fx_norm:Q", format=".2f"),
                  alt.Tooltip("spearman_rho:Q", format=".2f", title="within-head rho")],
     ).add_params(pick).properties(width=charts.panel_width(2, axis=70), height=240).facet(
@@ -219,17 +221,17 @@ def observations_chart(tables: Mapping, label: Mapping[str, str], top: int = 6) 
                                                               f"fx_norm_{token}": "fx_norm"})
         chosen = tables[f"{token}_correlation"].nlargest(top, f"mean_alpha_to_{token}")[["layer", "head"]]
         obs = obs.merge(chosen, on=["layer", "head"])
-        parts.append(obs.assign(head_id=f"[{token.upper()}] " + obs["layer"].astype(str) + "."
+        parts.append(obs.assign(head_id=f"[{token.upper()}] layer " + obs["layer"].astype(str) + ", head "
                                 + obs["head"].astype(str)))
     observations = pd.concat(parts, ignore_index=True)
     options = sorted(observations["head_id"].unique().tolist())
     pick = alt.param(name="head_pick", value=options[0],
-                     bind=alt.binding_select(options=options, name="token, layer.head "))
+                     bind=alt.binding_select(options=options, name="token and head "))
     return alt.Chart(observations).mark_circle(size=30, opacity=0.6).encode(
         x=alt.X("alpha:Q", title="mean weight the sequence's queries give this occurrence",
                 scale=alt.Scale(zero=False)),
         y=alt.Y("fx_norm:Q", title="||f(token)||", scale=alt.Scale(zero=False)),
-        tooltip=["head_id:N", alt.Tooltip("alpha:Q", format=".3f"), alt.Tooltip("fx_norm:Q", format=".2f")],
+        tooltip=[alt.Tooltip("head_id:N", title="head"), alt.Tooltip("alpha:Q", format=".3f"), alt.Tooltip("fx_norm:Q", format=".2f")],
     ).add_params(pick).transform_filter(alt.datum.head_id == pick).properties(
         width=420, height=280, title=charts.chart_title("Weight vs norm, one occurrence per point", **label))
 
@@ -264,7 +266,8 @@ def types_chart(tables: Mapping, label: Mapping[str, str], min_count: int = 10) 
     pick = alt.param(name="freq_layer", value=int(max(layers)), bind=alt.binding_select(options=layers,
                                                                                         name="layer "))
     return alt.Chart(types).mark_circle(size=22, opacity=0.5).encode(
-        x=alt.X("frequency_rank:Q", scale=alt.Scale(type="log"), title="frequency rank (1 = most frequent)"),
+        x=alt.X("frequency_rank:Q", scale=alt.Scale(type="log"), title="frequency rank (1 = most frequent)",
+                axis=alt.Axis(values=[10 ** k for k in range(7)], format="~s", labelOverlap="greedy")),
         y=alt.Y("mean_fx_norm:Q", title="mean ||f(x)|| (over heads and occurrences)"),
         tooltip=["token:N", "count:Q", "frequency_rank:Q", alt.Tooltip("mean_fx_norm:Q", format=".2f")],
     ).add_params(pick).transform_filter(alt.datum.layer == pick).properties(

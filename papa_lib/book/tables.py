@@ -60,9 +60,14 @@ def format_number(value: Any) -> Any:
 
 
 def _label(value: Any) -> Any:
+    """A header or index entry as the reader sees it: raw identifiers as words, numbers formatted."""
     from .charts import readable
 
-    return readable(value) if isinstance(value, str) else value
+    if isinstance(value, str):
+        return readable(value)
+    if isinstance(value, float) or type(value).__module__ == "numpy":
+        return format_number(value)
+    return value
 
 
 def _is_default_index(index: pd.Index) -> bool:
