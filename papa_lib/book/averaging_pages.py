@@ -41,13 +41,14 @@ def counts_chart(counts, label: Mapping[str, str]) -> Any:
 
 def stored_constants(setup, model, task: str, max_length: int):
     """The constant matrices of ``task`` at L = ``max_length`` for this model in the results folder
-    (``<results>/matrices/<task>-L<L>-*.safetensors``, the most examples first), or ``None``."""
-    import papa_lib
+    (``<results>/matrices/<task>-L<L>-*.safetensors``, else the committed compact copy under ``<results>/shown``;
+    the most examples first), or ``None``."""
     from ..core.models import model_id
+    from .figures import load_matrices, matrix_files
 
     found = None
-    for path in sorted((setup.results_dir / "matrices").glob(f"{task}-L{max_length}-*.safetensors")):
-        candidate = papa_lib.ConstantAttention.load(path)
+    for path in matrix_files(setup.results_dir, task, max_length):
+        candidate = load_matrices(path)
         if candidate.metadata.get("model") != model_id(model) or candidate.max_length != max_length:
             continue
         if found is None or candidate.metadata.get("num_examples", 0) > found.metadata.get("num_examples", 0):

@@ -192,9 +192,6 @@ def offline_html(spec: dict, embed_options: dict | None = None, element_id: str 
     )
 
 
-#: Readable titles of raw field names that charts plot without a title of their own.
-FIELD_TITLES = {"ci_low": "95% interval, low", "ci_high": "95% interval, high", "relative_drop": "relative drop",
-                "num_examples": "examples", "matrix_type": "matrix type", "matrices_from": "matrices from"}
 _CHANNELS = ("x", "y", "x2", "y2", "color", "fill", "stroke", "size", "shape", "opacity", "theta", "row", "column",
              "facet", "xOffset", "yOffset")
 #: Folder every rendered chart is also exported to as SVG and PDF (:func:`setup`'s ``export_to``), or None.
@@ -202,16 +199,10 @@ _EXPORT: dict[str, Any] = {"folder": None, "count": 0}
 
 
 def readable(name: str) -> str:
-    """A raw identifier as words for a title: ``ci_low`` -> ``95% interval, low``, ``best_data_free_score`` ->
-    ``best data-free score``; anything else is returned unchanged."""
-    import re
+    """:func:`papa_lib.book.tables.readable` (raw identifiers as words), for chart titles."""
+    from .tables import readable as words
 
-    text = str(name)
-    if text in FIELD_TITLES:
-        return FIELD_TITLES[text]
-    if re.fullmatch(r"[a-z][a-z0-9]*(?:_[a-z0-9]+)+", text):
-        return text.replace("data_free", "data-free").replace("_", " ")
-    return text
+    return words(name)
 
 
 def readable_titles(spec: Any) -> Any:

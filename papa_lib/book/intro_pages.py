@@ -10,7 +10,7 @@ import pandas as pd
 
 from . import charts, claims, profiles
 
-__all__ = ["HEADS", "claims_rules", "claims_table", "heads_chart", "settings", "task_table"]
+__all__ = ["HEADS", "claims_rules", "claims_table", "findings", "glue_findings", "heads_chart", "settings", "task_table"]
 
 #: The models PAPA is run on, their sizes and where the book uses them (Sec. 4.1, 5.5; the local profile).
 HEADS = pd.DataFrame(
@@ -96,3 +96,57 @@ def claims_rules(setup) -> Any:
     """The rule behind every verdict of :func:`claims_table`."""
     verdicts = claims.for_setup(setup)
     return None if verdicts is None else verdicts[["claim", "rule"]].drop_duplicates().set_index("claim")
+
+
+#: Readable task names for the prose.
+TASK_NAMES = {"cola": "CoLA", "sst2": "SST-2", "mrpc": "MRPC", "mnli": "MNLI", "ner": "NER", "pos": "POS"}
+
+
+def findings(setup, frame: pd.DataFrame | None = None) -> dict[str, str]:
+    """The numbers the intro's first screen states, as text, from the records
+    (:func:`papa_lib.book.figures.all_constant_drop` and :func:`~papa_lib.book.figures.half_heads_drop`, as in the
+    probing chapter) and the paper's (:func:`papa_lib.book.paper.headline`). Every name is always there: without
+    records its value says "not measured yet"."""
+    from . import figures, paper
+    from .provenance import seeds_label
+    from .records import describe
+
+    frame = setup.results(run_missing=False) if frame is None else frame
+    missing = "not measured yet"
+
+    def percent(value, digits: int = 1) -> str:
+        return missing if value is None or pd.isna(value) else f"{value:.{digits}%}"
+
+    values = {"paper_drop_all": percent(paper.headline("mean_relative_drop_all_constant"), 0),
+              "paper_drop_all_max": percent(paper.headline("max_relative_drop_all_constant"), 0)}
+    if frame.empty:
+        return {**values, "found_model": setup.model_label, "found_data": "no records yet", "found_records": "0",
+                "found_seeds": "no seeds", "found_tasks": "0", "found_drop_all": missing,
+                "found_drop_all_max": missing, "found_drop_all_worst": missing, "found_drop_half": missing,
+                "found_drop_half_max": missing}
+    every, half = figures.all_constant_drop(frame), figures.half_heads_drop(frame)
+    who = describe(frame)
+    return {**values,
+            "found_model": who["model"], "found_data": who["data"], "found_records": f"{len(frame):,}",
+            "found_seeds": seeds_label(frame["seed"]), "found_tasks": str(every.count),
+            "found_drop_all": percent(every.mean), "found_drop_all_max": percent(every.max),
+            "found_drop_all_worst": TASK_NAMES.get(str(every.worst), str(every.worst)) if every.count else missing,
+            "found_drop_half": percent(half.mean), "found_drop_half_max": percent(half.max)}
+
+
+def glue(name: str, value: Any) -> None:
+    """``myst_nb.glue`` without display (the built page pastes the value where the text names it); a no-op where
+    myst-nb is not installed (the numbers are then in the tables further down)."""
+    try:
+        from myst_nb import glue as myst_glue
+    except ImportError:  # pragma: no cover - the book extra brings myst-nb
+        return
+    myst_glue(name, value, display=False)
+
+
+def glue_findings(setup, frame: pd.DataFrame | None = None) -> dict[str, Any]:
+    """Glue every value of :func:`findings` under its name; returns them."""
+    values = findings(setup, frame)
+    for name, value in values.items():
+        glue(name, value)
+    return values

@@ -15,7 +15,7 @@ from typing import Any
 
 import pandas as pd
 
-__all__ = ["display_frame", "format_number", "install", "plural", "to_html"]
+__all__ = ["FIELD_TITLES", "display_frame", "format_number", "install", "plural", "readable", "to_html"]
 
 #: What a missing value reads as in a table.
 MISSING = "—"
@@ -59,10 +59,24 @@ def format_number(value: Any) -> Any:
     return value
 
 
+#: Readable titles of raw field names that charts plot without a title of their own.
+FIELD_TITLES = {"ci_low": "95% interval, low", "ci_high": "95% interval, high", "relative_drop": "relative drop",
+                "num_examples": "examples", "matrix_type": "matrix type", "matrices_from": "matrices from"}
+def readable(name: str) -> str:
+    """A raw identifier as words for a title: ``ci_low`` -> ``95% interval, low``, ``best_data_free_score`` ->
+    ``best data-free score``; anything else is returned unchanged."""
+    import re
+
+    text = str(name)
+    if text in FIELD_TITLES:
+        return FIELD_TITLES[text]
+    if re.fullmatch(r"[a-z][a-z0-9]*(?:_[a-z0-9]+)+", text):
+        return text.replace("data_free", "data-free").replace("_", " ")
+    return text
+
+
 def _label(value: Any) -> Any:
     """A header or index entry as the reader sees it: raw identifiers as words, numbers formatted."""
-    from .charts import readable
-
     if isinstance(value, str):
         return readable(value)
     if isinstance(value, float) or type(value).__module__ == "numpy":
@@ -104,8 +118,20 @@ def to_html(frame: pd.DataFrame) -> str:
                          classes="dataframe papa-table")
 
 
+def _cell(value: Any) -> Any:
+    """A Styler cell: numbers as :func:`format_number`, anything else unchanged."""
+    if isinstance(value, bool) or not isinstance(value, int | float) and type(value).__module__ != "numpy":
+        return value
+    return format_number(value)
+
+
 def _styler_html(styler: Any) -> str:
     """A Styler's HTML with readable headers and no row numbers (its own number formats are kept)."""
+    for axis in ("index", "columns"):  # raw names of the index levels (e.g. matrix_type) as words
+        labels = getattr(styler, axis)
+        renamed = labels.set_names([_label(n) if isinstance(n, str) else n for n in labels.names])
+        setattr(styler, axis, renamed)
+        setattr(styler.data, axis, renamed)
     styler.format_index(_label, axis=1)
     if not _is_default_index(styler.data.index):
         styler.format_index(_label, axis=0)
@@ -126,6 +152,9 @@ def install() -> bool:
         return False
     from pandas.io.formats.style import Styler
 
+    # Stylers created from now on format numbers and missing values the same way unless they say otherwise
+    pd.set_option("styler.format.formatter", _cell)
+    pd.set_option("styler.format.na_rep", MISSING)
     formatter = shell.display_formatter.formatters["text/html"]
     formatter.for_type(pd.DataFrame, to_html)
     formatter.for_type(Styler, _styler_html)

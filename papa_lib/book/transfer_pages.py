@@ -128,7 +128,8 @@ def _no_matrices(setup) -> Any:
     import os
 
     folder = os.path.relpath(setup.results_dir / "matrices", setup.root)
-    return _markdown(f"No task has both its own and MNLI-built constant matrices stored yet (looked in `{folder}`).")
+    return _markdown(f"No task has both its own and MNLI-built constant matrices stored yet (looked in `{folder}` "
+                     "and its committed compact copies under `shown/`).")
 
 
 def layout_overview(setup, tasks: Sequence[str], lengths: dict) -> Any:
@@ -137,11 +138,11 @@ def layout_overview(setup, tasks: Sequence[str], lengths: dict) -> Any:
     pairs = _layout_pairs(setup, tasks, lengths)
     if not pairs:
         return _no_matrices(setup)
-    rows = [{"task": p["task"], "L": p["L"], "L/2 real in (task inputs)": f"{p['real']:.1%}",
+    rows = [{"task": p["task"], "L": p["L"], "L/2 real in (task inputs)": f"{p['real']:.0%}",
              "mean weight on L/2, task-built": figures.column_mass(p["own"], p["middle"])["mass"].mean(),
              "mean weight on L/2, MNLI-built": figures.column_mass(p["mnli"], p["middle"])["mass"].mean()}
             for p in pairs]
-    return pd.DataFrame(rows).set_index("task").round(4)
+    return pd.DataFrame(rows).set_index("task")
 
 
 def _layout_heads(setup, tasks, lengths):
@@ -160,8 +161,8 @@ def layout_chart(setup, frame: pd.DataFrame, tasks: Sequence[str], lengths: dict
     import altair as alt
 
     best, heads = _layout_heads(setup, tasks, lengths)
-    if best is None:
-        return _no_matrices(setup)
+    if best is None:  # layout_overview has said that there are no matrices: say nothing twice
+        return None
     task, middle = best["task"], best["middle"]
     top = max(heads[["mass_own", "mass_mnli"]].max().max(), 1e-3)
     diagonal = alt.Chart(pd.DataFrame({"x": [0, top], "y": [0, top]})).mark_line(
@@ -189,7 +190,7 @@ def layout_text(setup, tasks: Sequence[str], lengths: dict) -> Any:
     that weight can matter at all."""
     best, heads = _layout_heads(setup, tasks, lengths)
     if best is None:
-        return _markdown("")
+        return None
     task, middle, share = best["task"], best["middle"], best["real"]
     gained = heads[heads.mass_mnli > heads.mass_own]
     return _markdown(
