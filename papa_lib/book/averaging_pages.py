@@ -19,7 +19,7 @@ import pandas as pd
 from . import charts, paper
 from .records import source_kind
 
-__all__ = ["corpus_label", "counts_chart", "gallery", "pattern_scatter", "pattern_table", "patterns_text",
+__all__ = ["corpus_label", "counts_chart", "gallery", "pattern_scatter", "pattern_table", "patterns_values",
            "representative_heads", "sensitivity_chart", "stored_constants"]
 
 
@@ -177,19 +177,17 @@ def sensitivity_chart(summary: pd.DataFrame, label: Mapping[str, str]) -> Any:
             "Share of heads with each pattern, by threshold", **label))
 
 
-def patterns_text(summary: pd.DataFrame, model_label: str) -> Any:
-    """The two shares with the default rules against the paper's, and how far they move with the threshold."""
-    from IPython.display import Markdown
-
+def patterns_values(summary: pd.DataFrame, model_label: str) -> dict[str, str]:
+    """The numbers the chapter's text states about the two patterns (glued into the prose with myst-nb): the shares
+    with the default rules, the paper's, and their range over the thresholds tried."""
     from ..analysis import patterns
 
     spread = patterns.pattern_shares(summary).groupby("pattern")["share"].agg(["min", "max"])
-    diagonal, special = paper.headline("diagonal_pattern_share"), paper.headline("cls_sep_mass_share")
-    return Markdown(
-        f"With the default rules, {summary['diagonal'].mean():.0%} of the {len(summary)} heads of {model_label} "
-        f"are diagonal (paper, RoBERTa-base: {diagonal:.0%}) and {summary['cls_sep'].mean():.0%} are [CLS]/[SEP] "
-        f"heads (paper: {special:.0%}). Over the thresholds tried, the diagonal share ranges from "
-        f"{spread.loc['diagonal', 'min']:.0%} to {spread.loc['diagonal', 'max']:.0%} and the [CLS]/[SEP] share "
-        f"from {spread.loc['[CLS]/[SEP]', 'min']:.0%} to {spread.loc['[CLS]/[SEP]', 'max']:.0%}: counts like these "
-        "depend on the rule almost as much as on the model, and the paper's come from inspecting a different, "
-        "larger model.")
+    return {"pat_model": model_label, "pat_heads": str(len(summary)),
+            "pat_diagonal": f"{summary['diagonal'].mean():.0%}", "pat_special": f"{summary['cls_sep'].mean():.0%}",
+            "pat_paper_diagonal": f"{paper.headline('diagonal_pattern_share'):.0%}",
+            "pat_paper_special": f"{paper.headline('cls_sep_mass_share'):.0%}",
+            "pat_diagonal_min": f"{spread.loc['diagonal', 'min']:.0%}",
+            "pat_diagonal_max": f"{spread.loc['diagonal', 'max']:.0%}",
+            "pat_special_min": f"{spread.loc['[CLS]/[SEP]', 'min']:.0%}",
+            "pat_special_max": f"{spread.loc['[CLS]/[SEP]', 'max']:.0%}"}

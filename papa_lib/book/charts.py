@@ -198,6 +198,10 @@ _CHANNELS = ("x", "y", "x2", "y2", "color", "fill", "stroke", "size", "shape", "
 _EXPORT: dict[str, Any] = {"folder": None, "count": 0}
 
 
+#: Fields that hold the ends of an interval: charts draw them without a title of their own.
+INTERVAL_FIELDS = ("ci_low", "ci_high", "low", "high")
+
+
 def readable(name: str) -> str:
     """:func:`papa_lib.book.tables.readable` (raw identifiers as words), for chart titles."""
     from .tables import readable as words
@@ -222,6 +226,10 @@ def readable_titles(spec: Any) -> Any:
             if "title" in definition:
                 if isinstance(definition["title"], str):
                     definition["title"] = readable(definition["title"])
+            elif definition.get("field") in INTERVAL_FIELDS or channel in ("x2", "y2"):
+                # an interval's ends: no title of their own, so the axis keeps the title of the value they bound
+                # (vega-lite would otherwise join "ci_low, ci_high, validation score")
+                definition["title"] = None
             elif isinstance(definition.get("field"), str) and readable(definition["field"]) != definition["field"]:
                 definition["title"] = readable(definition["field"])
     for key, value in spec.items():

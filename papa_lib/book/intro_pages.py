@@ -134,19 +134,8 @@ def findings(setup, frame: pd.DataFrame | None = None) -> dict[str, str]:
             "found_drop_half": percent(half.mean), "found_drop_half_max": percent(half.max)}
 
 
-def glue(name: str, value: Any) -> None:
-    """``myst_nb.glue`` without display (the built page pastes the value where the text names it); a no-op where
-    myst-nb is not installed (the numbers are then in the tables further down)."""
-    try:
-        from myst_nb import glue as myst_glue
-    except ImportError:  # pragma: no cover - the book extra brings myst-nb
-        return
-    myst_glue(name, value, display=False)
+def glue_findings(setup, frame: pd.DataFrame | None = None) -> None:
+    """Glue every value of :func:`findings` under its name (the intro's first screen pastes them)."""
+    from .prose import glue_all
 
-
-def glue_findings(setup, frame: pd.DataFrame | None = None) -> dict[str, Any]:
-    """Glue every value of :func:`findings` under its name; returns them."""
-    values = findings(setup, frame)
-    for name, value in values.items():
-        glue(name, value)
-    return values
+    glue_all(findings(setup, frame))

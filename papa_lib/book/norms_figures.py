@@ -21,7 +21,7 @@ import pandas as pd
 from . import charts
 from .records import source_kind
 
-__all__ = ["analysis_label", "comparison", "comparison_text", "cv_chart", "cv_text", "decomposition_text",
+__all__ = ["analysis_label", "comparison", "comparison_text", "cv_chart", "cv_text", "decomposition_values",
            "evidence_table", "frequency_chart", "observations_chart", "sentence_chart", "shares_chart",
            "special_table", "special_text", "token_heads_chart", "types_chart"]
 
@@ -34,13 +34,12 @@ def _markdown(text: str) -> Any:
     return Markdown(text)
 
 
-def decomposition_text(check: pd.DataFrame) -> Any:
-    """The largest gap between the rebuilt sum of :func:`papa_lib.analysis.norms.decomposition_check` and the
-    model's own output, absolute and relative."""
-    return _markdown(
-        f"Over {int(check['n_positions'].iloc[0])} real positions and {len(check)} layers, the largest difference "
-        f"between the rebuilt sum and the model's own output is {check['max_abs_error'].max():.1e} (relative to the "
-        f"largest output entry: {check['relative_error'].max():.1e}) — float32 rounding, so the sum *is* the layer.")
+def decomposition_values(check: pd.DataFrame) -> dict[str, str]:
+    """The numbers the chapter's text states about :func:`papa_lib.analysis.norms.decomposition_check` (glued into
+    the prose with myst-nb): positions, layers, the largest gap, absolute and relative."""
+    return {"dec_positions": str(int(check["n_positions"].iloc[0])), "dec_layers": str(len(check)),
+            "dec_max_abs": f"{check['max_abs_error'].max():.1e}",
+            "dec_max_rel": f"{check['relative_error'].max():.1e}"}
 
 
 def sentence_chart(shares: pd.DataFrame, sentence: str, label: Mapping[str, str]) -> Any:
