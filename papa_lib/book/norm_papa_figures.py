@@ -36,7 +36,7 @@ ORDER_NAMES = {"lambda": "λ (PAPA, learned with labels)", "attention_variance":
 
 #: Axis labels of the paper's fractions (1, 1/2, 1/8, 1/16, 0) on a quantitative axis.
 FRACTION_LABELS = ("datum.value == 0.0625 ? '1/16' : datum.value == 0.125 ? '1/8' : "
-                   "datum.value == 0.5 ? '1/2' : datum.label")
+                   "datum.value == 0.5 ? '1/2' : datum.value == 1 ? '1' : datum.value == 0 ? '0' : datum.label")
 
 
 def _markdown(text: str) -> Any:
@@ -141,7 +141,7 @@ def changed_head_chart(setup, norm_frame, folder, task: str, min_share: float = 
         tooltip=["matrix:N", "query:O", "key:O", alt.Tooltip("weight:Q", format=".3f")],
     ).properties(width=220, height=220).facet(
         column=alt.Column("matrix:N", title=None, sort=["plain average C", "norm-weighted N"])).properties(
-        title=charts.chart_title(f"Head {layer}.{head}, {task} training text",
+        title=charts.chart_title(f"Layer {layer}, head {head}, {task} training text",
                                  **_matrix_label(setup, norm_frame, task, plain)))
 
 

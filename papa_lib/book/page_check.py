@@ -32,7 +32,7 @@ TEXT_PATTERNS: list[tuple[str, re.Pattern]] = [
     ("traceback", re.compile(r"Traceback \(most recent call last\)")),
     ("NaN", re.compile(r"(?<![\w\"'])(?:NaN|nan)(?![\w\"'])")),
     ("template grammar", re.compile(r"\w\((?:s|es)\)")),
-    ("raw head name", re.compile(r"\bhead \d+\.\d+\b")),
+    ("raw head name", re.compile(r"\b[Hh]ead \d+\.\d+\b")),
     ("too many digits", re.compile(r"(?<![\w.])[-−]?\d+\.\d+(?![\w.])")),
 ]
 #: Significant figures a compared number may show.
@@ -76,10 +76,25 @@ def _walk(spec):
             yield from _walk(value)
 
 
+def _title_texts(node) -> list[str]:
+    title = node.get("title")
+    if isinstance(title, dict):
+        title = [title.get("text", ""), title.get("subtitle", "")]
+    titles = title if isinstance(title, list) else [title]
+    out = []
+    for item in titles:
+        out += item if isinstance(item, list) else [item]
+    return [t for t in out if isinstance(t, str)]
+
+
 def chart_problems(spec: dict) -> list[str]:
-    """Raw identifiers used as an axis, legend or header title in a vega-lite ``spec``."""
+    """Raw identifiers used as an axis, legend or header title in a vega-lite ``spec``, and what
+    :func:`text_problems` finds in its titles (``head 2.4``, over-long numbers, ``task(s)``)."""
     found = []
     for node in _walk(spec):
+        texts = _title_texts(node)
+        if texts:
+            found += [f"chart title: {p}" for p in text_problems(" ".join(texts))]
         encoding = node.get("encoding")
         if not isinstance(encoding, dict):
             continue
