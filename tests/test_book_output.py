@@ -127,3 +127,10 @@ def test_intro_findings_name_every_glued_value_with_or_without_records(tmp_path)
     import re
 
     assert set(re.findall(r"\{glue:text\}`(\w+)`", book)) == set(full)
+
+
+def test_link_check_skips_theme_templates(tmp_path):
+    (tmp_path / "_static").mkdir()
+    (tmp_path / "_static" / "webpack-macros.html").write_text('<link href="{{ pathto(\'x\') }}">', encoding="utf-8")
+    (tmp_path / "index.html").write_text('<a href="book/missing.html">x</a>', encoding="utf-8")
+    assert page_check.broken_links(tmp_path) == ["index.html: book/missing.html"]

@@ -31,9 +31,9 @@ CONSTRUCTIONS = ["attention", "data-free", "labeled", "unlabeled"]
 
 
 def _markdown(text: str) -> Any:
-    from IPython.display import Markdown
+    from .prose import markdown
 
-    return Markdown(text)
+    return markdown(text)
 
 
 def _demo_matrices(setup, frame: pd.DataFrame, tasks: Sequence[str], lengths: dict):

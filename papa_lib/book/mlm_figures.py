@@ -25,9 +25,9 @@ __all__ = ["Plan", "beside_paper", "corpus_label", "drop_map", "fig6", "fig6_cov
 
 
 def _markdown(text: str) -> Any:
-    from IPython.display import Markdown
+    from .prose import markdown
 
-    return Markdown(text)
+    return markdown(text)
 
 
 @dataclass

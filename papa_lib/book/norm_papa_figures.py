@@ -40,9 +40,9 @@ FRACTION_LABELS = ("datum.value == 0.0625 ? '1/16' : datum.value == 0.125 ? '1/8
 
 
 def _markdown(text: str) -> Any:
-    from IPython.display import Markdown
+    from .prose import markdown
 
-    return Markdown(text)
+    return markdown(text)
 
 
 def _both(norm_frame: pd.DataFrame, frame: pd.DataFrame) -> pd.DataFrame:

@@ -29,9 +29,9 @@ METHODS = ["weight", "norm", "norm_heads_summed"]
 
 
 def _markdown(text: str) -> Any:
-    from IPython.display import Markdown
+    from .prose import markdown
 
-    return Markdown(text)
+    return markdown(text)
 
 
 def decomposition_values(check: pd.DataFrame) -> dict[str, str]:

@@ -166,14 +166,17 @@ def _links(page: str) -> Iterable[str]:
 
 def broken_links(html_dir: str | Path) -> list[str]:
     """``'<page>: <link>'`` for every link, image or script of a built HTML folder that points inside the folder at
-    a file that does not exist (external ``http(s)``/``mailto``/``data`` links and pure ``#anchors`` are skipped)."""
+    a file that does not exist (external ``http(s)``/``mailto``/``data`` links, pure ``#anchors`` and the theme's templates
+    under ``_static/`` are skipped)."""
     root = Path(html_dir).resolve()
     broken = []
     for page in sorted(root.rglob("*.html")):
+        if page.relative_to(root).parts[0] in ("_static", "_sources", "_images"):
+            continue  # theme templates and copied assets, not pages of the book
         text = page.read_text(encoding="utf-8", errors="replace")
         for link in _links(text):
             parts = urlsplit(html_lib.unescape(link))
-            if parts.scheme or parts.netloc or not parts.path:
+            if parts.scheme or parts.netloc or not parts.path or "{{" in link:
                 continue
             target = (page.parent / unquote(parts.path)).resolve()
             if target.is_dir():

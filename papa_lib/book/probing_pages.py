@@ -33,9 +33,9 @@ MORE_SEEDS_FOLDERS = ("mrpc-original-seeds",)
 
 
 def _markdown(text: str) -> Any:
-    from IPython.display import Markdown
+    from .prose import markdown
 
-    return Markdown(text)
+    return markdown(text)
 
 
 def _parameters(module) -> int:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["glue", "glue_all"]
+__all__ = ["glue", "glue_all", "markdown"]
 
 
 def glue(name: str, value: Any) -> None:
@@ -27,3 +27,15 @@ def glue_all(values: Mapping[str, Any]) -> None:
     """Glue every item of ``values`` under its key (returns nothing, so a cell ending with it shows nothing)."""
     for name, value in values.items():
         glue(name, value)
+
+
+def markdown(text: str) -> Any:
+    """``IPython.display.Markdown(text)`` whose plain-text form is the text itself, so that no page ever shows
+    ``<IPython.core.display.Markdown object>`` (what an empty Markdown falls back to) and an empty one shows nothing."""
+    from IPython.display import Markdown
+
+    class Prose(Markdown):
+        def __repr__(self) -> str:
+            return self.data or ""
+
+    return Prose(text)

@@ -31,9 +31,9 @@ PAPER_SCOPE["roberta-large"] = {"fig2", "table1", "table2"}
 
 
 def _markdown(text: str) -> Any:
-    from IPython.display import Markdown
+    from .prose import markdown
 
-    return Markdown(text)
+    return markdown(text)
 
 
 def _grid(path: Path) -> dict:

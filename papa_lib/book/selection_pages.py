@@ -29,9 +29,9 @@ _KEPT = {1.0: "1 (replaced first)", 0.5: "1/2", 0.125: "1/8", 0.0625: "1/16"}
 
 
 def _markdown(text: str) -> Any:
-    from IPython.display import Markdown
+    from .prose import markdown
 
-    return Markdown(text)
+    return markdown(text)
 
 
 def _lambdas(setup) -> pd.DataFrame:

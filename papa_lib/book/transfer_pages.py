@@ -23,9 +23,9 @@ __all__ = ["changes_chart", "changes_text", "layout_chart", "layout_overview", "
 
 
 def _markdown(text: str) -> Any:
-    from IPython.display import Markdown
+    from .prose import markdown
 
-    return Markdown(text)
+    return markdown(text)
 
 
 def table2(frame: pd.DataFrame, tasks: Sequence[str]) -> Any:
