@@ -50,7 +50,7 @@ div.cell_output .output pre, div.cell_output .output.stream pre, div.cell_output
   overflow-wrap: anywhere;
 }
 div.cell_output .output.text_html { overflow-x: auto; max-width: 100%; }
-div.cell_output table.dataframe td, div.cell_output table.dataframe th { white-space: normal; }
+div.cell_output table td, div.cell_output table th { white-space: normal; padding: 0.2em 0.6em; }
 div.papa-provenance p { margin: 0.25em 0; }
 """
 
