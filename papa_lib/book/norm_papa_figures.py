@@ -18,7 +18,6 @@ from __future__ import annotations
 import os
 from typing import Any, Sequence
 
-import numpy as np
 import pandas as pd
 
 from . import charts, figures, norms_pages
@@ -195,7 +194,8 @@ def matrix_verdicts(norm_frame, frame, tasks: Sequence[str]) -> pd.DataFrame:
                "N - C": weighted["mean"] - plain["mean"], "verdict": word}
         if "original" in part.index:
             gap = part.loc["original", "mean"] - plain["mean"]
-            row["share of the loss recovered"] = (weighted["mean"] - plain["mean"]) / gap if gap > 0 else np.nan
+            row["share of the loss recovered"] = (f"{(weighted['mean'] - plain['mean']) / gap:.0%}" if gap > 0
+                                                  else "no loss to recover (plain ≥ original)")
         rows.append(row)
     return pd.DataFrame(rows).set_index("task")
 
