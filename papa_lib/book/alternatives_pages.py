@@ -88,7 +88,8 @@ def head_weights(setup, frame: pd.DataFrame, tasks: Sequence[str], lengths: dict
                   for q in positions for k in positions]
     order = [names[p] for p in positions]
     if constants is not None:
-        data = f"average matrices from {task} text ({constants.metadata.get('num_examples')} examples), L = {length}"
+        data = (f"average matrices from {task} text ({constants.metadata.get('num_examples', 0):,} examples), "
+                f"L = {length}")
     else:
         data = f"data-free matrices only (no stored average matrices yet), L = {length}"
     described = describe(frame, model=setup.model_label, profile=setup.profile)

@@ -59,7 +59,7 @@ def stored_constants(setup, model, task: str, max_length: int):
 def corpus_label(constants, task: str) -> str:
     """Which text a set of matrices averages, from its own metadata: task, number of sentences, kind of data."""
     kind = source_kind(constants.metadata.get("source", ""))
-    return f"{task} train, {constants.metadata.get('num_examples')} sentences ({kind})"
+    return f"{task} train, {constants.metadata.get('num_examples', 0):,} sentences ({kind})"
 
 
 def _positions(length: int, shown: int) -> tuple[list[int], list[str]]:

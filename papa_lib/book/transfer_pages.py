@@ -179,8 +179,8 @@ def layout_chart(setup, frame: pd.DataFrame, tasks: Sequence[str], lengths: dict
     who = describe(frame, model=setup.model_label, profile=setup.profile)
     title = (f"Weight on key position L/2 = {middle} per head, {task} at L = {best['L']} (real in "
              f"{best['real']:.0%} of {task} inputs, {best['real_mnli']:.0%} of MNLI inputs)")
-    data = (f"stored matrices of {task} ({best['own'].metadata.get('num_examples')} examples) and MNLI "
-            f"({best['mnli'].metadata.get('num_examples')} examples)")
+    data = (f"stored matrices of {task} ({best['own'].metadata.get('num_examples', 0):,} examples) and MNLI "
+            f"({best['mnli'].metadata.get('num_examples', 0):,} examples)")
     return (diagonal + scatter).properties(width=420, height=320, title=charts.chart_title(
         title, model=who["model"], data=data, profile=who["profile"]))
 
