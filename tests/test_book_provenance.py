@@ -42,3 +42,11 @@ def test_banner_without_records_says_so():
     shown = provenance.banner(setup, records=False, live=None)
     assert [text.split(":")[0] for _, text in shown.lines()] == ["nothing", "nothing"]
     assert provenance.seeds_label([float("nan")]) == ""
+
+
+def test_shown_path_never_prints_a_machine_folder(tmp_path):
+    from papa_lib.smoke import generate_data_dir
+
+    setup = profiles.resolve("smoke", data_dir=generate_data_dir(tmp_path / "papa-smoke-data"))
+    text = provenance.shown_path(f"{setup.data_dir}/wikitext-2 (probe: wiki.valid.tokens)", setup)
+    assert str(tmp_path) not in text and text.startswith("papa-smoke-data/wikitext-2")

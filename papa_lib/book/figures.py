@@ -190,10 +190,17 @@ def format_mean_ci(mean: float, ci_low: float, ci_high: float, n: int, digits: i
     """``"0.47 ± 0.02"`` (mean ± half-width of the 95% interval); ``"0.47"`` for one seed; ``"—"`` when missing."""
     if mean is None or (isinstance(mean, float) and math.isnan(mean)) or not n:
         return "—"
-    text = f"{mean:.{digits}f}"
+    text = fixed(mean, digits)
     if n > 1 and not (math.isnan(ci_low) or math.isnan(ci_high)):
-        text += f" ± {(ci_high - ci_low) / 2:.{digits}f}"
+        text += f" ± {fixed((ci_high - ci_low) / 2, digits)}"
     return text
+
+
+def fixed(value: float, digits: int = 3) -> str:
+    """``value`` with ``digits`` decimals, fewer where it is 1 or more so that it shows at most three significant
+    figures (``0.484``, ``2.18``, ``12.3``, ``123``)."""
+    magnitude = int(math.floor(math.log10(abs(value)))) + 1 if value and math.isfinite(value) else 0
+    return f"{value:.{min(digits, max(0, 3 - magnitude)) if magnitude > 0 else digits}f}"
 
 
 def _empty(columns: Sequence[str]) -> pd.DataFrame:

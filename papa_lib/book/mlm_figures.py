@@ -46,7 +46,9 @@ class Plan:
     def table(self) -> pd.DataFrame:
         """The run's settings: profile, models, data, results folders, sizes and whether missing runs are run."""
         setup = self.setup
-        values = [setup.profile, self.label, str(setup.data_dir or "dataset hub"),
+        from .provenance import shown_path
+
+        values = [setup.profile, self.label, shown_path(setup.data_dir, setup) if setup.data_dir else "dataset hub",
                   os.path.relpath(self.folder, setup.root), os.path.relpath(setup.results_dir, setup.root),
                   ", ".join(f"{k}={v}" for k, v in self.sizes.items()),
                   "run what is missing" if self.run else "read stored results"]

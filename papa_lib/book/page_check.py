@@ -41,6 +41,7 @@ MAX_SIGNIFICANT = 3
 IDENTIFIER = re.compile(r"^[a-z][a-z0-9]*(?:_[a-z0-9]+)+$")
 _SPEC = re.compile(r"var spec = (\{.*?\});\n\s*var opt", re.DOTALL)
 _TAGS = re.compile(r"<[^>]+>")
+_INJECTED = re.compile(r'<div class="cell tag_injected-parameters[^"]*">.*?</pre>', re.DOTALL)
 _INVISIBLE = re.compile(r"<(script|style|head)\b.*?</\1>", re.DOTALL | re.IGNORECASE)
 _CHANNELS = ("x", "y", "x2", "y2", "color", "fill", "stroke", "size", "shape", "opacity", "theta", "row", "column",
              "facet", "xOffset", "yOffset")
@@ -120,6 +121,7 @@ def _visible_text(page: str) -> str:
 def html_problems(page: str) -> list[str]:
     """Everything :func:`text_problems` and :func:`chart_problems` find in one HTML page or output, plus raw
     identifiers as table headers and a raw integer index (a first body row headed ``0``)."""
+    page = _INJECTED.sub(" ", page)  # papermill's injected-parameters cell is a run's, not the book's
     found = text_problems(_visible_text(page))
     for spec_text in _SPEC.findall(page):
         try:

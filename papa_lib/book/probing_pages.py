@@ -217,7 +217,7 @@ def _majority_row(task: str, mine: pd.DataFrame) -> dict:
     names = sorted({f"{_variant_name(r)} (seed {int(r['seed'])})" for _, r in single.iterrows()})
     return {"task": task, "metric": mine["metric"].iloc[0], "seeds": len(original),
             "original": figures.format_mean_ci(mean, low, high, len(original), digits=3),
-            "95% CI": "—" if len(original) < 2 else f"[{low:.3f}, {high:.3f}]",
+            "95% CI": "—" if len(original) < 2 else f"[{figures.fixed(low)}, {figures.fixed(high)}]",
             "majority baseline": "—" if pd.isna(base) else f"{base:.3f}", "verdict": verdict,
             "single-class probes": f"{len(single)} of {len(mine)}" + (": " + ", ".join(names) if names else ""),
             **_accuracy_columns(mine)}

@@ -22,7 +22,7 @@ import pandas as pd
 
 from .records import data_label, model_label
 
-__all__ = ["Banner", "banner", "committed_facts", "live_facts", "seeds_label", "where_label"]
+__all__ = ["Banner", "banner", "committed_facts", "live_facts", "seeds_label", "shown_path", "where_label"]
 
 #: Words for the ``device`` column of the records.
 DEVICE_WORDS = {"cuda": "a CUDA GPU", "cpu": "a CPU", "mps": "an Apple GPU"}
@@ -65,6 +65,23 @@ def _relative(path: str | os.PathLike, root: Path | None) -> str:
         except ValueError:
             pass
     return path.name
+
+
+def shown_path(text, setup) -> str:
+    """``text`` with the profile's data folder written as a reader should see it: relative to the repository when it
+    lies beside it (``../shared/data``), ``papa_lib/samples`` for the packaged sample, else the folder's name
+    (a temporary folder such as ``/tmp/papa-smoke-data`` becomes ``papa-smoke-data``)."""
+    text = str(text)
+    if setup.data_dir is None:
+        return text
+    folder = Path(setup.data_dir)
+    if setup.data_source == "sample":
+        shown = "papa_lib/samples"
+    elif folder.resolve().is_relative_to(Path(setup.root).resolve().parent):
+        shown = os.path.relpath(folder, setup.root)
+    else:
+        shown = folder.name
+    return text.replace(str(folder.resolve()), shown).replace(str(folder), shown)
 
 
 def committed_facts(frame: pd.DataFrame | None, folder: str | os.PathLike | None = None,
