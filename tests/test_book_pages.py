@@ -68,7 +68,7 @@ def test_headline_text_takes_its_numbers_from_the_records():
     frame = example_frame().assign(profile="local", data_source=LOCAL_SOURCE)
     text = probing_pages.headline_text(frame).data
     drops = (0.09 / 0.85 + 0.2) / 2
-    assert f"**{drops:.1%}**" in text and "over 2 task(s)" in text and "local files: SST-2" in text
+    assert f"**{drops:.1%}**" in text and "over 2 tasks" in text and "local files: SST-2" in text
     assert "m/" not in text.split("(")[0]
     table = probing_pages.headline(frame)
     assert table.loc["average relative drop, every head constant", "ours"] == f"{drops:.1%}"
