@@ -171,7 +171,8 @@ def layout_chart(setup, frame: pd.DataFrame, tasks: Sequence[str], lengths: dict
     scatter = alt.Chart(heads).mark_point(filled=True, size=60).encode(
         x=alt.X("mass_own:Q", title=f"weight on position {middle}, built on {task} text"),
         y=alt.Y("mass_mnli:Q", title=f"weight on position {middle}, built on MNLI text"),
-        color=alt.Color("layer:O", title="layer"),
+        color=alt.Color("layer:O", title="layer", scale=alt.Scale(scheme="tableau10"),
+                        legend=alt.Legend(symbolOpacity=1, symbolSize=80, symbolType="circle")),
         opacity=alt.condition(pick, alt.value(1.0), alt.value(0.15)),
         tooltip=["layer:O", "head:O", alt.Tooltip("mass_own:Q", title=f"{task}-built", format=".3f"),
                  alt.Tooltip("mass_mnli:Q", title="MNLI-built", format=".3f")],
