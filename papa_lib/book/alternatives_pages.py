@@ -99,7 +99,9 @@ def head_weights(setup, frame: pd.DataFrame, tasks: Sequence[str], lengths: dict
         color=alt.Color("weight:Q", scale=alt.Scale(scheme="blues", domain=[0, 1]), title="weight"),
         tooltip=["matrix:N", "query:N", "key:N", alt.Tooltip("weight:Q", format=".3f")],
     ).properties(width=125, height=125).facet(  # three panels and the legend fit the page column
-        facet=alt.Facet("matrix:N", sort=[p[0] for p in panels], title=None), columns=3,
+        # long panel names ("average: most diagonal: layer 1, head 1") on several lines, so no header widens the chart
+        facet=alt.Facet("matrix:N", sort=[p[0] for p in panels], title=None,
+                        header=alt.Header(labelExpr="split(datum.label, ': ')")), columns=3,
     ).properties(title=charts.chart_title(
         f"The weights each kind of head uses on one input ({n_real} real tokens)",
         model=described["model"], data=data, profile=described["profile"]))
