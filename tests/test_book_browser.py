@@ -39,7 +39,7 @@ from pathlib import Path
 import pytest
 
 from papa_lib.book import build
-from papa_lib.book import charts, sphinx_hooks
+from papa_lib.book import charts, page_check, sphinx_hooks
 
 from conftest import JUPYTEXT_HEADER
 
@@ -115,7 +115,8 @@ def test_offline_renderer_emits_self_contained_html():
     assert alt.renderers.active == charts.OFFLINE_RENDERER
     bundle = _heads_chart()._repr_mimebundle_()
     bundle = bundle[0] if isinstance(bundle, tuple) else bundle
-    assert set(bundle) == {"text/html", "text/plain"}  # no PNG/SVG fallback, no vega mimetype
+    # no PNG/SVG fallback; the vega-lite mimetype renders the chart in JupyterLab, VS Code and papermill outputs
+    assert set(bundle) == {"text/html", charts.VEGALITE_MIMETYPE, "text/plain"}
     html = bundle["text/html"]
     assert "cdn.jsdelivr" not in html and "unpkg" not in html and "requirejs" not in html
     assert not re.search(r"<script[^>]*\bsrc\s*=", html), "the chart snippet must not load scripts"
@@ -245,6 +246,25 @@ def test_built_pages_load_the_local_vega_bundle(built_book):
     intro = (built_book / "book" / "intro.html").read_text(encoding="utf-8")
     assert intro.count(f'class="{charts.CHART_CLASS}"') >= 1
     assert build.colab_url("book/intro.md", REPO / "_config.yml") in intro  # badge and launch button
+    repository = build.load_config(REPO / "_config.yml")["repository"]["url"]
+    assert f'href="{repository}"' in intro, "the GitHub button must point at repository.url"
+
+
+def test_built_pages_show_no_raw_output_and_no_broken_link(built_book):
+    """Every executed page, as built: no object repr, warning, machine path, traceback, raw index or identifier,
+    NaN, template grammar or over-long number in its article (papa_lib.book.page_check), and no internal link
+    that leads nowhere (build_book also fails on one)."""
+    problems = {}
+    for page in _chapter_pages(built_book):
+        text = page.read_text(encoding="utf-8")
+        article = re.search(r"<article\b.*?</article>", text, re.DOTALL)
+        found = page_check.html_problems(article.group(0) if article else text)
+        if found:
+            problems[page.name] = found[:8]
+    assert not problems, json.dumps(problems, indent=1, ensure_ascii=False)
+    assert page_check.broken_links(built_book) == []
+    css = built_book / "_static" / sphinx_hooks.STYLE_FILENAME
+    assert css.is_file() and "pre-wrap" in css.read_text(encoding="utf-8")  # printed notices wrap
 
 
 def _math_pages(html_dir: Path) -> list[Path]:

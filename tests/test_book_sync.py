@@ -131,9 +131,27 @@ def test_chapter_has_guarded_install_cell(chapter):
     guards = [node for node in ast.parse(cell.source).body if _is_colab_guard(node)]
     assert guards, f'{chapter.name}: the install cell must be guarded by `if "google.colab" in sys.modules:`'
     body = "\n".join(ast.unparse(node) for node in guards[0].body)
-    assert "pip" in body and build.install_spec(CONFIG) in body, (
-        f"{chapter.name}: the guarded install must pip-install {build.install_spec(CONFIG)}; {HINT}"
+    url = build._repository(CONFIG)[0]
+    version = build.repository_version(CONFIG)
+    assert f"repository, version = ({url!r}, {version!r})" in body, (
+        f"{chapter.name}: the install cell must name _config.yml's repository and version; {HINT}"
     )
+    for step in ("'clone'", "'checkout'", "'pip', 'install'", "os.chdir("):
+        assert step in body, f"{chapter.name}: the install cell must clone, check out, install and cd ({step})"
+
+
+def test_badge_github_button_and_install_cell_agree_on_one_repository():
+    """The badge, the GitHub button (Jupyter Book's theme reads repository.url) and the install cell all come from
+    repository.url; the install cell also names repository.version, a fixed tag or commit."""
+    config = build.load_config(CONFIG)["repository"]
+    url = build._repository(CONFIG)[0]
+    assert config["url"].rstrip("/") == url
+    assert config.get("version"), "_config.yml must name the fixed version (a tag or commit) Colab clones"
+    owner_repo = url.split("github.com/")[1]
+    for chapter in CHAPTERS:
+        text = chapter.read_text(encoding="utf-8")
+        assert f"colab.research.google.com/github/{owner_repo}/blob/" in text, chapter.name
+        assert build.install_line(CONFIG) in text, chapter.name
 
 
 # ---------------------------------------------------------------------------------------------
@@ -174,6 +192,14 @@ def test_colab_badge_and_install_spec(tmp_path):
         "(https://colab.research.google.com/github/someone/somebook/blob/dev/book/ch1.ipynb)"
     )
     assert build.install_spec(config) == "git+https://github.com/someone/somebook@dev"
+    assert build.install_line(config) == 'repository, version = "https://github.com/someone/somebook", "dev"'
+    assert build.placeholder_warning(config) is None
+    (tmp_path / "_config.yml").write_text(
+        f"repository:\n  url: {build.PLACEHOLDER_URL}\n  branch: main\n  version: abc123\n", encoding="utf-8")
+    assert build.repository_version(config) == "abc123"
+    assert build.install_spec(config).endswith("@abc123")
+    warning = build.placeholder_warning(config)
+    assert warning.startswith("papa: warning:") and "\n" not in warning and build.PLACEHOLDER_URL in warning
 
 
 def test_colab_url_needs_a_github_repository(tmp_path):
@@ -206,7 +232,7 @@ def test_sync_is_deterministic_and_refreshes_links(tmp_path):
         ```
 
         ```{{code-cell}} ipython3
-        print("git+https://github.com/old/repo@main")
+        repository, version = "https://github.com/old/repo", "v0"
         ```
         """
     )
@@ -222,14 +248,14 @@ def test_sync_is_deterministic_and_refreshes_links(tmp_path):
     assert twin.read_bytes() == first  # same bytes every time (stable cell ids)
     new_text = md.read_text(encoding="utf-8")
     assert build.colab_badge("book/ch.md", tmp_path / "_config.yml") in new_text
-    assert "git+https://github.com/someone/somebook@dev" in new_text and "old/repo" not in new_text
+    assert build.install_line(tmp_path / "_config.yml") in new_text and "old/repo" not in new_text
     stored = json.loads(first)
     assert stored["metadata"]["jupytext"]["formats"] == "ipynb,md:myst"
     assert [c["metadata"].get("tags") for c in stored["cells"]] == [None, ["parameters"], None]
     assert all(c.get("execution_count") is None for c in stored["cells"] if c["cell_type"] == "code")
     assert build.check_notebooks(tmp_path / "book") == []
 
-    md.write_text(md.read_text(encoding="utf-8").replace('print("', 'print("changed '), encoding="utf-8")
+    md.write_text(md.read_text(encoding="utf-8").replace('repository, version', 'repository, version  '), encoding="utf-8")
     problems = build.check_notebooks(tmp_path / "book")
     assert len(problems) == 1 and problems[0].startswith("ch.md:") and "python -m papa_lib.book sync" in problems[0]
     (tmp_path / "book" / "gone.ipynb").write_text(first.decode(), encoding="utf-8")

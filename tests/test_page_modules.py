@@ -43,7 +43,8 @@ def test_attention_pages_and_inputs(smoke):
     gallery = _spec(page.head_gallery(attentions, batch, tokenizer, texts, label, shown=2))
     assert {p["name"] for p in gallery["params"]} == {"layer_choice", "head_choice"}
     assert _spec(page.variability_chart(frame, label, 6))["mark"]["type"] == "rect"
-    assert "6 sentences" in page.variability_text(frame, 6).data
+    values = page.variability_values(frame, 6)
+    assert values["var_sentences"] == "6" and 0 <= float(values["var_low"]) <= float(values["var_high"]) <= 1
 
 
 def test_averaging_pages(smoke):
@@ -63,15 +64,15 @@ def test_averaging_pages(smoke):
     assert _spec(page.pattern_scatter(summary, label))
     assert _spec(page.representative_heads(constants, summary, label, 8))
     assert _spec(page.sensitivity_chart(summary, label))
-    assert setup.model_label in page.patterns_text(summary, setup.model_label).data
+    assert page.patterns_values(summary, setup.model_label)["pat_model"] == setup.model_label
 
 
 def test_intro_pages(smoke):
     from papa_lib.book import intro_pages as page
 
     setup, _, _ = smoke
-    settings = page.settings(setup, ["sst2"], 1, runs_missing=False)
-    assert isinstance(settings, pd.DataFrame) and len(settings)
+    settings = page.settings(setup, ["sst2"], runs_missing=False)
+    assert len(settings.data)  # a Styler (papa_lib.book.tables) over the settings frame
     assert page.task_table(setup, ["sst2"]) is not None
     assert _spec(page.heads_chart("smoke"))
     assert "No records" in page.claims_table(setup).data  # none run yet

@@ -31,7 +31,10 @@ def test_pages_share_one_markdown_helper():
     from papa_lib.book import alternatives_pages, probing_pages, selection_pages, transfer_pages
 
     shown = display.markdown("**bold**")
-    assert shown.data == "**bold**" and type(shown).__name__ == "Markdown"
+    from IPython.display import Markdown
+
+    assert shown.data == "**bold**" and isinstance(shown, Markdown) and repr(shown) == "**bold**"
+    assert repr(display.markdown("")) == ""  # an empty one shows nothing, never the object's repr
     for module in (alternatives_pages, probing_pages, selection_pages, transfer_pages):
         assert module._markdown is display.markdown
     for path in (REPO / "papa_lib").rglob("*.py"):

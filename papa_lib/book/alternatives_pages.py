@@ -21,6 +21,7 @@ import pandas as pd
 from . import charts, figures, paper
 from .display import markdown as _markdown
 from .records import describe, diagnostic_records, ours_label
+from .tables import plural
 
 __all__ = ["head_weights", "premise_use", "premise_use_text", "table1", "table1_chart", "verdict_text", "verdicts"]
 
@@ -73,7 +74,7 @@ def head_weights(setup, frame: pd.DataFrame, tasks: Sequence[str], lengths: dict
         for label, row in [("average: most diagonal", diagonal), ("average: most on L-1", final)]:
             layer, head = int(row["layer"]), int(row["head"])
             state = AttentionOverride(model, constants, {(layer, head): "constant"})
-            panels.append((f"{label} ({layer},{head})", layer, head, state))
+            panels.append((f"{label}: layer {layer}, head {head}", layer, head, state))
     cells = []
     for label, layer, head, state in panels:
         dummy = torch.full((1, heads, length, length), 1.0 / length)  # the model's own A, unused here
@@ -83,7 +84,8 @@ def head_weights(setup, frame: pd.DataFrame, tasks: Sequence[str], lengths: dict
                   for q in positions for k in positions]
     order = [names[p] for p in positions]
     if constants is not None:
-        data = f"average matrices from {task} text ({constants.metadata.get('num_examples')} examples), L = {length}"
+        data = (f"average matrices from {task} text ({constants.metadata.get('num_examples', 0):,} examples), "
+                f"L = {length}")
     else:
         data = f"data-free matrices only (no stored average matrices yet), L = {length}"
     described = describe(frame, model=setup.model_label, profile=setup.profile)
@@ -92,8 +94,10 @@ def head_weights(setup, frame: pd.DataFrame, tasks: Sequence[str], lengths: dict
         y=alt.Y("query:O", sort=order, title="query position"),
         color=alt.Color("weight:Q", scale=alt.Scale(scheme="blues", domain=[0, 1]), title="weight"),
         tooltip=["matrix:N", "query:N", "key:N", alt.Tooltip("weight:Q", format=".3f")],
-    ).properties(width=150, height=150).facet(
-        facet=alt.Facet("matrix:N", sort=[p[0] for p in panels], title=None), columns=3,
+    ).properties(width=125, height=125).facet(  # three panels and the legend fit the page column
+        # long panel names ("average: most diagonal: layer 1, head 1") on several lines, so no header widens the chart
+        facet=alt.Facet("matrix:N", sort=[p[0] for p in panels], title=None,
+                        header=alt.Header(labelExpr="split(datum.label, ': ')")), columns=3,
     ).properties(title=charts.chart_title(
         f"The weights each kind of head uses on one input ({n_real} real tokens)",
         model=described["model"], data=data, profile=described["profile"]))

@@ -14,7 +14,7 @@ import pandas as pd
 
 from . import charts
 
-__all__ = ["first_tokens", "head_gallery", "variability", "variability_chart", "variability_text"]
+__all__ = ["first_tokens", "head_gallery", "variability", "variability_chart", "variability_values"]
 
 
 def first_tokens(tokenizer, batch, index: int = 0) -> pd.DataFrame:
@@ -87,18 +87,15 @@ def variability_chart(frame: pd.DataFrame, label: Mapping[str, str], sentences: 
         f"Input variability of every head over {sentences} sentences", **label))
 
 
-def variability_text(frame: pd.DataFrame, sentences: int) -> Any:
-    """The least and most input-dependent heads, the median, and the trend over layers, in one paragraph."""
-    from IPython.display import Markdown
-
+def variability_values(frame: pd.DataFrame, sentences: int) -> dict[str, str]:
+    """The numbers the chapter's text states about input variability (glued into the prose with myst-nb): the least
+    and most input-dependent heads, the median, and the mean by layer at both ends."""
     ranked = frame.sort_values("variability")
     low, high = ranked.iloc[0], ranked.iloc[-1]
     by_layer = frame.groupby("layer")["variability"].mean()
-    return Markdown(
-        f"On these {sentences} sentences the least input-dependent head is layer {int(low.layer)}, head "
-        f"{int(low['head'])} ({low.variability:.3f}), the most input-dependent one is layer {int(high.layer)}, "
-        f"head {int(high['head'])} ({high.variability:.3f}); the median head scores "
-        f"{frame.variability.median():.3f}. By layer, the mean variability goes from {by_layer.iloc[0]:.3f} "
-        f"(layer 0) to {by_layer.iloc[-1]:.3f} (layer {int(by_layer.index[-1])}). "
-        + ("No head scores 0: attention does change with the input."
-           if frame.variability.min() > 0 else "Some heads score 0: they attend identically on every input."))
+    return {"var_sentences": str(sentences),
+            "var_low_head": f"layer {int(low.layer)}, head {int(low['head'])}", "var_low": f"{low.variability:.3f}",
+            "var_high_head": f"layer {int(high.layer)}, head {int(high['head'])}",
+            "var_high": f"{high.variability:.3f}", "var_median": f"{frame.variability.median():.3f}",
+            "var_first_layer": f"{by_layer.iloc[0]:.3f}", "var_last_layer": f"{by_layer.iloc[-1]:.3f}",
+            "var_last_layer_index": str(int(by_layer.index[-1]))}

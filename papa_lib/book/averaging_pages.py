@@ -19,7 +19,7 @@ import pandas as pd
 from . import charts, paper
 from .records import source_kind
 
-__all__ = ["corpus_label", "counts_chart", "gallery", "pattern_scatter", "pattern_table", "patterns_text",
+__all__ = ["corpus_label", "counts_chart", "gallery", "pattern_scatter", "pattern_table", "patterns_values",
            "representative_heads", "sensitivity_chart", "stored_constants"]
 
 
@@ -41,13 +41,14 @@ def counts_chart(counts, label: Mapping[str, str]) -> Any:
 
 def stored_constants(setup, model, task: str, max_length: int):
     """The constant matrices of ``task`` at L = ``max_length`` for this model in the results folder
-    (``<results>/matrices/<task>-L<L>-*.safetensors``, the most examples first), or ``None``."""
-    import papa_lib
+    (``<results>/matrices/<task>-L<L>-*.safetensors``, else the committed compact copy under ``<results>/shown``;
+    the most examples first), or ``None``."""
     from ..core.models import model_id
+    from .figures import load_matrices, matrix_files
 
     found = None
-    for path in sorted((setup.results_dir / "matrices").glob(f"{task}-L{max_length}-*.safetensors")):
-        candidate = papa_lib.ConstantAttention.load(path)
+    for path in matrix_files(setup.results_dir, task, max_length):
+        candidate = load_matrices(path)
         if candidate.metadata.get("model") != model_id(model) or candidate.max_length != max_length:
             continue
         if found is None or candidate.metadata.get("num_examples", 0) > found.metadata.get("num_examples", 0):
@@ -58,7 +59,7 @@ def stored_constants(setup, model, task: str, max_length: int):
 def corpus_label(constants, task: str) -> str:
     """Which text a set of matrices averages, from its own metadata: task, number of sentences, kind of data."""
     kind = source_kind(constants.metadata.get("source", ""))
-    return f"{task} train, {constants.metadata.get('num_examples')} sentences ({kind})"
+    return f"{task} train, {constants.metadata.get('num_examples', 0):,} sentences ({kind})"
 
 
 def _positions(length: int, shown: int) -> tuple[list[int], list[str]]:
@@ -176,19 +177,17 @@ def sensitivity_chart(summary: pd.DataFrame, label: Mapping[str, str]) -> Any:
             "Share of heads with each pattern, by threshold", **label))
 
 
-def patterns_text(summary: pd.DataFrame, model_label: str) -> Any:
-    """The two shares with the default rules against the paper's, and how far they move with the threshold."""
-    from IPython.display import Markdown
-
+def patterns_values(summary: pd.DataFrame, model_label: str) -> dict[str, str]:
+    """The numbers the chapter's text states about the two patterns (glued into the prose with myst-nb): the shares
+    with the default rules, the paper's, and their range over the thresholds tried."""
     from ..analysis import patterns
 
     spread = patterns.pattern_shares(summary).groupby("pattern")["share"].agg(["min", "max"])
-    diagonal, special = paper.headline("diagonal_pattern_share"), paper.headline("cls_sep_mass_share")
-    return Markdown(
-        f"With the default rules, {summary['diagonal'].mean():.0%} of the {len(summary)} heads of {model_label} "
-        f"are diagonal (paper, RoBERTa-base: {diagonal:.0%}) and {summary['cls_sep'].mean():.0%} are [CLS]/[SEP] "
-        f"heads (paper: {special:.0%}). Over the thresholds tried, the diagonal share ranges from "
-        f"{spread.loc['diagonal', 'min']:.0%} to {spread.loc['diagonal', 'max']:.0%} and the [CLS]/[SEP] share "
-        f"from {spread.loc['[CLS]/[SEP]', 'min']:.0%} to {spread.loc['[CLS]/[SEP]', 'max']:.0%}: counts like these "
-        "depend on the rule almost as much as on the model, and the paper's come from inspecting a different, "
-        "larger model.")
+    return {"pat_model": model_label, "pat_heads": str(len(summary)),
+            "pat_diagonal": f"{summary['diagonal'].mean():.0%}", "pat_special": f"{summary['cls_sep'].mean():.0%}",
+            "pat_paper_diagonal": f"{paper.headline('diagonal_pattern_share'):.0%}",
+            "pat_paper_special": f"{paper.headline('cls_sep_mass_share'):.0%}",
+            "pat_diagonal_min": f"{spread.loc['diagonal', 'min']:.0%}",
+            "pat_diagonal_max": f"{spread.loc['diagonal', 'max']:.0%}",
+            "pat_special_min": f"{spread.loc['[CLS]/[SEP]', 'min']:.0%}",
+            "pat_special_max": f"{spread.loc['[CLS]/[SEP]', 'max']:.0%}"}

@@ -69,8 +69,11 @@ COLAB_BADGE_IMAGE = "https://colab.research.google.com/assets/colab-badge.svg"
 COLAB_BADGE_RE = re.compile(
     r"\[!\[Open In Colab\]\(" + re.escape(COLAB_BADGE_IMAGE) + r"\)\]\([^)\s]*\)"
 )
-#: pip requirement pointing to a git repository, as written in the install cells.
-GIT_REQUIREMENT_RE = re.compile(r"git\+https?://[^\s\"'@]+(?:@[^\s\"']+)?")
+#: The line of the install cells that names the repository and the version Colab clones (refreshed by
+#: :func:`sync_notebooks` from ``repository.url`` and ``repository.version`` in ``_config.yml``).
+INSTALL_LINE_RE = re.compile(r'repository, version = "[^"]*", "[^"]*"')
+#: The repository URL ``_config.yml`` ships with until the book has a home: ``papa book`` warns while it is set.
+PLACEHOLDER_URL = "https://github.com/papa-book/papa-book"
 #: Environment variable papermill-free code can read to know the book is being built.
 BUILD_ENV_FLAG = "PAPA_BOOK_BUILD"
 
@@ -127,10 +130,39 @@ def _repository(config: str | os.PathLike) -> tuple[str, str, str, Path]:
     return url, branch, path_to_book, path
 
 
+def repository_version(config: str | os.PathLike = "_config.yml") -> str:
+    """The fixed version (a tag or a commit) of the repository that Colab's install cell clones:
+    ``repository.version`` in ``_config.yml``, else the branch."""
+    path = Path(config)
+    if path.is_dir():
+        path = path / "_config.yml"
+    repo = load_config(path).get("repository") or {}
+    return str(repo.get("version") or _repository(path)[1]).strip()
+
+
 def install_spec(config: str | os.PathLike = "_config.yml") -> str:
-    """Return the pip requirement ``git+<repository.url>@<branch>`` used by the install cells."""
-    url, branch, _, _ = _repository(config)
-    return f"git+{url}@{branch}"
+    """Return the pip requirement ``git+<repository.url>@<version>`` of the book's library (results not included)."""
+    url, _, _, _ = _repository(config)
+    return f"git+{url}@{repository_version(config)}"
+
+
+def install_line(config: str | os.PathLike = "_config.yml") -> str:
+    """The install cells' ``repository, version = "<url>", "<version>"`` line, from ``_config.yml``."""
+    url, _, _, _ = _repository(config)
+    return f'repository, version = "{url}", "{repository_version(config)}"'
+
+
+def placeholder_warning(config: str | os.PathLike = "_config.yml") -> str | None:
+    """One line saying that ``repository.url`` is still the placeholder (Colab links and the install cell then lead
+    nowhere), or ``None`` once it names the book's real repository."""
+    try:
+        url, _, _, path = _repository(config)
+    except (FileNotFoundError, ValueError):
+        return None
+    if url != PLACEHOLDER_URL:
+        return None
+    return (f"papa: warning: {path.name}'s repository.url is the placeholder {url}: the Colab badges, the GitHub "
+            "button and the install cells lead nowhere until it names the book's repository (README: Colab)")
 
 
 def colab_url(chapter_path: str | os.PathLike, config: str | os.PathLike = "_config.yml") -> str:
@@ -291,7 +323,7 @@ def _refresh_links(md_path: Path, config: Path) -> bool:
     text = md_path.read_text(encoding="utf-8")
     rel = md_path.resolve().relative_to(config.resolve().parent)
     new = COLAB_BADGE_RE.sub(lambda _m: colab_badge(rel, config), text)
-    new = GIT_REQUIREMENT_RE.sub(lambda _m: install_spec(config), new)
+    new = INSTALL_LINE_RE.sub(lambda _m: install_line(config), new)
     if new != text:
         md_path.write_text(new, encoding="utf-8")
         return True
@@ -424,6 +456,9 @@ def build_book(
         command += ["-W", "-n", "--keep-going"]
     if fresh:
         command.append("--all")
+    warning = placeholder_warning(root)
+    if warning:
+        print(warning, file=sys.stderr)
     env = _with_pythonpath(os.environ, root)
     build_dir = root / "_build"
     (build_dir / execution.REPORT_NAME).unlink(missing_ok=True)  # only this build's report counts
@@ -442,7 +477,20 @@ def build_book(
             f"full log: {log_path}\n--- last {log_tail_lines} lines ---\n{tail}"
         )
     _check_execution_report(root, build_dir, out_dir)
+    if builder in ("html", "dirhtml", "singlehtml"):
+        check_links(out_dir)
     return out_dir
+
+
+def check_links(html_dir: str | os.PathLike) -> None:
+    """Raise :class:`BookBuildError` when a built page links, inside the book, to a file that does not exist
+    (:func:`papa_lib.book.page_check.broken_links`): a chapter linking a page that is not in ``_toc.yml``."""
+    from .page_check import broken_links
+
+    broken = broken_links(html_dir)
+    if broken:
+        shown = "; ".join(broken[:10]) + (f"; and {len(broken) - 10} more" if len(broken) > 10 else "")
+        raise BookBuildError(f"{len(broken)} broken internal link(s) in {html_dir}: {shown}")
 
 
 def _check_execution_report(root: Path, build_dir: Path, out_dir: Path) -> None:

@@ -56,6 +56,9 @@ OFFLINE_RENDERER = "papa_offline"
 THEME_NAME = "papa"
 #: File name of the vega-embed bundle inside the book's ``_static`` folder.
 BUNDLE_FILENAME = "papa-vega-bundle.js"
+#: The vega-lite mimetype the offline renderer adds beside its HTML: the one JupyterLab 4 and VS Code render
+#: (nbformat requires the ``+json`` form for a JSON value; altair 6's own ``…v6.json`` fails notebook validation).
+VEGALITE_MIMETYPE = "application/vnd.vegalite.v5+json"
 #: CSS class of every chart container written by the offline renderer.
 CHART_CLASS = "papa-vega-chart"
 
@@ -194,11 +197,85 @@ def offline_html(spec: dict, embed_options: dict | None = None, element_id: str 
     )
 
 
-def _offline_renderer(spec: dict, **metadata: Any) -> dict[str, str]:
-    """altair renderer: a ``text/html`` bundle for the book plus a ``text/plain`` stand-in."""
+_CHANNELS = ("x", "y", "x2", "y2", "color", "fill", "stroke", "size", "shape", "opacity", "theta", "row", "column",
+             "facet", "xOffset", "yOffset")
+#: Folder every rendered chart is also exported to as SVG and PDF (:func:`setup`'s ``export_to``), or None.
+_EXPORT: dict[str, Any] = {"folder": None, "count": 0}
+
+
+#: Fields that hold the ends of an interval: charts draw them without a title of their own.
+INTERVAL_FIELDS = ("ci_low", "ci_high", "low", "high")
+
+
+def readable(name: str) -> str:
+    """:func:`papa_lib.book.tables.readable` (raw identifiers as words), for chart titles."""
+    from .tables import readable as words
+
+    return words(name)
+
+
+def readable_titles(spec: Any) -> Any:
+    """``spec`` with a readable title on every encoding whose field is a raw identifier and that has no title (vega-lite
+    would show the field's name), and raw identifiers in explicit titles turned into words (in place; returned)."""
+    if isinstance(spec, list):
+        for item in spec:
+            readable_titles(item)
+        return spec
+    if not isinstance(spec, dict):
+        return spec
+    encoding = spec.get("encoding")
+    if isinstance(encoding, dict):
+        for channel, definition in encoding.items():
+            if channel not in _CHANNELS or not isinstance(definition, dict):
+                continue
+            if "title" in definition:
+                if isinstance(definition["title"], str):
+                    definition["title"] = readable(definition["title"])
+            elif definition.get("field") in INTERVAL_FIELDS or channel in ("x2", "y2"):
+                # an interval's ends: no title of their own, so the axis keeps the title of the value they bound
+                # (vega-lite would otherwise join "ci_low, ci_high, validation score")
+                definition["title"] = None
+            elif isinstance(definition.get("field"), str) and readable(definition["field"]) != definition["field"]:
+                definition["title"] = readable(definition["field"])
+    for key, value in spec.items():
+        if key != "data" and key != "datasets" and isinstance(value, dict | list):
+            readable_titles(value)
+    return spec
+
+
+def _export(spec: dict) -> None:
+    """Write ``spec`` as SVG and PDF into the export folder (numbered in the order the page draws them)."""
+    import re
+    from pathlib import Path
+
+    import vl_convert
+
+    folder = Path(_EXPORT["folder"])
+    folder.mkdir(parents=True, exist_ok=True)
+    _EXPORT["count"] += 1
+    title = spec.get("title", "")
+    title = title.get("text", "") if isinstance(title, dict) else title
+    title = " ".join(title) if isinstance(title, list) else str(title)
+    slug = re.sub(r"[^a-z0-9]+", "-", title.lower()).strip("-")[:60] or "figure"
+    stem = folder / f"{_EXPORT['count']:02d}-{slug}"
+    stem.with_suffix(".svg").write_text(vl_convert.vegalite_to_svg(spec), encoding="utf-8")
+    stem.with_suffix(".pdf").write_bytes(vl_convert.vegalite_to_pdf(spec))
+
+
+def _offline_renderer(spec: dict, **metadata: Any) -> dict[str, Any]:
+    """altair renderer: a ``text/html`` bundle for the book, the vega-lite mimetype (so the chart also renders in
+    JupyterLab, VS Code and papermill's output notebooks, which do not load the book's bundle) and a
+    ``text/plain`` stand-in. Raw field names become readable titles (:func:`readable_titles`); with an export folder
+    set (:func:`setup`), the chart is also written there as SVG and PDF."""
+    import copy
+
     embed_options = metadata.pop("embed_options", None)
+    spec = readable_titles(copy.deepcopy(spec))
+    if _EXPORT["folder"]:
+        _export(spec)
     return {
         "text/html": offline_html(spec, embed_options=embed_options),
+        VEGALITE_MIMETYPE: spec,
         "text/plain": f"<papa_lib chart: {spec.get('$schema', 'vega-lite spec')}>",
     }
 
@@ -211,7 +288,8 @@ def _papa_theme() -> dict[str, Any]:
             "view": {"continuousWidth": 440, "continuousHeight": 300, "stroke": None},
             "font": font,
             "title": {"fontSize": 15, "subtitleFontSize": 12, "subtitleColor": "#555", "anchor": "start"},
-            "axis": {"labelFontSize": 12, "titleFontSize": 13},
+            # overlapping tick labels are dropped (greedy), on band (ordinal) axes too
+            "axis": {"labelFontSize": 12, "titleFontSize": 13, "labelOverlap": "greedy", "labelSeparation": 3},
             "legend": {"labelFontSize": 12, "titleFontSize": 13},
         }
     }
@@ -228,16 +306,41 @@ def _register_theme(alt: Any) -> None:
         alt.themes.enable(THEME_NAME)
 
 
-def setup(offline: bool | None = None, theme: bool = True) -> str:
+def _quiet_progress_fallback() -> None:
+    """Keep tqdm's "IProgress not found" warning (with its site-packages path) off the pages: in a kernel without
+    ipywidgets, ``tqdm.auto`` falls back to text bars and says so once, on first import; the chapters draw no
+    progress bars (they pass ``progress=False``), so the note is noise. Only that warning is ignored."""
+    import warnings
+
+    try:
+        from tqdm import TqdmWarning
+    except ImportError:  # pragma: no cover - tqdm comes with transformers
+        return
+    warnings.filterwarnings("ignore", message="IProgress not found", category=TqdmWarning)
+
+
+def setup(offline: bool | None = None, theme: bool = True, export_to: Any = None) -> str:
     """Configure altair for the book; call once at the top of a chapter.
 
     ``offline=None`` means offline everywhere except Google Colab, where altair's default
     renderer works.  ``offline=True`` enables the ``papa_offline`` renderer (interactive
     ``text/html`` that uses the bundled vegaEmbed, no CDN, no PNG/SVG fallback);
     ``offline=False`` enables altair's ``default`` renderer (e.g. for JupyterLab).
-    ``theme=True`` also enables the book's altair theme.  Returns the renderer name enabled.
+    ``theme=True`` also enables the book's altair theme. ``export_to`` (a folder; default: the environment variable
+    ``PAPA_FIGURES_DIR``) also writes every chart the offline renderer draws there as SVG and PDF, for papers.
+    Tables shown as DataFrames get readable headers, three significant figures and words for missing values
+    (:func:`papa_lib.book.tables.install`). Returns the renderer name enabled.
     """
+    import os
+
     import altair as alt
+
+    from . import tables
+
+    folder = export_to if export_to is not None else os.environ.get("PAPA_FIGURES_DIR") or None
+    _EXPORT.update(folder=folder, count=0)
+    tables.install()
+    _quiet_progress_fallback()
 
     if offline is None:
         offline = not in_colab()

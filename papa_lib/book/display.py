@@ -8,7 +8,13 @@ __all__ = ["markdown"]
 
 
 def markdown(text: str) -> Any:
-    """``text`` as an ``IPython.display.Markdown`` object (a notebook renders it; ``.data`` holds the text)."""
+    """``text`` as an ``IPython.display.Markdown`` object (a notebook renders it; ``.data`` holds the text) whose
+    plain-text form is the text itself, so that no page ever shows ``<IPython.core.display.Markdown object>`` (what
+    an empty Markdown falls back to) and an empty one shows nothing."""
     from IPython.display import Markdown
 
-    return Markdown(text)
+    class Prose(Markdown):
+        def __repr__(self) -> str:
+            return self.data or ""
+
+    return Prose(text)

@@ -29,6 +29,8 @@ never an exception. Groups whose original score is 0 (e.g. a constant classifier
 
 from __future__ import annotations
 
+import json
+
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -36,6 +38,7 @@ from fractions import Fraction
 
 import numpy as np
 import pandas as pd
+import torch
 
 from ..experiments import matrices
 from ..experiments.results import relative_drop, summarize
@@ -177,10 +180,17 @@ def format_mean_ci(mean: float, ci_low: float, ci_high: float, n: int, digits: i
     """``"0.47 ± 0.02"`` (mean ± half-width of the 95% interval); ``"0.47"`` for one seed; ``"—"`` when missing."""
     if mean is None or (isinstance(mean, float) and math.isnan(mean)) or not n:
         return "—"
-    text = f"{mean:.{digits}f}"
+    text = fixed(mean, digits)
     if n > 1 and not (math.isnan(ci_low) or math.isnan(ci_high)):
-        text += f" ± {(ci_high - ci_low) / 2:.{digits}f}"
+        text += f" ± {fixed((ci_high - ci_low) / 2, digits)}"
     return text
+
+
+def fixed(value: float, digits: int = 3) -> str:
+    """``value`` with ``digits`` decimals, fewer where it is 1 or more so that it shows at most three significant
+    figures (``0.484``, ``2.18``, ``12.3``, ``123``)."""
+    magnitude = int(math.floor(math.log10(abs(value)))) + 1 if value and math.isfinite(value) else 0
+    return f"{value:.{min(digits, max(0, 3 - magnitude)) if magnitude > 0 else digits}f}"
 
 
 def _empty(columns: Sequence[str]) -> pd.DataFrame:
@@ -562,24 +572,57 @@ def task_lengths(spec: Mapping, tasks: Iterable[str]) -> dict[str, int]:
     return {task: int(value) for task, value in per_task_setting(spec, "max_length", tasks, table3).items()}
 
 
+#: Folder inside a results folder with compact float16 copies of the constant matrices the chapters show
+#: (:func:`save_shown`), committed so that a fresh clone shows them; the grid's own ``matrices/`` cache comes first.
+SHOWN_FOLDER = "shown"
+
+
+def save_shown(constants, folder, name: str):
+    """Write ``constants`` as a compact float16 copy ``folder/name`` (:data:`SHOWN_FOLDER`); returns the path."""
+    from pathlib import Path
+
+    from safetensors.torch import save_file
+
+    path = Path(folder) / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    meta = {str(k): json.dumps(v) for k, v in {**constants.metadata, "stored_as": "float16"}.items()}
+    save_file({"matrices": constants.matrices.detach().half().contiguous(),
+               "counts": constants.counts.to(torch.int32).contiguous()}, str(path), metadata=meta)
+    return path
+
+
+def load_matrices(path):
+    """Constant matrices from a file of the grid's cache or of :data:`SHOWN_FOLDER`, as float32 / int64."""
+    from ..core.averaging import ConstantAttention
+
+    constants = ConstantAttention.load(path)
+    return ConstantAttention(constants.matrices.float(), constants.counts.long(), constants.metadata)
+
+
+def matrix_files(results_dir, source: str, max_length: int) -> list:
+    """Files of constant matrices for text of ``source`` at length L: the grid's ``matrices/`` (newest first), then
+    the committed compact copies in :data:`SHOWN_FOLDER`."""
+    from pathlib import Path
+
+    found = []
+    for folder in ("matrices", SHOWN_FOLDER):
+        found += sorted((Path(results_dir) / folder).glob(f"{source}-L{int(max_length)}-*.safetensors"),
+                        key=lambda p: p.stat().st_mtime, reverse=True)
+    return found
+
+
 def stored_matrices(results_dir, source: str, max_length: int, model: str | None = None):
-    """The constant matrices a grid saved under ``results_dir/matrices`` for text of ``source`` at length L.
+    """The constant matrices a grid saved under ``results_dir/matrices`` for text of ``source`` at length L, else
+    their committed compact copy under ``results_dir/shown`` (:func:`matrix_files`).
 
     Files are named ``<source>-L<L>-<hash>.safetensors`` (:meth:`papa_lib.experiments.engine.TaskExperiment.constants`);
     when several match (other data folders, sizes or models), the newest one (for ``model`` when given) is returned.
     ``None`` when there is none.
     """
-    from pathlib import Path
-
-    from ..core.averaging import ConstantAttention
-
-    folder = Path(results_dir) / "matrices"
     if int(max_length) <= 0:
         raise ValueError(f"stored_matrices: max_length must be positive, got {max_length}")
-    candidates = sorted(folder.glob(f"{source}-L{int(max_length)}-*.safetensors"), key=lambda p: p.stat().st_mtime,
-                        reverse=True)
-    for path in candidates:
-        constants = ConstantAttention.load(path)
+    for path in matrix_files(results_dir, source, max_length):
+        constants = load_matrices(path)
         if model is None or constants.metadata.get("model") == model:
             return constants
     return None

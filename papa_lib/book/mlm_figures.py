@@ -19,6 +19,7 @@ import pandas as pd
 from . import charts, figures, mlm_pages
 from .display import markdown as _markdown
 from .records import describe
+from .tables import plural
 
 __all__ = ["Plan", "beside_paper", "corpus_label", "drop_map", "fig6", "fig6_coverage", "lambda_chart",
            "lambda_spread", "masked_targets", "minilm_text", "plan", "reference_scores"]
@@ -40,7 +41,9 @@ class Plan:
     def table(self) -> pd.DataFrame:
         """The run's settings: profile, models, data, results folders, sizes and whether missing runs are run."""
         setup = self.setup
-        values = [setup.profile, self.label, str(setup.data_dir or "dataset hub"),
+        from .provenance import shown_path
+
+        values = [setup.profile, self.label, shown_path(setup.data_dir, setup) if setup.data_dir else "dataset hub",
                   os.path.relpath(self.folder, setup.root), os.path.relpath(setup.results_dir, setup.root),
                   ", ".join(f"{k}={v}" for k, v in self.sizes.items()),
                   "run what is missing" if self.run else "read stored results"]
@@ -101,6 +104,29 @@ def corpus_label(corpus: dict, profile: str) -> str:
     name = name.replace("local-", "").replace("hub-", "").replace("wikitext", "WikiText")
     text = f"{name} ({splits.replace('->', ' → ')})"
     return f"generated text as {text}" if profile == "smoke" else text
+
+
+def records_corpus_label(frame: pd.DataFrame, fallback: str, profile: str | None = None) -> str:
+    """The MLM data of committed records, from their ``data_source`` (e.g. ``WikiText-2 (wiki.valid.tokens →
+    wiki.test.tokens)``; the packaged sample says so), or ``fallback`` (the live corpus) when there are none."""
+    import re
+
+    from .records import data_label
+
+    if frame is None or "data_source" not in frame.columns or frame["data_source"].dropna().empty:
+        return fallback
+    labels = []
+    for source in dict.fromkeys(frame["data_source"].dropna().astype(str)):
+        if profile == "smoke":
+            labels.append(data_label([source], "smoke"))
+            continue
+        folder = source.split(" (")[0]
+        name = data_label([folder]).split(": ", 1)[-1]
+        if "packaged sample" in source or "papa_lib/samples" in source:
+            name = f"{name} (packaged sample)"
+        splits = re.search(r"probe: ([^,)]+), score: ([^,)]+)", source)
+        labels.append(f"{name} ({splits.group(1)} → {splits.group(2)})" if splits else name)
+    return "; ".join(dict.fromkeys(labels))
 
 
 def masked_targets(masked, tokenizer, sequence: int = 0, rows: int = 12) -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -378,7 +404,7 @@ def minilm_text(root: Path) -> Any:
         (f"From 1/2 to 0 the points differ by only {spread:.3f}: the change happens between 1 and 1/2."
          if spread < 0.1 * abs(gains).max() else f"From 1/2 to 0 the points still differ by {spread:.3f}."),
         f"Run: {int(raw['train_size'].iloc[0])} training / {int(raw['eval_size'].iloc[0])} evaluation sequences, "
-        f"probe seed(s) {original['seeds']}; learned λ between {lambdas.min():.3f} and {lambdas.max():.3f}.",
+        f"probe {plural(len(str(original['seeds']).split(',')), 'seed', number=False)} {original['seeds']}; learned λ between {lambdas.min():.3f} and {lambdas.max():.3f}.",
         f"So on this model {verdict}.",
     ]
     return _markdown(" ".join(text))

@@ -18,11 +18,11 @@ from __future__ import annotations
 import os
 from typing import Any, Sequence
 
-import numpy as np
 import pandas as pd
 
 from . import charts, figures, norms_pages
 from .display import markdown as _markdown
+from .tables import plural
 
 __all__ = ["ORDER_NAMES", "agreement_table", "agreement_text", "changed_head_chart", "distance_chart",
            "distance_text", "head_scores", "matrix_chart", "matrix_text", "matrix_verdicts", "missing_runs",
@@ -32,6 +32,11 @@ MATRIX_NAMES = {"original": "original attention", "average": "plain averages C (
                 "norm_average": "norm-weighted N"}
 ORDER_NAMES = {"lambda": "λ (PAPA, learned with labels)", "attention_variance": "attention variance (label-free)",
                "norm_variance": "norm-weighted variance (label-free)"}
+
+
+#: Axis labels of the paper's fractions (1, 1/2, 1/8, 1/16, 0) on a quantitative axis.
+FRACTION_LABELS = ("datum.value == 0.0625 ? '1/16' : datum.value == 0.125 ? '1/8' : "
+                   "datum.value == 0.5 ? '1/2' : datum.value == 1 ? '1' : datum.value == 0 ? '0' : datum.label")
 
 
 def _both(norm_frame: pd.DataFrame, frame: pd.DataFrame) -> pd.DataFrame:
@@ -130,7 +135,7 @@ def changed_head_chart(setup, norm_frame, folder, task: str, min_share: float = 
         tooltip=["matrix:N", "query:O", "key:O", alt.Tooltip("weight:Q", format=".3f")],
     ).properties(width=220, height=220).facet(
         column=alt.Column("matrix:N", title=None, sort=["plain average C", "norm-weighted N"])).properties(
-        title=charts.chart_title(f"Head {layer}.{head}, {task} training text",
+        title=charts.chart_title(f"Layer {layer}, head {head}, {task} training text",
                                  **_matrix_label(setup, norm_frame, task, plain)))
 
 
@@ -184,7 +189,8 @@ def matrix_verdicts(norm_frame, frame, tasks: Sequence[str]) -> pd.DataFrame:
                "N - C": weighted["mean"] - plain["mean"], "verdict": word}
         if "original" in part.index:
             gap = part.loc["original", "mean"] - plain["mean"]
-            row["share of the loss recovered"] = (weighted["mean"] - plain["mean"]) / gap if gap > 0 else np.nan
+            row["share of the loss recovered"] = (f"{(weighted['mean'] - plain['mean']) / gap:.0%}" if gap > 0
+                                                  else "no loss to recover (plain ≥ original)")
         rows.append(row)
     return pd.DataFrame(rows).set_index("task")
 
@@ -198,7 +204,7 @@ def matrix_text(norm_frame, frame, tasks: Sequence[str]) -> Any:
     better, worse = int((done["N - C"] > 0).sum()), int((done["N - C"] < 0).sum())
     verdicts = ", ".join(f"{v} x{c}" for v, c in done["verdict"].value_counts().items())
     return _markdown(
-        f"On {len(done)} task(s) with both matrix types, norm-weighted matrices score higher on {better}, lower on "
+        f"On {plural(len(done), 'task')} with both matrix types, norm-weighted matrices score higher on {better}, lower on "
         f"{worse} and the same on {len(done) - better - worse}; mean difference {done['N - C'].mean():+.3f}. "
         f"Verdicts: {verdicts}.")
 
@@ -221,9 +227,10 @@ def order_chart(norm_frame, frame, tasks: Sequence[str]) -> Any:
         return _markdown("No runs to compare yet.")
     pick = alt.selection_point(fields=["order name"], bind="legend")
     base = alt.Chart().encode(
-        x=alt.X("fraction:Q", scale=alt.Scale(type="symlog", constant=0.05),
-                title="fraction of heads kept input-dependent",
-                axis=alt.Axis(values=[0, 0.0625, 0.125, 0.5, 1], format=".4~g")),
+        # 1 -> 0 from left to right, as in Fig. 2 and Fig. 5
+        x=alt.X("fraction:Q", scale=alt.Scale(type="symlog", constant=0.05, reverse=True),
+                title="fraction of input-dependent heads",
+                axis=alt.Axis(values=[0, 0.0625, 0.125, 0.5, 1], labelExpr=FRACTION_LABELS)),
         color=alt.Color("order name:N", title="head order", sort=list(ORDER_NAMES.values()),
                         legend=alt.Legend(labelLimit=320, orient="bottom", direction="vertical")),
         opacity=alt.condition(pick, alt.value(1.0), alt.value(0.15)))
@@ -269,7 +276,9 @@ def order_text(norm_frame, frame, tasks: Sequence[str]) -> Any:
     wide, incomplete = _order_wide(norm_frame, frame, tasks)
     if wide is None:
         return _markdown("")
-    lines = [f"({incomplete} (task, fraction) point(s) still lack an order and are left out.)"] if incomplete else []
+    lines = ([f"({plural(incomplete, '(task, fraction) point')} still "
+              f"{'lacks' if incomplete == 1 else 'lack'} an order and {'is' if incomplete == 1 else 'are'} left out.)"]
+             if incomplete else [])
     wins = wide["best"].value_counts()
     lines.append(f"Best order per (task, fraction), over {len(wide)} comparisons: "
                  + ", ".join(f"{o} x{c}" for o, c in wins.items()) + " (= marks ties).")

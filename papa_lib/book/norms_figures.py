@@ -22,20 +22,19 @@ from . import charts
 from .display import markdown as _markdown
 from .records import source_kind
 
-__all__ = ["analysis_label", "comparison", "comparison_text", "cv_chart", "cv_text", "decomposition_text",
+__all__ = ["analysis_label", "comparison", "comparison_text", "cv_chart", "cv_text", "decomposition_values",
            "evidence_table", "frequency_chart", "observations_chart", "sentence_chart", "shares_chart",
            "special_table", "special_text", "token_heads_chart", "types_chart"]
 
 METHODS = ["weight", "norm", "norm_heads_summed"]
 
 
-def decomposition_text(check: pd.DataFrame) -> Any:
-    """The largest gap between the rebuilt sum of :func:`papa_lib.analysis.norms.decomposition_check` and the
-    model's own output, absolute and relative."""
-    return _markdown(
-        f"Over {int(check['n_positions'].iloc[0])} real positions and {len(check)} layers, the largest difference "
-        f"between the rebuilt sum and the model's own output is {check['max_abs_error'].max():.1e} (relative to the "
-        f"largest output entry: {check['relative_error'].max():.1e}) — float32 rounding, so the sum *is* the layer.")
+def decomposition_values(check: pd.DataFrame) -> dict[str, str]:
+    """The numbers the chapter's text states about :func:`papa_lib.analysis.norms.decomposition_check` (glued into
+    the prose with myst-nb): positions, layers, the largest gap, absolute and relative."""
+    return {"dec_positions": str(int(check["n_positions"].iloc[0])), "dec_layers": str(len(check)),
+            "dec_max_abs": f"{check['max_abs_error'].max():.1e}",
+            "dec_max_rel": f"{check['relative_error'].max():.1e}"}
 
 
 def sentence_chart(shares: pd.DataFrame, sentence: str, label: Mapping[str, str]) -> Any:
@@ -160,7 +159,7 @@ def _token_heads(tables: Mapping) -> pd.DataFrame:
                                                                f"mean_fx_norm_{token}": "mean_fx_norm"})
         parts.append(table.assign(token=f"[{token.upper()}]"))
     heads = pd.concat(parts, ignore_index=True)
-    return heads.assign(head_id=heads["layer"].astype(str) + "." + heads["head"].astype(str))
+    return heads.assign(head_id="layer " + heads["layer"].astype(str) + ", head " + heads["head"].astype(str))
 
 
 def token_heads_chart(tables: Mapping, label: Mapping[str, str]) -> Any:
@@ -171,9 +170,11 @@ def token_heads_chart(tables: Mapping, label: Mapping[str, str]) -> Any:
     return alt.Chart(_token_heads(tables)).mark_circle(size=60).encode(
         x=alt.X("mean_alpha:Q", title="mean weight given to the token", scale=alt.Scale(type="sqrt")),
         y=alt.Y("mean_fx_norm:Q", title="mean ||f(token)||"),
-        color=alt.Color("layer:O", scale=alt.Scale(scheme="viridis"), legend=alt.Legend(orient="bottom")),
+        # a categorical palette with no pale colour, and full-size opaque legend symbols: readable on white
+        color=alt.Color("layer:O", scale=alt.Scale(scheme="tableau10"), title="layer",
+                        legend=alt.Legend(orient="bottom", symbolOpacity=1, symbolSize=90, symbolType="circle")),
         opacity=alt.condition(pick, alt.value(0.9), alt.value(0.1)),
-        tooltip=["token:N", "head_id:N", alt.Tooltip("mean_alpha:Q", format=".3f"),
+        tooltip=["token:N", alt.Tooltip("head_id:N", title="head"), alt.Tooltip("mean_alpha:Q", format=".3f"),
                  alt.Tooltip("mean_fx_norm:Q", format=".2f"),
                  alt.Tooltip("spearman_rho:Q", format=".2f", title="within-head rho")],
     ).add_params(pick).properties(width=charts.panel_width(2, axis=70), height=240).facet(
@@ -214,17 +215,17 @@ def observations_chart(tables: Mapping, label: Mapping[str, str], top: int = 6) 
                                                               f"fx_norm_{token}": "fx_norm"})
         chosen = tables[f"{token}_correlation"].nlargest(top, f"mean_alpha_to_{token}")[["layer", "head"]]
         obs = obs.merge(chosen, on=["layer", "head"])
-        parts.append(obs.assign(head_id=f"[{token.upper()}] " + obs["layer"].astype(str) + "."
+        parts.append(obs.assign(head_id=f"[{token.upper()}] layer " + obs["layer"].astype(str) + ", head "
                                 + obs["head"].astype(str)))
     observations = pd.concat(parts, ignore_index=True)
     options = sorted(observations["head_id"].unique().tolist())
     pick = alt.param(name="head_pick", value=options[0],
-                     bind=alt.binding_select(options=options, name="token, layer.head "))
+                     bind=alt.binding_select(options=options, name="token and head "))
     return alt.Chart(observations).mark_circle(size=30, opacity=0.6).encode(
         x=alt.X("alpha:Q", title="mean weight the sequence's queries give this occurrence",
                 scale=alt.Scale(zero=False)),
         y=alt.Y("fx_norm:Q", title="||f(token)||", scale=alt.Scale(zero=False)),
-        tooltip=["head_id:N", alt.Tooltip("alpha:Q", format=".3f"), alt.Tooltip("fx_norm:Q", format=".2f")],
+        tooltip=[alt.Tooltip("head_id:N", title="head"), alt.Tooltip("alpha:Q", format=".3f"), alt.Tooltip("fx_norm:Q", format=".2f")],
     ).add_params(pick).transform_filter(alt.datum.head_id == pick).properties(
         width=420, height=280, title=charts.chart_title("Weight vs norm, one occurrence per point", **label))
 
@@ -259,7 +260,8 @@ def types_chart(tables: Mapping, label: Mapping[str, str], min_count: int = 10) 
     pick = alt.param(name="freq_layer", value=int(max(layers)), bind=alt.binding_select(options=layers,
                                                                                         name="layer "))
     return alt.Chart(types).mark_circle(size=22, opacity=0.5).encode(
-        x=alt.X("frequency_rank:Q", scale=alt.Scale(type="log"), title="frequency rank (1 = most frequent)"),
+        x=alt.X("frequency_rank:Q", scale=alt.Scale(type="log"), title="frequency rank (1 = most frequent)",
+                axis=alt.Axis(values=[10 ** k for k in range(7)], format="~s", labelOverlap="greedy")),
         y=alt.Y("mean_fx_norm:Q", title="mean ||f(x)|| (over heads and occurrences)"),
         tooltip=["token:N", "count:Q", "frequency_rank:Q", alt.Tooltip("mean_fx_norm:Q", format=".2f")],
     ).add_params(pick).transform_filter(alt.datum.layer == pick).properties(

@@ -323,7 +323,7 @@ def frequency_figure(tables: Mapping, title: Mapping | None = None):
     import altair as alt
 
     found = tables["kobayashi_findings"].set_index("finding").loc["frequency_rank_vs_norm"]
-    text = (f"Frequent tokens, shorter f(x)? Spearman rho over {int(found['n_seen'])} occurrences = "
+    text = (f"Frequent tokens, shorter f(x)? Spearman rho over {int(found['n_seen']):,} occurrences = "
             f"{found['spearman_rho']:.2f} [{found['ci_low']:.2f}, {found['ci_high']:.2f}]")
     return alt.Chart(tables["corpus_frequency"]).mark_circle(opacity=0.45).encode(
         x=alt.X("corpus_rank:Q", scale=alt.Scale(type="log"), title="frequency rank in the corpus (1 = most frequent)"),
@@ -343,12 +343,14 @@ def weight_norm_figure(tables: Mapping, token: str = "sep", title: Mapping | Non
         raise ValueError(f"token must be 'sep' or 'cls', got {token!r}")
     found = tables["kobayashi_findings"].set_index("finding").loc[f"{token}_weight_vs_norm"]
     name = f"[{token.upper()}]"
-    text = (f"Weight vs norm of {name}: Spearman rho over {int(found['n_seen'])} pairs = {found['spearman_rho']:.2f} "
+    text = (f"Weight vs norm of {name}: Spearman rho over {int(found['n_seen']):,} pairs = {found['spearman_rho']:.2f} "
             f"[{found['ci_low']:.2f}, {found['ci_high']:.2f}]")
     return alt.Chart(tables[f"{token}_pairs"]).mark_circle(size=8, opacity=0.3).encode(
         x=alt.X("alpha:Q", title=f"attention weight alpha to {name}"),
         y=alt.Y("fx_norm:Q", title=f"||f({name})||"),
-        color=alt.Color("layer:O", title="layer"),
+        # faint points (thousands overlap), but a palette with no pale colour and opaque, full-size legend symbols
+        color=alt.Color("layer:O", title="layer", scale=alt.Scale(scheme="tableau10"),
+                        legend=alt.Legend(symbolOpacity=1, symbolSize=90, symbolType="circle")),
         tooltip=["layer:O", "head:O", alt.Tooltip("alpha:Q", format=".3f"), alt.Tooltip("fx_norm:Q", format=".2f")],
     ).properties(width=400, height=300, title=_chart_title(text, title))
 

@@ -24,6 +24,7 @@ import pandas as pd
 from . import charts, figures, paper
 from .display import markdown as _markdown
 from .records import describe, diagnostic_records
+from .tables import plural
 
 __all__ = ["MORE_SEEDS_FOLDERS", "against_majority", "fig2", "fig3", "headline", "headline_text", "more_seeds",
            "more_seeds_text", "pooling_at_start", "probe_sizes", "relative_drops", "training_note"]
@@ -213,7 +214,7 @@ def _majority_row(task: str, mine: pd.DataFrame) -> dict:
     names = sorted({f"{_variant_name(r)} (seed {int(r['seed'])})" for _, r in single.iterrows()})
     return {"task": task, "metric": mine["metric"].iloc[0], "seeds": len(original),
             "original": figures.format_mean_ci(mean, low, high, len(original), digits=3),
-            "95% CI": "—" if len(original) < 2 else f"[{low:.3f}, {high:.3f}]",
+            "95% CI": "—" if len(original) < 2 else f"[{figures.fixed(low)}, {figures.fixed(high)}]",
             "majority baseline": "—" if pd.isna(base) else f"{base:.3f}", "verdict": verdict,
             "single-class probes": f"{len(single)} of {len(mine)}" + (": " + ", ".join(names) if names else ""),
             **_accuracy_columns(mine)}
@@ -341,5 +342,5 @@ def training_note(setup, spec, model) -> Any:
     if setup.profile == "smoke":
         text += ("The smoke profile's tiny random model on generated data only shows that the pipeline runs; its "
                  "numbers mean nothing. ")
-    text += "The `paper` profile (chapter [Reproducing at scale](scale.md)) is the like-for-like check."
+    text += "The `paper` profile (chapter *Reproducing at scale*) is the like-for-like check."
     return _markdown(text)

@@ -231,4 +231,4 @@ def training_description(spec) -> str:
         training = "the full training sets"
     else:
         training = f"at most {limit:,} training examples per task"
-    return f"with {training} and {n_seeds} seed(s) per setting"
+    return f"with {training} and {n_seeds} {'seed' if n_seeds == 1 else 'seeds'} per setting"

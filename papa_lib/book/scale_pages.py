@@ -60,11 +60,15 @@ def profiles_table(setup) -> pd.DataFrame:
                          else os.path.relpath(other.results_dir / "grid.yaml", setup.root))
         except FileNotFoundError:
             declared, grid_file = 0, "missing"
+        stored = _frame(other.results_dir)
+        described = describe(stored, profile=name)
         rows.append({"profile": name,
                      "model": other.model_label if name != "paper" else "the paper's models (one --model per run)",
-                     "data": other.data_label, "results": os.path.relpath(other.results_dir, setup.root),
-                     "grid": grid_file, "runs declared": declared, "runs stored": len(_frame(other.results_dir))})
-    return pd.DataFrame(rows).set_index("profile")
+                     "data of its stored runs": described["data"] if len(stored) else "no runs stored",
+                     "data of live cells here": other.data_label,
+                     "results": os.path.relpath(other.results_dir, setup.root),
+                     "grid": grid_file, "runs declared": declared, "runs stored": len(stored)})
+    return pd.DataFrame(rows).style.hide(axis="index")
 
 
 def model_table() -> pd.DataFrame:

