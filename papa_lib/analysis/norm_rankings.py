@@ -196,17 +196,17 @@ def _label_free_scores(weighting: str):
     """A head ranking (:mod:`papa_lib.experiments.rankings`) from :func:`input_dependence_scores` on a seed's
     training text."""
 
-    def scores(experiment, matrices_from, seed):
-        from ..experiments.engine import packed_batches
+    def scores(workspace, matrices_from, seed):
+        from ..experiments import stages
 
         def compute():
-            split = experiment.split("train")
-            batches = packed_batches(experiment.model, split.encoded, experiment.config.feature_batch_size,
-                                     experiment.seed_rows(seed), use_packing=False)
-            return input_dependence_scores(experiment.model, batches, weighting=weighting,
-                                           progress=experiment.progress)
+            split = stages.split(workspace, "train")
+            batches = stages.packed_batches(workspace.model, split.encoded, workspace.config.feature_batch_size,
+                                            stages.seed_rows(workspace, seed), use_packing=False)
+            return input_dependence_scores(workspace.model, batches, weighting=weighting,
+                                           progress=workspace.progress)
 
-        return experiment.cached_scores(f"{weighting}-variance-{seed}", compute)
+        return stages.cached_scores(workspace, f"{weighting}-variance-{seed}", compute)
 
     return scores
 

@@ -244,14 +244,8 @@ def run_task(context: WorkerContext, boxed: list, unit: Unit, score_keys: list, 
     if context.before_run is not None:
         context.before_run(unit)
     experiment = _open(context, boxed, unit.task, unit.features, unit.keep)
-    given = dict(zip(score_keys, dependencies[1:1 + len(score_keys)]))
-    computed = experiment.head_scores
-
-    def head_scores(order, matrices_from=None, seed=0):  # scores computed once, by their own tasks
-        key = (order, matrices_from, seed)
-        return given[key] if key in given else computed(order, matrices_from, seed)
-
-    experiment.head_scores = head_scores
+    # scores computed once, by their own tasks, keyed (order, matrices_from, seed)
+    experiment.given_scores.update(zip(score_keys, dependencies[1:1 + len(score_keys)]))
     return experiment.compute_records(unit.variant, list(unit.seeds))
 
 
