@@ -197,7 +197,7 @@ def _label_free_scores(weighting: str):
     training text."""
 
     def scores(workspace, matrices_from, seed):
-        from ..experiments import stages
+        from ..experiments import overrides, stages
 
         def compute():
             split = stages.split(workspace, "train")
@@ -206,7 +206,7 @@ def _label_free_scores(weighting: str):
             return input_dependence_scores(workspace.model, batches, weighting=weighting,
                                            progress=workspace.progress)
 
-        return stages.cached_scores(workspace, f"{weighting}-variance-{seed}", compute)
+        return overrides.cached_scores(workspace, f"{weighting}-variance-{seed}", compute)
 
     return scores
 

@@ -4,12 +4,13 @@ The data flows one way, one stage per job, each stage a function of a
 :class:`~papa_lib.experiments.workspace.Workspace` (the experiment's settings, backbone, paths and caches)::
 
     task data (stages.split, seed_plan) -> constant matrices (stages.constants; experiments.matrices registry)
-      -> head order (stages.head_scores, override_for; experiments.rankings registry)
-      -> features (stages.use_cache, cached_rows, runner: store or stream)
+      -> head order (stages.learn_lambdas, overrides.head_scores, override_for; experiments.rankings registry)
+      -> features (overrides.use_cache, cached_rows, runner: store or stream)
       -> probes (runs.train_frozen, train_inside) -> record (runs.record, compute_records, run_variant)
 
 :class:`TaskExperiment` is that workspace with the stages as methods (what the grid, the executors and the chapters
-call); :mod:`~papa_lib.experiments.workspace` holds :class:`Variant` and :class:`ExperimentConfig`.
+call); :class:`Variant` is :mod:`~papa_lib.experiments.variants`, :class:`ExperimentConfig`
+:mod:`~papa_lib.experiments.workspace`.
 
 Vocabulary
 ----------
@@ -47,13 +48,14 @@ import torch
 
 from ..core.models import load_encoder
 from ..core.override import AttentionOverride
-from . import runs, selection, stages  # noqa: F401  (selection: engine.selection.ORDERS for callers)
+from . import overrides, runs, selection, stages  # noqa: F401  (selection: engine.selection.ORDERS for callers)
 from .features import BackboneRunner, RaggedRows
 from .matrices import MATRIX_TYPES
 from .rankings import HEAD_RANKINGS
 from .stages import packed_batches
 from .training import SeedPlan
-from .workspace import EncodedSplit, ExperimentConfig, Variant, Workspace, encode_split, peak_memory_mb
+from .variants import Variant
+from .workspace import EncodedSplit, ExperimentConfig, Workspace, encode_split, peak_memory_mb
 
 __all__ = ["MATRIX_TYPES", "BackboneRunner", "EncodedSplit", "ExperimentConfig", "TaskExperiment", "Variant",
            "Workspace", "all_orders", "encode_split", "packed_batches", "peak_memory_mb"]
@@ -66,8 +68,8 @@ def all_orders() -> tuple[str, ...]:
 
 class TaskExperiment(Workspace):
     """All PAPA runs of one (model, task): a :class:`~papa_lib.experiments.workspace.Workspace` (loading the
-    configured model when none is given) with the stage functions of :mod:`~papa_lib.experiments.stages` and
-    :mod:`~papa_lib.experiments.runs` as methods; each product is computed once (in memory, and on disk under
+    configured model when none is given) with the stage functions of :mod:`~papa_lib.experiments.stages`,
+    :mod:`~papa_lib.experiments.overrides` and :mod:`~papa_lib.experiments.runs` as methods; each product is computed once (in memory, and on disk under
     ``results_dir``: ``matrices/``, ``lambdas/``, ``features/``)."""
 
     def __init__(self, config: ExperimentConfig, model=None, tokenizer=None, results_dir: str | Path | None = None,
@@ -109,10 +111,10 @@ class TaskExperiment(Workspace):
 
     # stage 3: head order
     def head_scores(self, order: str, matrices_from: str | None = None, seed: int = 0) -> torch.Tensor:
-        return stages.head_scores(self, order, matrices_from, seed)
+        return overrides.head_scores(self, order, matrices_from, seed)
 
     def cached_scores(self, name: str, compute) -> torch.Tensor:
-        return stages.cached_scores(self, name, compute)
+        return overrides.cached_scores(self, name, compute)
 
     def lambda_path(self, source: str, seed: int) -> Path | None:
         return stages.lambda_path(self, source, seed)
@@ -121,17 +123,17 @@ class TaskExperiment(Workspace):
         return stages.learn_lambdas(self, matrices_from, seed)
 
     def override_for(self, variant: Variant, seed: int = 0) -> AttentionOverride | None:
-        return stages.override_for(self, variant, seed)
+        return overrides.override_for(self, variant, seed)
 
     # stage 4: features
     def feature_bytes(self, seeds=()) -> int:
-        return stages.variant_feature_bytes(self, seeds)
+        return overrides.variant_feature_bytes(self, seeds)
 
     def use_cache(self, seeds=()) -> bool:
-        return stages.use_cache(self, seeds)
+        return overrides.use_cache(self, seeds)
 
     def _cached_rows(self, state, split_name: str, rows: torch.Tensor) -> RaggedRows:
-        return stages.cached_rows(self, state, split_name, rows)
+        return overrides.cached_rows(self, state, split_name, rows)
 
     # stage 5: probes
     def score(self, split_name: str, examples, predictions: torch.Tensor) -> float:

@@ -22,10 +22,11 @@ from .features import on_device
 from .loop import optimizer_for
 from .matrices import matrix_type
 from .provenance import run_provenance
-from .stages import (cached_rows, data_files, data_key, data_source, features_key, new_probe, override_for, runner,
-                     seed_plan, split, store_rows, use_cache)
+from .overrides import cached_rows, features_key, override_for, runner, use_cache
+from .stages import data_files, data_key, data_source, new_probe, seed_plan, split, store_rows
 from .training import predict_rows, train_seeds
-from .workspace import NOT_IN_RUN_ID, EncodedSplit, Variant, Workspace, peak_memory_mb, task_provenance
+from .variants import Variant
+from .workspace import NOT_IN_RUN_ID, EncodedSplit, Workspace, peak_memory_mb, task_provenance
 
 
 # ---------------------------------------------------------------------- stage 5: probes
