@@ -15,10 +15,11 @@ Figures
     on two batches; the figure is the median of the per-repetition ratios.
 ``cached_vs_recomputed_epoch``
     Time of one probing epoch that recomputes the frozen backbone at every step divided by the time of one epoch on
-    features cached once by :func:`papa_lib.experiments.engine.extract_features` (256 sentences, L = 64, batch 32, the same
-    batches and probe initialisation; median of three interleaved repetitions). The cached path is exactly the one
-    :class:`papa_lib.experiments.engine.TaskExperiment` uses for frozen variants; the recomputing path is its :class:`~papa_lib.experiments.engine.BackboneProbe` with the backbone's weights not requiring gradients
-    (what a frozen variant would cost without the cache). ``feature_extraction_s`` is the one-off caching cost.
+    features cached once by :class:`papa_lib.experiments.features.BackboneRunner` (256 sentences, L = 64, batch 32,
+    the same batches and probe initialisation; median of three interleaved repetitions). The cached path is the one
+    the engine (:mod:`papa_lib.experiments.runs`) uses for frozen variants; the recomputing path is
+    :class:`~papa_lib.experiments.inloop.BackboneProbe` with the backbone's weights not requiring gradients (what a
+    frozen variant would cost without the cache). ``feature_extraction_s`` is the one-off caching cost.
 ``probe_seeds_batched_vs_sequential_{sentence,token}``
     Time of training the probes of 10 seeds one after another (one :func:`~papa_lib.experiments.training.train_seeds`
     call per seed) divided by training them together (one call for all: every step takes each seed's batch in one
@@ -60,53 +61,40 @@ from __future__ import annotations
 import argparse
 import csv
 import json
-import math
 import os
 import random
 import statistics
 import subprocess
 import sys
 import time
-from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable
 
 import torch
 
+from .bench_support import (  # noqa: F401  (re-exported: bench.flop_limit, bench.load_bench_model, ...)
+    DTYPES,
+    MODEL_ENV,
+    BenchSizes,
+    _current_rss_kb,
+    _frozen,
+    _median_ratio,
+    _peak_rss_kb,
+    _reset_peak_rss,
+    _synchronise,
+    flop_limit,
+    format_figure,
+    layer_flops,
+    load_bench_model,
+)
+
 BENCHMARK_NAMES = ("averaging", "probe", "seeds", "constant", "packing", "memory")
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 SST2_DEV = SHARED_DATA / "glue" / "SST-2" / "dev.tsv"
-MODEL_ENV = "PAPA_BENCH_MODEL"
 #: How time is read: wall-clock (default) or the CPU time of this process (all its threads), which is much less
 #: sensitive to other processes on a shared machine (use it with ``--threads 1``; CPU devices only).
 CLOCKS: dict[str, Callable[[], float]] = {"wall": time.perf_counter, "process": time.process_time}
 _clock: Callable[[], float] = time.perf_counter
-
-
-@dataclass(frozen=True)
-class BenchSizes:
-    """Problem sizes of one benchmark run (full or ``--quick``)."""
-
-    averaging_sentences: int = 512
-    averaging_length: int = 64
-    averaging_batch: int = 32
-    averaging_repeats: int = 3
-    probe_sentences: int = 256
-    probe_batch: int = 32
-    probe_repeats: int = 3
-    constant_lengths: tuple[int, ...] = (128, 256, 512)
-    constant_batch: int = 8
-    constant_repeats: int = 4
-    memory_sentences: tuple[int, int] = (256, 1024)
-    memory_batch: int = 32
-    packing_sentences: int = 1024
-    packing_batch: int = 32
-    packing_repeats: int = 3
-    seeds: int = 10
-    seeds_sentences: int = 256
-    seeds_repeats: int = 3
 
 
 FULL = BenchSizes()
@@ -115,35 +103,6 @@ QUICK = BenchSizes(
     probe_repeats=1, constant_batch=1, constant_repeats=2, memory_sentences=(32, 128), memory_batch=8,
     packing_sentences=64, packing_batch=16, packing_repeats=1, seeds_sentences=32, seeds_repeats=1,
 )
-
-
-# ---------------------------------------------------------------------------------------------- the FLOP model
-def layer_flops(length: int, hidden: int, intermediate: int, constant: bool) -> int:
-    """FLOPs of one encoder layer on one sequence of ``length`` tokens (1 multiply-add = 2 FLOPs).
-
-    Original layer: the Q, K, V and O projections ``4·n·d²·2``, the scores QKᵀ and the product AV ``2·n²·d·2``
-    (summed over heads, d = H·d′) and the feed-forward block's two matrices ``2·n·d·d_ff·2``.
-    All-constant layer: only the V and O projections ``2·n·d²·2``, the product CV ``n²·d·2`` and the same
-    feed-forward block ``2·n·d·d_ff·2``.
-
-    This is the paper's per-head count (Sec. 3.4: 2n²d′ + 3nd′² → n²d′ + nd′² multiply-adds, with the projection
-    term read as n·d·d′ per head) summed over the H heads, plus the output projection and the feed-forward block,
-    which the replacement does not touch. Softmax, scaling, masking, layer norms, GELU and biases are not counted
-    (they are O(n²·H) or O(n·d), small next to the matrix products in FLOPs, though not always in time).
-    """
-    n, d, f = int(length), int(hidden), int(intermediate)
-    feed_forward = 2 * n * d * f * 2
-    if constant:
-        return 2 * n * d * d * 2 + n * n * d * 2 + feed_forward
-    return 4 * n * d * d * 2 + 2 * n * n * d * 2 + feed_forward
-
-
-def flop_limit(length: int, hidden: int, intermediate: int) -> float:
-    """The FLOP-count limit of the all-constant speed-up: FLOPs(original stack) / FLOPs(all-constant stack).
-
-    Every layer has the same shape, so this is the per-layer ratio of :func:`layer_flops`.
-    """
-    return layer_flops(length, hidden, intermediate, False) / layer_flops(length, hidden, intermediate, True)
 
 
 # ---------------------------------------------------------------------------------------------- helpers
@@ -165,38 +124,6 @@ def benchmark_sentences(count: int, seed: int = 0) -> tuple[list[str], list[int]
              "actors plot scene music ending charming bleak bright slow fast smart silly warm cold").split()
     texts = [" ".join(rng.choice(words) for _ in range(rng.randint(4, 40))) for _ in range(count)]
     return texts, [rng.randint(0, 1) for _ in range(count)], "generated"
-
-
-def load_bench_model(spec: str | None, device: str = "cpu", dtype: str = "fp32"):
-    """(model, tokenizer) for a model spec: ``minilm`` (embedded, default), ``tiny`` (random 2-layer BERT), or a path.
-
-    ``tiny`` uses the embedded model's tokenizer with a tiny randomly initialised BERT of the same vocabulary.
-    """
-    from transformers import AutoModel, AutoTokenizer, BertConfig
-
-    from .core.models import embedded_model_path, load_encoder
-
-    if dtype not in DTYPES:
-        raise ValueError(f"unknown dtype {dtype!r}; choose one of {sorted(DTYPES)}")
-    if str(device).startswith("cuda") and not torch.cuda.is_available():
-        raise ValueError(f"device {device!r} requested but CUDA is not available on this machine")
-    spec = spec or os.environ.get(MODEL_ENV) or "minilm"
-    if spec == "tiny":
-        tokenizer = AutoTokenizer.from_pretrained(str(embedded_model_path()))
-        config = BertConfig(
-            vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37,
-            max_position_embeddings=512,
-        )
-        torch.manual_seed(0)
-        model = AutoModel.from_config(config, attn_implementation="eager").to(device=device, dtype=DTYPES[dtype]).eval()
-        model.papa_model_id = "tiny-random-bert"
-        return model, tokenizer
-    return load_encoder(None if spec == "minilm" else spec, device=device, dtype=DTYPES[dtype])
-
-
-def _synchronise(device) -> None:
-    if torch.device(device).type == "cuda":
-        torch.cuda.synchronize()
 
 
 def _timed(function: Callable[[], object], device) -> float:
@@ -222,10 +149,6 @@ def _interleaved(
         for name in names if repeat % 2 == 0 else reversed(names):
             times[name].append(_timed(functions[name], device))
     return times
-
-
-def _median_ratio(numerators: list[float], denominators: list[float]) -> float:
-    return statistics.median(a / b for a, b in zip(numerators, denominators))
 
 
 # ---------------------------------------------------------------------------------------------- benchmarks
@@ -260,19 +183,6 @@ def bench_averaging(model, tokenizer, sizes: BenchSizes, device) -> dict[str, fl
         "averaging_sentences_per_s": count / statistics.median(times["averaging"]),
         "forward_with_attentions_sentences_per_s": count / statistics.median(times["forward"]),
     }
-
-
-@contextmanager
-def _frozen(model):
-    """Temporarily stop ``model``'s parameters from requiring gradients (restored exactly on exit)."""
-    flags = [(p, p.requires_grad) for p in model.parameters()]
-    try:
-        for p, _ in flags:
-            p.requires_grad_(False)
-        yield model
-    finally:
-        for p, flag in flags:
-            p.requires_grad_(flag)
 
 
 def bench_probe(model, tokenizer, sizes: BenchSizes, device) -> dict[str, float]:
@@ -492,37 +402,6 @@ def bench_constant(model, tokenizer, sizes: BenchSizes, device) -> dict[str, flo
     return figures
 
 
-def _current_rss_kb() -> int | None:
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1])
-    except OSError:
-        pass
-    return None
-
-
-def _peak_rss_kb() -> int:
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1])
-    except OSError:
-        pass
-    import resource
-
-    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
-
-
-def _reset_peak_rss() -> bool:
-    """Reset the process's peak RSS (Linux ``/proc/self/clear_refs``); False where that is not possible."""
-    try:
-        Path("/proc/self/clear_refs").write_text("5")
-        return True
-    except OSError:
-        return False
-
-
 def memory_child(sentences: int, batch_size: int, model_spec: str | None, device: str, dtype: str) -> dict:
     """Average attention over ``sentences`` sentences (streamed, batch by batch) and measure the peak memory.
 
@@ -591,11 +470,6 @@ def _expand(names: Iterable[str]) -> list[str]:
     if not selected:
         raise ValueError("no benchmark selected")
     return selected
-
-
-def format_figure(name: str, value: float) -> str:
-    """One output line, ``name: value``."""
-    return f"{name}: {value:.4g}"
 
 
 def run_benchmarks(
