@@ -241,8 +241,8 @@ def cmd_probe(args) -> int:
 
 def cmd_grid(args) -> int:
     from .analysis import norm_rankings  # noqa: F401  (registers norm-weighted matrices and label-free rankings)
-    from .experiments.grid import load_grid
     from .experiments.features import parse_bytes
+    from .experiments.grid import load_grid
 
     spec = load_grid(args.grid)
     if args.task and not any(args.task in block.tasks for block in spec["blocks"]):
@@ -392,9 +392,8 @@ def _fraction(text) -> float:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from .experiments.engine import MATRIX_TYPES
     from .analysis import norm_rankings  # noqa: F401  (registers the label-free rankings and norm-weighted matrices)
-    from .experiments.engine import all_orders
+    from .experiments.engine import MATRIX_TYPES, all_orders
     ORDERS = all_orders()
     from .experiments.selection import PAPER_FRACTIONS
 

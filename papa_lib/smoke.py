@@ -28,8 +28,16 @@ _VERBS = ["visited", "left", "saw", "joined"]
 def tiny_config(model_type: str, **overrides):
     """A tiny config (2 layers, 4 heads, hidden 32) of one supported architecture."""
     from transformers import (
-        AlbertConfig, BertConfig, DebertaConfig, DebertaV2Config, DistilBertConfig, ElectraConfig, ModernBertConfig,
-        MPNetConfig, RobertaConfig, XLMRobertaConfig,
+        AlbertConfig,
+        BertConfig,
+        DebertaConfig,
+        DebertaV2Config,
+        DistilBertConfig,
+        ElectraConfig,
+        ModernBertConfig,
+        MPNetConfig,
+        RobertaConfig,
+        XLMRobertaConfig,
     )
 
     common = dict(

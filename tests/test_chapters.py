@@ -18,10 +18,9 @@ import nbformat
 import pytest
 import yaml
 
-from papa_lib.book import build
-from papa_lib.book import charts
-from papa_lib.experiments.grid import load_grid
+from papa_lib.book import build, charts
 from papa_lib.book.profiles import PAPER_MODELS
+from papa_lib.experiments.grid import load_grid
 
 REPO = Path(__file__).resolve().parents[1]
 TOC_CHAPTERS = build.toc_chapters(REPO)

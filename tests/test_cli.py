@@ -17,8 +17,8 @@ import pytest
 from papa_lib import bench, cli, smoke
 from papa_lib.core import models
 from papa_lib.experiments import engine, metrics, results, tasks
-from papa_lib.experiments.grid import load_grid
 from papa_lib.experiments.custom import CustomTask, register_custom_task
+from papa_lib.experiments.grid import load_grid
 
 ROOT = Path(__file__).resolve().parents[1]
 

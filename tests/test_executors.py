@@ -18,9 +18,8 @@ from papa_lib import cli, smoke
 from papa_lib.core import models
 from papa_lib.core.averaging import average_attention
 from papa_lib.experiments import engine, executors, matrices, rankings, results
-from papa_lib.experiments.grid import grid_settings, task_config
 from papa_lib.experiments.engine import Variant
-from papa_lib.experiments.grid import GridBlock
+from papa_lib.experiments.grid import GridBlock, grid_settings, task_config
 
 _skip = pytest.mark.skipif(importlib.util.find_spec("ray") is None, reason="ray is not installed (pip install -e '.[ray]')")
 

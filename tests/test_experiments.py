@@ -5,11 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from papa_lib.experiments import engine
-from papa_lib.experiments.grid import GridBlock, grid_runs, load_grid, run_grid
-from papa_lib.experiments import results
 from papa_lib import smoke
+from papa_lib.experiments import engine, results
 from papa_lib.experiments.engine import ExperimentConfig, TaskExperiment, Variant
+from papa_lib.experiments.grid import GridBlock, grid_runs, load_grid, run_grid
 
 
 @pytest.fixture(scope="module")

@@ -6,9 +6,9 @@ import copy
 
 import pytest
 import torch
-from conftest import random_batch, tiny_model
 
 import papa_lib
+from conftest import random_batch, tiny_model
 from papa_lib.core import fastpath
 from papa_lib.core.models import model_inputs, self_attention_modules
 

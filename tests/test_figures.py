@@ -12,8 +12,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from papa_lib.book import costs, figures
-from papa_lib.book import paper
+from papa_lib.book import costs, figures, paper
 from papa_lib.experiments.grid import GridBlock
 from papa_lib.experiments.results import ResultsStore
 

@@ -1069,7 +1069,7 @@ def test_sentence_shares_and_missing_runs(smoke_setup):
     reference = pd.DataFrame([_record("sst2", "original", "none", 1.0, s, 0.9) for s in (0, 1)]
                              + [_record("sst2", "average", "lambda", 0.5, 0, 0.8)])
     missing = norms_pages.missing_norm_runs(reference.iloc[:0], reference, ["sst2"], ["sst2"], seeds=2)
-    assert not ((missing["matrix_type"] == "original")).any()
+    assert not (missing["matrix_type"] == "original").any()
     lam = missing[(missing["selection_order"] == "lambda") & (missing["fraction"] == 0.5)]
     assert lam["seeds_found"].tolist() == [1]
     # 3 orders x 3 fractions + norm_average + average at 0, minus nothing else found
@@ -1089,8 +1089,8 @@ def test_head_score_table_and_agreement(smoke_setup, tmp_path):
     assert len(table) == 2 * 8 and table[table["task"] == "cola"]["lambda"].isna().all()
     sst2 = table[table["task"] == "sst2"]
     np.testing.assert_allclose(sst2["lambda"], lambdas.numpy().ravel(), rtol=1e-6)
-    from papa_lib.experiments import engine
     from papa_lib.core import layout
+    from papa_lib.experiments import engine
 
     config = engine.ExperimentConfig(task="sst2", data_dir=str(data_dir), profile="smoke", max_length=16)
     split = engine.TaskExperiment(config, model, tokenizer, progress=False).split("train")

@@ -5,18 +5,16 @@ from __future__ import annotations
 import json
 import re
 
-import numpy as np
 import pandas as pd
 import pytest
 import torch
 
 import papa_lib
+from conftest import random_batch
 from papa_lib.analysis import patterns
 from papa_lib.book import charts
 from papa_lib.experiments import selection
 from papa_lib.smoke import tiny_model
-
-from conftest import random_batch
 
 
 @pytest.fixture(scope="module")

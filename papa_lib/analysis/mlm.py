@@ -35,8 +35,8 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 import numpy as np
 import pandas as pd
@@ -48,8 +48,8 @@ from ..core.layout import batched
 from ..core.models import base_encoder, model_id, num_layers_and_heads
 from ..core.override import AttentionOverride
 from ..experiments.inloop import learn_lambdas
-from ..experiments.probes import set_seed
 from ..experiments.loop import optimizer_for
+from ..experiments.probes import set_seed
 from ..experiments.provenance import run_provenance
 from ..experiments.results import ResultsStore, config_hash, package_versions
 from ..experiments.selection import PAPER_FRACTIONS, heads_to_replace

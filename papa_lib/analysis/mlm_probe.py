@@ -58,9 +58,9 @@ Score (:func:`sequence_log_probs`, :func:`neg_log_perplexity`)
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Sequence
 
 import numpy as np
 import torch

@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable
 
 import torch
 from safetensors.torch import load_file, save_file
@@ -81,7 +81,7 @@ class ConstantAttention:
         return write_atomic(path, lambda tmp: save_file(tensors, str(tmp), metadata=meta))
 
     @classmethod
-    def load(cls, path: str | Path) -> "ConstantAttention":
+    def load(cls, path: str | Path) -> ConstantAttention:
         """Load matrices saved by :meth:`save`; a file without ``matrices`` and ``counts`` raises ``ValueError``."""
         path = Path(path)
         if not path.exists():

@@ -42,8 +42,8 @@ reference path stays testable; :mod:`tests.test_fastpath` checks that both agree
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 from torch import nn

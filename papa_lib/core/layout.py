@@ -19,8 +19,8 @@ The special tokens are learned from the tokenizer itself (:func:`special_token_t
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import torch
 

@@ -25,9 +25,9 @@ from __future__ import annotations
 
 import os
 import types
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 import torch
 from torch import nn

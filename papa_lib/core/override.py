@@ -39,8 +39,8 @@ weight matrices, with the same result; ``fast=False`` runs the reference path de
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from contextlib import contextmanager
-from typing import Iterable, Mapping
 
 import torch
 from torch import nn

@@ -34,9 +34,10 @@ from __future__ import annotations
 import csv
 import hashlib
 import re
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import Any
 
 from .tasks import TASKS, SentenceExamples, TaskSpec
 

@@ -33,14 +33,14 @@ import hashlib
 import logging
 import shutil
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 from ..core import registry
 from . import engine, matrices, rankings, results
-from .grid import grid_runs, grid_settings, run_grid, task_config
 from .features import FeatureStore
+from .grid import grid_runs, grid_settings, run_grid, task_config
 
 #: Hidden file through which workers prove that they see the driver's results folder.
 _TOKEN_PREFIX = ".papa-ray-check-"
@@ -177,7 +177,7 @@ class PortableModel:
     tokenizer: object
 
     @classmethod
-    def of(cls, model, tokenizer) -> "PortableModel":
+    def of(cls, model, tokenizer) -> PortableModel:
         from ..core.models import model_id
 
         state = {name: tensor.detach().cpu() for name, tensor in model.state_dict().items()}

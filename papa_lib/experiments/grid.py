@@ -10,9 +10,9 @@ Ray executor (:mod:`papa_lib.experiments.executors`) runs the same runs elsewher
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable
 
 from ..core.models import load_encoder, resolve_device
 from . import custom, results, selection

@@ -274,8 +274,8 @@ def _model_for_timing(name: str | None, device: str):
 def plan_grid(spec: dict, overrides: dict | None = None, model_name: str | None = None) -> str:
     """The plan of a declared grid as text (see the module docstring); nothing is trained."""
     from ..core.models import num_layers_and_heads
-    from .grid import grid_runs, grid_settings, task_config
     from .features import default_budget
+    from .grid import grid_runs, grid_settings, task_config
 
     settings, seeds = grid_settings(spec, overrides)
     name = model_name or settings.get("model")

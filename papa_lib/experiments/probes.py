@@ -175,7 +175,7 @@ class SentenceProbe(nn.Module):
         logits = logits.masked_fill(~real.unsqueeze(1), float("-inf"))  # [B, n, W]
         return torch.softmax(logits, dim=-1)
 
-    def pool_ragged(self, batch: "RaggedSentences") -> Tensor:
+    def pool_ragged(self, batch: RaggedSentences) -> Tensor:
         """Per-layer pooled vectors ``[B, num_layers, D]`` computed on real tokens only (no padded tensor).
 
         The same weighted sum as :meth:`forward`: softmax of ``position_logits[:, position]`` over each example's

@@ -397,7 +397,7 @@ class ResultsStore:
             self._write_table(columns, rows)
         return True
 
-    def merge(self, other: "ResultsStore | str | Path") -> int:
+    def merge(self, other: ResultsStore | str | Path) -> int:
         """Add the records of another store (e.g. a grid shard run in parallel) whose ``run_id`` is not here yet.
 
         Records are copied as stored (same run ids, same values); one atomic write. Returns how many were added.

@@ -21,8 +21,8 @@ from . import metrics, probes, results
 from .features import on_device
 from .loop import optimizer_for
 from .matrices import matrix_type
-from .provenance import run_provenance
 from .overrides import cached_rows, features_key, override_for, runner, use_cache
+from .provenance import run_provenance
 from .stages import data_files, data_key, data_source, new_probe, seed_plan, split, store_rows
 from .training import predict_rows, train_seeds
 from .variants import Variant

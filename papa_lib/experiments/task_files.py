@@ -4,8 +4,8 @@ file and line."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Iterator, Sequence
 
 from . import sample_data
 from .task_specs import (

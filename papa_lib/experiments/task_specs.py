@@ -4,8 +4,8 @@ schemes. Loading is :mod:`papa_lib.experiments.tasks` (which re-exports every na
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 from ..core.registry import Registry
 
@@ -66,7 +66,7 @@ class TaskSpec:
     hub_dataset: str = ""
     hub_config: str | None = None
     hub_validation_split: str = "validation"
-    loader: Callable[[str], "SentenceExamples | TokenExamples"] | None = field(default=None, compare=False, repr=False)
+    loader: Callable[[str], SentenceExamples | TokenExamples] | None = field(default=None, compare=False, repr=False)
     provenance: dict | None = field(default=None, compare=False)
 
     @property

@@ -48,8 +48,9 @@ from __future__ import annotations
 
 import random
 import re
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 from .task_files import _iter_lines, _load_local
 from .task_specs import (  # noqa: F401  (re-exported: every caller imports them from here)
