@@ -1,6 +1,7 @@
 """Speed and memory benchmarks of the library (paper Sec. 3.4 "Potential Computational Gains", and our own tools).
 
-Run ``python -m papa_lib.bench [averaging|probe|seeds|constant|packing|memory|all] [--quick]`` (also ``papa bench``). Every figure
+Run ``python -m papa_lib.bench [averaging|probe|seeds|constant|packing|memory|all] [--quick]`` (also ``papa bench``).
+Every figure
 is printed as one ``name: value`` line (lines starting with ``#`` are context); all are measured in one run, side by
 side, on the embedded all-MiniLM-L6-v2 unless ``--model`` (or the ``PAPA_BENCH_MODEL`` environment variable) says
 otherwise (``tiny`` is a 2-layer random BERT used by the tests; ``all-mpnet-base-v2`` the second real model, from the
@@ -28,7 +29,8 @@ Figures
     sizes for SST-2 and NER. Median of three interleaved repetitions. ``probe_seeds_interleaved_vs_sequential_*``: the
     same with the seeds trained in one pass but in turns (each seed takes all its batches of a chunk of the pass before
     the next seed; ``train_seeds(batched=False)``). ``probe_seeds_max_abs_diff_*`` is the largest difference between
-    the sequential probes' trained weights and the other two ways' (0: equal bit for bit). On a CPU a token probe's step is
+    the sequential probes' trained weights and the other two ways' (0: equal bit for bit). On a CPU a token probe's step
+    is
     dominated by its first layer's matrix products, whose work grows with the number of seeds either way, so the
     ratio stays near 1 there; what training together saves is the per-step overhead (one backward, one optimiser
     call), which dominates on a GPU.
@@ -118,7 +120,11 @@ def benchmark_sentences(count: int, seed: int = 0) -> tuple[list[str], list[int]
                 labels.append(int(row["label"]))
         if not texts:
             raise ValueError(f"{SST2_DEV} has no sentences")
-        return [texts[i % len(texts)] for i in range(count)], [labels[i % len(labels)] for i in range(count)], "SST-2 dev"
+        return (
+            [texts[i % len(texts)] for i in range(count)],
+            [labels[i % len(labels)] for i in range(count)],
+            "SST-2 dev",
+        )
     rng = random.Random(seed)
     words = ("the film a story is was very not quite moving dull funny sad long short with of and but it its "
              "actors plot scene music ending charming bleak bright slow fast smart silly warm cold").split()
@@ -135,7 +141,10 @@ def _timed(function: Callable[[], object], device) -> float:
 
 
 def _interleaved(
-    functions: dict[str, Callable[[], object]], repeats: int, device, warmups: Iterable[Callable[[], object]] | None = None
+    functions: dict[str, Callable[[], object]],
+    repeats: int,
+    device,
+    warmups: Iterable[Callable[[], object]] | None = None,
 ) -> dict[str, list[float]]:
     """Time each function ``repeats`` times, interleaved, alternating the order each repetition.
 
@@ -284,23 +293,24 @@ def bench_seeds(model, tokenizer, sizes: BenchSizes, device) -> dict[str, float]
     for kind, batch, targets, classes, rate in (("sentence", 32, labels, 2, 1e-4), ("token", 8, tags, 9, 5e-4)):
         def train(chosen, batched=True, kind=kind, batch=batch, targets=targets, classes=classes, rate=rate):
             return train_seeds(lambda seed: probes.make_probe(kind, layers, length, hidden, classes), chosen,
-                               lambda chunk: (features, chunk), lambda plan: (features, plan.heldout),
-                               lambda plan, predictions: 0.0, targets, kind, pool_size=len(rows), batch_size=batch,
+                               lambda chunk: (features, chunk), lambda chosen_plan: (features, chosen_plan.heldout),
+                               lambda chosen_plan, predictions: 0.0, targets, kind, pool_size=len(rows),
+                               batch_size=batch,
                                learning_rate=rate, max_epochs=1, patience=1, device=device, batched=batched)
 
-        trained = {}
+        trained = {}  # each way's probes, filled by the timed calls (which run within this iteration)
 
-        def sequential():
+        def sequential(trained=trained, train=train):
             trained["sequential"] = {seed: out for plan in plans for seed, out in train([plan]).items()}
 
-        def together():
+        def together(trained=trained, train=train):
             trained["together"] = train(plans)
 
-        def interleaved():
+        def interleaved(trained=trained, train=train):
             trained["interleaved"] = train(plans, batched=False)
 
         times = _interleaved({"sequential": sequential, "together": together, "interleaved": interleaved},
-                             sizes.seeds_repeats, device, [lambda: train(plans[:1])])
+                             sizes.seeds_repeats, device, [lambda train=train: train(plans[:1])])
         figures[f"probe_seeds_batched_vs_sequential_{kind}"] = _median_ratio(times["sequential"], times["together"])
         figures[f"probe_seeds_interleaved_vs_sequential_{kind}"] = _median_ratio(times["sequential"],
                                                                                   times["interleaved"])
@@ -339,7 +349,7 @@ def bench_packing(model, tokenizer, sizes: BenchSizes, device, data_dir: Path | 
                                         packed=(mode == "packed")) for mode in ("packed", "padded")}
         outputs = {}
 
-        def extract(mode):
+        def extract(mode, outputs=outputs, runners=runners, rows=rows):
             return lambda: outputs.__setitem__(mode, runners[mode].rows(rows))
 
         times = _interleaved({mode: extract(mode) for mode in runners}, sizes.packing_repeats, device)
@@ -369,7 +379,9 @@ def bench_constant(model, tokenizer, sizes: BenchSizes, device) -> dict[str, flo
     for length in sizes.constant_lengths:
         generator = torch.Generator().manual_seed(length)
         ids = torch.randint(min(1000, vocab // 2), vocab, (sizes.constant_batch, length), generator=generator)
-        batch = model_inputs(model, {"input_ids": ids, "attention_mask": torch.ones_like(ids), "token_type_ids": torch.zeros_like(ids)})
+        batch = model_inputs(
+            model, {"input_ids": ids, "attention_mask": torch.ones_like(ids), "token_type_ids": torch.zeros_like(ids)}
+        )
         # Timing does not depend on the values: random positive matrices stand in for averaged ones.
         matrices = torch.rand(layers, heads, length, length, generator=generator) + 1e-3
         overrides = {
@@ -378,11 +390,11 @@ def bench_constant(model, tokenizer, sizes: BenchSizes, device) -> dict[str, flo
         }
         caches: dict[str, dict] = {name: {} for name in overrides}
 
-        def original():
+        def original(batch=batch):
             with torch.inference_mode():
                 model(**batch)
 
-        def replaced(name):
+        def replaced(name, batch=batch, overrides=overrides, caches=caches):
             state = overrides[name]
             with torch.inference_mode(), state.applied(model):
                 state._dynamic_cache.update(caches[name])  # steady state: keep the per-override matrix cache warm
@@ -390,8 +402,13 @@ def bench_constant(model, tokenizer, sizes: BenchSizes, device) -> dict[str, flo
                 caches[name] = dict(state._dynamic_cache)
 
         times = _interleaved(
-            {"original": original, "constant": lambda: replaced("constant"), "reference": lambda: replaced("reference")},
-            sizes.constant_repeats, device,
+            {
+                "original": original,
+                "constant": lambda: replaced("constant"),
+                "reference": lambda: replaced("reference"),
+            },
+            sizes.constant_repeats,
+            device,
         )
         speedup = _median_ratio(times["original"], times["constant"])
         limit = flop_limit(length, hidden, intermediate)
@@ -431,7 +448,9 @@ def memory_child(sentences: int, batch_size: int, model_spec: str | None, device
     return {"peak_mb": _peak_rss_kb() / 1024, "before_mb": before / 1024, "method": "VmHWM" if reset else "ru_maxrss"}
 
 
-def bench_memory(model_spec: str | None, sizes: BenchSizes, device: str, dtype: str, threads: int | None) -> dict[str, float]:
+def bench_memory(
+    model_spec: str | None, sizes: BenchSizes, device: str, dtype: str, threads: int | None
+) -> dict[str, float]:
     """``averaging_peak_mem_ratio``: peak memory of averaging at two corpus sizes 4x apart, one fresh process each."""
     figures: dict[str, float] = {}
     peaks = []
@@ -444,7 +463,12 @@ def bench_memory(model_spec: str | None, sizes: BenchSizes, device: str, dtype: 
             command += ["--model", model_spec]
         if threads:
             command += ["--threads", str(threads)]
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(Path(__file__).resolve().parents[1]), os.environ.get("PYTHONPATH")])))
+        env = dict(
+            os.environ,
+            PYTHONPATH=os.pathsep.join(
+                filter(None, [str(Path(__file__).resolve().parents[1]), os.environ.get("PYTHONPATH")])
+            ),
+        )
         done = subprocess.run(command, capture_output=True, text=True, env=env)
         if done.returncode != 0:
             raise RuntimeError(f"memory benchmark child for {count} sentences failed:\n{done.stderr[-2000:]}")
@@ -538,7 +562,8 @@ def run_benchmarks(
 
 
 def main(argv: list[str] | None = None, parser_class: type[argparse.ArgumentParser] = argparse.ArgumentParser) -> int:
-    """Command line: ``python -m papa_lib.bench [averaging|probe|seeds|constant|packing|memory|all] [--quick] [--device cuda] ...``.
+    """Command line: ``python -m papa_lib.bench [averaging|probe|seeds|constant|packing|memory|all] [--quick] [--device
+    cuda] ...``.
 
     ``papa bench ...`` calls this with its own ``parser_class`` (one-line errors, exit status 2).
     """

@@ -89,7 +89,9 @@ def book_table(table: pd.DataFrame) -> str:
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for row in table.itertuples():
         ours = ours_text(row._asdict())
-        every = ours_text({"ours": row.ours_all_tasks, "ci_low": row.ci_low_all_tasks, "ci_high": row.ci_high_all_tasks})
+        every = ours_text(
+            {"ours": row.ours_all_tasks, "ci_low": row.ci_low_all_tasks, "ci_high": row.ci_high_all_tasks}
+        )
         same = row.verdict_all_tasks == row.verdict and every == ours
         cells = [row.claim] + ([row.model] if several else []) + [
             row.statement, str(row.paper), ours, f"**{row.verdict}**",

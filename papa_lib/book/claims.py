@@ -302,12 +302,25 @@ def _row(model, claim, rule, measured: Measured | None, tasks_text: str, sensiti
          verdict: str | None = None) -> dict:
     estimate = measured.estimate if measured else Estimate(float("nan"), float("nan"), float("nan"))
     other = sensitivity.estimate if sensitivity else Estimate(float("nan"), float("nan"), float("nan"))
-    return {"model": model, "claim": claim, "statement": rule.statement, "statistic": rule.statistic, "tasks": tasks_text,
-                "paper": rule.paper_value, "ours": estimate.value, "ci_low": estimate.low, "ci_high": estimate.high,
-                "df": estimate.df, "verdict": verdict or measured.verdict, "ours_all_tasks": other.value,
-                "ci_low_all_tasks": other.low, "ci_high_all_tasks": other.high,
-                "verdict_all_tasks": (sensitivity.verdict if sensitivity else (verdict or "")),
-                "rule": rule_text(rule), "chapter": rule.chapter}
+    return {
+        "model": model,
+        "claim": claim,
+        "statement": rule.statement,
+        "statistic": rule.statistic,
+        "tasks": tasks_text,
+        "paper": rule.paper_value,
+        "ours": estimate.value,
+        "ci_low": estimate.low,
+        "ci_high": estimate.high,
+        "df": estimate.df,
+        "verdict": verdict or measured.verdict,
+        "ours_all_tasks": other.value,
+        "ci_low_all_tasks": other.low,
+        "ci_high_all_tasks": other.high,
+        "verdict_all_tasks": (sensitivity.verdict if sensitivity else (verdict or "")),
+        "rule": rule_text(rule),
+        "chapter": rule.chapter,
+    }
 
 
 def model_claims(frame: pd.DataFrame, model: str | None = None) -> list[dict]:

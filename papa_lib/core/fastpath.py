@@ -107,7 +107,9 @@ def _skipped_projection(out_features: int) -> Callable[[torch.Tensor], torch.Ten
     return forward
 
 
-def skip_query_key_projections(self_attention: nn.Module, names: tuple[str, str] = ("query", "key")) -> Callable[[], None]:
+def skip_query_key_projections(
+    self_attention: nn.Module, names: tuple[str, str] = ("query", "key")
+) -> Callable[[], None]:
     """Stop ``self_attention.query`` and ``.key`` (or the two ``names``) from computing anything; return the function
     that undoes it.
 

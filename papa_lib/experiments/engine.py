@@ -69,7 +69,8 @@ def all_orders() -> tuple[str, ...]:
 class TaskExperiment(Workspace):
     """All PAPA runs of one (model, task): a :class:`~papa_lib.experiments.workspace.Workspace` (loading the
     configured model when none is given) with the stage functions of :mod:`~papa_lib.experiments.stages`,
-    :mod:`~papa_lib.experiments.overrides` and :mod:`~papa_lib.experiments.runs` as methods; each product is computed once (in memory, and on disk under
+    :mod:`~papa_lib.experiments.overrides` and :mod:`~papa_lib.experiments.runs` as methods; each product is computed
+    once (in memory, and on disk under
     ``results_dir``: ``matrices/``, ``lambdas/``, ``features/``)."""
 
     def __init__(self, config: ExperimentConfig, model=None, tokenizer=None, results_dir: str | Path | None = None,

@@ -27,8 +27,10 @@ shortest round-trip ``repr`` so that values survive a write/read cycle bit for b
 
 Writers lock the store (:meth:`ResultsStore.writer_lock`, :mod:`filelock` on ``root/.results.lock``), so processes
 appending to one store in parallel (grid shards, lanes of ``papa grid --task``) lose no record; readers never wait.
-A full disk during an append leaves the old table as it was. A torn last line is set aside into ``results.csv.torn-<time>``
-(one-line notice) and its run computed again; damage before it is reported with its line, and :meth:`ResultsStore.repair`
+A full disk during an append leaves the old table as it was. A torn last line is set aside into
+``results.csv.torn-<time>``
+(one-line notice) and its run computed again; damage before it is reported with its line, and
+:meth:`ResultsStore.repair`
 (``papa grid FILE --repair``) keeps every intact record, moving damaged lines into ``results.csv.damaged-<time>``.
 """
 
@@ -69,7 +71,8 @@ __all__ = [
     "summarize",
 ]
 
-#: Where a record was made, beside ``versions`` and ``device`` (:func:`papa_lib.experiments.provenance.run_provenance`): the repository's git commit
+#: Where a record was made, beside ``versions`` and ``device`` (:func:`papa_lib.experiments.provenance.run_provenance`):
+#: the repository's git commit
 #: (``unknown`` outside a git checkout; ``-dirty`` when tracked files differ from it), the SHA-256 of each data file
 #: read (JSON ``{file: digest}``), torch and transformers versions, the processor (the GPU's name on a CUDA device,
 #: else the CPU's model name), torch's thread count and the optimiser implementation. Records made before these
@@ -391,7 +394,9 @@ class ResultsStore:
             if exists and not replace:
                 raise ValueError(f"run_id {run_id!r} is already stored in {self.path} (pass replace=True to overwrite)")
             rows = [row for row in rows if row["run_id"] != run_id] + [cells]
-            extras = sorted({c for c in header if c not in RECORD_FIELDS} | {c for c in cells if c not in RECORD_FIELDS})
+            extras = sorted(
+                {c for c in header if c not in RECORD_FIELDS} | {c for c in cells if c not in RECORD_FIELDS}
+            )
             columns = list(RECORD_FIELDS) + extras
             rows.sort(key=lambda row: (row.get("finished_at", ""), row["run_id"]))
             self._write_table(columns, rows)

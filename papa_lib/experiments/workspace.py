@@ -1,9 +1,9 @@
 """What one (model, task) experiment works with: its settings and its workspace (paths and caches).
 
 The stages of :mod:`papa_lib.experiments.engine` (:mod:`~papa_lib.experiments.stages`,
-:mod:`~papa_lib.experiments.overrides`, :mod:`~papa_lib.experiments.runs`) are functions of a :class:`Workspace`: the resolved :class:`ExperimentConfig`, the frozen backbone, where results,
-matrices, λ and features are written, and what is computed once and reused (encoded splits, constant matrices,
-per-head scores).
+:mod:`~papa_lib.experiments.overrides`, :mod:`~papa_lib.experiments.runs`) are functions of a :class:`Workspace`: the
+resolved :class:`ExperimentConfig`, the frozen backbone, where results, matrices, λ and features are written, and
+what is computed once and reused (encoded splits, constant matrices, per-head scores).
 """
 
 from __future__ import annotations
