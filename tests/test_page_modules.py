@@ -143,7 +143,7 @@ def test_norm_figures_on_the_committed_analyses(local, capsys):
 
 
 def test_transfer_and_selection_pages_on_the_committed_records(local):
-    from papa_lib.book import records, selection_pages, transfer_pages
+    from papa_lib.book import figures, records, selection_pages, transfer_pages
 
     tasks = ["cola", "mrpc", "sst2", "ner", "pos"]
     frame = local.results(run_missing=False, blocks=["fig2", "table2"])
@@ -151,7 +151,14 @@ def test_transfer_and_selection_pages_on_the_committed_records(local):
     assert _spec(transfer_pages.changes_chart(frame, tasks)) and transfer_pages.changes_text(frame, tasks).data
     frame = local.results(run_missing=False, blocks=["fig5"])
     assert selection_pages.lambda_maps(local, frame) is not None and selection_pages.lambda_table(local) is not None
-    assert selection_pages.lambda_text(local).data
+    glued = selection_pages.lambda_values(local)
+    assert glued["lam_min"] != "not measured" and float(glued["lam_min"]) <= float(glued["lam_max"])
+    assert glued["lam_first"].count("layer ") == 3
+    lengths = figures.task_lengths(records.grid_or_empty(local), tasks)
+    layout = transfer_pages.layout_values(local, tasks, lengths)
+    assert "nan" not in layout.values() and set(layout) == set(transfer_pages.layout_values.glue_names)
+    if layout["lay_heads"] != "not measured":
+        assert 0 <= int(layout["lay_gained"]) <= int(layout["lay_heads"]) and layout["lay_real"].endswith("%")
     assert selection_pages.fig5_missing(frame, records.grid_or_empty(local)) is not None
     assert _spec(selection_pages.fig5(frame))
     assert len(selection_pages.order_ranking(frame).data) and selection_pages.order_text(frame).data
@@ -180,4 +187,5 @@ def test_alternatives_pages_name_matrix_types_from_the_registry(local):
     assert set(verdicts["best data-free"].dropna()) <= {matrices.matrix_label(m) for m in matrices.data_free_types()}
     assert page.verdict_text(frame, tasks).data
     premise = page.premise_use(frame, local.results_dir)
-    assert len(premise) and page.premise_use_text(premise).data
+    glued = page.premise_use_values(premise)
+    assert len(premise) and glued["pu_gap"].startswith(("+", "-")) and glued["pu_kinds"] != "not measured"
