@@ -21,7 +21,6 @@ import pandas as pd
 from . import charts, figures, paper, prose
 from .display import markdown as _markdown
 from .records import describe, diagnostic_records, ours_label
-from .tables import plural
 
 __all__ = ["head_weights", "premise_use", "premise_use_values", "table1", "table1_chart", "verdict_text", "verdicts"]
 

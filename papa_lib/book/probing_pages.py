@@ -24,7 +24,6 @@ import pandas as pd
 from . import charts, figures, paper, prose
 from .display import markdown as _markdown
 from .records import describe, diagnostic_records
-from .tables import plural
 
 __all__ = ["MORE_SEEDS_FOLDERS", "against_majority", "fig2", "fig3", "headline", "headline_text", "more_seeds",
            "more_seeds_values", "pooling_at_start", "probe_sizes", "relative_drops", "training_note"]
