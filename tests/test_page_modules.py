@@ -108,7 +108,11 @@ def test_mlm_figures_on_the_committed_run(local, capsys):
     assert len(page.beside_paper(mlm_frame, mlm_data, "local"))
     assert page.reference_scores(mlm_frame) is not None
     assert page.drop_map(mlm_frame, mlm_data, "local", plan.label) is not None
-    assert page.minilm_text(local.root) is not None
+    glued = page.minilm_values(local.root)
+    assert glued["mlm_direction"] in ("rises", "falls", "moves both ways")
+    assert glued["mlm_overlap"] in ("overlap", "do not overlap") and "nan" not in glued.values()
+    assert float(glued["mlm_lambda_min"]) <= float(glued["mlm_lambda_max"]) and int(glued["mlm_train_size"]) > 0
+    assert set(page.minilm_values(local.root / "nowhere").values()) == {"not measured"}
 
 
 def test_norm_figures_on_the_committed_analyses(local, capsys):
