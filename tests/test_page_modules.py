@@ -129,20 +129,31 @@ def test_norm_figures_on_the_committed_analyses(local, capsys):
     for chart in (fig.cv_chart, fig.shares_chart, fig.token_heads_chart, fig.observations_chart,
                   fig.frequency_chart, fig.types_chart):
         assert _spec(chart(tables, label)), chart.__name__
-    assert fig.cv_text(tables).data and fig.special_text(tables).data
+    cv, special = fig.cv_values(tables), fig.special_values(tables)
+    assert float(cv["cv_min"]) <= float(cv["cv_median"]) <= float(cv["cv_max"])
+    assert 0 <= int(cv["cv_excluding_zero"]) <= int(cv["cv_heads"])
+    assert special["sp_sink"] in ("[CLS]", "[SEP]", "punctuation") and special["sp_sink_kept"].endswith("%")
+    assert special["sp_reduction"] == "no reduction" or special["sp_reduction"].startswith("a factor")
     assert len(fig.special_table(tables)) and len(fig.evidence_table(tables))
-    assert len(fig.comparison(tables, local.model_label, "local")) and fig.comparison_text(
-        tables, local.model_label, "local").data
+    assert len(fig.comparison(tables, local.model_label, "local"))
+    assert fig.comparison_verdicts(tables, local.model_label).data.count("Verdict") == 3
     assert aware.missing_runs(norm_frame, frame, tasks, ranking, 2) is not None
     assert _spec(aware.distance_chart(local, norm_frame, folder, "sst2"))
-    assert aware.distance_text(folder, "sst2").data
+    distance = aware.distance_values(folder, "sst2")
+    assert float(distance["dist_median"]) <= float(distance["dist_worst"]) and "." in distance["dist_worst_head"]
     assert aware.changed_head_chart(local, norm_frame, folder, "sst2") is not None
-    assert _spec(aware.matrix_chart(norm_frame, frame, tasks)) and aware.matrix_text(norm_frame, frame, tasks).data
+    assert _spec(aware.matrix_chart(norm_frame, frame, tasks))
+    matrix = aware.matrix_values(norm_frame, frame, tasks)
+    assert int(matrix["mat_higher"]) + int(matrix["mat_lower"]) + int(matrix["mat_same"]) == int(
+        matrix["mat_tasks"].split()[0])
     assert len(aware.matrix_verdicts(norm_frame, frame, tasks))
     assert _spec(aware.order_chart(norm_frame, frame, ranking)) and aware.order_table(norm_frame, frame, ranking) is not None
-    assert aware.order_text(norm_frame, frame, ranking).data
+    order = aware.order_values(norm_frame, frame, ranking)
+    assert int(order["ord_comparisons"]) > 0 and " x" in order["ord_wins"] and "nan" not in order.values()
     scores = aware.head_scores(local, None, None, folder, ranking, False)
-    assert aware.agreement_table(scores) is not None and aware.agreement_text(scores).data
+    assert aware.agreement_table(scores) is not None
+    assert "ρ = " in aware.agreement_values(scores)["agr_rho"]
+    assert aware.agreement_values(None) == {"agr_rho": "not measured"}
     assert aware.rank_chart(scores, norm_frame) is not None
 
 
