@@ -101,14 +101,14 @@ def distance_chart(setup, norm_frame, folder, task: str) -> Any:
 @prose.values("dist_heads", "dist_mean", "dist_median", "dist_worst_head", "dist_worst")
 def distance_values(folder, task: str) -> dict[str, str]:
     """The distance's numbers for the chapter's text (glued with myst-nb): mean and median over the heads, and the
-    most changed head ("layer.head") with its distance; "not measured" where the matrices are not saved."""
+    most changed head ("layer L, head H") with its distance; "not measured" where the matrices are not saved."""
     _, _, tv = _distance(folder, task)
     if tv is None:
         return prose.not_measured(distance_values)
     worst = tv.loc[tv["total_variation"].idxmax()]
     return {"dist_heads": str(len(tv)), "dist_mean": prose.number(tv["total_variation"].mean(), ".3f"),
             "dist_median": prose.number(tv["total_variation"].median(), ".3f"),
-            "dist_worst_head": f"{int(worst['layer'])}.{int(worst['head'])}",
+            "dist_worst_head": f"layer {int(worst['layer'])}, head {int(worst['head'])}",
             "dist_worst": prose.number(worst["total_variation"], ".3f")}
 
 
