@@ -106,9 +106,9 @@ def lambda_values(setup) -> dict[str, str]:
     layers = int(chosen["layer"].max()) + 1
     kept = chosen[chosen["kept_until"] <= 0.125].groupby("layer").size().reindex(range(layers), fill_value=0)
     first = chosen.nsmallest(3, "lambda")
-    return {"lam_run": str(run), "lam_min": prose.number(chosen["lambda"].min(), ".3f"),
-            "lam_max": prose.number(chosen["lambda"].max(), ".3f"),
-            "lam_first": ", ".join(f"layer {int(r.layer)} head {int(r['head'])} (λ = {r['lambda']:.3f})"
+    return {"lam_run": str(run), "lam_min": prose.number(chosen["lambda"].min(), ".3g"),
+            "lam_max": prose.number(chosen["lambda"].max(), ".3g"),
+            "lam_first": ", ".join(f"layer {int(r.layer)} head {int(r['head'])} (λ = {r['lambda']:.3g})"
                                    for _, r in first.iterrows()),
             "lam_kept_layers": ", ".join(f"{layer} ({count})" for layer, count in kept.items() if count) or "none"}
 
