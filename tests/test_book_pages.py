@@ -230,7 +230,8 @@ def test_premise_use_sets_the_pair_probe_beside_the_hypothesis_alone(tmp_path):
     results_dir = tmp_path / "local-minilm"
     assert alternatives_pages.premise_use(pair, results_dir).empty  # no hypothesis-only run beside it
     empty = alternatives_pages.premise_use_values(pd.DataFrame())
-    assert set(empty.values()) == {"not measured"} and set(empty) == set(alternatives_pages.premise_use_values.glue_names)
+    assert set(empty.values()) == {"not measured"}
+    assert set(empty) == set(alternatives_pages.premise_use_values.glue_names)
     store = ResultsStore(tmp_path / alternatives_pages.HYPOTHESIS_ONLY_FOLDER)
     for i, value in enumerate([0.50, 0.51, 0.49]):
         store.append(record(20 + i, "mnli_hypothesis_only", "original", 1.0, value))
