@@ -167,3 +167,56 @@ def test_committed_shown_matrices_are_compact():
     for path in files:
         constants = figures.load_matrices(path)
         assert constants.metadata["stored_as"] == "float16" and constants.metadata["model"] == "all-MiniLM-L6-v2"
+
+
+def _glued_by(chapter: str) -> tuple[set[str], set[str]]:
+    """The ``{glue:text}`` names a chapter's markdown uses, and the names the ``*_values`` functions it passes to
+    ``glue_all`` declare (:func:`papa_lib.book.prose.values`), their modules resolved from the chapter's imports."""
+    import importlib
+    import re
+
+    text = (Path(__file__).resolve().parents[1] / "book" / chapter).read_text(encoding="utf-8")
+    modules = {}
+    for names in re.findall(r"^from papa_lib\.book import (.+)$", text, flags=re.M):
+        for part in names.split(","):
+            name, _, alias = part.strip().partition(" as ")
+            modules[alias or name] = importlib.import_module(f"papa_lib.book.{name}")
+    declared = set()
+    for alias, function in re.findall(r"glue_all\((\w+)\.(\w+)\(", text):
+        names = getattr(getattr(modules[alias], function), "glue_names", None)
+        assert names, f"{chapter}: {alias}.{function} declares no glue names (papa_lib.book.prose.values)"
+        declared |= set(names)
+    return set(re.findall(r"\{glue:text\}`(\w+)`", text)), declared
+
+
+@pytest.mark.parametrize("chapter", sorted(p.name for p in (Path(__file__).resolve().parents[1] / "book").glob("*.md")
+                                           if "{glue:text}" in p.read_text(encoding="utf-8") and p.name != "intro.md"))
+def test_every_glued_name_of_a_chapter_comes_from_the_values_it_glues(chapter):
+    """Each ``{glue:text}`name``` of a chapter is produced by a ``*_values`` function the chapter glues, and each
+    value glued is said somewhere in the text (the intro has its own test: its findings are glued in one call)."""
+    used, declared = _glued_by(chapter)
+    assert used and used <= declared, f"{chapter}: not glued: {sorted(used - declared)}"
+    assert declared <= used, f"{chapter}: glued but never said: {sorted(declared - used)}"
+
+
+def test_the_chapters_that_glue_numbers():
+    """The chapters whose text the values functions write; a chapter dropping its glue would leave the numbers out."""
+    book = Path(__file__).resolve().parents[1] / "book"
+    glued = {p.name for p in book.glob("*.md") if "{glue:text}" in p.read_text(encoding="utf-8")}
+    assert {"intro.md", "attention.md", "averaging.md", "norms.md", "alternatives.md", "probing.md", "selection.md",
+            "transfer.md", "mlm.md"} <= glued
+
+
+def test_values_declare_and_check_their_glue_names():
+    from papa_lib.book import prose
+
+    @prose.values("a", "b")
+    def two(extra=False):
+        return {"a": 1, "b": 0.5} | ({"c": 2} if extra else {})
+
+    assert two() == {"a": "1", "b": "0.5"} and two.glue_names == ("a", "b")
+    with pytest.raises(ValueError, match="declared glue names"):
+        two(extra=True)
+    assert prose.not_measured(two) == {"a": "not measured", "b": "not measured"}
+    assert prose.number(float("nan")) == "not measured" and prose.number(0.123456) == "0.123"
+    assert prose.number(None) == "not measured" and prose.number(-0.0456, "+.3f") == "-0.046"

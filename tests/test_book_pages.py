@@ -191,8 +191,8 @@ def test_more_seeds_repeats_the_guessing_check_with_a_diagnostic_run(tmp_path):
                         + [record(3, "mrpc", 0.80, matrix_type="zeros")])
     results_dir = tmp_path / "local-minilm"
     assert probing_pages.more_seeds(grid, results_dir).empty  # no diagnostic run beside it
-    assert "No run with more seeds" in probing_pages.more_seeds_text(probing_pages.against_majority(grid),
-                                                                     pd.DataFrame()).data
+    assert set(probing_pages.more_seeds_values(probing_pages.against_majority(grid), pd.DataFrame()).values()) == {
+        "not measured"}
     store = ResultsStore(tmp_path / probing_pages.MORE_SEEDS_FOLDERS[0])
     values = [0.8175, 0.8143, 0.8226, 0.8156, 0.8174, 0.8204, 0.8195, 0.8147]
     for i, value in enumerate(values):
@@ -202,8 +202,10 @@ def test_more_seeds_repeats_the_guessing_check_with_a_diagnostic_run(tmp_path):
     more = probing_pages.more_seeds(grid, results_dir)
     assert more.index.tolist() == ["mrpc"] and more.loc["mrpc", "seeds"] == 8
     assert more.loc["mrpc", "verdict"] == "clearly above" and more.loc["mrpc", "95% CI"] == "[0.815, 0.820]"
-    text = probing_pages.more_seeds_text(probing_pages.against_majority(grid), more).data
-    assert "grid's 3 seeds" in text and "not clearly above" in text and "**clearly above** 0.812" in text
+    glued = probing_pages.more_seeds_values(probing_pages.against_majority(grid), more)
+    assert (glued["ms_task"], glued["ms_grid_seeds"], glued["ms_seeds"]) == ("mrpc", "3", "8")
+    assert glued["ms_grid_verdict"] == "not clearly above" and glued["ms_verdict"] == "clearly above"
+    assert glued["ms_majority"] == "0.812" and glued["ms_ci"] == "[0.815, 0.820]"
     worse = [v - 0.004 for v in values]
     store = ResultsStore(tmp_path / "b" / probing_pages.MORE_SEEDS_FOLDERS[0])
     for i, value in enumerate(worse):
@@ -227,7 +229,9 @@ def test_premise_use_sets_the_pair_probe_beside_the_hypothesis_alone(tmp_path):
                         + [record(9, "mnli", "average", 0.5, 0.51, "mnli")])  # not every head constant: left out
     results_dir = tmp_path / "local-minilm"
     assert alternatives_pages.premise_use(pair, results_dir).empty  # no hypothesis-only run beside it
-    assert "No hypothesis-only run" in alternatives_pages.premise_use_text(pd.DataFrame()).data
+    empty = alternatives_pages.premise_use_values(pd.DataFrame())
+    assert set(empty.values()) == {"not measured"}
+    assert set(empty) == set(alternatives_pages.premise_use_values.glue_names)
     store = ResultsStore(tmp_path / alternatives_pages.HYPOTHESIS_ONLY_FOLDER)
     for i, value in enumerate([0.50, 0.51, 0.49]):
         store.append(record(20 + i, "mnli_hypothesis_only", "original", 1.0, value))
@@ -237,8 +241,9 @@ def test_premise_use_sets_the_pair_probe_beside_the_hypothesis_alone(tmp_path):
     assert table.loc["pair: every head Zeros", "seeds"] == 3
     assert table.loc["pair: every head Average (PAPA)", "accuracy"] == pytest.approx(0.48)
     assert table.loc["majority class", "accuracy"] == pytest.approx(0.35)
-    text = alternatives_pages.premise_use_text(table).data
-    assert "**+0.020**" in text and "2 of 2 constant kinds land below" in text
+    values = alternatives_pages.premise_use_values(table)
+    assert values["pu_gap"] == "+0.020" and (values["pu_below"], values["pu_kinds"]) == ("2", "2")
+    assert (values["pu_const_min"], values["pu_const_max"]) == ("0.460", "0.480")
+    assert values["pu_spread_vs_widest"] in ("less than", "not less than")
     better = pair.assign(value=pair.value.where(pair.matrix_type != "average", 0.505))
-    assert "1 of 2 constant kinds" in alternatives_pages.premise_use_text(
-        alternatives_pages.premise_use(better, results_dir)).data
+    assert alternatives_pages.premise_use_values(alternatives_pages.premise_use(better, results_dir))["pu_below"] == "1"

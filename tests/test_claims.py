@@ -318,7 +318,7 @@ def test_every_chapter_renders_the_verdict_of_claims_csv():
     comparison = norms_figures.comparison(tables, "all-MiniLM-L6-v2", "local")
     decided = comparison[comparison.verdict != "—"].verdict.tolist()
     assert decided == [f"{committed.loc[c, 'verdict']} ({c})" for c in ("C8a", "C8b", "C8c")]
-    text = norms_figures.comparison_text(tables, "all-MiniLM-L6-v2", "local").data
+    text = norms_figures.comparison_verdicts(tables, "all-MiniLM-L6-v2").data
     for claim in ("C8a", "C8b", "C8c"):
         shows(text, claim)
 

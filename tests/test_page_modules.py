@@ -108,7 +108,11 @@ def test_mlm_figures_on_the_committed_run(local, capsys):
     assert len(page.beside_paper(mlm_frame, mlm_data, "local"))
     assert page.reference_scores(mlm_frame) is not None
     assert page.drop_map(mlm_frame, mlm_data, "local", plan.label) is not None
-    assert page.minilm_text(local.root) is not None
+    glued = page.minilm_values(local.root)
+    assert glued["mlm_direction"] in ("rises", "falls", "moves both ways")
+    assert glued["mlm_overlap"] in ("overlap", "do not overlap") and "nan" not in glued.values()
+    assert float(glued["mlm_lambda_min"]) <= float(glued["mlm_lambda_max"]) and int(glued["mlm_train_size"]) > 0
+    assert set(page.minilm_values(local.root / "nowhere").values()) == {"not measured"}
 
 
 def test_norm_figures_on_the_committed_analyses(local, capsys):
@@ -125,28 +129,40 @@ def test_norm_figures_on_the_committed_analyses(local, capsys):
     for chart in (fig.cv_chart, fig.shares_chart, fig.token_heads_chart, fig.observations_chart,
                   fig.frequency_chart, fig.types_chart):
         assert _spec(chart(tables, label)), chart.__name__
-    assert fig.cv_text(tables).data and fig.special_text(tables).data
+    cv, special = fig.cv_values(tables), fig.special_values(tables)
+    assert float(cv["cv_min"]) <= float(cv["cv_median"]) <= float(cv["cv_max"])
+    assert 0 <= int(cv["cv_excluding_zero"]) <= int(cv["cv_heads"])
+    assert special["sp_sink"] in ("[CLS]", "[SEP]", "punctuation") and special["sp_sink_kept"].endswith("%")
+    assert special["sp_reduction"] == "no reduction" or special["sp_reduction"].startswith("a factor")
     assert len(fig.special_table(tables)) and len(fig.evidence_table(tables))
-    assert len(fig.comparison(tables, local.model_label, "local")) and fig.comparison_text(
-        tables, local.model_label, "local").data
+    assert len(fig.comparison(tables, local.model_label, "local"))
+    assert fig.comparison_verdicts(tables, local.model_label).data.count("Verdict") == 3
     assert aware.missing_runs(norm_frame, frame, tasks, ranking, 2) is not None
     assert _spec(aware.distance_chart(local, norm_frame, folder, "sst2"))
-    assert aware.distance_text(folder, "sst2").data
+    distance = aware.distance_values(folder, "sst2")
+    assert float(distance["dist_median"]) <= float(distance["dist_worst"])
+    assert distance["dist_worst_head"].startswith("layer ")
     assert aware.changed_head_chart(local, norm_frame, folder, "sst2") is not None
-    assert _spec(aware.matrix_chart(norm_frame, frame, tasks)) and aware.matrix_text(norm_frame, frame, tasks).data
+    assert _spec(aware.matrix_chart(norm_frame, frame, tasks))
+    matrix = aware.matrix_values(norm_frame, frame, tasks)
+    assert int(matrix["mat_higher"]) + int(matrix["mat_lower"]) + int(matrix["mat_same"]) == int(
+        matrix["mat_tasks"].split()[0])
     assert len(aware.matrix_verdicts(norm_frame, frame, tasks))
     assert (
         _spec(aware.order_chart(norm_frame, frame, ranking))
         and aware.order_table(norm_frame, frame, ranking) is not None
     )
-    assert aware.order_text(norm_frame, frame, ranking).data
+    order = aware.order_values(norm_frame, frame, ranking)
+    assert int(order["ord_comparisons"]) > 0 and " x" in order["ord_wins"] and "nan" not in order.values()
     scores = aware.head_scores(local, None, None, folder, ranking, False)
-    assert aware.agreement_table(scores) is not None and aware.agreement_text(scores).data
+    assert aware.agreement_table(scores) is not None
+    assert "ρ = " in aware.agreement_values(scores)["agr_rho"]
+    assert aware.agreement_values(None) == {"agr_rho": "not measured"}
     assert aware.rank_chart(scores, norm_frame) is not None
 
 
 def test_transfer_and_selection_pages_on_the_committed_records(local):
-    from papa_lib.book import records, selection_pages, transfer_pages
+    from papa_lib.book import figures, records, selection_pages, transfer_pages
 
     tasks = ["cola", "mrpc", "sst2", "ner", "pos"]
     frame = local.results(run_missing=False, blocks=["fig2", "table2"])
@@ -154,7 +170,14 @@ def test_transfer_and_selection_pages_on_the_committed_records(local):
     assert _spec(transfer_pages.changes_chart(frame, tasks)) and transfer_pages.changes_text(frame, tasks).data
     frame = local.results(run_missing=False, blocks=["fig5"])
     assert selection_pages.lambda_maps(local, frame) is not None and selection_pages.lambda_table(local) is not None
-    assert selection_pages.lambda_text(local).data
+    glued = selection_pages.lambda_values(local)
+    assert glued["lam_min"] != "not measured" and float(glued["lam_min"]) <= float(glued["lam_max"])
+    assert glued["lam_first"].count("layer ") == 3
+    lengths = figures.task_lengths(records.grid_or_empty(local), tasks)
+    layout = transfer_pages.layout_values(local, tasks, lengths)
+    assert "nan" not in layout.values() and set(layout) == set(transfer_pages.layout_values.glue_names)
+    if layout["lay_heads"] != "not measured":
+        assert 0 <= int(layout["lay_gained"]) <= int(layout["lay_heads"]) and layout["lay_real"].endswith("%")
     assert selection_pages.fig5_missing(frame, records.grid_or_empty(local)) is not None
     assert _spec(selection_pages.fig5(frame))
     assert len(selection_pages.order_ranking(frame).data) and selection_pages.order_text(frame).data
@@ -183,4 +206,5 @@ def test_alternatives_pages_name_matrix_types_from_the_registry(local):
     assert set(verdicts["best data-free"].dropna()) <= {matrices.matrix_label(m) for m in matrices.data_free_types()}
     assert page.verdict_text(frame, tasks).data
     premise = page.premise_use(frame, local.results_dir)
-    assert len(premise) and page.premise_use_text(premise).data
+    glued = page.premise_use_values(premise)
+    assert len(premise) and glued["pu_gap"].startswith(("+", "-")) and glued["pu_kinds"] != "not measured"

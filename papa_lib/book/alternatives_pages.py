@@ -4,7 +4,7 @@
 * :func:`table1`, :func:`table1_chart`: Table 1, ours beside the paper's (:func:`papa_lib.book.paper.captioned`);
 * :func:`verdicts`, :func:`verdict_text`: does the average beat the data-free matrices (claim C4, as the claims
   engine decides it), task by task;
-* :func:`premise_use`, :func:`premise_use_text`: on MNLI, the pair probe beside a probe that sees the hypothesis only
+* :func:`premise_use`, :func:`premise_use_values`: on MNLI, the pair probe beside a probe that sees the hypothesis only
   (``data/results/mnli-hypothesis-only``), which bounds how far any constant matrix can fall below the original.
 
 Figures are labelled from the records they plot (:func:`papa_lib.book.charts.records_title`) and fit the book's
@@ -18,12 +18,11 @@ from typing import Any, Sequence
 
 import pandas as pd
 
-from . import charts, figures, paper
+from . import charts, figures, paper, prose
 from .display import markdown as _markdown
 from .records import describe, diagnostic_records, ours_label
-from .tables import plural
 
-__all__ = ["head_weights", "premise_use", "premise_use_text", "table1", "table1_chart", "verdict_text", "verdicts"]
+__all__ = ["head_weights", "premise_use", "premise_use_values", "table1", "table1_chart", "verdict_text", "verdicts"]
 
 #: The diagnostic run beside a profile's results folder: MNLI's hypothesis column alone, original model.
 HYPOTHESIS_ONLY_FOLDER = "mnli-hypothesis-only"
@@ -232,26 +231,26 @@ def premise_use(frame: pd.DataFrame, results_dir: str | Path, folder: str | Path
     return table.reset_index(drop=True).set_index("probe").round(3)
 
 
-def premise_use_text(table: pd.DataFrame) -> Any:
-    """:func:`premise_use` in words: what the premise adds to the original probe, and where the constants land."""
+@prose.values("pu_gap", "pu_pair", "pu_alone", "pu_const_min", "pu_const_max", "pu_below", "pu_kinds",
+              "pu_spread", "pu_widest", "pu_spread_vs_widest")
+def premise_use_values(table: pd.DataFrame) -> dict[str, str]:
+    """:func:`premise_use`'s numbers for the chapter's text (glued with myst-nb): what the premise adds to the original
+    probe, the range of the pair probe with every head constant, how many constant kinds land below the
+    hypothesis-only probe, and the span of their means against the widest interval's half-width ("less than" or
+    "not less than"); "not measured" where there is no hypothesis-only run."""
+    out = prose.not_measured(premise_use_values)
     if table.empty:
-        return _markdown("No hypothesis-only run is in the results for this profile (it is a diagnostic of the local "
-                         "run: `papa grid data/results/mnli-hypothesis-only/grid.yaml`).")
+        return out
     pair, alone = table.loc["pair: original"], table.loc["hypothesis alone: original"]
-    gap = pair.accuracy - alone.accuracy
+    out |= {"pu_gap": prose.number(pair.accuracy - alone.accuracy, "+.3f"), "pu_pair": pair.shown,
+            "pu_alone": alone.shown}
     constants = table[table.index.str.startswith("pair: every head")]
-    text = (f"The premise adds **{gap:+.3f}** accuracy to the original probe (pair {pair.shown}, hypothesis alone "
-            f"{alone.shown}).")
     if not constants.empty:
-        below = int((constants.accuracy < alone.accuracy).sum())
         spread = constants.accuracy.max() - constants.accuracy.min()
         widest = float(((constants.ci_high - constants.ci_low) / 2).max())
-        text += (f" With every head constant the pair probe scores {constants.accuracy.min():.3f} to "
-                 f"{constants.accuracy.max():.3f}; {below} of {len(constants)} constant kinds land below the "
-                 "hypothesis-only probe.")
-        if below == len(constants):
-            text += (" Without input-dependent attention the frozen model keeps less than the hypothesis alone "
-                     "gave it, so on this model MNLI has little room to tell the constant kinds apart")
-            text += (f": their means span {spread:.3f}, less than the widest interval's half-width ({widest:.3f})."
-                     if spread < widest else f" (their means span {spread:.3f}).")
-    return _markdown(text)
+        out |= {"pu_const_min": prose.number(constants.accuracy.min(), ".3f"),
+                "pu_const_max": prose.number(constants.accuracy.max(), ".3f"),
+                "pu_below": str(int((constants.accuracy < alone.accuracy).sum())), "pu_kinds": str(len(constants)),
+                "pu_spread": prose.number(spread, ".3f"), "pu_widest": prose.number(widest, ".3f"),
+                "pu_spread_vs_widest": "less than" if spread < widest else "not less than"}
+    return out

@@ -12,7 +12,7 @@ from typing import Any, Mapping
 
 import pandas as pd
 
-from . import charts
+from . import charts, prose
 
 __all__ = ["first_tokens", "head_gallery", "variability", "variability_chart", "variability_values"]
 
@@ -87,6 +87,8 @@ def variability_chart(frame: pd.DataFrame, label: Mapping[str, str], sentences: 
         f"Input variability of every head over {sentences} sentences", **label))
 
 
+@prose.values("var_sentences", "var_low_head", "var_low", "var_high_head", "var_high", "var_median",
+              "var_first_layer", "var_last_layer", "var_last_layer_index")
 def variability_values(frame: pd.DataFrame, sentences: int) -> dict[str, str]:
     """The numbers the chapter's text states about input variability (glued into the prose with myst-nb): the least
     and most input-dependent heads, the median, and the mean by layer at both ends."""

@@ -16,7 +16,7 @@ from typing import Any, Mapping
 
 import pandas as pd
 
-from . import charts, paper
+from . import charts, paper, prose
 from .records import source_kind
 
 __all__ = ["corpus_label", "counts_chart", "gallery", "pattern_scatter", "pattern_table", "patterns_values",
@@ -177,6 +177,8 @@ def sensitivity_chart(summary: pd.DataFrame, label: Mapping[str, str]) -> Any:
             "Share of heads with each pattern, by threshold", **label))
 
 
+@prose.values("pat_model", "pat_heads", "pat_diagonal", "pat_special", "pat_paper_diagonal", "pat_paper_special",
+              "pat_diagonal_min", "pat_diagonal_max", "pat_special_min", "pat_special_max")
 def patterns_values(summary: pd.DataFrame, model_label: str) -> dict[str, str]:
     """The numbers the chapter's text states about the two patterns (glued into the prose with myst-nb): the shares
     with the default rules, the paper's, and their range over the thresholds tried."""

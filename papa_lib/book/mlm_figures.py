@@ -3,7 +3,7 @@
 :func:`plan` resolves what the chapter runs (models, MLM results folder, sizes); :class:`Plan` runs what is missing
 and reads the records. The figures (:func:`lambda_chart`, :func:`fig6`, :func:`drop_map`) and tables
 (:func:`masked_targets`, :func:`fig6_coverage`, :func:`beside_paper`, :func:`reference_scores`) are built from those
-records (:mod:`papa_lib.book.mlm_pages`) and labelled from them; :func:`minilm_text` reads the committed MiniLM run.
+records (:mod:`papa_lib.book.mlm_pages`) and labelled from them; :func:`minilm_values` reads the committed MiniLM run.
 """
 
 from __future__ import annotations
@@ -16,13 +16,13 @@ from typing import Any, Sequence
 import numpy as np
 import pandas as pd
 
-from . import charts, figures, mlm_pages
+from . import charts, figures, mlm_pages, prose
 from .display import markdown as _markdown
 from .records import describe
 from .tables import plural
 
 __all__ = ["Plan", "beside_paper", "corpus_label", "drop_map", "fig6", "fig6_coverage", "lambda_chart",
-           "lambda_spread", "masked_targets", "minilm_text", "plan", "reference_scores"]
+           "lambda_spread", "masked_targets", "minilm_values", "plan", "reference_scores"]
 
 
 @dataclass
@@ -363,22 +363,32 @@ def drop_map(mlm_frame: pd.DataFrame, mlm_data: str, profile: str, models_label:
         data=f"paper: WikiText-103 validation; ours: {mlm_data}", profile=who["profile"]))
 
 
-def minilm_text(root: Path) -> Any:
-    """What the committed MiniLM run says, every number read from ``data/results/mlm``: the original score, the
-    direction and size of the change with constant heads, interval overlap, training loss, flatness below 1/2,
-    the run's sizes and the range of the learned λ."""
+@prose.values("mlm_original", "mlm_ci_low", "mlm_ci_high", "mlm_accuracy", "mlm_direction", "mlm_high", "mlm_low",
+              "mlm_fractions", "mlm_change_min", "mlm_change_max", "mlm_accuracy_min", "mlm_accuracy_max",
+              "mlm_overlap", "mlm_loss_original", "mlm_loss_min", "mlm_loss_max", "mlm_loss_direction",
+              "mlm_flat_spread", "mlm_where", "mlm_train_size", "mlm_eval_size", "mlm_seeds", "mlm_lambda_min",
+              "mlm_lambda_max")
+def minilm_values(root: Path) -> dict[str, str]:
+    """The numbers the chapter states about the committed MiniLM run, every one read from ``data/results/mlm`` and
+    glued into the text with myst-nb: the original score (interval, masked-token accuracy); with half of the heads
+    constant or more, whether the score "rises", "falls" or "moves both ways" and by how much; whether the intervals
+    "overlap" or "do not overlap"; the probe's final training loss and whether it "improves with" the score (lower
+    loss where the score is higher, at every fraction below 1) or "does not improve with" it; how far the points
+    below 1/2 spread and so whether the change happens "between 1 and 1/2"
+    (spread under a tenth of the largest change) or "also below 1/2"; the run's sizes, seeds and learned λ range.
+    "not measured" throughout when the run is not there."""
+    out = prose.not_measured(minilm_values)
     folder = Path(root) / mlm_pages.MLM_RESULT_FOLDERS["local"]
     committed = mlm_pages.load_mlm_results(folder)
     curves = mlm_pages.mlm_curves(committed)
     minilm = curves[curves["model"] == "all-MiniLM-L6-v2"].set_index("fraction_label")
     if minilm.empty or "1" not in minilm.index or len(minilm) < 2:
-        return _markdown("The committed MiniLM run is not available here.")
+        return out
     original, replaced = minilm.loc["1"], minilm.drop(index="1")
     raw = committed[(committed["model"] == "all-MiniLM-L6-v2") & (committed["matrix_type"] == "average")]
     loss = raw.groupby("fraction")["final_train_loss"].mean()
     below = loss.drop(index=1.0)
     gains = -replaced["drop"]  # score with constant heads minus the original score
-    direction = "rises" if (gains > 0).all() else "falls" if (gains < 0).all() else "moves both ways"
     overlap = bool(((replaced["ci_high"] >= original["ci_low"])
                     & (replaced["ci_low"] <= original["ci_high"])).any())
     same_way = ((below < loss.loc[1.0]).all() and (gains > 0).all()) or (
@@ -386,25 +396,22 @@ def minilm_text(root: Path) -> Any:
     spread = replaced["mean"].max() - replaced["mean"].min()
     lambdas = mlm_pages.load_mlm_lambdas(folder)
     lambdas = lambdas[lambdas["model"] == "all-MiniLM-L6-v2"]["lambda"]
-    verdict = {"rises": "the MLM probe does not merely survive constant attention: it does *better*",
-               "falls": "the MLM probe loses score when heads become constant",
-               "moves both ways": "the MLM probe's score moves both ways when heads become constant"}[direction]
-    text = [
-        f"With every head input-dependent the probe scores **{original['mean']:.2f}** (95% CI "
-        f"{original['ci_low']:.2f} to {original['ci_high']:.2f}; masked-token accuracy "
-        f"{original['masked_accuracy']:.1%}).",
-        f"With half of the heads constant or more, the score **{direction}**: {replaced['mean'].max():.2f} to "
-        f"{replaced['mean'].min():.2f} at fractions {', '.join(replaced.index)}, a change of {gains.min():+.2f} to "
-        f"{gains.max():+.2f} (accuracy {replaced['masked_accuracy'].min():.1%} to "
-        f"{replaced['masked_accuracy'].max():.1%}).",
-        f"The intervals of the original and the replaced models {'overlap' if overlap else 'do not overlap'}.",
-        f"The probe's final training loss is {loss.loc[1.0]:.2f} at fraction 1 and {below.min():.2f} to "
-        f"{below.max():.2f} below it"
-        + (", the same direction, so the change is not only a matter of generalisation." if same_way else "."),
-        (f"From 1/2 to 0 the points differ by only {spread:.3f}: the change happens between 1 and 1/2."
-         if spread < 0.1 * abs(gains).max() else f"From 1/2 to 0 the points still differ by {spread:.3f}."),
-        f"Run: {int(raw['train_size'].iloc[0])} training / {int(raw['eval_size'].iloc[0])} evaluation sequences, "
-        f"probe {plural(len(str(original['seeds']).split(',')), 'seed', number=False)} {original['seeds']}; learned λ between {lambdas.min():.3f} and {lambdas.max():.3f}.",
-        f"So on this model {verdict}.",
-    ]
-    return _markdown(" ".join(text))
+    return {
+        "mlm_original": prose.number(original["mean"], ".2f"), "mlm_ci_low": prose.number(original["ci_low"], ".2f"),
+        "mlm_ci_high": prose.number(original["ci_high"], ".2f"),
+        "mlm_accuracy": prose.number(original["masked_accuracy"], ".1%"),
+        "mlm_direction": "rises" if (gains > 0).all() else "falls" if (gains < 0).all() else "moves both ways",
+        "mlm_high": prose.number(replaced["mean"].max(), ".2f"), "mlm_low": prose.number(replaced["mean"].min(), ".2f"),
+        "mlm_fractions": ", ".join(replaced.index), "mlm_change_min": prose.number(gains.min(), "+.2f"),
+        "mlm_change_max": prose.number(gains.max(), "+.2f"),
+        "mlm_accuracy_min": prose.number(replaced["masked_accuracy"].min(), ".1%"),
+        "mlm_accuracy_max": prose.number(replaced["masked_accuracy"].max(), ".1%"),
+        "mlm_overlap": "overlap" if overlap else "do not overlap",
+        "mlm_loss_original": prose.number(loss.loc[1.0], ".2f"), "mlm_loss_min": prose.number(below.min(), ".2f"),
+        "mlm_loss_max": prose.number(below.max(), ".2f"),
+        "mlm_loss_direction": "improves with" if same_way else "does not improve with",
+        "mlm_flat_spread": prose.number(spread, ".3f"),
+        "mlm_where": "between 1 and 1/2" if spread < 0.1 * abs(gains).max() else "also below 1/2",
+        "mlm_train_size": str(int(raw["train_size"].iloc[0])), "mlm_eval_size": str(int(raw["eval_size"].iloc[0])),
+        "mlm_seeds": plural(len(str(original["seeds"]).split(",")), "seed") + f" ({original['seeds']})",
+        "mlm_lambda_min": prose.number(lambdas.min(), ".3f"), "mlm_lambda_max": prose.number(lambdas.max(), ".3f")}

@@ -2,11 +2,11 @@
 norm-aware grid's records and PAPA's own (:func:`papa_lib.book.norms_pages.norm_aware_results`).
 
 * :func:`missing_runs`: the compared settings that still lack seeds;
-* :func:`distance_chart`, :func:`distance_text`, :func:`changed_head_chart`: how far norm-weighted constant matrices
+* :func:`distance_chart`, :func:`distance_values`, :func:`changed_head_chart`: how far norm-weighted constant matrices
   are from plain ones (total variation per head);
-* :func:`matrix_chart`, :func:`matrix_verdicts`, :func:`matrix_text`: every head constant, norm-weighted vs plain;
-* :func:`order_chart`, :func:`order_table`, :func:`order_text`: label-free head orders vs PAPA's λ;
-* :func:`head_scores`, :func:`agreement_table`, :func:`rank_chart`, :func:`agreement_text`: do the label-free scores
+* :func:`matrix_chart`, :func:`matrix_verdicts`, :func:`matrix_values`: every head constant, norm-weighted vs plain;
+* :func:`order_chart`, :func:`order_table`, :func:`order_values`: label-free head orders vs PAPA's λ;
+* :func:`head_scores`, :func:`agreement_table`, :func:`rank_chart`, :func:`agreement_values`: do the label-free scores
   rank heads as λ does.
 
 Figures are labelled from the records they plot (:func:`papa_lib.book.charts.records_title`) and fit the book's
@@ -20,13 +20,13 @@ from typing import Any, Sequence
 
 import pandas as pd
 
-from . import charts, figures, norms_pages
+from . import charts, figures, norms_pages, prose
 from .display import markdown as _markdown
 from .tables import plural
 
-__all__ = ["ORDER_NAMES", "agreement_table", "agreement_text", "changed_head_chart", "distance_chart",
-           "distance_text", "head_scores", "matrix_chart", "matrix_text", "matrix_verdicts", "missing_runs",
-           "order_chart", "order_table", "order_text"]
+__all__ = ["ORDER_NAMES", "agreement_table", "agreement_values", "changed_head_chart", "distance_chart",
+           "distance_values", "head_scores", "matrix_chart", "matrix_values", "matrix_verdicts", "missing_runs",
+           "order_chart", "order_table", "order_values"]
 
 MATRIX_NAMES = {"original": "original attention", "average": "plain averages C (PAPA)",
                 "norm_average": "norm-weighted N"}
@@ -98,16 +98,18 @@ def distance_chart(setup, norm_frame, folder, task: str) -> Any:
         **_matrix_label(setup, norm_frame, task, plain)))
 
 
-def distance_text(folder, task: str) -> Any:
-    """Mean and median distance over the heads, and the most changed head."""
+@prose.values("dist_heads", "dist_mean", "dist_median", "dist_worst_head", "dist_worst")
+def distance_values(folder, task: str) -> dict[str, str]:
+    """The distance's numbers for the chapter's text (glued with myst-nb): mean and median over the heads, and the
+    most changed head ("layer L, head H") with its distance; "not measured" where the matrices are not saved."""
     _, _, tv = _distance(folder, task)
     if tv is None:
-        return _markdown("")
+        return prose.not_measured(distance_values)
     worst = tv.loc[tv["total_variation"].idxmax()]
-    return _markdown(
-        f"Mean distance over the {len(tv)} heads: {tv['total_variation'].mean():.3f} (median "
-        f"{tv['total_variation'].median():.3f}); the most changed head is {int(worst['layer'])}.{int(worst['head'])} "
-        f"({worst['total_variation']:.3f}).")
+    return {"dist_heads": str(len(tv)), "dist_mean": prose.number(tv["total_variation"].mean(), ".3f"),
+            "dist_median": prose.number(tv["total_variation"].median(), ".3f"),
+            "dist_worst_head": f"layer {int(worst['layer'])}, head {int(worst['head'])}",
+            "dist_worst": prose.number(worst["total_variation"], ".3f")}
 
 
 def changed_head_chart(setup, norm_frame, folder, task: str, min_share: float = 0.05) -> Any:
@@ -195,18 +197,20 @@ def matrix_verdicts(norm_frame, frame, tasks: Sequence[str]) -> pd.DataFrame:
     return pd.DataFrame(rows).set_index("task")
 
 
-def matrix_text(norm_frame, frame, tasks: Sequence[str]) -> Any:
-    """On how many tasks the norm-weighted matrices score higher or lower, the mean difference, the verdicts."""
+@prose.values("mat_tasks", "mat_higher", "mat_lower", "mat_same", "mat_mean_difference", "mat_verdicts")
+def matrix_values(norm_frame, frame, tasks: Sequence[str]) -> dict[str, str]:
+    """:func:`matrix_verdicts`' numbers for the chapter's text (glued with myst-nb): on how many tasks with both matrix
+    types the norm-weighted ones score higher, lower and the same, the mean difference N - C, and each verdict of the
+    table with its count; "not measured" where no task has both."""
     table = matrix_verdicts(norm_frame, frame, tasks)
-    if "N - C" not in table:
-        return _markdown("")
+    if "N - C" not in table or table["N - C"].isna().all():
+        return prose.not_measured(matrix_values)
     done = table.dropna(subset=["N - C"])
     better, worse = int((done["N - C"] > 0).sum()), int((done["N - C"] < 0).sum())
-    verdicts = ", ".join(f"{v} x{c}" for v, c in done["verdict"].value_counts().items())
-    return _markdown(
-        f"On {plural(len(done), 'task')} with both matrix types, norm-weighted matrices score higher on {better}, lower on "
-        f"{worse} and the same on {len(done) - better - worse}; mean difference {done['N - C'].mean():+.3f}. "
-        f"Verdicts: {verdicts}.")
+    return {"mat_tasks": plural(len(done), "task"), "mat_higher": str(better), "mat_lower": str(worse),
+            "mat_same": str(len(done) - better - worse),
+            "mat_mean_difference": prose.number(done["N - C"].mean(), "+.3f"),
+            "mat_verdicts": ", ".join(f"{v} x{c}" for v, c in done["verdict"].value_counts().items())}
 
 
 def _curves(norm_frame, frame, tasks):
@@ -271,23 +275,22 @@ def order_table(norm_frame, frame, tasks: Sequence[str]) -> Any:
     return _markdown("No intermediate fractions to compare yet.") if wide is None else wide.round(3)
 
 
-def order_text(norm_frame, frame, tasks: Sequence[str]) -> Any:
-    """How often each order is best, and the mean and range of each label-free order minus λ."""
+@prose.values("ord_incomplete", "ord_comparisons", "ord_wins", "ord_attention_mean", "ord_attention_min",
+              "ord_attention_max", "ord_norm_mean", "ord_norm_min", "ord_norm_max")
+def order_values(norm_frame, frame, tasks: Sequence[str]) -> dict[str, str]:
+    """:func:`order_table`'s numbers for the chapter's text (glued with myst-nb): how many (task, fraction) points
+    lack an order, over how many points every order ran, how often each order is best ("order xN", "=" for ties),
+    and the mean and range of each label-free order's score minus λ's; "not measured" where there is none."""
     wide, incomplete = _order_wide(norm_frame, frame, tasks)
+    out = prose.not_measured(order_values)
     if wide is None:
-        return _markdown("")
-    lines = ([f"({plural(incomplete, '(task, fraction) point')} still "
-              f"{'lacks' if incomplete == 1 else 'lack'} an order and {'is' if incomplete == 1 else 'are'} left out.)"]
-             if incomplete else [])
-    wins = wide["best"].value_counts()
-    lines.append(f"Best order per (task, fraction), over {len(wide)} comparisons: "
-                 + ", ".join(f"{o} x{c}" for o, c in wins.items()) + " (= marks ties).")
-    for order in ("attention_variance", "norm_variance"):
-        column = f"{order} - lambda"
-        if column in wide and wide[column].notna().any():
-            lines.append(f"{ORDER_NAMES[order].split(' (')[0]} minus λ: mean {wide[column].mean():+.3f}, from "
-                         f"{wide[column].min():+.3f} to {wide[column].max():+.3f}.")
-    return _markdown(" ".join(lines))
+        return out
+    out |= {"ord_incomplete": str(incomplete), "ord_comparisons": str(len(wide)),
+            "ord_wins": ", ".join(f"{o} x{c}" for o, c in wide["best"].value_counts().items())}
+    for order, short in (("attention_variance", "attention"), ("norm_variance", "norm")):
+        column = wide[f"{order} - lambda"] if f"{order} - lambda" in wide else pd.Series(dtype=float)
+        out |= {f"ord_{short}_{stat}": prose.number(getattr(column, stat)(), "+.3f") for stat in ("mean", "min", "max")}
+    return out
 
 
 def head_scores(setup, model, tokenizer, folder, tasks: Sequence[str], recompute: bool) -> pd.DataFrame | None:
@@ -344,13 +347,15 @@ def rank_chart(scores: pd.DataFrame | None, norm_frame: pd.DataFrame) -> Any:
                                    norm_frame[norm_frame["task"].isin(set(scores["task"]))]))
 
 
-def agreement_text(scores: pd.DataFrame | None) -> Any:
-    """λ against each label-free score, per task: rho and its interval."""
+@prose.values("agr_rho")
+def agreement_values(scores: pd.DataFrame | None) -> dict[str, str]:
+    """λ against each label-free score, per task, for the chapter's text (glued with myst-nb): Spearman's ρ with its
+    95% interval, "task: λ vs score ρ = r [low, high]" joined by "; "; "not measured" where no λ is saved."""
     if scores is None:
-        return _markdown("")
+        return prose.not_measured(agreement_values)
     agreement = norms_pages.score_agreement(scores)
     lam = agreement[agreement["first"] == "lambda"].dropna(subset=["spearman_rho"])
     if lam.empty:
-        return _markdown("")
-    return _markdown("; ".join(f"{r.task}: λ vs {r.second} ρ = {r.spearman_rho:.2f} [{r.ci_low:.2f}, "
-                               f"{r.ci_high:.2f}]" for r in lam.itertuples()) + ".")
+        return prose.not_measured(agreement_values)
+    return {"agr_rho": "; ".join(f"{r.task}: λ vs {r.second} ρ = {r.spearman_rho:.2f} [{r.ci_low:.2f}, "
+                                 f"{r.ci_high:.2f}]" for r in lam.itertuples())}

@@ -1,13 +1,15 @@
 """The norm chapter's figures and tables for Kobayashi et al. (2020)'s analyses (book/norms.md, first half), one call
 each, from the tables of :func:`papa_lib.book.norms_pages.read_analyses`.
 
-* :func:`decomposition_text`, :func:`sentence_chart`: the exactness check and one sentence, weight vs norm;
+* :func:`decomposition_values`, :func:`sentence_chart`: the exactness check and one sentence, weight vs norm;
 * :func:`analysis_label`: the model, data and profile of the saved analyses (their ``metadata.json``);
-* :func:`cv_chart`, :func:`cv_text` (Sec. 4.1); :func:`shares_chart`, :func:`special_table`, :func:`special_text`
+* :func:`cv_chart`, :func:`cv_values` (Sec. 4.1); :func:`shares_chart`, :func:`special_table`, :func:`special_values`
   (Sec. 4.2, Fig. 3); :func:`token_heads_chart`, :func:`evidence_table`, :func:`observations_chart` (Fig. 4);
   :func:`frequency_chart`, :func:`types_chart` (Sec. 4.3, Fig. 5);
-* :func:`comparison`, :func:`comparison_text`: each finding for BERT-base, the number that tests it here, and a verdict
-  by a stated rule.
+* :func:`comparison`: each finding for BERT-base, the number that tests it here, and a verdict by a stated rule;
+  :func:`comparison_verdicts`: the claims engine's sentences of the three it decides (C8a-c).
+
+The ``*_values`` functions return the formatted numbers the chapter's text glues in (:mod:`papa_lib.book.prose`).
 
 The norm-aware PAPA half of the chapter is :mod:`papa_lib.book.norm_papa_figures`.
 """
@@ -18,17 +20,18 @@ from typing import Any, Mapping
 
 import pandas as pd
 
-from . import charts
+from . import charts, prose
 from .display import markdown as _markdown
 from .records import source_kind
 
-__all__ = ["analysis_label", "comparison", "comparison_text", "cv_chart", "cv_text", "decomposition_values",
+__all__ = ["analysis_label", "comparison", "comparison_verdicts", "cv_chart", "cv_values", "decomposition_values",
            "evidence_table", "frequency_chart", "observations_chart", "sentence_chart", "shares_chart",
-           "special_table", "special_text", "token_heads_chart", "types_chart"]
+           "special_table", "special_values", "token_heads_chart", "types_chart"]
 
 METHODS = ["weight", "norm", "norm_heads_summed"]
 
 
+@prose.values("dec_positions", "dec_layers", "dec_max_abs", "dec_max_rel")
 def decomposition_values(check: pd.DataFrame) -> dict[str, str]:
     """The numbers the chapter's text states about :func:`papa_lib.analysis.norms.decomposition_check` (glued into
     the prose with myst-nb): positions, layers, the largest gap, absolute and relative."""
@@ -81,15 +84,18 @@ def cv_chart(tables: Mapping, label: Mapping[str, str]) -> Any:
         "Coefficient of variation of ||f(x)|| per head", **label))
 
 
-def cv_text(tables: Mapping) -> Any:
-    """The range and median of the CV, whether every head's interval excludes 0, the most and least variable layer."""
+@prose.values("cv_heads", "cv_min", "cv_max", "cv_median", "cv_excluding_zero", "cv_top_layer", "cv_top_median",
+              "cv_low_layer", "cv_low_median")
+def cv_values(tables: Mapping) -> dict[str, str]:
+    """The CV's numbers for the chapter's text (glued with myst-nb): its range and median over the heads, how many
+    heads' 95% intervals exclude zero, and the layers with the highest and the lowest median CV."""
     cv = tables["fx_norm_variation"]
     by_layer = cv.groupby("layer")["cv"].median()
-    return _markdown(
-        f"Across the {len(cv)} heads the CV runs from {cv['cv'].min():.2f} to {cv['cv'].max():.2f} (median "
-        f"{cv['cv'].median():.2f}); every head's 95% interval excludes zero: {bool((cv['cv_ci_low'] > 0).all())}. "
-        f"The layer with the most variable norms is layer {int(by_layer.idxmax())} (median CV "
-        f"{by_layer.max():.2f}); the least variable is layer {int(by_layer.idxmin())} ({by_layer.min():.2f}).")
+    return {"cv_heads": str(len(cv)), "cv_min": prose.number(cv["cv"].min(), ".2f"),
+            "cv_max": prose.number(cv["cv"].max(), ".2f"), "cv_median": prose.number(cv["cv"].median(), ".2f"),
+            "cv_excluding_zero": str(int((cv["cv_ci_low"] > 0).sum())), "cv_top_layer": str(int(by_layer.idxmax())),
+            "cv_top_median": prose.number(by_layer.max(), ".2f"), "cv_low_layer": str(int(by_layer.idxmin())),
+            "cv_low_median": prose.number(by_layer.min(), ".2f")}
 
 
 def shares_chart(tables: Mapping, label: Mapping[str, str]) -> Any:
@@ -135,21 +141,26 @@ def special_table(tables: Mapping) -> pd.DataFrame:
     return pd.DataFrame(rows).set_index("category")
 
 
-def special_text(tables: Mapping) -> Any:
-    """Which special category draws most weight and how much of it survives the norms; [SEP] and punctuation."""
+@prose.values("sp_sink", "sp_sink_weight", "sp_sink_layer", "sp_sink_norm", "sp_sink_kept", "sp_reduction",
+              "sp_sep_weight", "sp_cls_weight", "sp_punct_weight", "sp_punct_norm")
+def special_values(tables: Mapping) -> dict[str, str]:
+    """:func:`special_table`'s numbers for the chapter's text (glued with myst-nb): the special category that draws
+    the most weight ("[CLS]", "[SEP]" or "punctuation"), its weight share in its top layer, its norm-based share
+    there, the share of its weight the norms keep and the reduction ("a factor N smaller" where the norms shrink it,
+    else "no reduction"); [SEP]'s and [CLS]'s largest weight shares, punctuation's mean shares by weight and by norm."""
     special = special_table(tables)
     sink = special["weight-based share"].idxmax()
     ratio = special.loc[sink, "norm / weight"]
-    kept = special.loc[sink, "norm-based share"]
-    change = (f"only {kept:.1%} once the norms are counted (a factor {1 / ratio:.0f} smaller)" if ratio < 1 else
-              f"{kept:.1%} once the norms are counted (no reduction)")
-    return _markdown(
-        f"Of the special categories, the one that draws the most weight is **{sink}**: "
-        f"{special.loc[sink, 'weight-based share']:.0%} of the weight in layer "
-        f"{special.loc[sink, 'layer with most weight']}, and {change}. `[SEP]` gets at most "
-        f"{special.loc['sep', 'weight-based share']:.1%} of the weight; punctuation gets "
-        f"{special.loc['punctuation', 'mean weight share (all layers)']:.1%} by weight and "
-        f"{special.loc['punctuation', 'mean norm share (all layers)']:.1%} by norm on average over layers.")
+    return {"sp_sink": f"[{sink.upper()}]" if sink in ("cls", "sep") else str(sink),
+            "sp_sink_weight": prose.number(special.loc[sink, "weight-based share"], ".0%"),
+            "sp_sink_layer": str(special.loc[sink, "layer with most weight"]),
+            "sp_sink_norm": prose.number(special.loc[sink, "norm-based share"], ".1%"),
+            "sp_sink_kept": prose.number(ratio, ".0%"),
+            "sp_reduction": f"a factor {1 / ratio:.0f} smaller" if ratio < 1 else "no reduction",
+            "sp_sep_weight": prose.number(special.loc["sep", "weight-based share"], ".1%"),
+            "sp_cls_weight": prose.number(special.loc["cls", "weight-based share"], ".0%"),
+            "sp_punct_weight": prose.number(special.loc["punctuation", "mean weight share (all layers)"], ".1%"),
+            "sp_punct_norm": prose.number(special.loc["punctuation", "mean norm share (all layers)"], ".1%")}
 
 
 def _token_heads(tables: Mapping) -> pd.DataFrame:
@@ -328,17 +339,10 @@ def comparison(tables: Mapping, model_label: str, profile: str) -> pd.DataFrame:
                                        "verdict", "rule"])
 
 
-def comparison_text(tables: Mapping, model_label: str, profile: str) -> Any:
+def comparison_verdicts(tables: Mapping, model_label: str) -> Any:
     """The three findings the book tests (C8a-c) in the claims engine's sentences
-    (:func:`papa_lib.book.claims.verdict_sentence`), then what the weight and norm shares show (no verdict)."""
+    (:func:`papa_lib.book.claims.verdict_sentence`), one paragraph each: the engine's rows, nothing decided here."""
     from . import claims
 
     engine = _engine_rows(tables, model_label)
-    special = special_table(tables)
-    sink = special["weight-based share"].idxmax()
-    name = f"`[{sink.upper()}]`" if sink in ("cls", "sep") else sink
-    text = [f"- {claims.verdict_sentence(c, engine)}" for c in engine["claim"]]
-    text.append(f"The category that draws the most weight here is {name} "
-                f"({special.loc[sink, 'weight-based share']:.0%} of it at most); measured by norm it keeps "
-                f"{special.loc[sink, 'norm / weight']:.0%} of that share.")
-    return _markdown("\n\n".join(text))
+    return _markdown("\n\n".join(f"- {claims.verdict_sentence(c, engine)}" for c in engine["claim"]))

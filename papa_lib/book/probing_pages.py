@@ -6,7 +6,7 @@
   (:func:`papa_lib.book.figures.fraction_curves`, :func:`papa_lib.book.figures.all_constant_drop`);
 * :func:`against_majority`: every task's original probe against its validation set's majority-class baseline, and
   the probes that predict a single class (guide: a score is only as good as its probe); :func:`more_seeds`,
-  :func:`more_seeds_text`: the same check on a diagnostic run with more seeds (``data/results/mrpc-original-seeds``);
+  :func:`more_seeds_values`: the same check on a diagnostic run with more seeds (``data/results/mrpc-original-seeds``);
 * :func:`headline`, :func:`headline_text`, :func:`training_note`: Sec. 4.2's three claims, ours beside the paper's,
   and how far to trust the comparison — every number read from the records.
 
@@ -21,13 +21,12 @@ from typing import Any, Sequence
 
 import pandas as pd
 
-from . import charts, figures, paper
+from . import charts, figures, paper, prose
 from .display import markdown as _markdown
 from .records import describe, diagnostic_records
-from .tables import plural
 
 __all__ = ["MORE_SEEDS_FOLDERS", "against_majority", "fig2", "fig3", "headline", "headline_text", "more_seeds",
-           "more_seeds_text", "pooling_at_start", "probe_sizes", "relative_drops", "training_note"]
+           "more_seeds_values", "pooling_at_start", "probe_sizes", "relative_drops", "training_note"]
 
 #: Diagnostic runs beside a profile's results folder that repeat a task's original probe with more seeds.
 MORE_SEEDS_FOLDERS = ("mrpc-original-seeds",)
@@ -256,19 +255,24 @@ def more_seeds(frame: pd.DataFrame, results_dir: str | Path, folders: Sequence[s
     return _majority_table(rows)
 
 
-def more_seeds_text(grid: pd.DataFrame, more: pd.DataFrame) -> Any:
-    """:func:`more_seeds` in words, beside the grid's own rows (:func:`against_majority`)."""
+@prose.values("ms_task", "ms_grid_seeds", "ms_grid_score", "ms_grid_verdict", "ms_grid_majority", "ms_seeds",
+              "ms_run", "ms_score", "ms_ci", "ms_verdict", "ms_majority")
+def more_seeds_values(grid: pd.DataFrame, more: pd.DataFrame) -> dict[str, str]:
+    """:func:`more_seeds`'s numbers for the chapter's text (glued with myst-nb), beside the grid's own row of the same
+    task (:func:`against_majority`): seeds, score, interval, the majority baseline and the verdict against it
+    ("clearly above" or not), for the first task of the diagnostic runs (the local run has one, MRPC); "not
+    measured" where there is no such run."""
+    out = prose.not_measured(more_seeds_values)
     if more.empty:
-        return _markdown("No run with more seeds is in the results for this profile (the local run's is "
-                         "`papa grid data/results/mrpc-original-seeds/grid.yaml`).")
-    lines = []
-    for task, row in more.iterrows():
-        mine = grid.loc[task] if task in grid.index else None
-        before = (f"with the grid's {mine.seeds} seeds it scores {mine.original}, {mine.verdict} its majority "
-                  f"baseline of {mine['majority baseline']}; " if mine is not None else "")
-        lines.append(f"**{task}**: {before}with {row.seeds} seeds (`{row.run}`) it scores {row.original} "
-                     f"{row['95% CI']}, **{row.verdict}** {row['majority baseline']}.")
-    return _markdown(" ".join(lines))
+        return out
+    task, row = next(iter(more.iterrows()))
+    out |= {"ms_task": str(task), "ms_seeds": str(row.seeds), "ms_run": str(row.run), "ms_score": str(row.original),
+            "ms_ci": str(row["95% CI"]), "ms_verdict": str(row.verdict), "ms_majority": str(row["majority baseline"])}
+    if task in grid.index:
+        mine = grid.loc[task]
+        out |= {"ms_grid_seeds": str(mine.seeds), "ms_grid_score": str(mine.original),
+                "ms_grid_verdict": str(mine.verdict), "ms_grid_majority": str(mine["majority baseline"])}
+    return out
 
 
 def _accuracy_columns(mine: pd.DataFrame) -> dict:

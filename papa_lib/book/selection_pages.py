@@ -1,6 +1,6 @@
 """The head-selection chapter's figures and tables (book/selection.md; paper Sec. 3.2 Eq. 3, Sec. 5.4, Fig. 5).
 
-* :func:`lambda_maps`, :func:`lambda_table`, :func:`lambda_text`: the learned λ of a results folder
+* :func:`lambda_maps`, :func:`lambda_table`, :func:`lambda_values`: the learned λ of a results folder
   (:func:`papa_lib.analysis.patterns.read_lambda_files`) and the replacement order they imply;
 * :func:`fig5`, :func:`fig5_missing`, :func:`order_ranking`, :func:`order_text`: the five head-selection orders on
   MNLI (:func:`papa_lib.analysis.patterns.order_curves`, :func:`papa_lib.analysis.patterns.compare_orders`).
@@ -15,12 +15,12 @@ from typing import Any
 
 import pandas as pd
 
-from . import charts
+from . import charts, prose
 from .display import markdown as _markdown
 from .records import describe
 
-__all__ = ["ORDER_NAMES", "fig5", "fig5_missing", "lambda_maps", "lambda_table", "lambda_text", "order_ranking",
-           "order_text"]
+__all__ = ["ORDER_NAMES", "fig5", "fig5_missing", "lambda_maps", "lambda_table", "lambda_values",
+           "order_ranking", "order_text"]
 
 #: The orders of Fig. 5 as the chapter names them.
 ORDER_NAMES = {"lambda": "λ (smallest first)", "reversed": "reversed λ", "first_to_last": "first layer → last",
@@ -92,23 +92,25 @@ def lambda_table(setup) -> Any:
     return table.style.format({"lowest": "{:.3g}", "highest": "{:.3g}", "spread": "{:.3g}"})
 
 
-def lambda_text(setup) -> Any:
-    """The range of the first λ file's values (MNLI's when there is one), its first three heads to go, and the
-    layers whose heads stay input-dependent down to 1/8."""
+@prose.values("lam_run", "lam_min", "lam_max", "lam_first", "lam_kept_layers")
+def lambda_values(setup) -> dict[str, str]:
+    """The numbers the chapter states about the first λ file (MNLI's when there is one), glued with myst-nb: its run,
+    the range of its values, its first three heads to go, and the layers whose heads stay input-dependent down to
+    1/8 (heads per layer in brackets); "not measured" where there is no λ file."""
     lambdas = _lambdas(setup)
+    out = prose.not_measured(lambda_values)
     if lambdas.empty:
-        return _markdown("")
+        return out
     run = _preferred(lambdas)
     chosen = lambdas[lambdas["run"] == run]
     layers = int(chosen["layer"].max()) + 1
     kept = chosen[chosen["kept_until"] <= 0.125].groupby("layer").size().reindex(range(layers), fill_value=0)
     first = chosen.nsmallest(3, "lambda")
-    heads = ", ".join(f"layer {int(r.layer)} head {int(r['head'])} (λ = {r['lambda']:.3f})"
-                      for _, r in first.iterrows())
-    where = ", ".join(f"{layer} ({count})" for layer, count in kept.items() if count) or "none"
-    return _markdown(f"For {run}, λ ranges from {chosen['lambda'].min():.3f} to {chosen['lambda'].max():.3f}. "
-                     f"The heads replaced first are {heads}. The heads still input-dependent at 1/8 sit in layers "
-                     f"{where} (heads per layer in brackets).")
+    return {"lam_run": str(run), "lam_min": prose.number(chosen["lambda"].min(), ".3g"),
+            "lam_max": prose.number(chosen["lambda"].max(), ".3g"),
+            "lam_first": ", ".join(f"layer {int(r.layer)} head {int(r['head'])} (λ = {r['lambda']:.3g})"
+                                   for _, r in first.iterrows()),
+            "lam_kept_layers": ", ".join(f"{layer} ({count})" for layer, count in kept.items() if count) or "none"}
 
 
 def _summary(frame: pd.DataFrame, task: str = "mnli") -> tuple[pd.DataFrame, pd.DataFrame]:

@@ -4,7 +4,7 @@
 * :func:`changes_chart`, :func:`changes_text`: the change of score when the matrices come from MNLI (MNLI-built minus
   per-task, the claims engine's sign), ours beside the paper's RoBERTa-base, against the seed noise of our per-task
   score, and claim C5's verdict as the claims engine decides it;
-* :func:`layout_overview`, :func:`layout_chart`, :func:`layout_text`: where the MNLI pair layout moves the weight
+* :func:`layout_overview`, :func:`layout_chart`, :func:`layout_values`: where the MNLI pair layout moves the weight
   (position L/2, the middle separator), read from the constant matrices the grid stored.
 
 Every number comes from the records or the stored matrices; figures fit the book's content column.
@@ -16,12 +16,12 @@ from typing import Any, Sequence
 
 import pandas as pd
 
-from . import charts, figures, paper
+from . import charts, figures, paper, prose
 from .display import markdown as _markdown
 from .records import describe, ours_label
 from .tables import plural
 
-__all__ = ["changes_chart", "changes_text", "layout_chart", "layout_overview", "layout_text", "table2"]
+__all__ = ["changes_chart", "changes_text", "layout_chart", "layout_overview", "layout_values", "table2"]
 
 
 def table2(frame: pd.DataFrame, tasks: Sequence[str]) -> Any:
@@ -187,16 +187,20 @@ def layout_chart(setup, frame: pd.DataFrame, tasks: Sequence[str], lengths: dict
         title, model=who["model"], data=data, profile=who["profile"]))
 
 
-def layout_text(setup, tasks: Sequence[str], lengths: dict) -> Any:
-    """How many heads gain weight at L/2 under the MNLI-built matrices, and for what share of the task's inputs
-    that weight can matter at all."""
+@prose.values("lay_gained", "lay_heads", "lay_middle", "lay_task", "lay_mass_mnli", "lay_mass_own", "lay_real",
+              "lay_masked")
+def layout_values(setup, tasks: Sequence[str], lengths: dict) -> dict[str, str]:
+    """The numbers the chapter states about the MNLI layout (glued with myst-nb): how many heads put more weight on
+    position L/2 when built on MNLI than on the task's own text, their mean weights, and the share of the task's
+    training inputs where that position is a real token (and the share where it is padding); "not measured" where
+    no pair of matrices is saved."""
     best, heads = _layout_heads(setup, tasks, lengths)
+    out = prose.not_measured(layout_values)
     if best is None:
-        return None
-    task, middle, share = best["task"], best["middle"], best["real"]
-    gained = heads[heads.mass_mnli > heads.mass_own]
-    return _markdown(
-        f"Built on MNLI, **{len(gained)} of {len(heads)}** heads put more weight on position {middle} than built "
-        f"on {task} (mean weight {heads.mass_mnli.mean():.3f} vs {heads.mass_own.mean():.3f}). That position is a "
-        f"real token in {share:.0%} of {task}'s training inputs, so for the other {1 - share:.0%} the extra weight "
-        "is masked away before it can matter.")
+        return out
+    share = float(best["real"])
+    return {"lay_gained": str(int((heads.mass_mnli > heads.mass_own).sum())), "lay_heads": str(len(heads)),
+            "lay_middle": str(best["middle"]), "lay_task": str(best["task"]),
+            "lay_mass_mnli": prose.number(heads.mass_mnli.mean(), ".3f"),
+            "lay_mass_own": prose.number(heads.mass_own.mean(), ".3f"),
+            "lay_real": prose.number(share, ".0%"), "lay_masked": prose.number(1 - share, ".0%")}
