@@ -300,3 +300,33 @@ def test_probing_shows_every_committed_model_and_nothing_empty_without_the_secon
     mpnet_line = text.split("Beside it, ")[1]
     assert "data/results/local-mpnet" in mpnet_line and "model all-mpnet-base-v2" in mpnet_line
     assert f"{len(mpnet)} records" in mpnet_line and "seeds" in mpnet_line and "ran on " in mpnet_line
+
+
+def test_alternatives_take_a_second_model_only_once_its_data_free_rows_exist(tmp_path):
+    """Table 1 shows another committed model only when its records hold data-free rows; then the table, the chart and
+    the C4 sentences carry both models."""
+    import shutil
+
+    from papa_lib.book import alternatives_pages, claims
+    from papa_lib.experiments.results import read_results
+
+    results = tmp_path / "data" / "results"
+    shutil.copytree(ROOT / "data" / "results" / "local-minilm", results / "local-minilm")
+    setup = _two_model_setup(tmp_path)
+    frame = read_results(setup.results_dir)
+    (results / "local-mpnet").mkdir()
+    no_data_free = frame[~frame.matrix_type.isin(claims.DATA_FREE)].assign(model="all-mpnet-base-v2")
+    no_data_free.to_csv(results / "local-mpnet" / "results.csv", index=False)
+    assert records.other_local_models(setup, frame, needs=claims.DATA_FREE) == {}
+    assert len(records.other_local_models(setup, frame)) == 1  # the probing pages still show it
+    frame.assign(model="all-mpnet-base-v2").to_csv(results / "local-mpnet" / "results.csv", index=False)
+    others = records.other_local_models(setup, frame, needs=claims.DATA_FREE)
+    models = records.with_models(frame, others)
+    assert list(others) == [results / "local-mpnet"] and models.model.nunique() == 2
+    six = ["cola", "mrpc", "sst2", "mnli", "ner", "pos"]
+    table = alternatives_pages.table1(models, six).data
+    assert set(table.index.get_level_values(0)) == {"all-MiniLM-L6-v2", "all-mpnet-base-v2"}
+    chart = alternatives_pages.table1_chart(models, six).to_dict()
+    assert '"shape"' in str(chart).replace("'", '"')
+    text = alternatives_pages.verdict_text(models, six).data
+    assert "Ours (all-MiniLM-L6-v2;" in text and "Ours (all-mpnet-base-v2;" in text

@@ -251,7 +251,7 @@ CHAPTER_CALLS = {  # chapter -> the helper call that renders the engine's rows (
     "probing.md": ("page.headline_text(models, tasks)", ["C1a", "C1b", "C2"]),
     "probing.md#C3": ("page.two_models(models, tasks, claims.for_setup(setup))", ["C3"]),
     "selection.md": ("page.order_text(frame)", ["C6a", "C6b"]),
-    "alternatives.md": ("page.verdict_text(frame, tasks)", ["C4"]),
+    "alternatives.md": ("page.verdict_text(models, tasks)", ["C4"]),
     "transfer.md": ("page.changes_text(frame, tasks)", ["C5"]),
     "norms.md": ("norms_pages.kobayashi_table(analysis_dir)", ["C8a", "C8b", "C8c"]),
 }

@@ -179,10 +179,13 @@ def coverage(frame: pd.DataFrame, spec: Mapping, blocks: Iterable[str], tasks: I
     return table.set_index(["block", "task"]), text
 
 
-def other_local_models(setup, frame: pd.DataFrame | None = None) -> dict[Path, pd.DataFrame]:
+def other_local_models(setup, frame: pd.DataFrame | None = None,
+                       needs: Iterable[str] | None = None) -> dict[Path, pd.DataFrame]:
     """Under the ``local`` profile: folder -> records of every committed local results folder
     (:data:`papa_lib.book.claims.LOCAL_FOLDERS`) other than the profile's own, restricted to models not already in
-    ``frame``; folders without records (or without a new model) are left out. Other profiles: ``{}``."""
+    ``frame``; folders without records (or without a new model) are left out. ``needs``: matrix types a model's
+    records must include at least one of to be shown (a page about data-free matrices shows a model only once its
+    data-free runs exist). Other profiles: ``{}``."""
     from .claims import LOCAL_FOLDERS, read_folders
 
     if getattr(setup, "profile", None) != "local" or setup.results_dir is None:
@@ -194,7 +197,8 @@ def other_local_models(setup, frame: pd.DataFrame | None = None) -> dict[Path, p
         folder = Path(setup.root) / "data" / "results" / name
         if folder.resolve() == own:
             continue
-        frames = {m: f for m, f in read_folders([folder]).items() if m not in shown}
+        frames = {m: f for m, f in read_folders([folder]).items() if m not in shown
+                  and (needs is None or f["matrix_type"].isin(list(needs)).any())}
         if frames:
             found[folder] = pd.concat(frames.values(), ignore_index=True)
             shown |= set(frames)
