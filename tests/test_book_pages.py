@@ -330,3 +330,21 @@ def test_alternatives_take_a_second_model_only_once_its_data_free_rows_exist(tmp
     assert '"shape"' in str(chart).replace("'", '"')
     text = alternatives_pages.verdict_text(models, six).data
     assert "Ours (all-MiniLM-L6-v2;" in text and "Ours (all-mpnet-base-v2;" in text
+
+
+def test_the_pair_caveat_is_said_once_in_the_intro_and_only_with_two_models(tmp_path):
+    import shutil
+
+    from papa_lib.book import claims, intro_pages
+
+    assert claims.pair_caveat(["all-MiniLM-L6-v2"]) == ""
+    short = claims.pair_caveat(["all-MiniLM-L6-v2", "all-mpnet-base-v2"])
+    assert "contrastively fine-tuned" in short and "MLM-pretrained" in short and "direction, not a trend" in short
+    assert short.count(".") == 1  # one sentence in the intro; the probing chapter's long form adds the why
+    assert claims.pair_caveat(["all-MiniLM-L6-v2", "all-mpnet-base-v2"], long=True).startswith(short)
+    assert "contrastively" not in claims.pair_caveat(["all-MiniLM-L6-v2", "roberta-base"])
+    shutil.copytree(ROOT / "data" / "results" / "local-minilm", tmp_path / "data" / "results" / "local-minilm")
+    alone = intro_pages.claims_summary(_two_model_setup(tmp_path)).data
+    assert "C3 compares" not in alone
+    if (ROOT / "data" / "results" / "local-mpnet" / "results.csv").is_file():
+        assert intro_pages.claims_summary(_two_model_setup(ROOT)).data.count(short) == 1
