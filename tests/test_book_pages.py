@@ -348,3 +348,11 @@ def test_the_pair_caveat_is_said_once_in_the_intro_and_only_with_two_models(tmp_
     assert "C3 compares" not in alone
     if (ROOT / "data" / "results" / "local-mpnet" / "results.csv").is_file():
         assert intro_pages.claims_summary(_two_model_setup(ROOT)).data.count(short) == 1
+
+
+def test_relative_drops_tell_the_models_apart_only_when_there_are_several():
+    frame = pd.read_csv(ROOT / "data" / "results" / "local-minilm" / "results.csv")
+    one = probing_pages.relative_drops(frame).to_dict()
+    two = probing_pages.relative_drops(pd.concat([frame, frame.assign(model="all-mpnet-base-v2")])).to_dict()
+    by_model = "'strokeDash': {'field': 'model'"  # an encoding (the paper's reference lines are dashed marks)
+    assert by_model not in str(one) and by_model in str(two)

@@ -124,7 +124,8 @@ def fig2(frame: pd.DataFrame, tasks: Sequence[str] | None = None, columns: int =
 
 def relative_drops(frame: pd.DataFrame, tasks: Sequence[str] | None = None) -> Any:
     """Every task on one scale: the relative drop (s_orig - s) / |s_orig| vs the fraction of input-dependent heads,
-    with the paper's average and largest drop with every head constant as dashed lines (Sec. 4.2)."""
+    with the paper's average and largest drop with every head constant as dashed lines (Sec. 4.2); with several
+    models, each model's lines have their own dash pattern."""
     import altair as alt
 
     curves = figures.fraction_curves(frame, tasks=tasks)
@@ -136,7 +137,10 @@ def relative_drops(frame: pd.DataFrame, tasks: Sequence[str] | None = None) -> A
     paper_max = paper.headline("max_relative_drop_all_constant")
     pick, opacity = _legend_pick("task")
     order = list(tasks) if tasks is not None else list(dict.fromkeys(relative["task"]))
+    dash = ({"strokeDash": alt.StrokeDash("model:N", title="model", legend=alt.Legend(orient="bottom", labelLimit=300))}
+            if relative["model"].nunique() > 1 else {})  # several models: one dash pattern each
     lines = alt.Chart(relative).mark_line(point=True).encode(
+        **dash,
         x=alt.X("fraction_label:O", sort=charts.FRACTION_ORDER, scale=alt.Scale(domain=charts.FRACTION_ORDER),
                 title="fraction of input-dependent heads", axis=alt.Axis(labelAngle=0)),
         y=alt.Y("relative_drop:Q", title="relative drop from the original", axis=alt.Axis(format="%")),
