@@ -32,7 +32,11 @@ from .analysis import norm_rankings as _norm_rankings  # noqa: F401
 from .core.averaging import ConstantAttention, average_attention
 from .core.layout import EncodedBatch, encode, encode_words
 from .core.models import (
-    SUPPORTED_MODEL_TYPES, ArchitectureAdapter, UnsupportedModelError, load_encoder, register_adapter,
+    SUPPORTED_MODEL_TYPES,
+    ArchitectureAdapter,
+    UnsupportedModelError,
+    load_encoder,
+    register_adapter,
     supported_model_types,
 )
 from .core.override import MODES, AttentionOverride, override, toeplitz_matrix

@@ -1,6 +1,7 @@
 """Speed and memory benchmarks of the library (paper Sec. 3.4 "Potential Computational Gains", and our own tools).
 
-Run ``python -m papa_lib.bench [averaging|probe|seeds|constant|packing|memory|all] [--quick]`` (also ``papa bench``). Every figure
+Run ``python -m papa_lib.bench [averaging|probe|seeds|constant|packing|memory|all] [--quick]`` (also ``papa bench``).
+Every figure
 is printed as one ``name: value`` line (lines starting with ``#`` are context); all are measured in one run, side by
 side, on the embedded all-MiniLM-L6-v2 unless ``--model`` (or the ``PAPA_BENCH_MODEL`` environment variable) says
 otherwise (``tiny`` is a 2-layer random BERT used by the tests; ``all-mpnet-base-v2`` the second real model, from the
@@ -15,10 +16,11 @@ Figures
     on two batches; the figure is the median of the per-repetition ratios.
 ``cached_vs_recomputed_epoch``
     Time of one probing epoch that recomputes the frozen backbone at every step divided by the time of one epoch on
-    features cached once by :func:`papa_lib.experiments.engine.extract_features` (256 sentences, L = 64, batch 32, the same
-    batches and probe initialisation; median of three interleaved repetitions). The cached path is exactly the one
-    :class:`papa_lib.experiments.engine.TaskExperiment` uses for frozen variants; the recomputing path is its :class:`~papa_lib.experiments.engine.BackboneProbe` with the backbone's weights not requiring gradients
-    (what a frozen variant would cost without the cache). ``feature_extraction_s`` is the one-off caching cost.
+    features cached once by :class:`papa_lib.experiments.features.BackboneRunner` (256 sentences, L = 64, batch 32,
+    the same batches and probe initialisation; median of three interleaved repetitions). The cached path is the one
+    the engine (:mod:`papa_lib.experiments.runs`) uses for frozen variants; the recomputing path is
+    :class:`~papa_lib.experiments.inloop.BackboneProbe` with the backbone's weights not requiring gradients (what a
+    frozen variant would cost without the cache). ``feature_extraction_s`` is the one-off caching cost.
 ``probe_seeds_batched_vs_sequential_{sentence,token}``
     Time of training the probes of 10 seeds one after another (one :func:`~papa_lib.experiments.training.train_seeds`
     call per seed) divided by training them together (one call for all: every step takes each seed's batch in one
@@ -27,7 +29,8 @@ Figures
     sizes for SST-2 and NER. Median of three interleaved repetitions. ``probe_seeds_interleaved_vs_sequential_*``: the
     same with the seeds trained in one pass but in turns (each seed takes all its batches of a chunk of the pass before
     the next seed; ``train_seeds(batched=False)``). ``probe_seeds_max_abs_diff_*`` is the largest difference between
-    the sequential probes' trained weights and the other two ways' (0: equal bit for bit). On a CPU a token probe's step is
+    the sequential probes' trained weights and the other two ways' (0: equal bit for bit). On a CPU a token probe's step
+    is
     dominated by its first layer's matrix products, whose work grows with the number of seeds either way, so the
     ratio stays near 1 there; what training together saves is the per-step overhead (one backward, one optimiser
     call), which dominates on a GPU.
@@ -60,53 +63,40 @@ from __future__ import annotations
 import argparse
 import csv
 import json
-import math
 import os
 import random
 import statistics
 import subprocess
 import sys
 import time
-from contextlib import contextmanager
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Callable, Iterable
 
 import torch
 
+from .bench_support import (  # noqa: F401  (re-exported: bench.flop_limit, bench.load_bench_model, ...)
+    DTYPES,
+    MODEL_ENV,
+    BenchSizes,
+    _current_rss_kb,
+    _frozen,
+    _median_ratio,
+    _peak_rss_kb,
+    _reset_peak_rss,
+    _synchronise,
+    flop_limit,
+    format_figure,
+    layer_flops,
+    load_bench_model,
+)
+
 BENCHMARK_NAMES = ("averaging", "probe", "seeds", "constant", "packing", "memory")
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 SST2_DEV = SHARED_DATA / "glue" / "SST-2" / "dev.tsv"
-MODEL_ENV = "PAPA_BENCH_MODEL"
 #: How time is read: wall-clock (default) or the CPU time of this process (all its threads), which is much less
 #: sensitive to other processes on a shared machine (use it with ``--threads 1``; CPU devices only).
 CLOCKS: dict[str, Callable[[], float]] = {"wall": time.perf_counter, "process": time.process_time}
 _clock: Callable[[], float] = time.perf_counter
-
-
-@dataclass(frozen=True)
-class BenchSizes:
-    """Problem sizes of one benchmark run (full or ``--quick``)."""
-
-    averaging_sentences: int = 512
-    averaging_length: int = 64
-    averaging_batch: int = 32
-    averaging_repeats: int = 3
-    probe_sentences: int = 256
-    probe_batch: int = 32
-    probe_repeats: int = 3
-    constant_lengths: tuple[int, ...] = (128, 256, 512)
-    constant_batch: int = 8
-    constant_repeats: int = 4
-    memory_sentences: tuple[int, int] = (256, 1024)
-    memory_batch: int = 32
-    packing_sentences: int = 1024
-    packing_batch: int = 32
-    packing_repeats: int = 3
-    seeds: int = 10
-    seeds_sentences: int = 256
-    seeds_repeats: int = 3
 
 
 FULL = BenchSizes()
@@ -115,35 +105,6 @@ QUICK = BenchSizes(
     probe_repeats=1, constant_batch=1, constant_repeats=2, memory_sentences=(32, 128), memory_batch=8,
     packing_sentences=64, packing_batch=16, packing_repeats=1, seeds_sentences=32, seeds_repeats=1,
 )
-
-
-# ---------------------------------------------------------------------------------------------- the FLOP model
-def layer_flops(length: int, hidden: int, intermediate: int, constant: bool) -> int:
-    """FLOPs of one encoder layer on one sequence of ``length`` tokens (1 multiply-add = 2 FLOPs).
-
-    Original layer: the Q, K, V and O projections ``4·n·d²·2``, the scores QKᵀ and the product AV ``2·n²·d·2``
-    (summed over heads, d = H·d′) and the feed-forward block's two matrices ``2·n·d·d_ff·2``.
-    All-constant layer: only the V and O projections ``2·n·d²·2``, the product CV ``n²·d·2`` and the same
-    feed-forward block ``2·n·d·d_ff·2``.
-
-    This is the paper's per-head count (Sec. 3.4: 2n²d′ + 3nd′² → n²d′ + nd′² multiply-adds, with the projection
-    term read as n·d·d′ per head) summed over the H heads, plus the output projection and the feed-forward block,
-    which the replacement does not touch. Softmax, scaling, masking, layer norms, GELU and biases are not counted
-    (they are O(n²·H) or O(n·d), small next to the matrix products in FLOPs, though not always in time).
-    """
-    n, d, f = int(length), int(hidden), int(intermediate)
-    feed_forward = 2 * n * d * f * 2
-    if constant:
-        return 2 * n * d * d * 2 + n * n * d * 2 + feed_forward
-    return 4 * n * d * d * 2 + 2 * n * n * d * 2 + feed_forward
-
-
-def flop_limit(length: int, hidden: int, intermediate: int) -> float:
-    """The FLOP-count limit of the all-constant speed-up: FLOPs(original stack) / FLOPs(all-constant stack).
-
-    Every layer has the same shape, so this is the per-layer ratio of :func:`layer_flops`.
-    """
-    return layer_flops(length, hidden, intermediate, False) / layer_flops(length, hidden, intermediate, True)
 
 
 # ---------------------------------------------------------------------------------------------- helpers
@@ -159,44 +120,16 @@ def benchmark_sentences(count: int, seed: int = 0) -> tuple[list[str], list[int]
                 labels.append(int(row["label"]))
         if not texts:
             raise ValueError(f"{SST2_DEV} has no sentences")
-        return [texts[i % len(texts)] for i in range(count)], [labels[i % len(labels)] for i in range(count)], "SST-2 dev"
+        return (
+            [texts[i % len(texts)] for i in range(count)],
+            [labels[i % len(labels)] for i in range(count)],
+            "SST-2 dev",
+        )
     rng = random.Random(seed)
     words = ("the film a story is was very not quite moving dull funny sad long short with of and but it its "
              "actors plot scene music ending charming bleak bright slow fast smart silly warm cold").split()
     texts = [" ".join(rng.choice(words) for _ in range(rng.randint(4, 40))) for _ in range(count)]
     return texts, [rng.randint(0, 1) for _ in range(count)], "generated"
-
-
-def load_bench_model(spec: str | None, device: str = "cpu", dtype: str = "fp32"):
-    """(model, tokenizer) for a model spec: ``minilm`` (embedded, default), ``tiny`` (random 2-layer BERT), or a path.
-
-    ``tiny`` uses the embedded model's tokenizer with a tiny randomly initialised BERT of the same vocabulary.
-    """
-    from transformers import AutoModel, AutoTokenizer, BertConfig
-
-    from .core.models import embedded_model_path, load_encoder
-
-    if dtype not in DTYPES:
-        raise ValueError(f"unknown dtype {dtype!r}; choose one of {sorted(DTYPES)}")
-    if str(device).startswith("cuda") and not torch.cuda.is_available():
-        raise ValueError(f"device {device!r} requested but CUDA is not available on this machine")
-    spec = spec or os.environ.get(MODEL_ENV) or "minilm"
-    if spec == "tiny":
-        tokenizer = AutoTokenizer.from_pretrained(str(embedded_model_path()))
-        config = BertConfig(
-            vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37,
-            max_position_embeddings=512,
-        )
-        torch.manual_seed(0)
-        model = AutoModel.from_config(config, attn_implementation="eager").to(device=device, dtype=DTYPES[dtype]).eval()
-        model.papa_model_id = "tiny-random-bert"
-        return model, tokenizer
-    return load_encoder(None if spec == "minilm" else spec, device=device, dtype=DTYPES[dtype])
-
-
-def _synchronise(device) -> None:
-    if torch.device(device).type == "cuda":
-        torch.cuda.synchronize()
 
 
 def _timed(function: Callable[[], object], device) -> float:
@@ -208,7 +141,10 @@ def _timed(function: Callable[[], object], device) -> float:
 
 
 def _interleaved(
-    functions: dict[str, Callable[[], object]], repeats: int, device, warmups: Iterable[Callable[[], object]] | None = None
+    functions: dict[str, Callable[[], object]],
+    repeats: int,
+    device,
+    warmups: Iterable[Callable[[], object]] | None = None,
 ) -> dict[str, list[float]]:
     """Time each function ``repeats`` times, interleaved, alternating the order each repetition.
 
@@ -222,10 +158,6 @@ def _interleaved(
         for name in names if repeat % 2 == 0 else reversed(names):
             times[name].append(_timed(functions[name], device))
     return times
-
-
-def _median_ratio(numerators: list[float], denominators: list[float]) -> float:
-    return statistics.median(a / b for a, b in zip(numerators, denominators))
 
 
 # ---------------------------------------------------------------------------------------------- benchmarks
@@ -260,19 +192,6 @@ def bench_averaging(model, tokenizer, sizes: BenchSizes, device) -> dict[str, fl
         "averaging_sentences_per_s": count / statistics.median(times["averaging"]),
         "forward_with_attentions_sentences_per_s": count / statistics.median(times["forward"]),
     }
-
-
-@contextmanager
-def _frozen(model):
-    """Temporarily stop ``model``'s parameters from requiring gradients (restored exactly on exit)."""
-    flags = [(p, p.requires_grad) for p in model.parameters()]
-    try:
-        for p, _ in flags:
-            p.requires_grad_(False)
-        yield model
-    finally:
-        for p, flag in flags:
-            p.requires_grad_(flag)
 
 
 def bench_probe(model, tokenizer, sizes: BenchSizes, device) -> dict[str, float]:
@@ -374,23 +293,24 @@ def bench_seeds(model, tokenizer, sizes: BenchSizes, device) -> dict[str, float]
     for kind, batch, targets, classes, rate in (("sentence", 32, labels, 2, 1e-4), ("token", 8, tags, 9, 5e-4)):
         def train(chosen, batched=True, kind=kind, batch=batch, targets=targets, classes=classes, rate=rate):
             return train_seeds(lambda seed: probes.make_probe(kind, layers, length, hidden, classes), chosen,
-                               lambda chunk: (features, chunk), lambda plan: (features, plan.heldout),
-                               lambda plan, predictions: 0.0, targets, kind, pool_size=len(rows), batch_size=batch,
+                               lambda chunk: (features, chunk), lambda chosen_plan: (features, chosen_plan.heldout),
+                               lambda chosen_plan, predictions: 0.0, targets, kind, pool_size=len(rows),
+                               batch_size=batch,
                                learning_rate=rate, max_epochs=1, patience=1, device=device, batched=batched)
 
-        trained = {}
+        trained = {}  # each way's probes, filled by the timed calls (which run within this iteration)
 
-        def sequential():
+        def sequential(trained=trained, train=train):
             trained["sequential"] = {seed: out for plan in plans for seed, out in train([plan]).items()}
 
-        def together():
+        def together(trained=trained, train=train):
             trained["together"] = train(plans)
 
-        def interleaved():
+        def interleaved(trained=trained, train=train):
             trained["interleaved"] = train(plans, batched=False)
 
         times = _interleaved({"sequential": sequential, "together": together, "interleaved": interleaved},
-                             sizes.seeds_repeats, device, [lambda: train(plans[:1])])
+                             sizes.seeds_repeats, device, [lambda train=train: train(plans[:1])])
         figures[f"probe_seeds_batched_vs_sequential_{kind}"] = _median_ratio(times["sequential"], times["together"])
         figures[f"probe_seeds_interleaved_vs_sequential_{kind}"] = _median_ratio(times["sequential"],
                                                                                   times["interleaved"])
@@ -429,7 +349,7 @@ def bench_packing(model, tokenizer, sizes: BenchSizes, device, data_dir: Path | 
                                         packed=(mode == "packed")) for mode in ("packed", "padded")}
         outputs = {}
 
-        def extract(mode):
+        def extract(mode, outputs=outputs, runners=runners, rows=rows):
             return lambda: outputs.__setitem__(mode, runners[mode].rows(rows))
 
         times = _interleaved({mode: extract(mode) for mode in runners}, sizes.packing_repeats, device)
@@ -459,7 +379,9 @@ def bench_constant(model, tokenizer, sizes: BenchSizes, device) -> dict[str, flo
     for length in sizes.constant_lengths:
         generator = torch.Generator().manual_seed(length)
         ids = torch.randint(min(1000, vocab // 2), vocab, (sizes.constant_batch, length), generator=generator)
-        batch = model_inputs(model, {"input_ids": ids, "attention_mask": torch.ones_like(ids), "token_type_ids": torch.zeros_like(ids)})
+        batch = model_inputs(
+            model, {"input_ids": ids, "attention_mask": torch.ones_like(ids), "token_type_ids": torch.zeros_like(ids)}
+        )
         # Timing does not depend on the values: random positive matrices stand in for averaged ones.
         matrices = torch.rand(layers, heads, length, length, generator=generator) + 1e-3
         overrides = {
@@ -468,11 +390,11 @@ def bench_constant(model, tokenizer, sizes: BenchSizes, device) -> dict[str, flo
         }
         caches: dict[str, dict] = {name: {} for name in overrides}
 
-        def original():
+        def original(batch=batch):
             with torch.inference_mode():
                 model(**batch)
 
-        def replaced(name):
+        def replaced(name, batch=batch, overrides=overrides, caches=caches):
             state = overrides[name]
             with torch.inference_mode(), state.applied(model):
                 state._dynamic_cache.update(caches[name])  # steady state: keep the per-override matrix cache warm
@@ -480,8 +402,13 @@ def bench_constant(model, tokenizer, sizes: BenchSizes, device) -> dict[str, flo
                 caches[name] = dict(state._dynamic_cache)
 
         times = _interleaved(
-            {"original": original, "constant": lambda: replaced("constant"), "reference": lambda: replaced("reference")},
-            sizes.constant_repeats, device,
+            {
+                "original": original,
+                "constant": lambda: replaced("constant"),
+                "reference": lambda: replaced("reference"),
+            },
+            sizes.constant_repeats,
+            device,
         )
         speedup = _median_ratio(times["original"], times["constant"])
         limit = flop_limit(length, hidden, intermediate)
@@ -490,37 +417,6 @@ def bench_constant(model, tokenizer, sizes: BenchSizes, device) -> dict[str, flo
         figures[f"constant_speedup_over_limit_L{length}"] = speedup / limit
         figures[f"constant_reference_vs_original_L{length}"] = _median_ratio(times["original"], times["reference"])
     return figures
-
-
-def _current_rss_kb() -> int | None:
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1])
-    except OSError:
-        pass
-    return None
-
-
-def _peak_rss_kb() -> int:
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1])
-    except OSError:
-        pass
-    import resource
-
-    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
-
-
-def _reset_peak_rss() -> bool:
-    """Reset the process's peak RSS (Linux ``/proc/self/clear_refs``); False where that is not possible."""
-    try:
-        Path("/proc/self/clear_refs").write_text("5")
-        return True
-    except OSError:
-        return False
 
 
 def memory_child(sentences: int, batch_size: int, model_spec: str | None, device: str, dtype: str) -> dict:
@@ -552,7 +448,9 @@ def memory_child(sentences: int, batch_size: int, model_spec: str | None, device
     return {"peak_mb": _peak_rss_kb() / 1024, "before_mb": before / 1024, "method": "VmHWM" if reset else "ru_maxrss"}
 
 
-def bench_memory(model_spec: str | None, sizes: BenchSizes, device: str, dtype: str, threads: int | None) -> dict[str, float]:
+def bench_memory(
+    model_spec: str | None, sizes: BenchSizes, device: str, dtype: str, threads: int | None
+) -> dict[str, float]:
     """``averaging_peak_mem_ratio``: peak memory of averaging at two corpus sizes 4x apart, one fresh process each."""
     figures: dict[str, float] = {}
     peaks = []
@@ -565,7 +463,12 @@ def bench_memory(model_spec: str | None, sizes: BenchSizes, device: str, dtype: 
             command += ["--model", model_spec]
         if threads:
             command += ["--threads", str(threads)]
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(Path(__file__).resolve().parents[1]), os.environ.get("PYTHONPATH")])))
+        env = dict(
+            os.environ,
+            PYTHONPATH=os.pathsep.join(
+                filter(None, [str(Path(__file__).resolve().parents[1]), os.environ.get("PYTHONPATH")])
+            ),
+        )
         done = subprocess.run(command, capture_output=True, text=True, env=env)
         if done.returncode != 0:
             raise RuntimeError(f"memory benchmark child for {count} sentences failed:\n{done.stderr[-2000:]}")
@@ -591,11 +494,6 @@ def _expand(names: Iterable[str]) -> list[str]:
     if not selected:
         raise ValueError("no benchmark selected")
     return selected
-
-
-def format_figure(name: str, value: float) -> str:
-    """One output line, ``name: value``."""
-    return f"{name}: {value:.4g}"
 
 
 def run_benchmarks(
@@ -664,7 +562,8 @@ def run_benchmarks(
 
 
 def main(argv: list[str] | None = None, parser_class: type[argparse.ArgumentParser] = argparse.ArgumentParser) -> int:
-    """Command line: ``python -m papa_lib.bench [averaging|probe|seeds|constant|packing|memory|all] [--quick] [--device cuda] ...``.
+    """Command line: ``python -m papa_lib.bench [averaging|probe|seeds|constant|packing|memory|all] [--quick] [--device
+    cuda] ...``.
 
     ``papa bench ...`` calls this with its own ``parser_class`` (one-line errors, exit status 2).
     """

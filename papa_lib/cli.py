@@ -84,21 +84,31 @@ def _shared(parser: argparse.ArgumentParser, task_required: bool = True, custom:
     from .experiments.tasks import TASKS
 
     group = parser.add_argument_group("shared options")
-    group.add_argument("--model", default=None, help="hub id, local folder or all-mpnet-base-v2 (the mpnet extra); default: the embedded all-MiniLM-L6-v2")
+    group.add_argument(
+        "--model",
+        default=None,
+        help="hub id, local folder or all-mpnet-base-v2 (the mpnet extra); default: the embedded all-MiniLM-L6-v2",
+    )
     if custom:
         group.add_argument("--task", required=task_required, choices=sorted(TASKS) + [CUSTOM],
                            help="downstream task, or 'custom' for your own files (see below)")
     else:
         group.add_argument("--task", default=None, help="run only this task of the grid")
-    group.add_argument("--data-dir", default=None, help="local data folder laid out like ../shared/data; default: the hub")
-    group.add_argument("--max-length", type=_positive_int, default=None, help="sequence length L (default: paper Table 3 per task)")
+    group.add_argument(
+        "--data-dir", default=None, help="local data folder laid out like ../shared/data; default: the hub"
+    )
+    group.add_argument(
+        "--max-length", type=_positive_int, default=None, help="sequence length L (default: paper Table 3 per task)"
+    )
     group.add_argument("--limit", type=_positive_int, default=None, metavar="N",
                        help="train each seed's probe on a seeded subset of N training examples; the constant matrices "
                             "still average over the whole training set (see --average-limit)")
     group.add_argument("--average-limit", type=_positive_int, default=None, metavar="N",
                        help="average the constant matrices (Eq. 2) over a seeded subset of N training examples "
                             "(default: the whole training set, as the paper does); records state it (average_limit)")
-    group.add_argument("--seeds", type=_positive_int, default=None, help="number of seeds (0..N-1); default 3 (grid: the file's value)")
+    group.add_argument(
+        "--seeds", type=_positive_int, default=None, help="number of seeds (0..N-1); default 3 (grid: the file's value)"
+    )
     group.add_argument("--epochs", type=_positive_int, default=None, help="probe epochs (default: Table 3)")
     group.add_argument("--device", default=None,
                        help="cpu, cuda, cuda:1, ... or auto (CUDA when torch sees a GPU, else cpu); default: cpu "
@@ -115,7 +125,9 @@ def _shared(parser: argparse.ArgumentParser, task_required: bool = True, custom:
         group.add_argument("--label-column", metavar="C", help="label column (strings or integers)")
         group.add_argument("--metric", choices=["accuracy", "f1", "mcc"], default=None,
                            help="accuracy (default), f1 (positive class = second sorted label), mcc")
-        group.add_argument("--delimiter", default=None, help="field separator (default: from the extension; 'tab' for a tab)")
+        group.add_argument(
+            "--delimiter", default=None, help="field separator (default: from the extension; 'tab' for a tab)"
+        )
         group.add_argument("--name", default=None, help="the task's name in records (default: custom)")
 
 
@@ -196,7 +208,12 @@ def _experiment(args):
 def cmd_averages(args) -> int:
     experiment = _experiment(args)
     constants = experiment.constants(args.matrices_from)
-    out = Path(args.out or Path(args.results_dir) / "matrices" / f"{args.matrices_from or args.task}-L{constants.max_length}.safetensors")
+    out = Path(
+        args.out
+        or Path(args.results_dir)
+        / "matrices"
+        / f"{args.matrices_from or args.task}-L{constants.max_length}.safetensors"
+    )
     constants.save(out)
     meta = constants.metadata
     print(f"saved {constants.num_layers}x{constants.num_heads} constant matrices at L={constants.max_length} "
@@ -216,7 +233,8 @@ def cmd_select(args) -> int:
     if args.out:
         import pandas as pd
 
-        rows = [{"rank": i, "layer": l, "head": h, "lambda": float(lambdas[l, h])} for i, (l, h) in enumerate(order)]
+        rows = [{"rank": i, "layer": layer, "head": h, "lambda": float(lambdas[layer, h])}
+                for i, (layer, h) in enumerate(order)]
         pd.DataFrame(rows).to_csv(args.out, index=False)
         print(f"saved to {args.out}")
     return 0
@@ -241,8 +259,8 @@ def cmd_probe(args) -> int:
 
 def cmd_grid(args) -> int:
     from .analysis import norm_rankings  # noqa: F401  (registers norm-weighted matrices and label-free rankings)
-    from .experiments.grid import load_grid
     from .experiments.features import parse_bytes
+    from .experiments.grid import load_grid
 
     spec = load_grid(args.grid)
     if args.task and not any(args.task in block.tasks for block in spec["blocks"]):
@@ -392,9 +410,8 @@ def _fraction(text) -> float:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from .experiments.engine import MATRIX_TYPES
     from .analysis import norm_rankings  # noqa: F401  (registers the label-free rankings and norm-weighted matrices)
-    from .experiments.engine import all_orders
+    from .experiments.engine import MATRIX_TYPES, all_orders
     ORDERS = all_orders()
     from .experiments.selection import PAPER_FRACTIONS
 
@@ -408,24 +425,38 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--debug", action="store_true", help="show the traceback of an error (anywhere on the line)")
     sub = parser.add_subparsers(dest="command", required=True, metavar="command")
 
-    p = sub.add_parser("averages", help="build and save constant matrices (Sec. 3.1)",
-                       description="Average every head's attention over a task's training text (pad-aware, Eq. 2) and save it.")
+    p = sub.add_parser(
+        "averages",
+        help="build and save constant matrices (Sec. 3.1)",
+        description="Average every head's attention over a task's training text (pad-aware, Eq. 2) and save it.",
+    )
     _shared(p)
-    p.add_argument("--matrices-from", default=None, help="build from another task's training text (e.g. mnli, Sec. 5.3)")
+    p.add_argument(
+        "--matrices-from", default=None, help="build from another task's training text (e.g. mnli, Sec. 5.3)"
+    )
     p.add_argument("--out", default=None, help="output .safetensors path")
     p.set_defaults(func=cmd_averages)
 
-    p = sub.add_parser("select", help="learn λ per head and print the replacement order (Sec. 3.2)",
-                       description="Train B = λA + (1-λ)C mixing weights jointly with a probe; smallest λ is replaced first.")
+    p = sub.add_parser(
+        "select",
+        help="learn λ per head and print the replacement order (Sec. 3.2)",
+        description="Train B = λA + (1-λ)C mixing weights jointly with a probe; smallest λ is replaced first.",
+    )
     _shared(p)
     p.add_argument("--matrices-from", default=None, help="task whose average matrices are mixed in")
     p.add_argument("--lambda-lr", type=_positive_float, default=None, help="learning rate for θ (default: the probe's)")
-    p.add_argument("--lambda-epochs", type=_positive_int, default=None, help="epochs of λ training (default: the probe's)")
+    p.add_argument(
+        "--lambda-epochs", type=_positive_int, default=None, help="epochs of λ training (default: the probe's)"
+    )
     p.add_argument("--out", default=None, help="save the order and λ as CSV")
     p.set_defaults(func=cmd_select)
 
-    p = sub.add_parser("probe", help="probe variants of a task and record the results (Sec. 3.3, 4, 5)",
-                       description="For each matrix type x order x fraction x seed, train a probe on the frozen model and append a record.")
+    p = sub.add_parser(
+        "probe",
+        help="probe variants of a task and record the results (Sec. 3.3, 4, 5)",
+        description="For each matrix type x order x fraction x seed, train a probe on the frozen model and append "
+        "a record.",
+    )
     _shared(p)
     p.add_argument("--matrix-type", nargs="+", default=["average"], choices=MATRIX_TYPES, metavar="TYPE",
                    help=f"what replaced heads use (Sec. 3, 5.2): {', '.join(MATRIX_TYPES)}; default: average")
@@ -438,8 +469,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--lambda-epochs", type=_positive_int, default=None, help="epochs of λ learning")
     p.set_defaults(func=cmd_probe)
 
-    p = sub.add_parser("grid", help="run a declared grid (YAML), resuming finished runs",
-                       description="Run every run of a grid file; records go to --results-dir (default: the grid file's folder).")
+    p = sub.add_parser(
+        "grid",
+        help="run a declared grid (YAML), resuming finished runs",
+        description="Run every run of a grid file; records go to --results-dir (default: the grid file's folder).",
+    )
     p.add_argument("grid", help="grid YAML file (see data/results/local-minilm/grid.yaml)")
     p.add_argument("--plan", action="store_true",
                    help="print per task the examples, variants, backbone passes, feature bytes, cache or stream and "
@@ -462,7 +496,9 @@ def build_parser() -> argparse.ArgumentParser:
     group.add_argument("--address", default=None, metavar="ADDR",
                        help="join this Ray cluster (e.g. auto, head:6379, ray://head:10001); default: start a local "
                             "Ray instance on this machine")
-    group.add_argument("--cpus-per-run", type=_positive_float, default=None, metavar="N", help="CPUs of each Ray task (default 1)")
+    group.add_argument(
+        "--cpus-per-run", type=_positive_float, default=None, metavar="N", help="CPUs of each Ray task (default 1)"
+    )
     group.add_argument("--gpus-per-run", type=_non_negative_float, default=None, metavar="N",
                        help="GPUs of each Ray task, fractions allowed (default 0; with GPUs the device is cuda)")
     _shared(p, task_required=False, custom=False)
@@ -473,8 +509,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("rest", nargs=argparse.REMAINDER, help="options of python -m papa_lib.bench ('papa bench --help')")
     p.set_defaults(func=cmd_bench)
 
-    p = sub.add_parser("reproduce", help="execute every chapter through papermill for a profile",
-                       description="Run all chapters (smoke: tiny model, seconds; local: embedded MiniLM + local data; paper: hub models, GPU).")
+    p = sub.add_parser(
+        "reproduce",
+        help="execute every chapter through papermill for a profile",
+        description="Run all chapters (smoke: tiny model, seconds; local: embedded MiniLM + local data; "
+        "paper: hub models, GPU).",
+    )
     p.add_argument("--profile", required=True, choices=["smoke", "local", "paper"],
                    help="smoke: tiny random model, seconds; local: embedded MiniLM on local data, CPU; paper: the "
                         "paper's hub models, GPU")

@@ -28,8 +28,16 @@ _VERBS = ["visited", "left", "saw", "joined"]
 def tiny_config(model_type: str, **overrides):
     """A tiny config (2 layers, 4 heads, hidden 32) of one supported architecture."""
     from transformers import (
-        AlbertConfig, BertConfig, DebertaConfig, DebertaV2Config, DistilBertConfig, ElectraConfig, ModernBertConfig,
-        MPNetConfig, RobertaConfig, XLMRobertaConfig,
+        AlbertConfig,
+        BertConfig,
+        DebertaConfig,
+        DebertaV2Config,
+        DistilBertConfig,
+        ElectraConfig,
+        ModernBertConfig,
+        MPNetConfig,
+        RobertaConfig,
+        XLMRobertaConfig,
     )
 
     common = dict(
@@ -44,7 +52,9 @@ def tiny_config(model_type: str, **overrides):
     if model_type == "electra":
         return ElectraConfig(**{**common, "embedding_size": 24})
     if model_type == "deberta":
-        return DebertaConfig(**{**common, "relative_attention": True, "pos_att_type": ["c2p", "p2c"], "max_relative_positions": -1})
+        return DebertaConfig(
+            **{**common, "relative_attention": True, "pos_att_type": ["c2p", "p2c"], "max_relative_positions": -1}
+        )
     if model_type == "deberta-v2":
         return DebertaV2Config(
             **{**common, "relative_attention": True, "pos_att_type": ["c2p", "p2c"], "position_buckets": 16,
@@ -66,11 +76,20 @@ def tiny_config(model_type: str, **overrides):
         return AlbertConfig(**{**common, "embedding_size": 24, "num_hidden_groups": 1, "inner_group_num": 1})
     if model_type == "modernbert":  # layer 0 global, layer 1 local (a window of +-2 positions), rotary positions
         return ModernBertConfig(
-            vocab_size=common["vocab_size"], hidden_size=common["hidden_size"], intermediate_size=common["intermediate_size"],
-            num_hidden_layers=common["num_hidden_layers"], num_attention_heads=common["num_attention_heads"],
-            max_position_embeddings=common["max_position_embeddings"], global_attn_every_n_layers=2, local_attention=4,
-            attention_dropout=common["attention_probs_dropout_prob"], pad_token_id=0, bos_token_id=2, eos_token_id=3,
-            cls_token_id=2, sep_token_id=3,
+            vocab_size=common["vocab_size"],
+            hidden_size=common["hidden_size"],
+            intermediate_size=common["intermediate_size"],
+            num_hidden_layers=common["num_hidden_layers"],
+            num_attention_heads=common["num_attention_heads"],
+            max_position_embeddings=common["max_position_embeddings"],
+            global_attn_every_n_layers=2,
+            local_attention=4,
+            attention_dropout=common["attention_probs_dropout_prob"],
+            pad_token_id=0,
+            bos_token_id=2,
+            eos_token_id=3,
+            cls_token_id=2,
+            sep_token_id=3,
         )
     raise ValueError(f"unknown architecture {model_type!r}; choose one of {ARCHITECTURES}")
 

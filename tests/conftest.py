@@ -104,7 +104,9 @@ def roberta_tokenizer():
     )
     corpus = ["hello there good morning the cat sat on the mat", "a dog ran in the park with a red ball"] * 20
     tokenizer.train_from_iterator(corpus, trainer)
-    tokenizer.post_processor = processors.RobertaProcessing(("</s>", tokenizer.token_to_id("</s>")), ("<s>", tokenizer.token_to_id("<s>")))
+    tokenizer.post_processor = processors.RobertaProcessing(
+        ("</s>", tokenizer.token_to_id("</s>")), ("<s>", tokenizer.token_to_id("<s>"))
+    )
     tokenizer.decoder = decoders.ByteLevel()
     return RobertaTokenizerFast(
         tokenizer_object=tokenizer, bos_token="<s>", eos_token="</s>", sep_token="</s>", cls_token="<s>",

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import random_batch, tiny_model
 
 import papa_lib
+from conftest import random_batch, tiny_model
 from papa_lib.core import models
-from papa_lib.core.models import ArchitectureAdapter, model_inputs, register_adapter
+from papa_lib.core.models import ArchitectureAdapter, model_inputs
 
 
 def run(model, batch, **kwargs):

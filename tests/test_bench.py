@@ -1,4 +1,5 @@
-"""Benchmarks (papa_lib.bench): output format, figures finite and positive, the FLOP model. Not timed: no ratio is asserted."""
+"""Benchmarks (papa_lib.bench): output format, figures finite and positive, the FLOP model. Not timed: no ratio is
+asserted."""
 
 from __future__ import annotations
 
@@ -39,11 +40,21 @@ def check_values(figures):
 
 def test_run_benchmarks_on_a_tiny_model_prints_name_value_lines():
     lines = []
-    figures = bench.run_benchmarks(["averaging", "constant", "probe"], model="tiny", sizes=TINY_SIZES, emit=lines.append)
+    figures = bench.run_benchmarks(
+        ["averaging", "constant", "probe"], model="tiny", sizes=TINY_SIZES, emit=lines.append
+    )
     printed = parse(lines)
     assert set(printed) == set(figures)
-    for name in ("averaging_vs_forward", "cached_vs_recomputed_epoch", "ragged_vs_padded_probe_steps", "constant_vs_original_L16",
-                 "constant_vs_original_L32", "flop_limit_L16", "flop_limit_L32", "constant_reference_vs_original_L32"):
+    for name in (
+        "averaging_vs_forward",
+        "cached_vs_recomputed_epoch",
+        "ragged_vs_padded_probe_steps",
+        "constant_vs_original_L16",
+        "constant_vs_original_L32",
+        "flop_limit_L16",
+        "flop_limit_L32",
+        "constant_reference_vs_original_L32",
+    ):
         assert name in figures
     check_values(figures)
     assert any(line.startswith("# model: tiny-random-bert") for line in lines)

@@ -18,10 +18,9 @@ import nbformat
 import pytest
 import yaml
 
-from papa_lib.book import build
-from papa_lib.book import charts
-from papa_lib.experiments.grid import load_grid
+from papa_lib.book import build, charts
 from papa_lib.book.profiles import PAPER_MODELS
+from papa_lib.experiments.grid import load_grid
 
 REPO = Path(__file__).resolve().parents[1]
 TOC_CHAPTERS = build.toc_chapters(REPO)
@@ -59,7 +58,9 @@ def test_toc_lists_every_chapter_and_nothing_else():
     on_disk = {p.resolve() for p in (REPO / "book").glob("*.md")}
     listed = {p.resolve() for p in TOC_CHAPTERS}
     assert not on_disk - listed, f"book/*.md not in _toc.yml: {sorted(p.name for p in on_disk - listed)}"
-    assert not listed - on_disk, f"_toc.yml lists files that are not book/*.md: {sorted(str(p) for p in listed - on_disk)}"
+    assert not listed - on_disk, (
+        f"_toc.yml lists files that are not book/*.md: {sorted(str(p) for p in listed - on_disk)}"
+    )
     assert len(listed) == len(TOC_CHAPTERS), "a chapter is listed twice in _toc.yml"
 
 
@@ -94,7 +95,9 @@ def test_gpu_workflow_runs_the_paper_profile_and_uploads_artifacts():
     assert "papa reproduce" in scripts and "--profile paper" in scripts
     assert "papa book" in scripts
     assert "${{ inputs." not in scripts, "workflow inputs must reach scripts through env, not be pasted in"
-    uploads = [step["with"]["path"] for step in job["steps"] if str(step.get("uses", "")).startswith("actions/upload-artifact")]
+    uploads = [
+        step["with"]["path"] for step in job["steps"] if str(step.get("uses", "")).startswith("actions/upload-artifact")
+    ]
     assert any("runs/" in path for path in uploads) and any("_build/html" in path for path in uploads)
 
 

@@ -106,8 +106,18 @@ def _records(drop: float, free: float, mnli_gap: float = 0.0, noise: float = 0.0
     def add(task, matrix_type, fraction, value, order="none", source=None):
         sd = (noise_by_task or {}).get(task, noise)
         for seed in range(seeds):
-            rows.append({"model": "m", "task": task, "matrix_type": matrix_type, "matrices_from": source,
-                             "selection_order": order, "fraction": fraction, "seed": seed, "value": value + rng.normal(0, sd)})
+            rows.append(
+                {
+                    "model": "m",
+                    "task": task,
+                    "matrix_type": matrix_type,
+                    "matrices_from": source,
+                    "selection_order": order,
+                    "fraction": fraction,
+                    "seed": seed,
+                    "value": value + rng.normal(0, sd),
+                }
+            )
 
     for task in TASKS:
         add(task, "original", 1.0, 0.8)
@@ -238,7 +248,7 @@ def test_book_table_has_no_index_no_nan_and_links_each_chapter():
     assert f"{claims.sig3(c1a.ours)} [{claims.sig3(c1a.ci_low)}, {claims.sig3(c1a.ci_high)}]" in text
     assert claims.sig3(0.084) == "0.0840" and claims.sig3(-0.0387) == "-0.0387"
     plain = claims.summary(table)
-    for claim, verdict in zip(table.claim, table.verdict):
+    for claim in table.claim:
         assert claim in plain
     assert f"{(table.verdict == 'inconclusive').sum()} are inconclusive" in plain and claims.ours_text(c1a) in plain
     sentence = claims.verdict_sentence("C1a", table)

@@ -17,8 +17,8 @@ import pytest
 from papa_lib import bench, cli, smoke
 from papa_lib.core import models
 from papa_lib.experiments import engine, metrics, results, tasks
-from papa_lib.experiments.grid import load_grid
 from papa_lib.experiments.custom import CustomTask, register_custom_task
+from papa_lib.experiments.grid import load_grid
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -87,17 +87,23 @@ def papa_error(capsys, argv) -> str:
 def test_malformed_row_names_file_and_line(capsys, tmp_path, pair_files):
     bad = tmp_path / "bad.tsv"
     bad.write_text("review\tsummary\tsentiment\nthe film\tok\tpos\nbroken row\tneg\n")
-    line = papa_error(capsys, ["probe", "--task", "custom", "--train", str(bad), "--validation", str(pair_files[1]), *PAIR])
+    line = papa_error(
+        capsys, ["probe", "--task", "custom", "--train", str(bad), "--validation", str(pair_files[1]), *PAIR]
+    )
     assert line == f"papa: error: expected 3 tab-separated fields (as in the header), found 2 ({bad}:3)"
 
 
 def test_empty_training_files_are_caught_at_load_time(capsys, tmp_path, pair_files):
     empty = tmp_path / "empty.tsv"
     empty.write_text("")
-    line = papa_error(capsys, ["probe", "--task", "custom", "--train", str(empty), "--validation", str(pair_files[1]), *PAIR])
+    line = papa_error(
+        capsys, ["probe", "--task", "custom", "--train", str(empty), "--validation", str(pair_files[1]), *PAIR]
+    )
     assert line == f"papa: error: file is empty (expected a header row) ({empty})"
     header_only = write_tsv(tmp_path / "header.tsv", [])
-    line = papa_error(capsys, ["probe", "--task", "custom", "--train", str(header_only), "--validation", str(pair_files[1]), *PAIR])
+    line = papa_error(
+        capsys, ["probe", "--task", "custom", "--train", str(header_only), "--validation", str(pair_files[1]), *PAIR]
+    )
     assert line == f"papa: error: the training set of custom is empty: the file has no examples ({header_only})"
 
 
@@ -107,14 +113,30 @@ def test_empty_validation_set_of_a_paper_task_names_the_file(capsys, tmp_path, t
     dev.write_text("sentence\tlabel\n")
     with pytest.raises(ValueError, match="the validation set of sst2 is empty"):  # the library raises, as before
         tasks.load_task("sst2", "validation", data_dir=data)
-    line = papa_error(capsys, ["probe", "--task", "sst2", "--data-dir", str(data), *QUICK, "--results-dir", str(tmp_path / "r")])
+    line = papa_error(
+        capsys, ["probe", "--task", "sst2", "--data-dir", str(data), *QUICK, "--results-dir", str(tmp_path / "r")]
+    )
     assert line == f"papa: error: the validation set of sst2 is empty: the file has no examples ({dev})"
 
 
 def test_unseen_validation_label_names_file_and_line(capsys, tmp_path, pair_files, tiny):
     dev = write_tsv(tmp_path / "dev2.tsv", [("a film", "a story", "pos"), ("meh", "meh", "neutral")])
-    line = papa_error(capsys, ["probe", "--task", "custom", "--train", str(pair_files[0]), "--validation", str(dev), *PAIR,
-                               *QUICK, "--results-dir", str(tmp_path / "r")])
+    line = papa_error(
+        capsys,
+        [
+            "probe",
+            "--task",
+            "custom",
+            "--train",
+            str(pair_files[0]),
+            "--validation",
+            str(dev),
+            *PAIR,
+            *QUICK,
+            "--results-dir",
+            str(tmp_path / "r"),
+        ],
+    )
     assert line == (f"papa: error: label 'neutral' does not occur in the training file {pair_files[0]} "
                     f"(its labels: ['neg', 'pos']) ({dev}:3)")
 
@@ -138,13 +160,19 @@ def test_bad_values(capsys, pair_files):
         "papa: error: argument --fraction: a fraction of heads must be in [0, 1], got '2' (see 'papa probe --help')")
     assert papa_error(capsys, ["probe", "--task", "sst2", "--max-length", "0"]) == (
         "papa: error: argument --max-length: expected a positive integer, got '0' (see 'papa probe --help')")
-    assert papa_error(capsys, ["probe", "--task", "nli"]).startswith("papa: error: argument --task: invalid choice: 'nli'")
+    assert papa_error(capsys, ["probe", "--task", "nli"]).startswith(
+        "papa: error: argument --task: invalid choice: 'nli'"
+    )
     train, dev = map(str, pair_files)
-    assert papa_error(capsys, ["probe", "--task", "custom", "--train", train, "--validation", dev, *PAIR, "--max-length", "33"]) == (
+    assert papa_error(
+        capsys, ["probe", "--task", "custom", "--train", train, "--validation", dev, *PAIR, "--max-length", "33"]
+    ) == (
         "papa: error: custom task 'custom': a pair task needs an even max_length (the App. A layout puts the middle "
-        "separator at L/2), got 33")
-    assert papa_error(capsys, ["probe", "--task", "custom", "--train", train, "--validation", dev, *PAIR, "--metric", "f2"]
-                      ).startswith("papa: error: argument --metric: invalid choice: 'f2'")
+        "separator at L/2), got 33"
+    )
+    assert papa_error(
+        capsys, ["probe", "--task", "custom", "--train", train, "--validation", dev, *PAIR, "--metric", "f2"]
+    ).startswith("papa: error: argument --metric: invalid choice: 'f2'")
 
 
 def test_wrong_length_for_the_model(capsys, tmp_path, tiny):
@@ -164,7 +192,10 @@ def test_unsupported_model(capsys, tmp_path):
 
 def test_missing_data_folder_and_unreachable_hub(capsys, tmp_path, monkeypatch, tiny):
     nope = tmp_path / "nope"
-    assert papa_error(capsys, ["probe", "--task", "sst2", "--data-dir", str(nope)]) == f"papa: error: data directory not found: {nope}"
+    assert (
+        papa_error(capsys, ["probe", "--task", "sst2", "--data-dir", str(nope)])
+        == f"papa: error: data directory not found: {nope}"
+    )
     import datasets
 
     def offline(*args, **kwargs):
@@ -181,7 +212,9 @@ def test_bad_grid_files(capsys, tmp_path):
     broken = tmp_path / "broken.yaml"
     broken.write_text("seeds: 1\nblocks:\n  - name: a\n    tasks: [sst2\n")
     line = papa_error(capsys, ["grid", str(broken)])
-    assert line.startswith("papa: error: invalid YAML: while parsing a flow sequence") and line.endswith(f"({broken}:5)")
+    assert line.startswith("papa: error: invalid YAML: while parsing a flow sequence") and line.endswith(
+        f"({broken}:5)"
+    )
     unknown = tmp_path / "unknown.yaml"
     unknown.write_text("blocks:\n  - name: a\n    tasks: [nosuchtask]\n")
     line = papa_error(capsys, ["grid", str(unknown)])
@@ -222,7 +255,9 @@ def test_bench_help_and_options_reach_the_benchmarks(capsys, monkeypatch):
     assert out.startswith("usage: papa bench") and "--quick" in out and "--device" in out
 
     calls = []
-    monkeypatch.setattr(bench, "run_benchmarks", lambda names, quick=False, **kwargs: calls.append((names, quick, kwargs)))
+    monkeypatch.setattr(
+        bench, "run_benchmarks", lambda names, quick=False, **kwargs: calls.append((names, quick, kwargs))
+    )
     assert cli.main(["bench", "--quick"]) == 0
     assert cli.main(["bench", "averaging", "--quick", "--model", "tiny"]) == 0
     assert [(names, quick) for names, quick, _ in calls] == [(["all"], True), (["averaging"], True)]
@@ -251,9 +286,33 @@ def test_custom_pair_task_from_tsv_end_to_end(tmp_path, pair_files, tiny, capsys
     assert spec.is_pair and spec.label_names == ("neg", "pos") and spec.max_length == 24
     # the same name with different data never reuses the earlier runs (the files' digests are in the run id)
     write_tsv(pair_files[1], _rows(10, 2, True))
-    assert cli.main(["probe", "--task", "custom", "--name", "reviews", "--train", str(pair_files[0]), "--validation",
-                     str(pair_files[1]), *PAIR, "--max-length", "24", "--epochs", "1", "--seeds", "1", "--fraction", "1",
-                     "--results-dir", str(store)]) == 0
+    assert (
+        cli.main(
+            [
+                "probe",
+                "--task",
+                "custom",
+                "--name",
+                "reviews",
+                "--train",
+                str(pair_files[0]),
+                "--validation",
+                str(pair_files[1]),
+                *PAIR,
+                "--max-length",
+                "24",
+                "--epochs",
+                "1",
+                "--seeds",
+                "1",
+                "--fraction",
+                "1",
+                "--results-dir",
+                str(store),
+            ]
+        )
+        == 0
+    )
     assert len(results.ResultsStore(store).frame()) == 3
 
 
@@ -307,9 +366,13 @@ def test_grid_declares_custom_tasks(tmp_path, pair_files, tiny):
     assert figures.task_lengths(load_grid(grid), ["reviews"]) == {"reviews": 16}
     assert tasks.TASKS["reviews"].max_length == 128 and tasks.TASKS["reviews"].metric == "f1"
     bad = tmp_path / "bad.yaml"
-    bad.write_text("custom_tasks:\n  - {name: x, train: train.tsv, validation: dev.tsv, text_columns: review, label: y}\n"
-                   "blocks: []\n")
-    with pytest.raises(ValueError, match=r"bad.yaml:2: unknown key 'label' in custom_tasks\[0\] \(did you mean 'label_column'\?\)"):
+    bad.write_text(
+        "custom_tasks:\n  - {name: x, train: train.tsv, validation: dev.tsv, text_columns: review, label: y}\n"
+        "blocks: []\n"
+    )
+    with pytest.raises(
+        ValueError, match=r"bad.yaml:2: unknown key 'label' in custom_tasks\[0\] \(did you mean 'label_column'\?\)"
+    ):
         load_grid(bad)
 
 
@@ -336,7 +399,9 @@ def test_grid_sets_a_torn_line_aside_and_repairs_damage_in_the_middle(tmp_path, 
     # a torn last line: set aside with a one-line notice, its run computed again
     table.write_text(whole[: len(whole) - 60])
     assert cli.main(["grid", str(grid), "--results-dir", str(out)]) == 0
-    notices = [line for line in capsys.readouterr().err.replace("\r", "\n").splitlines() if line.startswith("papa: notice:")]
+    notices = [
+        line for line in capsys.readouterr().err.replace("\r", "\n").splitlines() if line.startswith("papa: notice:")
+    ]
     assert len(notices) == 1 and "(line 3) was cut off" in notices[0]
     (side,) = out.glob("results.csv.torn-*")
     assert side.name in notices[0]

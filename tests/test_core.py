@@ -1,4 +1,5 @@
-"""Core library: averaging (Sec. 3.1), the override seam (Sec. 3.2, 5.2) and the layout (App. A), on every architecture."""
+"""Core library: averaging (Sec. 3.1), the override seam (Sec. 3.2, 5.2) and the layout (App. A), on every
+architecture."""
 
 from __future__ import annotations
 
@@ -6,9 +7,9 @@ import copy
 
 import pytest
 import torch
-from conftest import ARCHITECTURES, random_batch, tiny_model
 
 import papa_lib
+from conftest import random_batch, tiny_model
 from papa_lib.core.models import model_inputs
 from papa_lib.core.override import MODES
 
@@ -23,7 +24,8 @@ def real_positions(batch):
 
 
 def naive_average(model, batches):
-    """Reference for Eq. 2: per-example matrices kept in a list, averaged per entry over examples where both are real."""
+    """Reference for Eq. 2: per-example matrices kept in a list, averaged per entry over examples where both are
+    real."""
     per_example, masks = [], []
     for batch in batches:
         attentions = run(model, batch, output_attentions=True).attentions
@@ -154,7 +156,8 @@ def test_padded_token_ids_do_not_change_real_positions(arch, mode):
     heads = {(0, 0): mode, (1, 2): mode, (1, 3): "constant"}
     extra = {}
     if papa_lib.core.models.adapter_for(model).position_offset == "padding_idx":
-        # RoBERTa (and XLM-R, MPNet) numbers positions by counting non-pad ids, so a pad id swapped for a word id would shift the final
+        # RoBERTa (and XLM-R, MPNet) numbers positions by counting non-pad ids, so a pad id swapped for a word id
+        # would shift the final
         # separator's position embedding (a property of the model, not of the override): pin the position ids.
         extra["position_ids"] = torch.cumsum(batch["attention_mask"], 1) * batch["attention_mask"] + 1
     with papa_lib.override(model, constants, heads=heads, trainable_init="average") as papa:
@@ -176,7 +179,9 @@ def test_replacement_rows_sum_to_one_over_real_keys(arch):
             attentions = run(model, batch, output_attentions=True).attentions
         for weights in attentions:
             rows = weights.sum(-1)  # [B, H, L]
-            torch.testing.assert_close(rows[real[:, None, :].expand_as(rows)], torch.ones_like(rows[real[:, None, :].expand_as(rows)]))
+            torch.testing.assert_close(
+                rows[real[:, None, :].expand_as(rows)], torch.ones_like(rows[real[:, None, :].expand_as(rows)])
+            )
             # no mass on padded keys
             assert torch.all(weights.masked_select(~real[:, None, None, :].expand_as(weights)) == 0)
 

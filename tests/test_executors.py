@@ -18,11 +18,12 @@ from papa_lib import cli, smoke
 from papa_lib.core import models
 from papa_lib.core.averaging import average_attention
 from papa_lib.experiments import engine, executors, matrices, rankings, results
-from papa_lib.experiments.grid import grid_settings, task_config
 from papa_lib.experiments.engine import Variant
-from papa_lib.experiments.grid import GridBlock
+from papa_lib.experiments.grid import GridBlock, grid_settings, task_config
 
-_skip = pytest.mark.skipif(importlib.util.find_spec("ray") is None, reason="ray is not installed (pip install -e '.[ray]')")
+_skip = pytest.mark.skipif(
+    importlib.util.find_spec("ray") is None, reason="ray is not installed (pip install -e '.[ray]')"
+)
 
 
 def needs_ray(test):
@@ -161,7 +162,10 @@ def calls(path: Path) -> list[str]:
 def test_ray_records_equal_local_and_shared_work_runs_once(cluster, tiny, data_dir, tmp_path, counted):
     model, tokenizer = tiny
     blocks = small_grid(data_dir)["blocks"] + [
-        GridBlock("mine", ["sst2"], matrix_types=["counted"], orders=["counted", "first_to_last"], fractions=[0.5, 0.25])]
+        GridBlock(
+            "mine", ["sst2"], matrix_types=["counted"], orders=["counted", "first_to_last"], fractions=[0.5, 0.25]
+        )
+    ]
     spec = small_grid(data_dir, blocks)
     counted["log"] = tmp_path / "local.log"
     local = executors.LocalExecutor().run_grid(spec, tmp_path / "local", model, tokenizer, progress=False)
@@ -192,7 +196,9 @@ def test_ray_records_equal_local_and_shared_work_runs_once(cluster, tiny, data_d
     assert len(list((tmp_path / "ray" / "lambdas").glob("*.pt"))) == 2  # sst2's λ per seed
     # a seed-independent variant's features: one train and one validation pass, by its first seed's run
     passes = calls(feature_log)
-    assert sorted(p for p in passes if p.startswith("counted first_to_last 0.5")) == ["counted first_to_last 0.5 (0,)"] * 2
+    assert (
+        sorted(p for p in passes if p.startswith("counted first_to_last 0.5")) == ["counted first_to_last 0.5 (0,)"] * 2
+    )
     assert not any((tmp_path / "ray" / "features").iterdir())  # deleted once its runs were done
 
 

@@ -5,11 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from papa_lib.experiments import engine
-from papa_lib.experiments.grid import GridBlock, grid_runs, load_grid, run_grid
-from papa_lib.experiments import results
 from papa_lib import smoke
+from papa_lib.experiments import engine, results
 from papa_lib.experiments.engine import ExperimentConfig, TaskExperiment, Variant
+from papa_lib.experiments.grid import GridBlock, grid_runs, load_grid, run_grid
 
 
 @pytest.fixture(scope="module")
@@ -113,7 +112,9 @@ def test_records_carry_baseline_curve_and_mode(tiny, data_dir, tmp_path):
     # trained inside the backbone on 8 rows (one epoch), then probed on frozen features like every other row
     assert record["matrices_moved"] > 0 and record["matrix_updates"] == -(-8 // experiment.config.batch_size)
     assert record["feature_mode"] == "cached"
-    assert (tmp_path / record["curve_file"]).read_text().startswith("epoch,updates,train_loss,heldout_loss,heldout_score")
+    assert (
+        (tmp_path / record["curve_file"]).read_text().startswith("epoch,updates,train_loss,heldout_loss,heldout_score")
+    )
     assert 1 <= record["best_epoch"] <= record["epochs_run"] <= 2
     assert record["peak_memory_mb"] > 0
     frozen = experiment.run(Variant(), 0)
@@ -156,11 +157,21 @@ def test_lambda_learning_moves_theta(tiny, data_dir):
 def test_one_epoch_grid_end_to_end_and_resume(tiny, data_dir, tmp_path):
     model, tokenizer = tiny
     spec = {
-        "data_dir": str(data_dir), "profile": "smoke", "seeds": [0, 1], "max_length": {"default": 16, "mnli": 32},
-        "epochs": 1, "lambda_epochs": 1, "inloop_epochs": 1,
+        "data_dir": str(data_dir),
+        "profile": "smoke",
+        "seeds": [0, 1],
+        "max_length": {"default": 16, "mnli": 32},
+        "epochs": 1,
+        "lambda_epochs": 1,
+        "inloop_epochs": 1,
         "blocks": [
             GridBlock("fig2", ["sst2", "ner"], fractions=[1, 0.5, 0]),
-            GridBlock("table1", ["pos"], matrix_types=["average", "identity", "toeplitz", "zeros", "trainable_toeplitz", "trainable_average"], fractions=[0]),
+            GridBlock(
+                "table1",
+                ["pos"],
+                matrix_types=["average", "identity", "toeplitz", "zeros", "trainable_toeplitz", "trainable_average"],
+                fractions=[0],
+            ),
             GridBlock("table2", ["cola"], matrices_from="mnli", fractions=[0]),
             GridBlock("fig5", ["mnli"], orders=list(engine.selection.ORDERS), fractions=[0.5]),
         ],
@@ -214,7 +225,17 @@ def test_cli_help_explains_itself(capsys):
             cli.main(command)
         assert exit_info.value.code == 0
     text = capsys.readouterr().out
-    for flag in ("--model", "--task", "--data-dir", "--max-length", "--limit", "--seeds", "--epochs", "--device", "--results-dir"):
+    for flag in (
+        "--model",
+        "--task",
+        "--data-dir",
+        "--max-length",
+        "--limit",
+        "--seeds",
+        "--epochs",
+        "--device",
+        "--results-dir",
+    ):
         assert flag in text
 
 
@@ -224,8 +245,28 @@ def test_cli_probe_runs_on_local_files(tmp_path, data_dir, monkeypatch):
 
     monkeypatch.setattr(models, "load_encoder", lambda *a, **k: smoke.tiny_encoder("bert"))
     monkeypatch.setattr(engine, "load_encoder", lambda *a, **k: smoke.tiny_encoder("bert"))
-    code = cli.main(["probe", "--task", "sst2", "--data-dir", str(data_dir), "--max-length", "16", "--epochs", "1", "--seeds", "1",
-                     "--fraction", "1", "1/2", "--order", "random", "--results-dir", str(tmp_path)])
+    code = cli.main(
+        [
+            "probe",
+            "--task",
+            "sst2",
+            "--data-dir",
+            str(data_dir),
+            "--max-length",
+            "16",
+            "--epochs",
+            "1",
+            "--seeds",
+            "1",
+            "--fraction",
+            "1",
+            "1/2",
+            "--order",
+            "random",
+            "--results-dir",
+            str(tmp_path),
+        ]
+    )
     assert code == 0
     frame = results.ResultsStore(tmp_path).frame()
     assert sorted(frame.fraction) == [0.5, 1.0]

@@ -1,4 +1,5 @@
-"""The fast path (paper Sec. 3.4) gives the reference path's outputs while skipping Q, K, softmax and weight matrices."""
+"""The fast path (paper Sec. 3.4) gives the reference path's outputs while skipping Q, K, softmax and weight
+matrices."""
 
 from __future__ import annotations
 
@@ -6,9 +7,9 @@ import copy
 
 import pytest
 import torch
-from conftest import random_batch, tiny_model
 
 import papa_lib
+from conftest import random_batch, tiny_model
 from papa_lib.core import fastpath
 from papa_lib.core.models import model_inputs, self_attention_modules
 
@@ -31,7 +32,9 @@ def both_paths(model, constants, batch, **override_kwargs):
 
 
 def constants_for(model, length=12):
-    return papa_lib.average_attention(model, [random_batch(length=length, seed=7), random_batch(length=length, seed=8)], progress=False)
+    return papa_lib.average_attention(
+        model, [random_batch(length=length, seed=7), random_batch(length=length, seed=8)], progress=False
+    )
 
 
 @pytest.fixture(params=INTERFACE_ARCHITECTURES)
@@ -58,7 +61,8 @@ def test_partial_and_mixed_plans_fast_equals_reference(interface_arch):
     plans = [
         {(0, 0): "constant", (1, 3): "identity", (2, 1): "zeros"},  # one replaced head per layer, rest original
         {(0, h): m for h, m in enumerate(REPLACING_MODES)} | {(1, 0): "toeplitz", (1, 2): "constant"},
-        {(l, h): REPLACING_MODES[(l + h) % 4] for l in range(3) for h in range(4)},  # all replaced, modes mixed
+        # all replaced, modes mixed
+        {(layer, h): REPLACING_MODES[(layer + h) % 4] for layer in range(3) for h in range(4)},
         {(0, 0): "constant", (0, 1): "mix", (1, 1): "trainable", (2, 2): "identity"},  # falls back where it must
     ]
     real = batch["attention_mask"].bool()
@@ -114,7 +118,8 @@ def test_embedded_minilm_fast_equals_reference(minilm):
     batch = papa_lib.encode(tokenizer, texts, max_length=24)
     constants = papa_lib.average_attention(model, [batch], progress=False)
     real = batch["attention_mask"].bool()
-    for kwargs in ({"mode": "constant"}, {"heads": {(l, h): "constant" for l in (0, 3, 5) for h in range(0, 12, 2)}}):
+    some_heads = {(layer, h): "constant" for layer in (0, 3, 5) for h in range(0, 12, 2)}
+    for kwargs in ({"mode": "constant"}, {"heads": some_heads}):
         fast, reference = both_paths(model, constants, batch, **kwargs)
         torch.testing.assert_close(fast[real], reference[real], atol=1e-5, rtol=0)
 
@@ -202,7 +207,9 @@ def test_gradients_flow_through_the_fast_path():
     grads = []
     for fast in (True, False):
         model.zero_grad()
-        with papa_lib.override(model, constants, heads={(0, 0): "constant", (0, 1): "identity", (1, 2): "toeplitz"}, fast=fast):
+        with papa_lib.override(
+            model, constants, heads={(0, 0): "constant", (0, 1): "identity", (1, 2): "toeplitz"}, fast=fast
+        ):
             model(**model_inputs(model, batch)).last_hidden_state.pow(2).sum().backward()
         grads.append(self_attention_modules(model)[0].value.weight.grad.clone())
     torch.testing.assert_close(grads[0], grads[1], atol=1e-5, rtol=1e-4)

@@ -12,8 +12,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from papa_lib.book import costs, figures
-from papa_lib.book import paper
+from papa_lib.book import costs, figures, paper
 from papa_lib.experiments.grid import GridBlock
 from papa_lib.experiments.results import ResultsStore
 
@@ -26,32 +25,50 @@ def row(task, matrix_type, fraction, seed, value, order=None, matrices_from="own
         order = "none" if fraction in (0, 1) else "lambda"
     if matrices_from == "own":
         matrices_from = task if matrix_type in figures.AVERAGE_TYPES else None
-    return {"run_id": f"{model}-{task}-{matrix_type}-{order}-{fraction}-{matrices_from}-{seed}", "model": model,
-            "task": task, "matrix_type": matrix_type, "matrices_from": matrices_from, "selection_order": order,
-            "fraction": float(fraction), "seed": seed, "metric": metric or ("matthews_corrcoef" if task == "cola" else "accuracy"),
-            "value": float(value), **extra}
+    return {
+        "run_id": f"{model}-{task}-{matrix_type}-{order}-{fraction}-{matrices_from}-{seed}",
+        "model": model,
+        "task": task,
+        "matrix_type": matrix_type,
+        "matrices_from": matrices_from,
+        "selection_order": order,
+        "fraction": float(fraction),
+        "seed": seed,
+        "metric": metric or ("matthews_corrcoef" if task == "cola" else "accuracy"),
+        "value": float(value),
+        **extra,
+    }
 
 
 def example_frame() -> pd.DataFrame:
     rows = [
         # SST-2: original 0.85, half 0.85 (drop 0), all-constant 0.76 (drop 0.09/0.85)
-        row("sst2", "original", 1, 0, 0.80), row("sst2", "original", 1, 1, 0.90),
-        row("sst2", "average", 0.5, 0, 0.84), row("sst2", "average", 0.5, 1, 0.86),
+        row("sst2", "original", 1, 0, 0.80),
+        row("sst2", "original", 1, 1, 0.90),
+        row("sst2", "average", 0.5, 0, 0.84),
+        row("sst2", "average", 0.5, 1, 0.86),
         row("sst2", "average", 0.125, 0, 0.80),
-        row("sst2", "average", 0, 0, 0.75), row("sst2", "average", 0, 1, 0.77),
+        row("sst2", "average", 0, 0, 0.75),
+        row("sst2", "average", 0, 1, 0.77),
         # rows the Fig. 2 curve must ignore
         row("sst2", "average", 0.5, 0, 0.10, order="first_to_last"),
-        row("sst2", "average", 0, 0, 0.50, matrices_from="mnli"), row("sst2", "average", 0, 1, 0.52, matrices_from="mnli"),
+        row("sst2", "average", 0, 0, 0.50, matrices_from="mnli"),
+        row("sst2", "average", 0, 1, 0.52, matrices_from="mnli"),
         row("sst2", "identity", 0, 0, 0.70),
-        row("sst2", "toeplitz", 0, 0, 0.72), row("sst2", "toeplitz", 0, 1, 0.74),
+        row("sst2", "toeplitz", 0, 0, 0.72),
+        row("sst2", "toeplitz", 0, 1, 0.74),
         row("sst2", "trainable_average", 0, 0, 0.78),
         # CoLA: original 0.40, half 0.42 (drop -0.05), all-constant 0.32 (drop 0.2)
-        row("cola", "original", 1, 0, 0.40), row("cola", "original", 1, 1, 0.40),
-        row("cola", "average", 0.5, 0, 0.42), row("cola", "average", 0.5, 1, 0.42),
-        row("cola", "average", 0, 0, 0.30), row("cola", "average", 0, 1, 0.34),
+        row("cola", "original", 1, 0, 0.40),
+        row("cola", "original", 1, 1, 0.40),
+        row("cola", "average", 0.5, 0, 0.42),
+        row("cola", "average", 0.5, 1, 0.42),
+        row("cola", "average", 0, 0, 0.30),
+        row("cola", "average", 0, 1, 0.34),
         row("cola", "zeros", 0, 0, 0.35),
         # NER: original score 0 -> relative drop undefined
-        row("ner", "original", 1, 0, 0.0, metric="seqeval_f1"), row("ner", "average", 0, 0, 0.0, metric="seqeval_f1"),
+        row("ner", "original", 1, 0, 0.0, metric="seqeval_f1"),
+        row("ner", "average", 0, 0, 0.0, metric="seqeval_f1"),
         # POS: only the all-constant rows (no original yet: a partial table)
         row("pos", "average", 0, 0, 0.9),
     ]
@@ -77,7 +94,9 @@ def test_fraction_curves_selects_the_curve_rows():
     curves = figures.fraction_curves(example_frame(), tasks=["sst2"])
     assert list(curves["fraction"]) == [1.0, 0.5, 0.125, 0.0]
     assert list(curves["fraction_label"]) == ["1", "1/2", "1/8", "0"]
-    assert curves["mean"].tolist() == pytest.approx([0.85, 0.85, 0.80, 0.76])  # not 0.10 (first_to_last) nor 0.51 (mnli)
+    assert curves["mean"].tolist() == pytest.approx(
+        [0.85, 0.85, 0.80, 0.76]
+    )  # not 0.10 (first_to_last) nor 0.51 (mnli)
     assert curves["n"].tolist() == [2, 2, 1, 2]
     original = curves.iloc[0]
     half_width = T1 * np.std([0.8, 0.9], ddof=1) / math.sqrt(2)
@@ -202,7 +221,9 @@ def test_with_paper_keeps_the_cells_we_report():
     assert theirs.loc["original", "mean"] == pytest.approx(0.91)
     assert theirs.loc["average", "mean"] == pytest.approx(0.87)
     assert (theirs["model"] == "RoBERTa-base").all() and (theirs["n"] == 0).all()
-    everything = figures.with_paper(figures.transfer_summary(example_frame().iloc[0:0]), paper.table_long("table2"), "matrices_from", "ours")
+    everything = figures.with_paper(
+        figures.transfer_summary(example_frame().iloc[0:0]), paper.table_long("table2"), "matrices_from", "ours"
+    )
     assert len(everything) == 10  # 2 rows x 5 tasks of Table 2
 
 
@@ -226,11 +247,17 @@ def test_frame_from_a_results_store(tmp_path):
             "versions": "{}", "device": "cpu", "wall_time_s": 1.0}
     for record in example_frame().to_dict(orient="records"):
         matrices_from = record["matrices_from"]
-        record["matrices_from"] = None if matrices_from is None or (isinstance(matrices_from, float) and math.isnan(matrices_from)) else matrices_from
+        record["matrices_from"] = (
+            None
+            if matrices_from is None or (isinstance(matrices_from, float) and math.isnan(matrices_from))
+            else matrices_from
+        )
         store.append({**base, **record})
     summary = figures.all_constant_drop(store.frame())
     assert summary.mean == pytest.approx((0.09 / 0.85 + 0.2) / 2)
-    assert figures.fraction_curves(store.frame(), tasks=["sst2"])["mean"].tolist() == pytest.approx([0.85, 0.85, 0.80, 0.76])
+    assert figures.fraction_curves(store.frame(), tasks=["sst2"])["mean"].tolist() == pytest.approx(
+        [0.85, 0.85, 0.80, 0.76]
+    )
 
 
 def _constants(tmp_path=None):
@@ -265,7 +292,10 @@ def test_column_mass_and_position_coverage(tmp_path):
 
 
 def test_task_lengths():
-    assert figures.task_lengths({"max_length": {"default": 64, "mnli": 128}}, ["sst2", "mnli"]) == {"sst2": 64, "mnli": 128}
+    assert figures.task_lengths({"max_length": {"default": 64, "mnli": 128}}, ["sst2", "mnli"]) == {
+        "sst2": 64,
+        "mnli": 128,
+    }
     assert figures.task_lengths({"max_length": 32}, ["ner"]) == {"ner": 32}
     assert figures.task_lengths({}, ["mnli", "mrpc", "pos"]) == {"mnli": 256, "mrpc": 128, "pos": 128}  # Table 3
     with pytest.raises(ValueError, match="unknown task"):
@@ -273,10 +303,19 @@ def test_task_lengths():
 
 
 def test_per_task_setting_and_grid_plan():
-    spec = {"seeds": [0, 1, 2], "inloop_epochs": {"default": 3, "cola": 5}, "blocks": [
-        GridBlock(name="fig2", tasks=["sst2"], fractions=[1, 0.5, 0]),
-        GridBlock(name="table1", tasks=["sst2"], matrix_types=["average", "identity", "trainable_average"], fractions=[1, 0]),
-    ]}
+    spec = {
+        "seeds": [0, 1, 2],
+        "inloop_epochs": {"default": 3, "cola": 5},
+        "blocks": [
+            GridBlock(name="fig2", tasks=["sst2"], fractions=[1, 0.5, 0]),
+            GridBlock(
+                name="table1",
+                tasks=["sst2"],
+                matrix_types=["average", "identity", "trainable_average"],
+                fractions=[1, 0],
+            ),
+        ],
+    }
     assert figures.per_task_setting(spec, "inloop_epochs", ["sst2", "cola"]) == {"sst2": 3, "cola": 5}
     assert figures.per_task_setting(spec, "epochs", ["sst2"], {"sst2": 4}) == {"sst2": 4}
     plan = costs.grid_plan(spec).set_index(["block", "task", "kind"])["runs"].to_dict()

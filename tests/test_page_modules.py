@@ -135,7 +135,10 @@ def test_norm_figures_on_the_committed_analyses(local, capsys):
     assert aware.changed_head_chart(local, norm_frame, folder, "sst2") is not None
     assert _spec(aware.matrix_chart(norm_frame, frame, tasks)) and aware.matrix_text(norm_frame, frame, tasks).data
     assert len(aware.matrix_verdicts(norm_frame, frame, tasks))
-    assert _spec(aware.order_chart(norm_frame, frame, ranking)) and aware.order_table(norm_frame, frame, ranking) is not None
+    assert (
+        _spec(aware.order_chart(norm_frame, frame, ranking))
+        and aware.order_table(norm_frame, frame, ranking) is not None
+    )
     assert aware.order_text(norm_frame, frame, ranking).data
     scores = aware.head_scores(local, None, None, folder, ranking, False)
     assert aware.agreement_table(scores) is not None and aware.agreement_text(scores).data

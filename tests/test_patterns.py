@@ -1,22 +1,21 @@
-"""papa_lib.analysis.patterns: input-dependence, Sec. 5.1 pattern statistics, λ files, Fig. 5 order curves, packed heat maps."""
+"""papa_lib.analysis.patterns: input-dependence, Sec. 5.1 pattern statistics, λ files, Fig. 5 order curves, packed heat
+maps."""
 
 from __future__ import annotations
 
 import json
 import re
 
-import numpy as np
 import pandas as pd
 import pytest
 import torch
 
 import papa_lib
+from conftest import random_batch
 from papa_lib.analysis import patterns
 from papa_lib.book import charts
 from papa_lib.experiments import selection
 from papa_lib.smoke import tiny_model
-
-from conftest import random_batch
 
 
 @pytest.fixture(scope="module")
@@ -168,9 +167,15 @@ def test_pattern_input_errors():
 
 def test_pattern_shares_sensitivity_table():
     summary = pd.DataFrame(
-        {"diagonal_rows": [0.9, 0.55, 0.2, 0.65], "diagonal_mass": [0.5, 0.15, 0.05, 0.3], "special_mass": [0.1, 0.7, 0.45, 0.2]}
+        {
+            "diagonal_rows": [0.9, 0.55, 0.2, 0.65],
+            "diagonal_mass": [0.5, 0.15, 0.05, 0.3],
+            "special_mass": [0.1, 0.7, 0.45, 0.2],
+        }
     )
-    shares = patterns.pattern_shares(summary, diagonal_thresholds=(0.5, 0.6), mass_thresholds=(0.2,), special_thresholds=(0.4, 0.5))
+    shares = patterns.pattern_shares(
+        summary, diagonal_thresholds=(0.5, 0.6), mass_thresholds=(0.2,), special_thresholds=(0.4, 0.5)
+    )
     lookup = {(r.criterion[:8], r.threshold): r.share for r in shares.itertuples()}
     assert lookup[("favourit", 0.5)] == 0.75 and lookup[("favourit", 0.6)] == 0.5
     assert lookup[("band |q-", 0.2)] == 0.5
@@ -190,7 +195,10 @@ def test_read_lambda_files_and_frame(tmp_path, caplog):
     torch.save(lambdas.flip(0), tmp_path / "sst2-from-mnli-89ef.pt")
     torch.save(lambdas, tmp_path / "notes.pt")
     records = patterns.read_lambda_files(tmp_path)
-    assert [(r["task"], r["matrices_from"], r["key"]) for r in records] == [("mnli", "mnli", "0123abcd"), ("sst2", "mnli", "89ef")]
+    assert [(r["task"], r["matrices_from"], r["key"]) for r in records] == [
+        ("mnli", "mnli", "0123abcd"),
+        ("sst2", "mnli", "89ef"),
+    ]
     assert "notes.pt" in caplog.text
     assert patterns.read_lambda_files(tmp_path / "missing") == []
 
@@ -227,7 +235,9 @@ def _results_frame() -> pd.DataFrame:
 
 
 def test_order_curves_share_the_endpoints():
-    curves = patterns.order_curves(_results_frame(), orders=("lambda", "reversed", "random", "first_to_last", "last_to_first"))
+    curves = patterns.order_curves(
+        _results_frame(), orders=("lambda", "reversed", "random", "first_to_last", "last_to_first")
+    )
     lam = curves[curves["selection_order"] == "lambda"]
     assert sorted(lam["fraction"].unique()) == [0.0, 0.0625, 0.125, 0.5, 1.0]
     assert len(lam) == 10 and lam[lam["fraction"] == 0.0]["value"].tolist() == [0.5, 0.5]

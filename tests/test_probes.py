@@ -301,5 +301,8 @@ def test_adamw_is_fused_on_cpu_and_matches_the_default_update():
         weights[fused] = probe.mlp[0].weight.detach().clone()
     assert (weights[True] - start).abs().max() > 1e-2  # the probe moved ...
     torch.testing.assert_close(weights[True], weights[False], atol=1e-6, rtol=1e-5)  # ... the same way
-    groups = [{"params": [torch.nn.Parameter(torch.zeros(3))]}, {"params": [torch.nn.Parameter(torch.zeros(2))], "lr": 1}]
+    groups = [
+        {"params": [torch.nn.Parameter(torch.zeros(3))]},
+        {"params": [torch.nn.Parameter(torch.zeros(2))], "lr": 1},
+    ]
     assert adamw(groups, 1e-3).defaults["fused"] is True

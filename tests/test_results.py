@@ -224,7 +224,9 @@ def test_repair_keeps_every_intact_record(tmp_path):
     kept, damaged, side = ResultsStore(tmp_path).repair()
     assert (kept, damaged) == (2, [3, 5])
     assert ResultsStore(tmp_path).run_ids() == ["r0", "r2"]
-    assert side.name.startswith("results.csv.damaged-") and lines[2] in side.read_text() and lines[4] in side.read_text()
+    assert (
+        side.name.startswith("results.csv.damaged-") and lines[2] in side.read_text() and lines[4] in side.read_text()
+    )
     assert ResultsStore(tmp_path).repair() == (2, [], None)
 
 

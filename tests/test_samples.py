@@ -13,11 +13,11 @@ import importlib.util
 import shutil
 import subprocess
 import sys
-import tomllib
 import zipfile
 from pathlib import Path
 
 import pytest
+import tomllib
 
 from papa_lib.analysis import mlm_probe
 from papa_lib.book import profiles

@@ -12,26 +12,48 @@ GOOD = "seeds: [0, 1]\nblocks:\n  - name: fig2\n    tasks: [sst2]\n"
 
 # (file text, expected message, line)
 CASES = [
-    ("model: null\nprofile: local\nseed: [0, 1, 2, 3, 4]\nblocks:\n  - {name: b, tasks: [sst2]}\n",
-     "unknown key 'seed' (did you mean 'seeds'?)", 3),
-    ("blocks:\n  - name: b\n    tasks: [sst2]\n    order: [lambda]\n",
-     "unknown key 'order' in blocks[0] (did you mean 'orders'?)", 4),
+    (
+        "model: null\nprofile: local\nseed: [0, 1, 2, 3, 4]\nblocks:\n  - {name: b, tasks: [sst2]}\n",
+        "unknown key 'seed' (did you mean 'seeds'?)",
+        3,
+    ),
+    (
+        "blocks:\n  - name: b\n    tasks: [sst2]\n    order: [lambda]\n",
+        "unknown key 'order' in blocks[0] (did you mean 'orders'?)",
+        4,
+    ),
     ("seeds: [0, -1]\nblocks: []\n", "seeds[1]: must be a non-negative integer, got -1", 1),
     ("seeds: [0, 1.5]\nblocks: []\n", "seeds[1]: must be a non-negative integer, got 1.5", 1),
     ("seeds: 0\nblocks: []\n", "seeds: must be a number of seeds", 1),
-    ("blocks:\n  - name: b\n    tasks: [sst2]\n    fractions: [1, 0.5,\n      1.5]\n",
-     "blocks[0].fractions[2]: a fraction of input-dependent heads must be a number in [0, 1], got 1.5", 5),
+    (
+        "blocks:\n  - name: b\n    tasks: [sst2]\n    fractions: [1, 0.5,\n      1.5]\n",
+        "blocks[0].fractions[2]: a fraction of input-dependent heads must be a number in [0, 1], got 1.5",
+        5,
+    ),
     ("blocks:\n  - name: b\n    tasks: [sst2]\n    fractions: [-0.5]\n", "blocks[0].fractions[0]: a fraction", 4),
     ("blocks:\n  - name: b\n    tasks: [sst2,\n            sts]\n", "blocks[0].tasks[1]: unknown task 'sts'", 4),
-    ("blocks:\n  - {name: b, tasks: [sst2], matrix_types: [averag]}\n",
-     "blocks[0].matrix_types[0]: unknown matrix type 'averag' (did you mean 'average'?)", 2),
-    ("blocks:\n  - {name: b, tasks: [sst2], orders: [lamda]}\n",
-     "blocks[0].orders[0]: unknown order 'lamda' (did you mean 'lambda'?)", 2),
-    ("blocks:\n  - {name: b, tasks: [sst2], matrices_from: mnly}\n",
-     "blocks[0].matrices_from: unknown task 'mnly' (did you mean 'mnli'?)", 2),
+    (
+        "blocks:\n  - {name: b, tasks: [sst2], matrix_types: [averag]}\n",
+        "blocks[0].matrix_types[0]: unknown matrix type 'averag' (did you mean 'average'?)",
+        2,
+    ),
+    (
+        "blocks:\n  - {name: b, tasks: [sst2], orders: [lamda]}\n",
+        "blocks[0].orders[0]: unknown order 'lamda' (did you mean 'lambda'?)",
+        2,
+    ),
+    (
+        "blocks:\n  - {name: b, tasks: [sst2], matrices_from: mnly}\n",
+        "blocks[0].matrices_from: unknown task 'mnly' (did you mean 'mnli'?)",
+        2,
+    ),
     ("max_length: 3\nblocks: []\n", "max_length: must be an integer of at least 4", 1),
     ("max_length:\n  default: 64\n  sst2: 2\nblocks: []\n", "max_length.sst2: must be an integer of at least 4", 3),
-    ("limit:\n  sts2: 8000\nblocks: []\n", "limit.sts2: unknown task 'sts2' in a per-task mapping (did you mean 'sst2'?)", 2),
+    (
+        "limit:\n  sts2: 8000\nblocks: []\n",
+        "limit.sts2: unknown task 'sts2' in a per-task mapping (did you mean 'sst2'?)",
+        2,
+    ),
     ("epochs: 0\nblocks: []\n", "epochs: must be a positive integer, got 0", 1),
     ("learning_rate: -1e-4\nblocks: []\n", "learning_rate: must be a positive number", 1),
     ("profile: papers\nblocks: []\n", "profile: input should be 'smoke', 'local' or 'paper', got 'papers'", 1),
@@ -43,25 +65,59 @@ CASES = [
     ("- just\n- a list\n", "a grid file is a mapping of settings", 1),
     ("blocks: [\n  - oops: {\n", "invalid YAML", 2),
     # custom tasks
-    ("custom_tasks:\n  - name: x\n    train: t.tsv\n    validation: d.tsv\n    text_columns: a\n    label: y\n"
-     "blocks: []\n", "unknown key 'label' in custom_tasks[0] (did you mean 'label_column'?)", 6),
-    ("custom_tasks:\n  - {name: x, train: t.tsv, validation: d.tsv, text_columns: a, label_column: y,\n"
-     "     metric: recall}\nblocks: []\n", "custom_tasks[0].metric: input should be 'accuracy', 'f1', 'mcc'", 3),
-    ("custom_tasks:\n  - {name: x, train: t.tsv, validation: d.tsv, text_columns: a, label_column: y,\n"
-     "     max_length: 2}\nblocks: []\n", "custom_tasks[0].max_length: must be an integer of at least 4", 3),
-    ("custom_tasks:\n  - {name: x, train: t.tsv, validation: d.tsv, text_columns: [a, b, c], label_column: y}\n"
-     "blocks: []\n", "custom_tasks[0].text_columns: must be one column name or a list of two", 2),
-    ("custom_tasks:\n  - {name: x, train: t.tsv, validation: d.tsv, text_columns: a, label_column: y, epochs: 0}\n"
-     "blocks: []\n", "custom_tasks[0].epochs: must be a positive integer, got 0", 2),
-    ("custom_tasks:\n  - {name: x, train: t.tsv, text_columns: a, label_column: y}\nblocks: []\n",
-     "custom_tasks[0] lacks the key 'validation'", 2),
-    ("custom_tasks:\n  - {name: sst2, train: t.tsv, validation: d.tsv, text_columns: a, label_column: y}\nblocks: []\n",
-     "custom task name 'sst2' is taken by one of the paper's tasks", 2),
-    ("custom_tasks:\n  - {name: x, train: t.tsv, validation: d.tsv, text_columns: a, label_column: y}\n"
-     "  - {name: x, train: t.tsv, validation: d.tsv, text_columns: a, label_column: y}\nblocks: []\n",
-     "custom task 'x' is declared twice", 3),
-    ("custom_tasks:\n  - {name: x, train: t.tsv, validation: d.tsv, text_columns: [a, b], label_column: y,"
-     " max_length: 33}\nblocks: []\n", "a pair task needs an even max_length", 2),
+    (
+        "custom_tasks:\n  - name: x\n    train: t.tsv\n    validation: d.tsv\n    text_columns: a\n    label: y\n"
+        "blocks: []\n",
+        "unknown key 'label' in custom_tasks[0] (did you mean 'label_column'?)",
+        6,
+    ),
+    (
+        "custom_tasks:\n  - {name: x, train: t.tsv, validation: d.tsv, text_columns: a, label_column: y,\n"
+        "     metric: recall}\nblocks: []\n",
+        "custom_tasks[0].metric: input should be 'accuracy', 'f1', 'mcc'",
+        3,
+    ),
+    (
+        "custom_tasks:\n  - {name: x, train: t.tsv, validation: d.tsv, text_columns: a, label_column: y,\n"
+        "     max_length: 2}\nblocks: []\n",
+        "custom_tasks[0].max_length: must be an integer of at least 4",
+        3,
+    ),
+    (
+        "custom_tasks:\n  - {name: x, train: t.tsv, validation: d.tsv, text_columns: [a, b, c], label_column: y}\n"
+        "blocks: []\n",
+        "custom_tasks[0].text_columns: must be one column name or a list of two",
+        2,
+    ),
+    (
+        "custom_tasks:\n  - {name: x, train: t.tsv, validation: d.tsv, text_columns: a, label_column: y, epochs: 0}\n"
+        "blocks: []\n",
+        "custom_tasks[0].epochs: must be a positive integer, got 0",
+        2,
+    ),
+    (
+        "custom_tasks:\n  - {name: x, train: t.tsv, text_columns: a, label_column: y}\nblocks: []\n",
+        "custom_tasks[0] lacks the key 'validation'",
+        2,
+    ),
+    (
+        "custom_tasks:\n  - {name: sst2, train: t.tsv, validation: d.tsv, text_columns: a, label_column: y}\n"
+        "blocks: []\n",
+        "custom task name 'sst2' is taken by one of the paper's tasks",
+        2,
+    ),
+    (
+        "custom_tasks:\n  - {name: x, train: t.tsv, validation: d.tsv, text_columns: a, label_column: y}\n"
+        "  - {name: x, train: t.tsv, validation: d.tsv, text_columns: a, label_column: y}\nblocks: []\n",
+        "custom task 'x' is declared twice",
+        3,
+    ),
+    (
+        "custom_tasks:\n  - {name: x, train: t.tsv, validation: d.tsv, text_columns: [a, b], label_column: y,"
+        " max_length: 33}\nblocks: []\n",
+        "a pair task needs an even max_length",
+        2,
+    ),
 ]
 
 

@@ -59,7 +59,6 @@ def test_eq2_has_one_implementation():
 
 def test_linting_is_configured():
     import tomllib
-
     import yaml
 
     ruff = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["ruff"]

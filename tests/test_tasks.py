@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from pathlib import Path
 
@@ -69,7 +70,7 @@ def test_task_spec_kinds_metrics_labels():
     assert "mismatched" in TASKS["mnli"].validation_split
     assert TASKS["mnli"].hub_validation_split == "validation_mismatched"
     assert "eng.testa" in TASKS["ner"].validation_split
-    with pytest.raises(Exception):
+    with pytest.raises(dataclasses.FrozenInstanceError):
         TASKS["cola"].epochs = 3  # frozen
 
 
@@ -154,8 +155,10 @@ def test_mnli_glue_layout_preferred_over_sample(tmp_path):
         tmp_path / "glue" / "MNLI" / "dev_mismatched.tsv",
         MNLI_GLUE_HEADER + "\n"
         "0\t1\t1n\tletters\t( a )\t( b )\t(ROOT a)\t(ROOT b)\tPremise one.\tHypothesis one.\tneutral\tneutral\n"
-        "1\t2\t2c\tletters\t( c )\t( d )\t(ROOT c)\t(ROOT d)\tPremise two.\tHypothesis two.\tcontradiction\tcontradiction\n"
-        "2\t3\t3e\tverbatim\t( e )\t( f )\t(ROOT e)\t(ROOT f)\tPremise three.\tHypothesis three.\tentailment\tentailment\n",
+        "1\t2\t2c\tletters\t( c )\t( d )\t(ROOT c)\t(ROOT d)\tPremise two.\tHypothesis two.\t"
+        "contradiction\tcontradiction\n"
+        "2\t3\t3e\tverbatim\t( e )\t( f )\t(ROOT e)\t(ROOT f)\tPremise three.\tHypothesis three.\t"
+        "entailment\tentailment\n",
     )
     write(tmp_path / "glue" / "MNLI-sample" / "dev.tsv", "index\tsentence1\tsentence2\tgold_label\n0\tx\ty\tneutral\n")
     ex = load_task("mnli", "validation", tmp_path)
@@ -189,12 +192,21 @@ def test_mnli_sample_layout(tmp_path):
         ("sst2", "glue/SST-2/train.tsv", "sentence\tlabel\ngood\t2\n", 2, "out of range"),
         ("cola", "glue/CoLA/train.tsv", "gj04\t1\t\tOk.\ngj04\t1\tOnly three\n", 2, "expected 4"),
         ("cola", "glue/CoLA/train.tsv", "gj04\t1\t\tOk.\ngj04\t1\t\tOk.\ngj04\tx\t\tNo.\n", 3, "not an integer"),
-        ("mrpc", "glue/MRPC/train.tsv",
-         "\ufeffQuality\t#1 ID\t#2 ID\t#1 String\t#2 String\n1\t1\t2\ta\tb\nyes\t3\t4\tc\td\n", 3, "not an integer"),
-        ("mnli", "glue/MNLI-sample/train.tsv",
-         "index\tsentence1\tsentence2\tgold_label\n0\ta\tb\tneutral\n1\tc\td\tmaybe\n", 3, "unknown gold_label 'maybe'"),
-        ("mnli", "glue/MNLI-sample/train.tsv",
-         "index\tsentence1\tsentence2\tgold_label\n0\ta\tb\n", 2, "expected 4"),
+        (
+            "mrpc",
+            "glue/MRPC/train.tsv",
+            "\ufeffQuality\t#1 ID\t#2 ID\t#1 String\t#2 String\n1\t1\t2\ta\tb\nyes\t3\t4\tc\td\n",
+            3,
+            "not an integer",
+        ),
+        (
+            "mnli",
+            "glue/MNLI-sample/train.tsv",
+            "index\tsentence1\tsentence2\tgold_label\n0\ta\tb\tneutral\n1\tc\td\tmaybe\n",
+            3,
+            "unknown gold_label 'maybe'",
+        ),
+        ("mnli", "glue/MNLI-sample/train.tsv", "index\tsentence1\tsentence2\tgold_label\n0\ta\tb\n", 2, "expected 4"),
     ],
 )
 def test_malformed_tsv_rows_name_file_and_line(tmp_path, task, relpath, content, line, message):

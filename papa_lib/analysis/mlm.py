@@ -19,7 +19,8 @@ Curve (:func:`run_mlm_curve`)
     2. λ^h (Sec. 3.2, Eq. 3): the MLM probe is trained jointly with every head in ``mix`` mode, θ in the same
        AdamW optimiser as the probe, on the training sequences, with the probe's hyperparameters
        (:func:`learn_mlm_lambdas`). Heads with the smallest λ are replaced first
-       (:func:`papa_lib.experiments.selection.heads_to_replace`, order ``'lambda'``). λ is learned once per seed, and only
+       (:func:`papa_lib.experiments.selection.heads_to_replace`, order ``'lambda'``). λ is learned once per seed, and
+       only
        when some fraction strictly between 0 and 1 still has to run.
     3. For each fraction of input-dependent heads in {1, 1/2, 1/8, 1/16, 0}: the other heads run their constant
        matrix, the backbone's features are extracted, a fresh probe is trained and evaluated.
@@ -35,8 +36,8 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 import numpy as np
 import pandas as pd
@@ -48,8 +49,8 @@ from ..core.layout import batched
 from ..core.models import base_encoder, model_id, num_layers_and_heads
 from ..core.override import AttentionOverride
 from ..experiments.inloop import learn_lambdas
-from ..experiments.probes import set_seed
 from ..experiments.loop import optimizer_for
+from ..experiments.probes import set_seed
 from ..experiments.provenance import run_provenance
 from ..experiments.results import ResultsStore, config_hash, package_versions
 from ..experiments.selection import PAPER_FRACTIONS, heads_to_replace
@@ -209,7 +210,9 @@ def pretrained_head_log_probs(model, masked: MaskedSequences, batch_size: int = 
         index = slice(start, start + batch_size)
         logits = model(**_model_inputs(masked.inputs, index, device, uses_types)).logits
         rows, cols = masked.selected[index].nonzero(as_tuple=True)
-        token_log_probs.append(masked_token_log_probs(logits[rows.to(device), cols.to(device)], masked.original_ids[index][rows, cols]))
+        token_log_probs.append(
+            masked_token_log_probs(logits[rows.to(device), cols.to(device)], masked.original_ids[index][rows, cols])
+        )
         sequence_index.append(rows + start)
     return sequence_log_probs(torch.cat(token_log_probs), torch.cat(sequence_index), len(masked))
 
@@ -306,7 +309,9 @@ def run_mlm_curve(
         return {**base_config, "fraction": float(fraction), "seed": int(seed), "matrix_type": matrix_type,
                 "selection_order": order}
 
-    curve_ids = {(float(f), int(s)): config_hash(run_config(f, s, "average", "lambda")) for s in seeds for f in fractions}
+    curve_ids = {
+        (float(f), int(s)): config_hash(run_config(f, s, "average", "lambda")) for s in seeds for f in fractions
+    }
     head_id = config_hash(run_config(1.0, mask_seed, "pretrained_head", None))
     head_available, head_reason = mlm_head_status(model)
     stored = (lambda run_id: store is not None and store.has(run_id))
@@ -348,7 +353,7 @@ def run_mlm_curve(
     if pending_curve:
         constants = None
         feature_cache: dict[tuple, tuple[MaskedFeatures, MaskedFeatures]] = {}
-        everything = tuple((l, h) for l in range(num_layers) for h in range(num_heads))
+        everything = tuple((layer, h) for layer in range(num_layers) for h in range(num_heads))
 
         def features_for(heads: list[tuple[int, int]]):
             key = tuple(sorted(heads))

@@ -11,7 +11,8 @@ Data (:func:`load_mlm_corpus`, :func:`mlm_sequences`)
       evaluated on WikiText-103 *validation*, the split of Fig. 6a. Because the train split has ~100M tokens,
       ``train_sequences=None`` means :data:`HUB_TRAIN_SEQUENCES_DEFAULT` sequences there.
     * Local (``data_dir`` laid out like ``/work/shared/data``): the token files of WikiText-103 when present,
-      else WikiText-2 (:func:`papa_lib.experiments.tasks.load_wikitext`). No train file is available offline, so the probe is
+      else WikiText-2 (:func:`papa_lib.experiments.tasks.load_wikitext`). No train file is available offline, so the
+      probe is
       trained on ``wiki.valid.tokens`` and evaluated on ``wiki.test.tokens`` (a stand-in for the paper's setup).
       The tokenised files write unknown words as ``<unk>``; these become the tokenizer's own unknown token,
       which is special and therefore never masked or predicted.
@@ -51,16 +52,17 @@ Probe (:class:`MLMProbe`)
 
 Score (:func:`sequence_log_probs`, :func:`neg_log_perplexity`)
     For each evaluation sequence, the mean log-probability of the *original* tokens at its masked positions;
-    the reported value is the mean over sequences with a 95% Student-t interval (:func:`papa_lib.experiments.results.mean_ci`).
+    the reported value is the mean over sequences with a 95% Student-t interval
+    (:func:`papa_lib.experiments.results.mean_ci`).
     This is the negative log perplexity (``log PPL = -mean log p``), so higher is better, 0 is perfect.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Sequence
 
 import numpy as np
 import torch
@@ -177,7 +179,9 @@ def mlm_sequences(
     prefix, suffix = list(template.single_prefix), list(template.single_suffix)
     room = int(max_length) - len(prefix) - len(suffix)
     if room < 1:
-        raise ValueError(f"max_length={max_length} leaves no room for text next to {len(prefix) + len(suffix)} special tokens")
+        raise ValueError(
+            f"max_length={max_length} leaves no room for text next to {len(prefix) + len(suffix)} special tokens"
+        )
     lines = list(_replace_unk(lines, tokenizer))
     rows: list[list[int]] = []
     pending: list[int] = []
@@ -267,7 +271,9 @@ def mask_tokens(
         raise ValueError(f"mask_probability must be in (0, 1], got {mask_probability!r}")
     split = [float(p) for p in replacement_split]
     if len(split) != 3 or min(split) < 0 or not math.isclose(sum(split), 1.0, abs_tol=1e-9):
-        raise ValueError(f"replacement_split must be three non-negative probabilities summing to 1, got {replacement_split!r}")
+        raise ValueError(
+            f"replacement_split must be three non-negative probabilities summing to 1, got {replacement_split!r}"
+        )
     mask_id = getattr(tokenizer, "mask_token_id", None)
     if mask_id is None:
         raise ValueError(f"tokenizer {type(tokenizer).__name__} has no mask token; MLM needs one")
@@ -296,7 +302,9 @@ def mask_tokens(
         chosen_t = torch.from_numpy(chosen)
         selected[row, chosen_t] = True
         kinds[row, chosen_t] = torch.from_numpy(kind.astype(np.int8))
-        new_ids = np.where(kind == KIND_MASK, mask_id, np.where(kind == KIND_RANDOM, random_ids, original[row, chosen_t].numpy()))
+        new_ids = np.where(
+            kind == KIND_MASK, mask_id, np.where(kind == KIND_RANDOM, random_ids, original[row, chosen_t].numpy())
+        )
         corrupted[row, chosen_t] = torch.from_numpy(new_ids.astype(np.int64)).to(corrupted.dtype)
     tensors = {k: v for k, v in encoded.items()}
     tensors["input_ids"] = corrupted
@@ -330,7 +338,11 @@ class MaskedFeatures:
     def rows_of(self, sequences: Tensor) -> Tensor:
         """Indices into ``features`` of every target of the given sequences (in the given sequence order)."""
         starts, counts = self._offsets()
-        return torch.cat([torch.arange(starts[s], starts[s] + counts[s]) for s in sequences.tolist()]) if len(sequences) else torch.empty(0, dtype=torch.long)
+        return (
+            torch.cat([torch.arange(starts[s], starts[s] + counts[s]) for s in sequences.tolist()])
+            if len(sequences)
+            else torch.empty(0, dtype=torch.long)
+        )
 
     def _offsets(self):
         cached = getattr(self, "_cached_offsets", None)
@@ -345,7 +357,10 @@ class MaskedFeatures:
 
 
 def _model_inputs(encoded: dict, index: Tensor | slice, device, uses_token_type_ids: bool) -> dict:
-    out = {"input_ids": encoded["input_ids"][index].to(device), "attention_mask": encoded["attention_mask"][index].to(device)}
+    out = {
+        "input_ids": encoded["input_ids"][index].to(device),
+        "attention_mask": encoded["attention_mask"][index].to(device),
+    }
     if uses_token_type_ids and encoded.get("token_type_ids") is not None:
         out["token_type_ids"] = encoded["token_type_ids"][index].to(device)
     return out
@@ -386,7 +401,9 @@ def extract_masked_features(
             index = slice(start, start + batch_size)
             outputs = encoder(**_model_inputs(masked.inputs, index, device, uses_types), output_hidden_states=True)
             rows, cols = masked.selected[index].nonzero(as_tuple=True)
-            chunks.append(_gather_layers(outputs.hidden_states, rows.to(device), cols.to(device)).to("cpu", torch.float16))
+            chunks.append(
+                _gather_layers(outputs.hidden_states, rows.to(device), cols.to(device)).to("cpu", torch.float16)
+            )
             targets.append(masked.original_ids[index][rows, cols])
             sequence_index.append(rows + start)
     return MaskedFeatures(torch.cat(chunks), torch.cat(targets), torch.cat(sequence_index), len(masked))
@@ -395,7 +412,8 @@ def extract_masked_features(
 class MLMProbe(nn.Module):
     """The MLM probe: concatenated per-token layer vectors -> 2-layer MLP -> LayerNorm -> tied, frozen decoder + bias.
 
-    ``logits = LayerNorm(MLP(concat_layers(x))) @ E^T + b`` where ``E`` ``[V, E_dim]`` is the model's input word-embedding matrix
+    ``logits = LayerNorm(MLP(concat_layers(x))) @ E^T + b`` where ``E`` ``[V, E_dim]`` is the model's input
+    word-embedding matrix
     (a frozen buffer, not a parameter) and ``b`` ``[V]`` is learned (initialised at 0).
 
     Args:
@@ -422,7 +440,9 @@ class MLMProbe(nn.Module):
             raise ValueError(f"num_layers and hidden_size must be positive, got {num_layers}, {hidden_size}")
         self.num_layers, self.hidden_size = int(num_layers), int(hidden_size)
         vocab, dim = embeddings.shape
-        self.mlp = _two_layer_mlp(self.num_layers * self.hidden_size, mlp_hidden or self.hidden_size, dim, activation, dropout)
+        self.mlp = _two_layer_mlp(
+            self.num_layers * self.hidden_size, mlp_hidden or self.hidden_size, dim, activation, dropout
+        )
         self.norm = nn.LayerNorm(dim)
         self.register_buffer("decoder_weight", embeddings.detach().to(torch.float32), persistent=False)
         self.bias = nn.Parameter(torch.zeros(vocab))
@@ -435,7 +455,8 @@ class MLMProbe(nn.Module):
         """``features`` ``[..., num_layers, D]`` -> vocabulary logits ``[..., V]``."""
         if features.dim() < 2 or tuple(features.shape[-2:]) != (self.num_layers, self.hidden_size):
             raise ValueError(
-                f"features must end in [num_layers={self.num_layers}, hidden={self.hidden_size}], got {tuple(features.shape)}"
+                f"features must end in [num_layers={self.num_layers}, hidden={self.hidden_size}], "
+                f"got {tuple(features.shape)}"
             )
         hidden = self.norm(self.mlp(features.to(device=self.bias.device, dtype=torch.float32).flatten(start_dim=-2)))
         return hidden @ self.decoder_weight.T + self.bias
@@ -472,7 +493,8 @@ def train_mlm_probe(
     """Train ``probe`` on cached masked-position features (Table 3: lr 5e-4, batch 8 sequences, 2 epochs).
 
     Sequences are shuffled each epoch with a generator seeded by ``(seed, epoch)``; call
-    :func:`papa_lib.experiments.probes.set_seed` before building the probe for a reproducible initialisation. Returns the mean
+    :func:`papa_lib.experiments.probes.set_seed` before building the probe for a reproducible initialisation. Returns
+    the mean
     loss per epoch.
     """
 
@@ -494,7 +516,9 @@ def train_mlm_probe(
 def masked_token_log_probs(logits: Tensor, targets: Tensor) -> Tensor:
     """``log softmax(logits)[target]`` per row: ``logits`` ``[T, V]``, ``targets`` ``[T]`` -> ``[T]`` float64."""
     if logits.dim() != 2 or targets.dim() != 1 or logits.shape[0] != targets.shape[0]:
-        raise ValueError(f"expected logits [T, V] and targets [T], got {tuple(logits.shape)} and {tuple(targets.shape)}")
+        raise ValueError(
+            f"expected logits [T, V] and targets [T], got {tuple(logits.shape)} and {tuple(targets.shape)}"
+        )
     log_probs = F.log_softmax(logits.double(), dim=-1)
     return log_probs.gather(1, targets.long().to(logits.device)[:, None]).squeeze(1).cpu()
 
@@ -505,7 +529,9 @@ def sequence_log_probs(token_log_probs: Tensor, sequence_index: Tensor, num_sequ
     sequence_index = sequence_index.long().cpu()
     if token_log_probs.shape != sequence_index.shape:
         raise ValueError("token_log_probs and sequence_index must have the same shape")
-    size = int(num_sequences) if num_sequences is not None else int(sequence_index.max()) + 1 if len(sequence_index) else 0
+    size = (
+        int(num_sequences) if num_sequences is not None else int(sequence_index.max()) + 1 if len(sequence_index) else 0
+    )
     sums = torch.zeros(size, dtype=torch.float64).index_add_(0, sequence_index, token_log_probs)
     counts = torch.bincount(sequence_index, minlength=size)
     keep = counts > 0

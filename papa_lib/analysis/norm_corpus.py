@@ -71,7 +71,9 @@ class TokenCategorizer:
         """Category index (into ``CATEGORY_NAMES``) of every id in ``input_ids``."""
         input_ids = torch.as_tensor(input_ids)
         if input_ids.numel() and int(input_ids.max()) >= len(self.lookup):
-            raise ValueError(f"token id {int(input_ids.max())} is outside the tokenizer vocabulary ({len(self.lookup)})")
+            raise ValueError(
+                f"token id {int(input_ids.max())} is outside the tokenizer vocabulary ({len(self.lookup)})"
+            )
         return self.lookup.to(input_ids.device)[input_ids]
 
 
@@ -224,7 +226,9 @@ def _row_shares(contribution: torch.Tensor, key_onehot: torch.Tensor) -> torch.T
     return torch.where(total != 0, per_category / torch.where(total != 0, total, 1.0), 0.0)
 
 
-def _reservoir_add(stats: CorpusNormStatistics, rows: torch.Tensor, generator: torch.Generator, token: str = "sep") -> None:
+def _reservoir_add(
+    stats: CorpusNormStatistics, rows: torch.Tensor, generator: torch.Generator, token: str = "sep"
+) -> None:
     """Uniform reservoir sampling (Vitter's algorithm R) of observation rows (``token``: "sep" or "cls")."""
     cap = stats.max_sep_observations
     seen_name, kept_name = f"{token}_observations_seen", f"{token}_observations"
@@ -359,8 +363,12 @@ def corpus_norm_statistics(
                     fx_norm=fx64[tok_b, :, tok_j][:, :, None].expand_as(queries)[queries],
                 )
 
-        stats.occurrences.add(sample_generator, token_id=input_ids[mask],
-                              sentence=sentence_ids[:, None].expand_as(mask)[mask], fx_norm=(occurrence_fx / layers)[mask])
+        stats.occurrences.add(
+            sample_generator,
+            token_id=input_ids[mask],
+            sentence=sentence_ids[:, None].expand_as(mask)[mask],
+            fx_norm=(occurrence_fx / layers)[mask],
+        )
         stats.num_sentences += batch_size
         stats.num_tokens += int(mask.sum())
         stats.token_count.index_add_(0, real_ids, torch.ones_like(real_ids))

@@ -11,7 +11,8 @@ Two ideas from Kobayashi et al. (2020) applied to PAPA (Hassid et al. 2022):
 
 This module registers the ``norm_average`` builder and matrix type (:mod:`papa_lib.experiments.matrices`) and the
 two label-free rankings (:mod:`papa_lib.experiments.rankings`); ``import papa_lib`` imports it, so
-:func:`papa_lib.experiments.grid.run_grid` (and a Ray worker) always has them.  :func:`norm_aware_blocks`/:func:`norm_aware_grid`
+:func:`papa_lib.experiments.grid.run_grid` (and a Ray worker) always has them.
+:func:`norm_aware_blocks`/:func:`norm_aware_grid`
 declare the grid (``data/results/norms-minilm/grid.yaml``); :func:`matrix_total_variation` compares two sets of
 constant matrices.  The chapter's tables come from :mod:`papa_lib.book.norms_pages`.
 """
@@ -62,7 +63,9 @@ def norm_weighted_rows(alpha: torch.Tensor, fx_norm: torch.Tensor, attention_mas
             f"alpha must be [B, H, L, L] and fx_norm [B, H, L]; got {tuple(alpha.shape)} and {tuple(fx_norm.shape)}"
         )
     if tuple(attention_mask.shape) != (alpha.shape[0], alpha.shape[-1]):
-        raise ValueError(f"attention_mask must be [B, L] = {(alpha.shape[0], alpha.shape[-1])}, got {tuple(attention_mask.shape)}")
+        raise ValueError(
+            f"attention_mask must be [B, L] = {(alpha.shape[0], alpha.shape[-1])}, got {tuple(attention_mask.shape)}"
+        )
     keys = attention_mask.to(device=alpha.device, dtype=torch.float32)[:, None, None, :]
     weighted = alpha.float().abs() * fx_norm.float()[:, :, None, :] * keys
     total = weighted.sum(dim=-1, keepdim=True)
@@ -114,11 +117,16 @@ def norm_weighted_attention(
 
     from ..core.averaging import PadAwareAverage
 
-    average = PadAwareAverage(len(encoder_layers(model)), attention_projections(model, 0).num_heads, kind="norm_average")
+    average = PadAwareAverage(
+        len(encoder_layers(model)), attention_projections(model, 0).num_heads, kind="norm_average"
+    )
     for batch in tqdm(batches, total=total, disable=not progress, desc="norm-weighted averaging", unit="batch"):
         inputs = prepare_batch(model, batch)
         mask = inputs["attention_mask"]
-        per_layer = ((layer, norm_weighted_rows(alpha, fx_norm, mask)) for layer, alpha, fx_norm in iter_alpha_and_fx_norms(model, inputs))
+        per_layer = (
+            (layer, norm_weighted_rows(alpha, fx_norm, mask))
+            for layer, alpha, fx_norm in iter_alpha_and_fx_norms(model, inputs)
+        )
         average.add(per_layer, mask, getattr(batch, "layout", None))
     return average.result(model, source)
 
@@ -196,17 +204,17 @@ def _label_free_scores(weighting: str):
     """A head ranking (:mod:`papa_lib.experiments.rankings`) from :func:`input_dependence_scores` on a seed's
     training text."""
 
-    def scores(experiment, matrices_from, seed):
-        from ..experiments.engine import packed_batches
+    def scores(workspace, matrices_from, seed):
+        from ..experiments import overrides, stages
 
         def compute():
-            split = experiment.split("train")
-            batches = packed_batches(experiment.model, split.encoded, experiment.config.feature_batch_size,
-                                     experiment.seed_rows(seed), use_packing=False)
-            return input_dependence_scores(experiment.model, batches, weighting=weighting,
-                                           progress=experiment.progress)
+            split = stages.split(workspace, "train")
+            batches = stages.packed_batches(workspace.model, split.encoded, workspace.config.feature_batch_size,
+                                            stages.seed_rows(workspace, seed), use_packing=False)
+            return input_dependence_scores(workspace.model, batches, weighting=weighting,
+                                           progress=workspace.progress)
 
-        return experiment.cached_scores(f"{weighting}-variance-{seed}", compute)
+        return overrides.cached_scores(workspace, f"{weighting}-variance-{seed}", compute)
 
     return scores
 
@@ -278,7 +286,11 @@ def norm_aware_blocks(
     """
     from ..experiments.grid import GridBlock
 
-    label_free_tasks, matrix_tasks, fractions = list(label_free_tasks), list(matrix_tasks), [float(f) for f in fractions]
+    label_free_tasks, matrix_tasks, fractions = (
+        list(label_free_tasks),
+        list(matrix_tasks),
+        [float(f) for f in fractions],
+    )
     blocks = []
     if label_free_tasks:
         blocks.append(GridBlock("label_free", label_free_tasks, ["average"], list(NORM_AWARE_ORDERS), fractions))
@@ -286,7 +298,9 @@ def norm_aware_blocks(
         blocks.append(GridBlock("norm_matrices", matrix_tasks, ["norm_average"], ["lambda"], [0.0]))
     if with_reference:
         if label_free_tasks:
-            blocks.append(GridBlock("reference_lambda", label_free_tasks, ["average"], ["lambda"], [1.0, *fractions, 0.0]))
+            blocks.append(
+                GridBlock("reference_lambda", label_free_tasks, ["average"], ["lambda"], [1.0, *fractions, 0.0])
+            )
         if matrix_tasks:
             blocks.append(GridBlock("reference_average", matrix_tasks, ["average"], ["lambda"], [1.0, 0.0]))
     return blocks

@@ -184,7 +184,9 @@ def _special_observations(stats: CorpusNormStatistics, token: str) -> np.ndarray
     return getattr(stats, f"{token}_observations").to(torch.float64).numpy()
 
 
-def sep_weight_norm_correlation(stats: CorpusNormStatistics, confidence: float = 0.95, token: str = "sep") -> pd.DataFrame:
+def sep_weight_norm_correlation(
+    stats: CorpusNormStatistics, confidence: float = 0.95, token: str = "sep"
+) -> pd.DataFrame:
     """Correlation between the attention weight given to [SEP] and ``||f^h([SEP])||`` per head (extra, after Fig. 4).
 
     Not the paper's computation, which pools every (query, [SEP]) pair over heads and layers
@@ -319,7 +321,8 @@ def token_frequency_table(stats: CorpusNormStatistics, min_count: int = 1) -> pd
 def frequency_norm_correlation(
     stats: CorpusNormStatistics, min_count: int = 1, confidence: float = 0.95
 ) -> pd.DataFrame:
-    """Spearman correlation between a token type's frequency rank and its mean ``||f(x)||``, per layer (extra, Sec. 4.3).
+    """Spearman correlation between a token type's frequency rank and its mean ``||f(x)||``, per layer (extra, Sec.
+    4.3).
 
     Not the paper's computation, which counts frequencies over a whole corpus and correlates over token occurrences
     with ``||f(x)||`` averaged over heads and layers

@@ -14,7 +14,8 @@ weight ``alpha_ij`` alone does not tell how much token ``j`` contributes to ``y_
                                       weights, PAPA Sec. 3.1-3.2, so they are never recomputed here),
 * ``fx_norm``          [B, H, L]     ``||f^h(x_j)||``,
 * ``afx_norm``         [B, H, L, L]  ``||alpha^h_ij f^h(x_j)|| = |alpha^h_ij| * ||f^h(x_j)||``,
-* ``summed_afx_norm``  [B, L, L]     ``||sum_h alpha^h_ij f^h(x_j)||`` (the heads-combined contribution, Kobayashi Sec. 5),
+* ``summed_afx_norm``  [B, L, L]     ``||sum_h alpha^h_ij f^h(x_j)||`` (the heads-combined contribution, Kobayashi Sec.
+5),
 
 and checks that the decomposition is exact (:func:`decomposition_check`, Eq. 5-7 against the model's own output).
 Streaming these quantities over a corpus (Kobayashi Sec. 4) is :mod:`papa_lib.analysis.norm_statistics`; norm-weighted
@@ -189,7 +190,8 @@ def transformed_vectors(model: torch.nn.Module, layer_index: int, hidden_states:
     proj = attention_projections(model, layer_index)
     if hidden_states.shape[-1] != proj.value_weight.shape[1]:
         raise ValueError(
-            f"hidden_states has size {hidden_states.shape[-1]} but layer {layer_index} expects {proj.value_weight.shape[1]}"
+            f"hidden_states has size {hidden_states.shape[-1]} but layer {layer_index} "
+            f"expects {proj.value_weight.shape[1]}"
         )
     return _transformed_vectors(proj, hidden_states)
 
@@ -299,7 +301,9 @@ def iter_layer_norms(model: torch.nn.Module, batch: Mapping[str, torch.Tensor]):
             alpha = attentions[index]
             proj = getter(layer)
             if alpha.shape[1] != proj.num_heads:
-                raise ValueError(f"layer {index}: attentions have {alpha.shape[1]} heads, the layer has {proj.num_heads}")
+                raise ValueError(
+                    f"layer {index}: attentions have {alpha.shape[1]} heads, the layer has {proj.num_heads}"
+                )
             vectors = _transformed_vectors(proj, hidden_states[index])
             fx_norm = torch.linalg.vector_norm(vectors, dim=-1)  # [B, H, L]
             alpha_for_norm = alpha.to(fx_norm.dtype)

@@ -29,7 +29,8 @@ Patterns of the constant matrices (Sec. 5.1)
       weight mass").
 
 λ and head orders (Sec. 3.2, 5.4)
-    :func:`read_lambda_files` reads the learned λ saved by :meth:`papa_lib.experiments.engine.TaskExperiment.learn_lambdas`;
+    :func:`read_lambda_files` reads the learned λ saved by
+    :meth:`papa_lib.experiments.engine.TaskExperiment.learn_lambdas`;
     :func:`kept_until` turns λ into the fraction of input-dependent heads down to which each head survives;
     :func:`order_curves` and :func:`compare_orders` put the Fig. 5 runs of a results table into curves and rank them.
 
@@ -44,8 +45,9 @@ from __future__ import annotations
 import logging
 import math
 import re
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -151,7 +153,9 @@ def restrict_to_input(constant: torch.Tensor, masks: torch.Tensor) -> torch.Tens
     return torch.where((row_sum <= 0) & query_real, uniform, masked / row_sum.clamp_min(1e-300))
 
 
-def input_distance(attentions: torch.Tensor, masks: torch.Tensor, reference: torch.Tensor | None = None) -> torch.Tensor:
+def input_distance(
+    attentions: torch.Tensor, masks: torch.Tensor, reference: torch.Tensor | None = None
+) -> torch.Tensor:
     """Per input and head, how far the attention is from a constant matrix: ``[N, *heads]`` in [0, 1].
 
     Args:
@@ -184,7 +188,9 @@ def input_distance(attentions: torch.Tensor, masks: torch.Tensor, reference: tor
     return (row_distance * query_real).sum(-1) / query_real.sum(-1)
 
 
-def input_variability(attentions: torch.Tensor, masks: torch.Tensor, reference: torch.Tensor | None = None) -> torch.Tensor:
+def input_variability(
+    attentions: torch.Tensor, masks: torch.Tensor, reference: torch.Tensor | None = None
+) -> torch.Tensor:
     """How input-dependent each head is on these inputs: the mean of :func:`input_distance` over inputs, ``[*heads]``.
 
     0 means the head attends in the same way on every input (a constant matrix would do exactly what it does); 0.3
@@ -199,7 +205,8 @@ def input_variability(attentions: torch.Tensor, masks: torch.Tensor, reference: 
 
 
 def _matrices_and_counts(constant: Any, counts: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Accept a :class:`~papa_lib.core.averaging.ConstantAttention` or ``(matrices [layers, heads, L, L], counts [L, L])``."""
+    """Accept a :class:`~papa_lib.core.averaging.ConstantAttention` or ``(matrices [layers, heads, L, L], counts [L,
+    L])``."""
     if counts is None:
         if not hasattr(constant, "matrices") or not hasattr(constant, "counts"):
             raise ValueError("pass a ConstantAttention, or matrices together with their counts [L, L]")
@@ -430,7 +437,8 @@ def kept_until(lambdas: torch.Tensor, fractions: Sequence[float] = selection.PAP
                order: str = "lambda", seed: int = 0) -> torch.Tensor:
     """``[layers, heads]``: the smallest of ``fractions`` at which each head is still input-dependent.
 
-    Uses :func:`papa_lib.experiments.selection.heads_to_replace`; a head replaced already at the largest fraction below 1 gets
+    Uses :func:`papa_lib.experiments.selection.heads_to_replace`; a head replaced already at the largest fraction below
+    1 gets
     1.0 (it is input-dependent only in the original model). With the paper's fractions, a head with value 1/16
     survives every intermediate cut (only the fully constant model replaces it).
     """
@@ -475,7 +483,9 @@ def order_curves(frame: pd.DataFrame, task: str = "mnli", orders: Sequence[str] 
         parts.append(endpoints.assign(selection_order=order))
     columns = ["selection_order", "fraction", "seed", "value", "metric"]
     curves = pd.concat(parts, ignore_index=True)[columns] if parts else pd.DataFrame(columns=columns)
-    return curves.sort_values(["selection_order", "fraction", "seed"], ascending=[True, False, True]).reset_index(drop=True)
+    return curves.sort_values(["selection_order", "fraction", "seed"], ascending=[True, False, True]).reset_index(
+        drop=True
+    )
 
 
 def compare_orders(summary: pd.DataFrame, best_order: str = "lambda", worst_order: str = "reversed") -> pd.DataFrame:
@@ -526,7 +536,9 @@ def compare_orders(summary: pd.DataFrame, best_order: str = "lambda", worst_orde
 # ------------------------------------------------------------------------------------------------------------------
 
 
-def position_labels(positions: Sequence[int], tokens: Sequence[str] | None = None, length: int | None = None) -> list[str]:
+def position_labels(
+    positions: Sequence[int], tokens: Sequence[str] | None = None, length: int | None = None
+) -> list[str]:
     """Axis labels ``"07 film"`` (zero-padded so that sorting the text sorts the positions) for heat maps."""
     positions = [int(p) for p in positions]
     digits = len(str(max(max(positions, default=0), (length or 1) - 1)))
@@ -537,8 +549,13 @@ def position_labels(positions: Sequence[int], tokens: Sequence[str] | None = Non
     return [f"{p:0{digits}d} {t}" for p, t in zip(positions, tokens)]
 
 
-def packed_heatmaps(matrices: torch.Tensor, keys: Sequence[Mapping[str, Any]], labels: Sequence[Sequence[str]] | Sequence[str],
-                    positions: Sequence[Sequence[int]] | Sequence[int] | None = None, scale: int = 1000) -> pd.DataFrame:
+def packed_heatmaps(
+    matrices: torch.Tensor,
+    keys: Sequence[Mapping[str, Any]],
+    labels: Sequence[Sequence[str]] | Sequence[str],
+    positions: Sequence[Sequence[int]] | Sequence[int] | None = None,
+    scale: int = 1000,
+) -> pd.DataFrame:
     """One row per matrix, for :func:`papa_lib.book.charts.heatmap_chart`: the key fields, ``labels`` and ``cells``
     (row-major ints).
 
@@ -554,7 +571,9 @@ def packed_heatmaps(matrices: torch.Tensor, keys: Sequence[Mapping[str, Any]], l
     if len(keys) != len(matrices):
         raise ValueError(f"got {len(keys)} keys for {len(matrices)} matrices")
     shared_labels = len(labels) > 0 and isinstance(labels[0], str)
-    shared_positions = positions is None or (len(positions) > 0 and not isinstance(positions[0], (list, tuple, np.ndarray, torch.Tensor)))
+    shared_positions = positions is None or (
+        len(positions) > 0 and not isinstance(positions[0], (list, tuple, np.ndarray, torch.Tensor))
+    )
     records = []
     for index, (matrix, key) in enumerate(zip(matrices, keys)):
         matrix = torch.as_tensor(matrix).to(torch.float64)

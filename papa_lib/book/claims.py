@@ -55,7 +55,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -65,15 +64,38 @@ import pandas as pd
 
 from ..experiments.matrices import data_free_types
 from . import paper
+from .claim_rules import (  # noqa: F401  (re-exported: the one claims engine's names)
+    CONFIDENCE,
+    RULES_PATH,
+    Estimate,
+    _from_parts,
+    _number,
+    average,
+    decide,
+    decide_every,
+    difference,
+    one_sample,
+    paired,
+    rule_text,
+    rules,
+)
+from .claim_text import (  # noqa: F401  (re-exported)
+    SENTENCE_ENCODERS,
+    book_table,
+    claim_row,
+    ours_text,
+    pair_caveat,
+    sig3,
+    summary,
+    verdict_sentence,
+)
 
-RULES_PATH = paper.PAPER_DIR / "claims_rules.csv"
 COLUMNS = ["model", "claim", "statement", "statistic", "tasks", "paper", "ours", "ci_low", "ci_high", "df", "verdict",
            "ours_all_tasks", "ci_low_all_tasks", "ci_high_all_tasks", "verdict_all_tasks", "rule", "chapter"]
 TASK_ORDER = ("cola", "mrpc", "sst2", "mnli", "ner", "pos")
 DATA_FREE = data_free_types()  # registered data-free matrix types (at import: the paper's identity, Toeplitz, zeros)
 FIG5_FRACTIONS = (0.5, 0.125, 0.0625)
 ORDERS = ("lambda", "reversed", "first_to_last", "last_to_first", "random")
-CONFIDENCE = 0.95
 #: parameters of the models whose records may meet in C3 (the larger one is expected to drop more)
 MODEL_PARAMETERS = {"all-MiniLM-L6-v2": 22.7e6, "all-mpnet-base-v2": 109.5e6, "bert-base-uncased": 110e6,
                     "roberta-base": 125e6, "electra-base-discriminator": 110e6, "deberta-base": 139e6,
@@ -83,159 +105,6 @@ MODEL_PARAMETERS = {"all-MiniLM-L6-v2": 22.7e6, "all-mpnet-base-v2": 109.5e6, "b
 NORM_FINDINGS = {"C8a": "sep_weight_vs_norm", "C8b": "cls_weight_vs_norm", "C8c": "frequency_rank_vs_norm"}
 NOT_TESTABLE = {"C7": "needs MLM-pretrained models with their pretrained MLM heads beside ELECTRA; the records hold "
                       "{models} with a trained MLM probe only"}
-
-
-# ---------------------------------------------------------------------------------------------- the rules
-def rules() -> pd.DataFrame:
-    """The declared rules (``data/paper/claims_rules.csv``), indexed by claim id; ``low``/``high`` as floats."""
-    table = pd.read_csv(RULES_PATH, keep_default_na=False)
-    for column in ("low", "high", "min_effect"):
-        table[column] = [_number(v, column, i) for i, v in enumerate(table[column], start=2)]
-    return table.set_index("id")
-
-
-def _number(value: str, column: str, line: int) -> float:
-    try:
-        return float(value) if str(value).strip() else float("nan")
-    except ValueError:
-        raise ValueError(f"{RULES_PATH}:{line}: column {column} is not a number: {value!r}") from None
-
-
-def rule_text(rule: pd.Series) -> str:
-    """The rule of one claim in words."""
-    def show(v):
-        return "-inf" if v == -math.inf else "inf" if v == math.inf else f"{v:g}"
-
-    band = f"[{show(rule.low)}, {show(rule.high)}]"
-    if rule.test == "band":
-        return f"agrees if the 95% interval lies inside {band}, differs if entirely outside, else inconclusive"
-    if rule.test == "band_every":
-        return (f"per task (fraction): inside {band} agrees, entirely outside differs; agrees if every one agrees, "
-                "differs if any one differs, else inconclusive")
-    if rule.test == "direction":
-        return (f"direction agrees if the 95% interval lies inside {band}, direction differs if entirely outside, "
-                "else inconclusive")
-    if rule.test == "correlation":
-        return (f"agrees if the 95% interval lies inside {band}; negligible if inside (-{rule.min_effect:g}, "
-                f"{rule.min_effect:g}); differs if entirely outside {band} and not negligible; else inconclusive")
-    return "the records cannot decide it"
-
-
-def decide(test: str, low: float, high: float, band_low: float, band_high: float,
-           min_effect: float | None = None) -> str:
-    """The verdict of an interval ``[low, high]`` under one test (module docstring). A NaN interval (one seed)
-    is inconclusive."""
-    if test == "not_testable":
-        return "not testable"
-    if not (np.isfinite(low) and np.isfinite(high)):
-        return "inconclusive"
-    if test == "correlation" and min_effect is not None and -min_effect < low and high < min_effect:
-        return "negligible"
-    if band_low <= low and high <= band_high:
-        verdict = "agrees"
-    elif high < band_low or low > band_high:
-        verdict = "differs"
-    else:
-        verdict = "inconclusive"
-    return f"direction {verdict}" if test == "direction" and verdict != "inconclusive" else verdict
-
-
-def decide_every(verdicts: Iterable[str], complete: bool = True) -> str:
-    """``band_every``: agrees when every unit agrees (and none is missing), differs when any one differs."""
-    verdicts = list(verdicts)
-    if any(v == "differs" for v in verdicts):
-        return "differs"
-    return "agrees" if verdicts and complete and all(v == "agrees" for v in verdicts) else "inconclusive"
-
-
-# ---------------------------------------------------------------------------------------------- intervals
-@dataclass(frozen=True)
-class Estimate:
-    """A statistic, its standard error and degrees of freedom; ``parts`` are the (variance, df) components that
-    Welch–Satterthwaite combines. ``se`` NaN: no interval (one seed)."""
-
-    value: float
-    se: float
-    df: float
-    parts: tuple = ()
-
-    @property
-    def half_width(self) -> float:
-        from scipy import stats
-
-        if not np.isfinite(self.se) or not np.isfinite(self.value):
-            return float("nan")
-        if self.se == 0:
-            return 0.0
-        return float(stats.t.ppf((1 + CONFIDENCE) / 2, self.df)) * self.se
-
-    @property
-    def low(self) -> float:
-        return self.value - self.half_width
-
-    @property
-    def high(self) -> float:
-        return self.value + self.half_width
-
-
-def _from_parts(value: float, parts: Sequence[tuple[float, float]]) -> Estimate:
-    if not parts or any(not np.isfinite(v) for v, _ in parts):
-        return Estimate(value, float("nan"), float("nan"), tuple(parts))
-    variance = sum(v for v, _ in parts)
-    if variance == 0:
-        return Estimate(value, 0.0, math.inf, tuple(parts))
-    df = variance ** 2 / sum(v ** 2 / d for v, d in parts if v > 0)
-    return Estimate(value, math.sqrt(variance), df, tuple(parts))
-
-
-def one_sample(values: np.ndarray) -> Estimate:
-    """Mean of per-seed values with its Student-t standard error (n - 1 degrees of freedom)."""
-    values = np.asarray(values, float)
-    n = len(values)
-    if n < 2:
-        return Estimate(float(values.mean()) if n else float("nan"), float("nan"), float("nan"))
-    variance = float(values.var(ddof=1)) / n
-    return _from_parts(float(values.mean()), [(variance, n - 1)])
-
-
-def paired(reference: pd.Series, variant: pd.Series, kind: str) -> Estimate:
-    """Seed-paired statistic of two configurations (Series of values indexed by seed id), on their common seeds.
-
-    ``kind``: ``difference`` (variant - reference), ``drop`` ((ref - variant) / |ref|) or ``change``
-    ((variant - ref) / |ref|); the ratios are linearised by the delta method (module docstring)."""
-    seeds = sorted(set(reference.index) & set(variant.index))
-    ref, var = reference.loc[seeds].to_numpy(float), variant.loc[seeds].to_numpy(float)
-    if not seeds:
-        return Estimate(float("nan"), float("nan"), float("nan"))
-    if kind == "difference":
-        return one_sample(var - ref)
-    base = float(ref.mean())
-    if base == 0:
-        return Estimate(float("nan"), float("nan"), float("nan"))
-    a, b = ref - var, np.sign(base) * ref
-    drop = float(a.mean()) / abs(base)
-    z = (a - drop * b) / abs(base)
-    linear = one_sample(z)
-    estimate = Estimate(drop, linear.se, linear.df, linear.parts)
-    if kind == "drop":
-        return estimate
-    if kind == "change":
-        return Estimate(-drop, linear.se, linear.df, linear.parts)
-    raise ValueError(f"paired: unknown kind {kind!r} (difference, drop, change)")
-
-
-def average(estimates: Sequence[Estimate]) -> Estimate:
-    """The mean of per-task estimates: variances summed (scaled by 1/T²), Welch–Satterthwaite df."""
-    if not estimates:
-        return Estimate(float("nan"), float("nan"), float("nan"))
-    t = len(estimates)
-    parts = [(v / t ** 2, d) for e in estimates for v, d in (e.parts or [(float("nan"), float("nan"))])]
-    return _from_parts(float(np.mean([e.value for e in estimates])), parts)
-
-
-def difference(larger: Estimate, smaller: Estimate) -> Estimate:
-    """``larger - smaller`` of two independent estimates (two models): variances summed, Welch–Satterthwaite df."""
-    return _from_parts(larger.value - smaller.value, list(larger.parts) + list(smaller.parts))
 
 
 # ---------------------------------------------------------------------------------------------- selections
@@ -442,12 +311,25 @@ def _row(model, claim, rule, measured: Measured | None, tasks_text: str, sensiti
          verdict: str | None = None) -> dict:
     estimate = measured.estimate if measured else Estimate(float("nan"), float("nan"), float("nan"))
     other = sensitivity.estimate if sensitivity else Estimate(float("nan"), float("nan"), float("nan"))
-    return {"model": model, "claim": claim, "statement": rule.statement, "statistic": rule.statistic, "tasks": tasks_text,
-                "paper": rule.paper_value, "ours": estimate.value, "ci_low": estimate.low, "ci_high": estimate.high,
-                "df": estimate.df, "verdict": verdict or measured.verdict, "ours_all_tasks": other.value,
-                "ci_low_all_tasks": other.low, "ci_high_all_tasks": other.high,
-                "verdict_all_tasks": (sensitivity.verdict if sensitivity else (verdict or "")),
-                "rule": rule_text(rule), "chapter": rule.chapter}
+    return {
+        "model": model,
+        "claim": claim,
+        "statement": rule.statement,
+        "statistic": rule.statistic,
+        "tasks": tasks_text,
+        "paper": rule.paper_value,
+        "ours": estimate.value,
+        "ci_low": estimate.low,
+        "ci_high": estimate.high,
+        "df": estimate.df,
+        "verdict": verdict or measured.verdict,
+        "ours_all_tasks": other.value,
+        "ci_low_all_tasks": other.low,
+        "ci_high_all_tasks": other.high,
+        "verdict_all_tasks": (sensitivity.verdict if sensitivity else (verdict or "")),
+        "rule": rule_text(rule),
+        "chapter": rule.chapter,
+    }
 
 
 def model_claims(frame: pd.DataFrame, model: str | None = None) -> list[dict]:
@@ -630,122 +512,6 @@ def for_setup(setup) -> pd.DataFrame | None:
     if not frames:
         return None
     return claims_table(frames, {m: f for m, f in norms.items() if m in frames})
-
-
-# ---------------------------------------------------------------------------------------------- rendering
-#: The committed local models that are sentence-transformers encoders: pretrained, then contrastively fine-tuned on
-#: the same sentence-pair data (the paper's models are MLM-pretrained checkpoints, probed as released).
-SENTENCE_ENCODERS = ("all-MiniLM-L6-v2", "all-mpnet-base-v2")
-
-
-def pair_caveat(models: Iterable[str], long: bool = False) -> str:
-    """What C3 across these models can tell, in words (``''`` for fewer than two models). The short form is one
-    sentence (the intro, beside the claims table); ``long`` adds why (the probing chapter, beside Fig. 3)."""
-    models = [str(m) for m in dict.fromkeys(models)]
-    if len(models) < 2:
-        return ""
-    names = " and ".join(models) if len(models) == 2 else f"{', '.join(models[:-1])} and {models[-1]}"
-    sentence_encoders = all(m in SENTENCE_ENCODERS for m in models)
-    kind = ("both are sentence-transformers encoders, contrastively fine-tuned on the same sentence-pair data, "
-            "while the paper's models are MLM-pretrained" if sentence_encoders and len(models) == 2 else
-            "the records hold only these models, not the paper's")
-    count = "two" if len(models) == 2 else str(len(models))
-    short = f"C3 compares {names}: {kind}, and {count} models show a direction, not a trend."
-    if not long:
-        return short
-    return (short + " So the pair can say whether the stronger of two encoders trained the same way loses more "
-            "without input-dependent attention; it cannot say whether that holds across model sizes in general, nor "
-            "for MLM-pretrained models, whose attention the contrastive fine-tuning may have reshaped. Its verdict "
-            "is therefore named for a direction (\"direction agrees\", \"direction differs\", \"inconclusive\"), "
-            "never a bare \"agrees\".")
-
-
-def sig3(value: float) -> str:
-    """Three significant figures (``—`` for NaN)."""
-    if value is None or not np.isfinite(value):
-        return "—"
-    if value == 0:
-        return "0"
-    return f"{value:#.3g}".rstrip(".") if abs(value) >= 1e-3 else f"{value:.2e}"
-
-
-def ours_text(row: pd.Series | Mapping) -> str:
-    """``value [low, high]`` at three significant figures, or ``—``."""
-    if not np.isfinite(row["ours"]):
-        return "—"
-    if not (np.isfinite(row["ci_low"]) and np.isfinite(row["ci_high"])):
-        return f"{sig3(row['ours'])} (no interval: one seed)"
-    return f"{sig3(row['ours'])} [{sig3(row['ci_low'])}, {sig3(row['ci_high'])}]"
-
-
-def claim_row(claim_id: str, table: pd.DataFrame, model: str | None = None) -> pd.Series:
-    """The row of one claim (of ``model``, default the first model that has it)."""
-    rows = table[table.claim == claim_id]
-    if model is not None:
-        rows = rows[rows.model == model]
-    if rows.empty:
-        raise KeyError(f"no claim {claim_id!r}{f' for {model}' if model else ''} in the claims table")
-    return rows.iloc[0]
-
-
-def verdict_sentence(claim_id: str, table: pd.DataFrame, model: str | None = None) -> str:
-    """One plain sentence of a claim's row: statement, ours with its interval and tasks, the paper's value, the
-    verdict and its rule (and the verdict with every task, when it differs)."""
-    row = claim_row(claim_id, table, model)
-    if str(row.verdict).startswith(("not testable", "not measured")):
-        return f"{claim_id} — {row.statement} Verdict for {row.model}: **{row.verdict}**."
-    text = (f"{claim_id} — {row.statement} Ours ({row.model}; {row.statistic}): {ours_text(row)}"
-            f"{f' over {row.tasks}' if row.tasks else ''}; paper: {row.paper}. Verdict: **{row.verdict}** "
-            f"({row.rule}).")
-    every = {"ours": row.ours_all_tasks, "ci_low": row.ci_low_all_tasks, "ci_high": row.ci_high_all_tasks}
-    if row.verdict_all_tasks and (ours_text(every) != ours_text(row) or row.verdict_all_tasks != row.verdict):
-        text += f" With every task included: {ours_text(every)}, **{row.verdict_all_tasks}**."
-    return text
-
-
-def summary(table: pd.DataFrame) -> str:
-    """A plain-language paragraph of what the records show, every number from the engine's rows: per verdict, the
-    claims that got it (and, for inconclusive ones, how wide the task-averaged drop's interval is)."""
-    models = [m for m in table.model.unique() if " vs " not in str(m)]
-    groups: dict[str, list[str]] = {}
-    for row in table.itertuples():
-        key = row.verdict.split(":")[0]
-        groups.setdefault(key, []).append(row.claim if len(models) < 2 or " vs " in row.model
-                                          else f"{row.claim} ({row.model})")
-    order = ["agrees", "direction agrees", "differs", "direction differs", "negligible", "inconclusive",
-             "not measured", "not testable"]
-    words = {"agrees": "agree with the paper", "direction agrees": "agree in direction",
-             "differs": "differ from it", "direction differs": "differ in direction",
-             "negligible": "show the paper's sign but a negligible effect (|ρ| < 0.1)",
-             "inconclusive": "are inconclusive: their 95% interval reaches both inside and outside the paper's band",
-             "not measured": "are not measured yet", "not testable": "cannot be tested with these records"}
-    parts = [f"{len(groups[k])} {words[k]} ({', '.join(groups[k])})" for k in order if k in groups]
-    text = f"Of the {len(table)} claim rows checked on {', '.join(models) or 'no model'}: " + "; ".join(parts) + "."
-    c1a = table[(table.claim == "C1a") & table.ours.notna()]
-    if len(c1a):
-        row = c1a.iloc[0]
-        text += (f" For example, replacing every head by its constant matrix costs {ours_text(row)} of the original "
-                 f"score on average over {row.tasks.split(' (')[0]} (C1a; the paper: {row.paper}).")
-    return text
-
-
-def book_table(table: pd.DataFrame) -> str:
-    """The intro's claims table as Markdown: claim, full statement, the paper's value, ours with its interval (three
-    significant figures), the verdict, the verdict with every task, and a link to the chapter. No index, no NaN."""
-    several = table.model.nunique() > 1
-    header = ["claim"] + (["model"] if several else []) + ["statement", "paper", "ours [95% interval]", "verdict",
-                                                            "with every task", "chapter"]
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    for row in table.itertuples():
-        ours = ours_text(row._asdict())
-        every = ours_text({"ours": row.ours_all_tasks, "ci_low": row.ci_low_all_tasks, "ci_high": row.ci_high_all_tasks})
-        same = row.verdict_all_tasks == row.verdict and every == ours
-        cells = [row.claim] + ([row.model] if several else []) + [
-            row.statement, str(row.paper), ours, f"**{row.verdict}**",
-            "same" if same else f"{every} {row.verdict_all_tasks}",
-            f"[{row.chapter.removesuffix('.md')}]({row.chapter})"]
-        lines.append("| " + " | ".join(str(c).replace("|", "\\|").replace("\n", " ") for c in cells) + " |")
-    return "\n".join(lines)
 
 
 # ---------------------------------------------------------------------------------------------- the paper's own

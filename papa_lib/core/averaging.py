@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable
 
 import torch
 from safetensors.torch import load_file, save_file
@@ -77,11 +77,14 @@ class ConstantAttention:
         from .artefacts import write_atomic
 
         meta = {str(k): json.dumps(v) for k, v in self.metadata.items()}
-        tensors = {"matrices": self.matrices.detach().float().cpu().contiguous(), "counts": self.counts.cpu().contiguous()}
+        tensors = {
+            "matrices": self.matrices.detach().float().cpu().contiguous(),
+            "counts": self.counts.cpu().contiguous(),
+        }
         return write_atomic(path, lambda tmp: save_file(tensors, str(tmp), metadata=meta))
 
     @classmethod
-    def load(cls, path: str | Path) -> "ConstantAttention":
+    def load(cls, path: str | Path) -> ConstantAttention:
         """Load matrices saved by :meth:`save`; a file without ``matrices`` and ``counts`` raises ``ValueError``."""
         path = Path(path)
         if not path.exists():
@@ -126,8 +129,14 @@ class PadAwareAverage:
         self.num_examples = 0
         self.started = time.time()
 
-    def add(self, per_layer: Iterable[tuple[int, torch.Tensor]], attention_mask: torch.Tensor, layout: str | None = None,
-            positions: torch.Tensor | None = None, length: int | None = None) -> None:
+    def add(
+        self,
+        per_layer: Iterable[tuple[int, torch.Tensor]],
+        attention_mask: torch.Tensor,
+        layout: str | None = None,
+        positions: torch.Tensor | None = None,
+        length: int | None = None,
+    ) -> None:
         """Add one batch: ``per_layer`` yields ``(layer, matrices [B, heads, W, W])``; ``attention_mask`` is ``[B, W]``.
 
         A padded batch has ``W = L``. A packed batch (:func:`papa_lib.core.packing.pack`) gives ``positions``
@@ -163,10 +172,13 @@ class PadAwareAverage:
         """``(C [layers, heads, L, L] float64, counts [L, L] int64)``: Eq. 2 so far; an empty corpus raises
         ``ValueError``."""
         if self.num_examples == 0:
-            raise ValueError(f"{self.kind} averaging got an empty corpus: no batches (or only empty ones) to average over")
+            raise ValueError(
+                f"{self.kind} averaging got an empty corpus: no batches (or only empty ones) to average over"
+            )
         stacked = torch.stack([s.clone() for s in self.sums])  # plain tensors, editable outside inference mode
         zero = torch.zeros((), dtype=stacked.dtype, device=stacked.device)
-        return torch.where(self.counts > 0, stacked / self.counts.clamp_min(1), zero), self.counts.clone().round().long()
+        averages = torch.where(self.counts > 0, stacked / self.counts.clamp_min(1), zero)
+        return averages, self.counts.clone().round().long()
 
     def result(self, model, source: str) -> ConstantAttention:
         """The averages as a :class:`ConstantAttention`; an empty corpus raises ``ValueError``."""

@@ -42,8 +42,8 @@ reference path stays testable; :mod:`tests.test_fastpath` checks that both agree
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 from torch import nn
@@ -107,7 +107,9 @@ def _skipped_projection(out_features: int) -> Callable[[torch.Tensor], torch.Ten
     return forward
 
 
-def skip_query_key_projections(self_attention: nn.Module, names: tuple[str, str] = ("query", "key")) -> Callable[[], None]:
+def skip_query_key_projections(
+    self_attention: nn.Module, names: tuple[str, str] = ("query", "key")
+) -> Callable[[], None]:
     """Stop ``self_attention.query`` and ``.key`` (or the two ``names``) from computing anything; return the function
     that undoes it.
 

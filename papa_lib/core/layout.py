@@ -19,8 +19,8 @@ The special tokens are learned from the tokenizer itself (:func:`special_token_t
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import torch
 
@@ -210,10 +210,14 @@ def _check_args(layout: str, max_length: int, pairs_given: bool) -> None:
     if max_length < 4:
         raise ValueError(f"max_length must be at least 4, got {max_length}")
     if pairs_given and layout == "papa" and max_length % 2:
-        raise ValueError(f"the PAPA pair layout puts the middle separator at L/2, so max_length must be even (got {max_length})")
+        raise ValueError(
+            f"the PAPA pair layout puts the middle separator at L/2, so max_length must be even (got {max_length})"
+        )
 
 
-def encode(tokenizer, texts: Sequence[str], pairs: Sequence[str] | None = None, max_length: int = 64, layout: str = "papa") -> EncodedBatch:
+def encode(
+    tokenizer, texts: Sequence[str], pairs: Sequence[str] | None = None, max_length: int = 64, layout: str = "papa"
+) -> EncodedBatch:
     """Encode texts (or text pairs) into fixed-width tensors in the PAPA layout (App. A) or the standard one.
 
     Args:
@@ -248,7 +252,9 @@ def encode(tokenizer, texts: Sequence[str], pairs: Sequence[str] | None = None, 
     return _to_batch(rows, masks, types, template, layout, max_length, num_truncated)
 
 
-def encode_words(tokenizer, sentences: Sequence[Sequence[str]], max_length: int = 128, layout: str = "papa") -> EncodedBatch:
+def encode_words(
+    tokenizer, sentences: Sequence[Sequence[str]], max_length: int = 128, layout: str = "papa"
+) -> EncodedBatch:
     """Encode pre-split sentences (NER/POS) as single texts and record each word's first sub-token position.
 
     The label of a word sits on its first sub-token (Sec. 3.3, token tasks). Each word after the first is

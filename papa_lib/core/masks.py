@@ -6,7 +6,9 @@ from __future__ import annotations
 import torch
 
 
-def real_tokens_from_additive_mask(attention_mask: torch.Tensor | None, batch: int, length: int, device) -> torch.Tensor:
+def real_tokens_from_additive_mask(
+    attention_mask: torch.Tensor | None, batch: int, length: int, device
+) -> torch.Tensor:
     """Which positions are real tokens, read from the 4D mask transformers passes to attention functions.
 
     The mask is ``[B, 1, Lq or 1, Lk]``: 0 (or True) where a key may be attended, a large negative value (or False)
@@ -19,7 +21,9 @@ def real_tokens_from_additive_mask(attention_mask: torch.Tensor | None, batch: i
         # the diagonal: query i may attend key i exactly when i is real (also under a sliding window, ModernBERT)
         row = attention_mask[:, 0].diagonal(dim1=-2, dim2=-1)
     else:
-        row = attention_mask[:, 0, 0, :] if attention_mask.dim() == 4 else attention_mask.reshape(batch, -1)[:, -length:]
+        row = (
+            attention_mask[:, 0, 0, :] if attention_mask.dim() == 4 else attention_mask.reshape(batch, -1)[:, -length:]
+        )
     if row.dtype == torch.bool:
         return row
     return row > torch.finfo(row.dtype).min / 2

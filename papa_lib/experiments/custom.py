@@ -34,9 +34,10 @@ from __future__ import annotations
 import csv
 import hashlib
 import re
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import Any
 
 from .tasks import TASKS, SentenceExamples, TaskSpec
 
@@ -79,13 +80,17 @@ class CustomTask:
 
     def __post_init__(self):
         if not isinstance(self.name, str) or not _NAME_RE.match(self.name):
-            raise ValueError(f"custom task name {self.name!r} must be letters, digits, '_', '.' or '-' (no spaces or '/')")
+            raise ValueError(
+                f"custom task name {self.name!r} must be letters, digits, '_', '.' or '-' (no spaces or '/')"
+            )
         columns = self.text_columns
         if isinstance(columns, str):
             columns = columns.split(",")
         columns = tuple(str(c).strip() for c in columns)
         if not 1 <= len(columns) <= 2 or not all(columns):
-            raise ValueError(f"custom task {self.name!r}: text columns must be one or two column names, got {self.text_columns!r}")
+            raise ValueError(
+                f"custom task {self.name!r}: text columns must be one or two column names, got {self.text_columns!r}"
+            )
         object.__setattr__(self, "text_columns", columns)
         if not str(self.label_column).strip():
             raise ValueError(f"custom task {self.name!r}: the label column name is empty")
@@ -126,7 +131,9 @@ def _parse_delimiter(text: str, name: str) -> str:
     named = {"tab": "\t", "\\t": "\t", "comma": ",", "semicolon": ";", "pipe": "|"}
     value = named.get(str(text).lower(), str(text))
     if len(value) != 1 or value in "\r\n\"":
-        raise ValueError(f"custom task {name!r}: delimiter must be one character (or tab, comma, semicolon, pipe), got {text!r}")
+        raise ValueError(
+            f"custom task {name!r}: delimiter must be one character (or tab, comma, semicolon, pipe), got {text!r}"
+        )
     return value
 
 
@@ -154,8 +161,10 @@ def _rows(path: Path, delimiter: str) -> Iterator[tuple[int, list[str], list[str
                     continue
                 if len(row) != len(header):
                     sep = "tab" if delimiter == "\t" else repr(delimiter)
-                    raise ValueError(f"{path}:{start}: expected {len(header)} {sep}-separated fields (as in the header), "
-                                     f"found {len(row)}")
+                    raise ValueError(
+                        f"{path}:{start}: expected {len(header)} {sep}-separated fields (as in the header), "
+                        f"found {len(row)}"
+                    )
                 yield start, row, header
     except UnicodeDecodeError as error:
         raise ValueError(f"{path}: not UTF-8 text ({error.reason} at byte {error.start})") from None
@@ -176,7 +185,9 @@ def _header(task: CustomTask, path: Path) -> list[str]:
     delimiter = task.delimiter_of(path)
     with open(path, encoding="utf-8-sig", newline="") as handle:
         try:
-            for row in csv.reader(handle, delimiter=delimiter, quoting=csv.QUOTE_NONE if delimiter == "\t" else csv.QUOTE_MINIMAL):
+            for row in csv.reader(
+                handle, delimiter=delimiter, quoting=csv.QUOTE_NONE if delimiter == "\t" else csv.QUOTE_MINIMAL
+            ):
                 if row and any(field.strip() for field in row):
                     header = [name.strip() for name in row]
                     _columns(task, path, header)
@@ -258,7 +269,9 @@ def register_custom_task(task: CustomTask) -> TaskSpec:
         raise ValueError(f"{train}: the training set of {task.name} is empty: the file has no examples")
     label_names = _label_order(labels)
     if len(label_names) < 2:
-        raise ValueError(f"{train}: every example has the label {label_names[0]!r}; a classifier needs two labels or more")
+        raise ValueError(
+            f"{train}: every example has the label {label_names[0]!r}; a classifier needs two labels or more"
+        )
     if METRICS[task.metric] == "f1" and len(label_names) != 2:
         raise ValueError(f"custom task {task.name}: metric f1 scores the positive class of a two-label task, but "
                          f"{train} has {len(label_names)} labels; use accuracy or mcc")

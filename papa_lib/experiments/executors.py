@@ -33,14 +33,14 @@ import hashlib
 import logging
 import shutil
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 from ..core import registry
 from . import engine, matrices, rankings, results
-from .grid import grid_runs, grid_settings, run_grid, task_config
 from .features import FeatureStore
+from .grid import grid_runs, grid_settings, run_grid, task_config
 
 #: Hidden file through which workers prove that they see the driver's results folder.
 _TOKEN_PREFIX = ".papa-ray-check-"
@@ -177,7 +177,7 @@ class PortableModel:
     tokenizer: object
 
     @classmethod
-    def of(cls, model, tokenizer) -> "PortableModel":
+    def of(cls, model, tokenizer) -> PortableModel:
         from ..core.models import model_id
 
         state = {name: tensor.detach().cpu() for name, tensor in model.state_dict().items()}
@@ -244,14 +244,8 @@ def run_task(context: WorkerContext, boxed: list, unit: Unit, score_keys: list, 
     if context.before_run is not None:
         context.before_run(unit)
     experiment = _open(context, boxed, unit.task, unit.features, unit.keep)
-    given = dict(zip(score_keys, dependencies[1:1 + len(score_keys)]))
-    computed = experiment.head_scores
-
-    def head_scores(order, matrices_from=None, seed=0):  # scores computed once, by their own tasks
-        key = (order, matrices_from, seed)
-        return given[key] if key in given else computed(order, matrices_from, seed)
-
-    experiment.head_scores = head_scores
+    # scores computed once, by their own tasks, keyed (order, matrices_from, seed)
+    experiment.given_scores.update(zip(score_keys, dependencies[1:1 + len(score_keys)]))
     return experiment.compute_records(unit.variant, list(unit.seeds))
 
 

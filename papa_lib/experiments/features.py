@@ -96,7 +96,7 @@ class RaggedRows:
     def __len__(self) -> int:
         return int(self.offsets.numel() - 1)
 
-    def to(self, device) -> "RaggedRows":
+    def to(self, device) -> RaggedRows:
         """The same rows with every tensor on ``device`` (values stay fp16): batches are then gathered there."""
         move = lambda t: t.to(device) if t is not None else None  # noqa: E731
         return RaggedRows(move(self.values), move(self.offsets), move(self.positions))
@@ -134,7 +134,7 @@ class RaggedRows:
         index, real = self._flat_index(examples)
         return self.values[index[real]].to(device=device, dtype=torch.float32)
 
-    def gather(self, examples) -> "RaggedRows":
+    def gather(self, examples) -> RaggedRows:
         """A new :class:`RaggedRows` holding only ``examples`` (copied into memory)."""
         examples = torch.as_tensor(examples, dtype=torch.long)
         index, real = self._flat_index(examples)

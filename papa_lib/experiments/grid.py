@@ -10,9 +10,9 @@ Ray executor (:mod:`papa_lib.experiments.executors`) runs the same runs elsewher
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable
 
 from ..core.models import load_encoder, resolve_device
 from . import custom, results, selection
@@ -44,7 +44,8 @@ def load_grid(path: str | Path) -> dict:
 
     path = Path(path)
     spec, root = validate_grid(path)
-    if spec.get("custom_tasks") is not None:  # tasks of your own (issue 11), registered now so that blocks may name them
+    # tasks of your own (issue 11), registered now so that blocks may name them
+    if spec.get("custom_tasks") is not None:
         spec["custom_tasks"] = custom.register_custom_tasks(spec["custom_tasks"], base=path.parent, where=str(path),
                                                             root=root)
     spec["blocks"] = [GridBlock(**block) for block in spec["blocks"]]
@@ -75,7 +76,8 @@ def run_grid(spec: dict, results_dir: str | Path, model=None, tokenizer=None, pr
     default all), ``eval_limit``, ``max_length`` (int or per-task mapping with ``default``), ``epochs``,
     ``patience``, ``cache_budget``, ``lambda_epochs``, ``inloop_epochs``, ``inloop_limit``, ``matrix_learning_rate``,
     ``lambda_learning_rate``, ``learning_rate``, ``batch_size``, ``device`` (each of
-    the per-task ones may be a mapping ``{task: value, default: value}``). ``overrides`` replace top-level keys (the CLI's flags).
+    the per-task ones may be a mapping ``{task: value, default: value}``). ``overrides`` replace top-level keys (the
+    CLI's flags).
     ``only_seeds`` runs a subset of the seeds (a shard); subsets and stores stay those of the full seed list.
     """
     from tqdm.auto import tqdm

@@ -155,7 +155,8 @@ def learn_lambdas(model, constants, probe: nn.Module, joint, batches_fn, *, seed
     """λ^h = σ(θ^h) of every head (paper Sec. 3.2, Eq. 3), learned once for every task, MLM included: each head of
     ``model`` mixes ``λ A + (1-λ) C`` with ``constants`` while ``probe`` trains with it (θ at
     ``theta_learning_rate``, default the probe's rate). ``joint(state)`` builds the module that runs the backbone
-    (under ``state``, applied around the whole training) and the probe, e.g. a :class:`BackboneProbe`; ``batches_fn(epoch)`` yields its ``(inputs, targets)``;
+    (under ``state``, applied around the whole training) and the probe, e.g. a :class:`BackboneProbe`;
+    ``batches_fn(epoch)`` yields its ``(inputs, targets)``;
     ``own_stream``: dropout from a random stream of ``seed`` (else the global generator). The backbone's own weights
     do not train (their ``requires_grad`` is switched off meanwhile). Returns λ ``[layers, heads]`` on the CPU."""
     from ..core.override import AttentionOverride

@@ -21,7 +21,8 @@ together from one pass over its features (:func:`papa_lib.experiments.training.t
 backbone pass and the seeds' steps taken together, measured here as a multiple of one seed's step
 (:func:`measure_seed_batching`; on a CPU close to the number of seeds, since a probe step's matrix products grow
 with it; on a GPU far less). Variants whose backbone depends on the seed (λ, random orders) and those trained
-inside the backbone train each seed on its own. Both figures are measured here, on the requested device, with the grid's model — or, for a
+inside the backbone train each seed on its own. Both figures are measured here, on the requested device, with the grid's
+model — or, for a
 model given by name with no weights at hand, with a randomly initialised model built from its configuration (timing
 does not depend on the weights).
 """
@@ -274,8 +275,8 @@ def _model_for_timing(name: str | None, device: str):
 def plan_grid(spec: dict, overrides: dict | None = None, model_name: str | None = None) -> str:
     """The plan of a declared grid as text (see the module docstring); nothing is trained."""
     from ..core.models import num_layers_and_heads
-    from .grid import grid_runs, grid_settings, task_config
     from .features import default_budget
+    from .grid import grid_runs, grid_settings, task_config
 
     settings, seeds = grid_settings(spec, overrides)
     name = model_name or settings.get("model")
@@ -290,8 +291,20 @@ def plan_grid(spec: dict, overrides: dict | None = None, model_name: str | None 
     plans = []
     for task, variants in grid_runs(spec["blocks"]).items():
         config = task_config(settings, task, seeds).resolved()
-        plans.append(plan_task(task, variants, config, layers=layers, hidden=hidden, tokens_per_second=tokens_per_second,
-                               step_seconds=step_seconds, budget=budget, tokenizer=tokenizer, together=together))
+        plans.append(
+            plan_task(
+                task,
+                variants,
+                config,
+                layers=layers,
+                hidden=hidden,
+                tokens_per_second=tokens_per_second,
+                step_seconds=step_seconds,
+                budget=budget,
+                tokenizer=tokenizer,
+                together=together,
+            )
+        )
     label = f"{name or 'embedded all-MiniLM-L6-v2'} ({how})"
     return format_plan(plans, model=label, device=device, tokens_per_second=tokens_per_second,
                        step_seconds=step_seconds, budget=budget, together=together)

@@ -10,7 +10,8 @@ freezing the model and training a small classifier on its hidden states (paper S
   apply a 2-layer MLP" -> :class:`TokenProbe`.
 
 Training uses AdamW with the learning rates of paper App. B, Table 3 (:func:`train_probe`, one model through the
-library's one training loop, :func:`papa_lib.experiments.loop.fit`). This module is pure torch: it consumes already-extracted hidden states and knows nothing about ``transformers``.
+library's one training loop, :func:`papa_lib.experiments.loop.fit`). This module is pure torch: it consumes
+already-extracted hidden states and knows nothing about ``transformers``.
 
 Choices the paper leaves open, and what this module does
 ---------------------------------------------------------
@@ -167,7 +168,9 @@ class SentenceProbe(nn.Module):
         else:
             positions = positions.to(self.position_logits.device).long()
             if tuple(positions.shape) != tuple(real.shape):
-                raise ValueError(f"positions shape {tuple(positions.shape)} does not match attention_mask {tuple(real.shape)}")
+                raise ValueError(
+                    f"positions shape {tuple(positions.shape)} does not match attention_mask {tuple(real.shape)}"
+                )
             top = int(positions[real].max()) if real.any() else 0
             if top >= self.max_length:
                 raise ValueError(f"position {top} exceeds the probe's max_length {self.max_length}")
@@ -175,7 +178,7 @@ class SentenceProbe(nn.Module):
         logits = logits.masked_fill(~real.unsqueeze(1), float("-inf"))  # [B, n, W]
         return torch.softmax(logits, dim=-1)
 
-    def pool_ragged(self, batch: "RaggedSentences") -> Tensor:
+    def pool_ragged(self, batch: RaggedSentences) -> Tensor:
         """Per-layer pooled vectors ``[B, num_layers, D]`` computed on real tokens only (no padded tensor).
 
         The same weighted sum as :meth:`forward`: softmax of ``position_logits[:, position]`` over each example's
@@ -221,7 +224,8 @@ class SentenceProbe(nn.Module):
             )
         if tuple(attention_mask.shape) != (batch, length):
             raise ValueError(
-                f"attention_mask shape {tuple(attention_mask.shape)} does not match features [batch={batch}, length={length}]"
+                f"attention_mask shape {tuple(attention_mask.shape)} does not match features "
+                f"[batch={batch}, length={length}]"
             )
         features = features.to(device=self.position_logits.device, dtype=torch.float32)
         weights = self.pooling_weights(attention_mask, positions)  # [B, n, W]

@@ -13,7 +13,7 @@ end goes first, in words).
 A new ranking is one call (all built-ins, the label-free ones included, are registered when ``papa_lib`` is
 imported)::
 
-    register_head_ranking("my_score", my_scores, label="my score")   # my_scores(experiment, matrices_from, seed)
+    register_head_ranking("my_score", my_scores, label="my score")   # my_scores(workspace, matrices_from, seed)
 """
 
 from __future__ import annotations
@@ -68,8 +68,10 @@ def ranking_label(name: str) -> str:
     return HEAD_RANKINGS[name].label if name in HEAD_RANKINGS else name
 
 
-def _learned_lambdas(experiment, matrices_from, seed):
-    return experiment.learn_lambdas(matrices_from, seed)
+def _learned_lambdas(workspace, matrices_from, seed):
+    from .stages import learn_lambdas
+
+    return learn_lambdas(workspace, matrices_from, seed)
 
 
 register_head_ranking("lambda", _learned_lambdas, order="lambda", learned=True,          # Sec. 3.2

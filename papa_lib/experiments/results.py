@@ -16,8 +16,10 @@ This module provides
   keyed by ``run_id``. Every append rewrites the table atomically (temp file in the same directory, fsync,
   ``os.replace``), so an interrupted grid never leaves a torn table, and :meth:`ResultsStore.run_many`
   resumes a grid by skipping runs whose ``run_id`` is already stored.
-* :func:`config_hash` / :func:`package_versions` -- provenance helpers for the records.
-* :func:`mean_ci`, :func:`summarize`, :func:`relative_drop` -- the paper's summary statistics.
+* :func:`config_hash` / :func:`package_versions` -- provenance helpers for the records
+  (:mod:`papa_lib.experiments.provenance`, re-exported here).
+* :func:`mean_ci`, :func:`summarize`, :func:`relative_drop` -- the paper's summary statistics
+  (:mod:`papa_lib.experiments.summaries`, re-exported here).
 
 The CSV is meant to be committed and diffed: fixed column order (:data:`RECORD_FIELDS` first, then any extra
 columns in alphabetical order), rows sorted by ``finished_at`` then ``run_id``, floats written with Python's
@@ -25,23 +27,22 @@ shortest round-trip ``repr`` so that values survive a write/read cycle bit for b
 
 Writers lock the store (:meth:`ResultsStore.writer_lock`, :mod:`filelock` on ``root/.results.lock``), so processes
 appending to one store in parallel (grid shards, lanes of ``papa grid --task``) lose no record; readers never wait.
-A full disk during an append leaves the old table as it was. A torn last line is set aside into ``results.csv.torn-<time>``
-(one-line notice) and its run computed again; damage before it is reported with its line, and :meth:`ResultsStore.repair`
+A full disk during an append leaves the old table as it was. A torn last line is set aside into
+``results.csv.torn-<time>``
+(one-line notice) and its run computed again; damage before it is reported with its line, and
+:meth:`ResultsStore.repair`
 (``papa grid FILE --repair``) keeps every intact record, moving damaged lines into ``results.csv.damaged-<time>``.
 """
 
 from __future__ import annotations
 
 import csv
-import hashlib
 import io
 import json
 import math
 import os
-import platform
-import sys
 import tempfile
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping
 from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
@@ -52,6 +53,8 @@ import pandas as pd
 
 from ..core.artefacts import notice, write_atomic
 from .damage import Damage, DamagedStoreError, row_problem, scan_table, side_file
+from .provenance import _distribution_version, config_hash, package_versions  # noqa: F401  (re-exported)
+from .summaries import CONFIG_COLUMNS, mean_ci, relative_drop, summarize  # noqa: F401  (re-exported)
 
 __all__ = [
     "RECORD_FIELDS",
@@ -68,7 +71,8 @@ __all__ = [
     "summarize",
 ]
 
-#: Where a record was made, beside ``versions`` and ``device`` (:func:`papa_lib.experiments.provenance.run_provenance`): the repository's git commit
+#: Where a record was made, beside ``versions`` and ``device`` (:func:`papa_lib.experiments.provenance.run_provenance`):
+#: the repository's git commit
 #: (``unknown`` outside a git checkout; ``-dirty`` when tracked files differ from it), the SHA-256 of each data file
 #: read (JSON ``{file: digest}``), torch and transformers versions, the processor (the GPU's name on a CUDA device,
 #: else the CPU's model name), torch's thread count and the optimiser implementation. Records made before these
@@ -103,91 +107,10 @@ _FLOAT_FIELDS = ("fraction", "value", "wall_time_s")
 _INT_FIELDS = ("seed", "eval_size", "train_size", "threads")
 _STRING_FIELDS = tuple(f for f in RECORD_FIELDS if f not in _FLOAT_FIELDS + _INT_FIELDS)
 
-#: Columns that identify one configuration of the grid (everything but the seed); used by
-#: :func:`relative_drop` to decide which rows are "the same run over different seeds".
-CONFIG_COLUMNS: tuple[str, ...] = (
-    "model", "task", "matrix_type", "matrices_from", "selection_order", "fraction", "metric",
-)
-
-_CONFIG_HASH_LENGTH = 16
-
 
 # --------------------------------------------------------------------------------------------------------------
-# Provenance helpers
+# Learning curves
 # --------------------------------------------------------------------------------------------------------------
-
-
-def _canonical(obj: Any, where: str) -> Any:
-    """Return a JSON-ready copy of ``obj`` with numbers, paths and containers in one canonical form."""
-    if obj is None or isinstance(obj, (bool, str)):
-        return obj
-    if isinstance(obj, np.generic):
-        obj = obj.item()
-        if isinstance(obj, (bool, str)) or obj is None:
-            return obj
-    if isinstance(obj, int):
-        return obj
-    if isinstance(obj, float):
-        if math.isfinite(obj) and obj == int(obj):
-            # 1 and 1.0 (and -0.0 and 0.0) describe the same experiment: hash them identically.
-            return int(obj)
-        if math.isnan(obj):
-            return "NaN"
-        if math.isinf(obj):
-            return "Infinity" if obj > 0 else "-Infinity"
-        return obj
-    if isinstance(obj, os.PathLike):
-        return os.fspath(obj)
-    if isinstance(obj, Mapping):
-        out = {}
-        for key, val in obj.items():
-            if not isinstance(key, str):
-                raise ValueError(f"config_hash: key {key!r} at {where} is not a string; use string keys")
-            out[key] = _canonical(val, f"{where}.{key}")
-        return out
-    if isinstance(obj, (list, tuple)):
-        return [_canonical(v, f"{where}[{i}]") for i, v in enumerate(obj)]
-    if isinstance(obj, (set, frozenset)):
-        items = [_canonical(v, f"{where}{{}}") for v in obj]
-        return sorted(items, key=lambda v: json.dumps(v, sort_keys=True))
-    raise ValueError(
-        f"config_hash: value at {where} has type {type(obj).__name__}, which has no canonical JSON form "
-        "(use str/int/float/bool/None, lists, tuples, sets, dicts with string keys, or paths)"
-    )
-
-
-def config_hash(config: dict) -> str:
-    """Return a stable short (16 hex characters) SHA-256 of a configuration dictionary.
-
-    The dictionary is serialised as canonical JSON (sorted keys, no whitespace) before hashing, so key order
-    does not matter, and floats are written with Python's shortest round-trip ``repr`` (``1/16`` always gives
-    ``0.0625``). Integral floats are folded into ints (``1.0`` and ``1`` hash the same), tuples hash as lists,
-    paths as strings and numpy scalars as their Python values. Any change of a value or key changes the hash.
-    """
-    if not isinstance(config, Mapping):
-        raise ValueError(f"config_hash expects a dict, got {type(config).__name__}")
-    canonical = _canonical(config, "config")
-    text = json.dumps(canonical, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
-    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:_CONFIG_HASH_LENGTH]
-
-
-def _distribution_version(name: str) -> str:
-    """Version of an installed distribution, or ``'unknown'`` when it is not installed."""
-    from importlib import metadata
-
-    try:
-        return metadata.version(name)
-    except metadata.PackageNotFoundError:
-        return "unknown"
-
-
-def _papa_lib_version() -> str:
-    """``papa_lib.__version__`` when defined, else the installed distribution's version, else ``'unknown'``."""
-    package = sys.modules.get("papa_lib")
-    version = getattr(package, "__version__", None)
-    if isinstance(version, str) and version:
-        return version
-    return _distribution_version("papa_lib")
 
 
 def write_curve(results_dir: str | Path, run_id: str, curve: list[dict]) -> str:
@@ -200,21 +123,6 @@ def write_curve(results_dir: str | Path, run_id: str, curve: list[dict]) -> str:
 
     path = write_atomic(Path(results_dir) / "curves" / f"{run_id}.csv", write, sums=False)  # written, never read back
     return str(path.relative_to(Path(results_dir)))
-
-
-def package_versions() -> str:
-    """Return a JSON string (sorted keys) with the versions of python, torch, transformers and papa_lib.
-
-    Versions come from the installed distributions' metadata (torch is not imported); a package that is
-    not installed is reported as ``'unknown'``.
-    """
-    versions = {
-        "python": platform.python_version(),
-        "torch": _distribution_version("torch"),
-        "transformers": _distribution_version("transformers"),
-        "papa_lib": _papa_lib_version(),
-    }
-    return json.dumps(versions, sort_keys=True)
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -486,13 +394,15 @@ class ResultsStore:
             if exists and not replace:
                 raise ValueError(f"run_id {run_id!r} is already stored in {self.path} (pass replace=True to overwrite)")
             rows = [row for row in rows if row["run_id"] != run_id] + [cells]
-            extras = sorted({c for c in header if c not in RECORD_FIELDS} | {c for c in cells if c not in RECORD_FIELDS})
+            extras = sorted(
+                {c for c in header if c not in RECORD_FIELDS} | {c for c in cells if c not in RECORD_FIELDS}
+            )
             columns = list(RECORD_FIELDS) + extras
             rows.sort(key=lambda row: (row.get("finished_at", ""), row["run_id"]))
             self._write_table(columns, rows)
         return True
 
-    def merge(self, other: "ResultsStore | str | Path") -> int:
+    def merge(self, other: ResultsStore | str | Path) -> int:
         """Add the records of another store (e.g. a grid shard run in parallel) whose ``run_id`` is not here yet.
 
         Records are copied as stored (same run ids, same values); one atomic write. Returns how many were added.
@@ -658,139 +568,3 @@ def read_results(root: str | Path) -> pd.DataFrame:
     if not Path(root).is_dir():
         raise FileNotFoundError(f"results store directory {root} does not exist")
     return ResultsStore(root).frame()
-
-
-# --------------------------------------------------------------------------------------------------------------
-# Summaries (Sec. 4.1: means over 3 seeds with 95% CIs; Sec. 4.2: relative drop from the original model)
-# --------------------------------------------------------------------------------------------------------------
-
-
-def mean_ci(values: Iterable[float], confidence: float = 0.95) -> tuple[float, float, float]:
-    """Mean and two-sided Student-t confidence interval ``(mean, low, high)`` of ``values``.
-
-    ``low/high = mean -/+ t_{(1+confidence)/2, n-1} * s / sqrt(n)`` with ``s`` the sample standard deviation
-    (ddof=1). With a single value there is no spread to estimate and ``(v, v, v)`` is returned (a degenerate
-    interval, not a claim of certainty). Empty input or non-finite values raise ValueError.
-    """
-    from scipy import stats
-
-    if not 0.0 < confidence < 1.0:
-        raise ValueError(f"confidence must be strictly between 0 and 1, got {confidence}")
-    array = np.asarray(list(values) if not isinstance(values, np.ndarray) else values, dtype=float).ravel()
-    if array.size == 0:
-        raise ValueError("mean_ci: no values given")
-    if not np.all(np.isfinite(array)):
-        raise ValueError(f"mean_ci: values must be finite, got {array.tolist()}")
-    mean = float(array.mean())
-    if array.size == 1:
-        return mean, mean, mean
-    sem = float(array.std(ddof=1)) / math.sqrt(array.size)
-    half_width = float(stats.t.ppf((1.0 + confidence) / 2.0, df=array.size - 1)) * sem
-    return mean, mean - half_width, mean + half_width
-
-
-def _check_columns(df: pd.DataFrame, columns: Iterable[str], what: str) -> None:
-    missing = [c for c in columns if c not in df.columns]
-    if missing:
-        raise ValueError(f"{what}: column(s) not in the frame: {', '.join(missing)} (have {list(df.columns)})")
-
-
-def summarize(df: pd.DataFrame, by: Sequence[str], value: str = "value", confidence: float = 0.95) -> pd.DataFrame:
-    """Group ``df`` by ``by`` and return one row per group: ``by`` columns + ``mean, ci_low, ci_high, n``.
-
-    ``n`` is the number of non-missing values in the group (the seeds); the interval is :func:`mean_ci`'s
-    Student-t interval (degenerate for n = 1). Missing values are ignored; a group with none gets NaN and n = 0.
-    Missing keys (e.g. no ``matrix_type`` for the original model) form their own group.
-    """
-    by = [by] if isinstance(by, str) else list(by)
-    if not by:
-        raise ValueError("summarize: `by` must name at least one column")
-    _check_columns(df, [*by, value], "summarize")
-    out_columns = [*by, "mean", "ci_low", "ci_high", "n"]
-    if df.empty:
-        return pd.DataFrame({c: pd.Series(dtype=df[c].dtype if c in df else "float64") for c in out_columns}).astype(
-            {"n": "int64"}
-        )
-    rows = []
-    for key, group in df.groupby(by, dropna=False, sort=True):
-        key = key if isinstance(key, tuple) else (key,)
-        values = pd.to_numeric(group[value], errors="raise").dropna().to_numpy(dtype=float)
-        if values.size:
-            mean, low, high = mean_ci(values, confidence)
-        else:
-            mean = low = high = float("nan")
-        rows.append((*key, mean, low, high, int(values.size)))
-    return pd.DataFrame(rows, columns=out_columns)
-
-
-def _baseline_mask(df: pd.DataFrame, baseline: Mapping[str, Any]) -> pd.Series:
-    """Rows of ``df`` matching every ``column: value`` of ``baseline`` (floats compared with isclose)."""
-    mask = pd.Series(True, index=df.index)
-    for column, target in baseline.items():
-        col = df[column]
-        if target is None or (isinstance(target, float) and math.isnan(target)):
-            mask &= col.isna()
-        elif isinstance(target, (int, float, np.number)) and not isinstance(target, bool):
-            numeric = pd.to_numeric(col, errors="coerce").to_numpy(dtype=float)
-            mask &= pd.Series(np.isclose(numeric, float(target), rtol=0.0, atol=1e-12), index=df.index)
-        else:
-            mask &= col == target
-    return mask
-
-
-def relative_drop(
-    df: pd.DataFrame,
-    by: Sequence[str] = ("model", "task"),
-    baseline: Mapping[str, Any] | None = None,
-    value: str = "value",
-) -> pd.DataFrame:
-    """Relative drop of every configuration's mean (over seeds) from its group's baseline (Sec. 4.2, Fig. 2-3).
-
-    ``baseline`` (default ``{'fraction': 1.0}``, the original model with all heads input-dependent) selects
-    the baseline rows. For each group of ``by`` (plus ``metric`` when the frame has that column and ``by``
-    does not name it, so different metrics are never compared), the baseline is the mean of the baseline
-    rows' values (over seeds, pooling any duplicate baseline configurations), and every configuration --
-    the distinct combinations of ``by`` and the other :data:`CONFIG_COLUMNS` present in ``df`` -- gets
-
-        relative_drop = (baseline - mean) / |baseline|
-
-    so a positive number is a loss and the baseline itself gets 0. Output columns: the ``by`` columns, the other
-    distinguishing columns, ``mean``, ``n`` (values averaged), ``baseline``, ``relative_drop``. A group
-    without baseline rows, or with a zero baseline, raises ValueError naming it.
-    """
-    baseline = {"fraction": 1.0} if baseline is None else dict(baseline)
-    by = [by] if isinstance(by, str) else list(by)
-    if not baseline:
-        raise ValueError("relative_drop: `baseline` must select rows by at least one column")
-    _check_columns(df, [*by, value, *baseline], "relative_drop")
-    group_columns = list(by) + (["metric"] if "metric" in df.columns and "metric" not in by else [])
-    key_columns = group_columns + [c for c in CONFIG_COLUMNS if c in df.columns and c not in group_columns]
-    out_columns = [*key_columns, "mean", "n", "baseline", "relative_drop"]
-    if df.empty:
-        return pd.DataFrame(columns=out_columns)
-
-    data = df.copy()
-    data[value] = pd.to_numeric(data[value], errors="raise")
-    per_config = (
-        data.groupby(key_columns, dropna=False, sort=True)[value]
-        .agg(mean="mean", n="count")
-        .reset_index()
-    )
-    base_rows = data[_baseline_mask(data, baseline)]
-    if group_columns:
-        base = base_rows.groupby(group_columns, dropna=False, sort=True)[value].mean().rename("baseline").reset_index()
-        merged = per_config.merge(base, on=group_columns, how="left")
-    else:
-        merged = per_config.assign(baseline=base_rows[value].mean() if len(base_rows) else np.nan)
-
-    lacking = merged[merged["baseline"].isna()]
-    if not lacking.empty:
-        groups = sorted({tuple(r) for r in lacking[group_columns].itertuples(index=False)}, key=str)
-        raise ValueError(f"relative_drop: no baseline rows matching {baseline} for group(s) {group_columns}={groups}")
-    zero = merged[merged["baseline"] == 0]
-    if not zero.empty:
-        groups = sorted({tuple(r) for r in zero[group_columns].itertuples(index=False)}, key=str)
-        raise ValueError(f"relative_drop: baseline mean is 0 (relative drop undefined) for {group_columns}={groups}")
-
-    merged["relative_drop"] = (merged["baseline"] - merged["mean"]) / merged["baseline"].abs()
-    return merged[out_columns].reset_index(drop=True)

@@ -1,0 +1,154 @@
+"""What :mod:`papa_lib.bench` builds on: the FLOP model of the all-constant speed-up (paper Sec. 3.4), the problem
+sizes, the benchmark models, device synchronisation and the process's resident memory. Re-exported by
+:mod:`papa_lib.bench`."""
+
+from __future__ import annotations
+
+import os
+import statistics
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+MODEL_ENV = "PAPA_BENCH_MODEL"
+
+
+@dataclass(frozen=True)
+class BenchSizes:
+    """Problem sizes of one benchmark run (full or ``--quick``)."""
+
+    averaging_sentences: int = 512
+    averaging_length: int = 64
+    averaging_batch: int = 32
+    averaging_repeats: int = 3
+    probe_sentences: int = 256
+    probe_batch: int = 32
+    probe_repeats: int = 3
+    constant_lengths: tuple[int, ...] = (128, 256, 512)
+    constant_batch: int = 8
+    constant_repeats: int = 4
+    memory_sentences: tuple[int, int] = (256, 1024)
+    memory_batch: int = 32
+    packing_sentences: int = 1024
+    packing_batch: int = 32
+    packing_repeats: int = 3
+    seeds: int = 10
+    seeds_sentences: int = 256
+    seeds_repeats: int = 3
+
+
+def format_figure(name: str, value: float) -> str:
+    """One output line, ``name: value``."""
+    return f"{name}: {value:.4g}"
+
+
+# ---------------------------------------------------------------------------------------------- the FLOP model
+def layer_flops(length: int, hidden: int, intermediate: int, constant: bool) -> int:
+    """FLOPs of one encoder layer on one sequence of ``length`` tokens (1 multiply-add = 2 FLOPs).
+
+    Original layer: the Q, K, V and O projections ``4·n·d²·2``, the scores QKᵀ and the product AV ``2·n²·d·2``
+    (summed over heads, d = H·d′) and the feed-forward block's two matrices ``2·n·d·d_ff·2``.
+    All-constant layer: only the V and O projections ``2·n·d²·2``, the product CV ``n²·d·2`` and the same
+    feed-forward block ``2·n·d·d_ff·2``.
+
+    This is the paper's per-head count (Sec. 3.4: 2n²d′ + 3nd′² → n²d′ + nd′² multiply-adds, with the projection
+    term read as n·d·d′ per head) summed over the H heads, plus the output projection and the feed-forward block,
+    which the replacement does not touch. Softmax, scaling, masking, layer norms, GELU and biases are not counted
+    (they are O(n²·H) or O(n·d), small next to the matrix products in FLOPs, though not always in time).
+    """
+    n, d, f = int(length), int(hidden), int(intermediate)
+    feed_forward = 2 * n * d * f * 2
+    if constant:
+        return 2 * n * d * d * 2 + n * n * d * 2 + feed_forward
+    return 4 * n * d * d * 2 + 2 * n * n * d * 2 + feed_forward
+
+
+def flop_limit(length: int, hidden: int, intermediate: int) -> float:
+    """The FLOP-count limit of the all-constant speed-up: FLOPs(original stack) / FLOPs(all-constant stack).
+
+    Every layer has the same shape, so this is the per-layer ratio of :func:`layer_flops`.
+    """
+    return layer_flops(length, hidden, intermediate, False) / layer_flops(length, hidden, intermediate, True)
+
+
+def load_bench_model(spec: str | None, device: str = "cpu", dtype: str = "fp32"):
+    """(model, tokenizer) for a model spec: ``minilm`` (embedded, default), ``tiny`` (random 2-layer BERT), or a path.
+
+    ``tiny`` uses the embedded model's tokenizer with a tiny randomly initialised BERT of the same vocabulary.
+    """
+    from transformers import AutoModel, AutoTokenizer, BertConfig
+
+    from .core.models import embedded_model_path, load_encoder
+
+    if dtype not in DTYPES:
+        raise ValueError(f"unknown dtype {dtype!r}; choose one of {sorted(DTYPES)}")
+    if str(device).startswith("cuda") and not torch.cuda.is_available():
+        raise ValueError(f"device {device!r} requested but CUDA is not available on this machine")
+    spec = spec or os.environ.get(MODEL_ENV) or "minilm"
+    if spec == "tiny":
+        tokenizer = AutoTokenizer.from_pretrained(str(embedded_model_path()))
+        config = BertConfig(
+            vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37,
+            max_position_embeddings=512,
+        )
+        torch.manual_seed(0)
+        model = AutoModel.from_config(config, attn_implementation="eager").to(device=device, dtype=DTYPES[dtype]).eval()
+        model.papa_model_id = "tiny-random-bert"
+        return model, tokenizer
+    return load_encoder(None if spec == "minilm" else spec, device=device, dtype=DTYPES[dtype])
+
+
+def _synchronise(device) -> None:
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize()
+
+
+def _median_ratio(numerators: list[float], denominators: list[float]) -> float:
+    return statistics.median(a / b for a, b in zip(numerators, denominators))
+
+
+@contextmanager
+def _frozen(model):
+    """Temporarily stop ``model``'s parameters from requiring gradients (restored exactly on exit)."""
+    flags = [(p, p.requires_grad) for p in model.parameters()]
+    try:
+        for p, _ in flags:
+            p.requires_grad_(False)
+        yield model
+    finally:
+        for p, flag in flags:
+            p.requires_grad_(flag)
+
+
+def _current_rss_kb() -> int | None:
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    except OSError:
+        pass
+    return None
+
+
+def _peak_rss_kb() -> int:
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1])
+    except OSError:
+        pass
+    import resource
+
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
+
+
+def _reset_peak_rss() -> bool:
+    """Reset the process's peak RSS (Linux ``/proc/self/clear_refs``); False where that is not possible."""
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+        return True
+    except OSError:
+        return False

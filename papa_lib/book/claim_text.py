@@ -1,0 +1,133 @@
+"""How the claims engine's rows read (:mod:`papa_lib.book.claims`): three significant figures, a value with its
+interval, one claim's sentence, the summary paragraph, the intro's Markdown table, and what C3 across two models can
+tell (:func:`pair_caveat`). Re-exported by :mod:`papa_lib.book.claims`."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+
+import numpy as np
+import pandas as pd
+
+
+# ---------------------------------------------------------------------------------------------- rendering
+def sig3(value: float) -> str:
+    """Three significant figures (``—`` for NaN)."""
+    if value is None or not np.isfinite(value):
+        return "—"
+    if value == 0:
+        return "0"
+    return f"{value:#.3g}".rstrip(".") if abs(value) >= 1e-3 else f"{value:.2e}"
+
+
+def ours_text(row: pd.Series | Mapping) -> str:
+    """``value [low, high]`` at three significant figures, or ``—``."""
+    if not np.isfinite(row["ours"]):
+        return "—"
+    if not (np.isfinite(row["ci_low"]) and np.isfinite(row["ci_high"])):
+        return f"{sig3(row['ours'])} (no interval: one seed)"
+    return f"{sig3(row['ours'])} [{sig3(row['ci_low'])}, {sig3(row['ci_high'])}]"
+
+
+def claim_row(claim_id: str, table: pd.DataFrame, model: str | None = None) -> pd.Series:
+    """The row of one claim (of ``model``, default the first model that has it)."""
+    rows = table[table.claim == claim_id]
+    if model is not None:
+        rows = rows[rows.model == model]
+    if rows.empty:
+        raise KeyError(f"no claim {claim_id!r}{f' for {model}' if model else ''} in the claims table")
+    return rows.iloc[0]
+
+
+def verdict_sentence(claim_id: str, table: pd.DataFrame, model: str | None = None) -> str:
+    """One plain sentence of a claim's row: statement, ours with its interval and tasks, the paper's value, the
+    verdict and its rule (and the verdict with every task, when it differs)."""
+    row = claim_row(claim_id, table, model)
+    if str(row.verdict).startswith(("not testable", "not measured")):
+        return f"{claim_id} — {row.statement} Verdict for {row.model}: **{row.verdict}**."
+    text = (f"{claim_id} — {row.statement} Ours ({row.model}; {row.statistic}): {ours_text(row)}"
+            f"{f' over {row.tasks}' if row.tasks else ''}; paper: {row.paper}. Verdict: **{row.verdict}** "
+            f"({row.rule}).")
+    every = {"ours": row.ours_all_tasks, "ci_low": row.ci_low_all_tasks, "ci_high": row.ci_high_all_tasks}
+    if row.verdict_all_tasks and (ours_text(every) != ours_text(row) or row.verdict_all_tasks != row.verdict):
+        text += f" With every task included: {ours_text(every)}, **{row.verdict_all_tasks}**."
+    return text
+
+
+def summary(table: pd.DataFrame) -> str:
+    """A plain-language paragraph of what the records show, every number from the engine's rows: per verdict, the
+    claims that got it (and, for inconclusive ones, how wide the task-averaged drop's interval is)."""
+    models = [m for m in table.model.unique() if " vs " not in str(m)]
+    groups: dict[str, list[str]] = {}
+    for row in table.itertuples():
+        key = row.verdict.split(":")[0]
+        groups.setdefault(key, []).append(row.claim if len(models) < 2 or " vs " in row.model
+                                          else f"{row.claim} ({row.model})")
+    order = ["agrees", "direction agrees", "differs", "direction differs", "negligible", "inconclusive",
+             "not measured", "not testable"]
+    words = {"agrees": "agree with the paper", "direction agrees": "agree in direction",
+             "differs": "differ from it", "direction differs": "differ in direction",
+             "negligible": "show the paper's sign but a negligible effect (|ρ| < 0.1)",
+             "inconclusive": "are inconclusive: their 95% interval reaches both inside and outside the paper's band",
+             "not measured": "are not measured yet", "not testable": "cannot be tested with these records"}
+    parts = [f"{len(groups[k])} {words[k]} ({', '.join(groups[k])})" for k in order if k in groups]
+    text = f"Of the {len(table)} claim rows checked on {', '.join(models) or 'no model'}: " + "; ".join(parts) + "."
+    c1a = table[(table.claim == "C1a") & table.ours.notna()]
+    if len(c1a):
+        row = c1a.iloc[0]
+        text += (f" For example, replacing every head by its constant matrix costs {ours_text(row)} of the original "
+                 f"score on average over {row.tasks.split(' (')[0]} (C1a; the paper: {row.paper}).")
+    return text
+
+
+def book_table(table: pd.DataFrame) -> str:
+    """The intro's claims table as Markdown: claim, full statement, the paper's value, ours with its interval (three
+    significant figures), the verdict, the verdict with every task, and a link to the chapter. No index, no NaN."""
+    several = table.model.nunique() > 1
+    header = ["claim"] + (["model"] if several else []) + ["statement", "paper", "ours [95% interval]", "verdict",
+                                                            "with every task", "chapter"]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for row in table.itertuples():
+        ours = ours_text(row._asdict())
+        every = ours_text(
+            {"ours": row.ours_all_tasks, "ci_low": row.ci_low_all_tasks, "ci_high": row.ci_high_all_tasks}
+        )
+        same = row.verdict_all_tasks == row.verdict and every == ours
+        cells = [row.claim] + ([row.model] if several else []) + [
+            row.statement, str(row.paper), ours, f"**{row.verdict}**",
+            "same" if same else f"{every} {row.verdict_all_tasks}",
+            f"[{row.chapter.removesuffix('.md')}]({row.chapter})"]
+        lines.append("| " + " | ".join(str(c).replace("|", "\\|").replace("\n", " ") for c in cells) + " |")
+    return "\n".join(lines)
+
+
+#: The committed local models that are sentence-transformers encoders: pretrained, then contrastively fine-tuned on
+#: the same sentence-pair data (the paper's models are MLM-pretrained checkpoints, probed as released).
+SENTENCE_ENCODERS = ("all-MiniLM-L6-v2", "all-mpnet-base-v2")
+
+
+def pair_caveat(models: Iterable[str], long: bool = False) -> str:
+    """What C3 across these models can tell, in words (``''`` for fewer than two models). The short form is one
+    sentence (the intro, beside the claims table); ``long`` adds why (the probing chapter, beside Fig. 3)."""
+    models = [str(m) for m in dict.fromkeys(models)]
+    if len(models) < 2:
+        return ""
+    names = " and ".join(models) if len(models) == 2 else f"{', '.join(models[:-1])} and {models[-1]}"
+    sentence_encoders = all(m in SENTENCE_ENCODERS for m in models)
+    kind = (
+        "both are sentence-transformers encoders, contrastively fine-tuned on the same sentence-pair data, "
+        "while the paper's models are MLM-pretrained"
+        if sentence_encoders and len(models) == 2
+        else "the records hold only these models, not the paper's"
+    )
+    count = "two" if len(models) == 2 else str(len(models))
+    short = f"C3 compares {names}: {kind}, and {count} models show a direction, not a trend."
+    if not long:
+        return short
+    return (
+        short + " So the pair can say whether the stronger of two encoders trained the same way loses more "
+        "without input-dependent attention; it cannot say whether that holds across model sizes in general, nor "
+        "for MLM-pretrained models, whose attention the contrastive fine-tuning may have reshaped. Its verdict "
+        'is therefore named for a direction ("direction agrees", "direction differs", "inconclusive"), '
+        'never a bare "agrees".'
+    )

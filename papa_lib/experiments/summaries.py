@@ -1,0 +1,153 @@
+"""The paper's summary statistics over a results table (Sec. 4.1: means over 3 seeds with 95% CIs; Sec. 4.2: the
+relative drop of each variant from the original model): :func:`mean_ci`, :func:`summarize`, :func:`relative_drop`.
+Re-exported by :mod:`papa_lib.experiments.results`."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+#: Columns that identify one configuration of the grid (everything but the seed); used by
+#: :func:`relative_drop` to decide which rows are "the same run over different seeds".
+CONFIG_COLUMNS: tuple[str, ...] = (
+    "model", "task", "matrix_type", "matrices_from", "selection_order", "fraction", "metric",
+)
+
+# --------------------------------------------------------------------------------------------------------------
+# Summaries (Sec. 4.1: means over 3 seeds with 95% CIs; Sec. 4.2: relative drop from the original model)
+# --------------------------------------------------------------------------------------------------------------
+
+
+def mean_ci(values: Iterable[float], confidence: float = 0.95) -> tuple[float, float, float]:
+    """Mean and two-sided Student-t confidence interval ``(mean, low, high)`` of ``values``.
+
+    ``low/high = mean -/+ t_{(1+confidence)/2, n-1} * s / sqrt(n)`` with ``s`` the sample standard deviation
+    (ddof=1). With a single value there is no spread to estimate and ``(v, v, v)`` is returned (a degenerate
+    interval, not a claim of certainty). Empty input or non-finite values raise ValueError.
+    """
+    from scipy import stats
+
+    if not 0.0 < confidence < 1.0:
+        raise ValueError(f"confidence must be strictly between 0 and 1, got {confidence}")
+    array = np.asarray(list(values) if not isinstance(values, np.ndarray) else values, dtype=float).ravel()
+    if array.size == 0:
+        raise ValueError("mean_ci: no values given")
+    if not np.all(np.isfinite(array)):
+        raise ValueError(f"mean_ci: values must be finite, got {array.tolist()}")
+    mean = float(array.mean())
+    if array.size == 1:
+        return mean, mean, mean
+    sem = float(array.std(ddof=1)) / math.sqrt(array.size)
+    half_width = float(stats.t.ppf((1.0 + confidence) / 2.0, df=array.size - 1)) * sem
+    return mean, mean - half_width, mean + half_width
+
+
+def _check_columns(df: pd.DataFrame, columns: Iterable[str], what: str) -> None:
+    missing = [c for c in columns if c not in df.columns]
+    if missing:
+        raise ValueError(f"{what}: column(s) not in the frame: {', '.join(missing)} (have {list(df.columns)})")
+
+
+def summarize(df: pd.DataFrame, by: Sequence[str], value: str = "value", confidence: float = 0.95) -> pd.DataFrame:
+    """Group ``df`` by ``by`` and return one row per group: ``by`` columns + ``mean, ci_low, ci_high, n``.
+
+    ``n`` is the number of non-missing values in the group (the seeds); the interval is :func:`mean_ci`'s
+    Student-t interval (degenerate for n = 1). Missing values are ignored; a group with none gets NaN and n = 0.
+    Missing keys (e.g. no ``matrix_type`` for the original model) form their own group.
+    """
+    by = [by] if isinstance(by, str) else list(by)
+    if not by:
+        raise ValueError("summarize: `by` must name at least one column")
+    _check_columns(df, [*by, value], "summarize")
+    out_columns = [*by, "mean", "ci_low", "ci_high", "n"]
+    if df.empty:
+        return pd.DataFrame({c: pd.Series(dtype=df[c].dtype if c in df else "float64") for c in out_columns}).astype(
+            {"n": "int64"}
+        )
+    rows = []
+    for key, group in df.groupby(by, dropna=False, sort=True):
+        key = key if isinstance(key, tuple) else (key,)
+        values = pd.to_numeric(group[value], errors="raise").dropna().to_numpy(dtype=float)
+        if values.size:
+            mean, low, high = mean_ci(values, confidence)
+        else:
+            mean = low = high = float("nan")
+        rows.append((*key, mean, low, high, int(values.size)))
+    return pd.DataFrame(rows, columns=out_columns)
+
+
+def _baseline_mask(df: pd.DataFrame, baseline: Mapping[str, Any]) -> pd.Series:
+    """Rows of ``df`` matching every ``column: value`` of ``baseline`` (floats compared with isclose)."""
+    mask = pd.Series(True, index=df.index)
+    for column, target in baseline.items():
+        col = df[column]
+        if target is None or (isinstance(target, float) and math.isnan(target)):
+            mask &= col.isna()
+        elif isinstance(target, (int, float, np.number)) and not isinstance(target, bool):
+            numeric = pd.to_numeric(col, errors="coerce").to_numpy(dtype=float)
+            mask &= pd.Series(np.isclose(numeric, float(target), rtol=0.0, atol=1e-12), index=df.index)
+        else:
+            mask &= col == target
+    return mask
+
+
+def relative_drop(
+    df: pd.DataFrame,
+    by: Sequence[str] = ("model", "task"),
+    baseline: Mapping[str, Any] | None = None,
+    value: str = "value",
+) -> pd.DataFrame:
+    """Relative drop of every configuration's mean (over seeds) from its group's baseline (Sec. 4.2, Fig. 2-3).
+
+    ``baseline`` (default ``{'fraction': 1.0}``, the original model with all heads input-dependent) selects
+    the baseline rows. For each group of ``by`` (plus ``metric`` when the frame has that column and ``by``
+    does not name it, so different metrics are never compared), the baseline is the mean of the baseline
+    rows' values (over seeds, pooling any duplicate baseline configurations), and every configuration --
+    the distinct combinations of ``by`` and the other :data:`CONFIG_COLUMNS` present in ``df`` -- gets
+
+        relative_drop = (baseline - mean) / |baseline|
+
+    so a positive number is a loss and the baseline itself gets 0. Output columns: the ``by`` columns, the other
+    distinguishing columns, ``mean``, ``n`` (values averaged), ``baseline``, ``relative_drop``. A group
+    without baseline rows, or with a zero baseline, raises ValueError naming it.
+    """
+    baseline = {"fraction": 1.0} if baseline is None else dict(baseline)
+    by = [by] if isinstance(by, str) else list(by)
+    if not baseline:
+        raise ValueError("relative_drop: `baseline` must select rows by at least one column")
+    _check_columns(df, [*by, value, *baseline], "relative_drop")
+    group_columns = list(by) + (["metric"] if "metric" in df.columns and "metric" not in by else [])
+    key_columns = group_columns + [c for c in CONFIG_COLUMNS if c in df.columns and c not in group_columns]
+    out_columns = [*key_columns, "mean", "n", "baseline", "relative_drop"]
+    if df.empty:
+        return pd.DataFrame(columns=out_columns)
+
+    data = df.copy()
+    data[value] = pd.to_numeric(data[value], errors="raise")
+    per_config = (
+        data.groupby(key_columns, dropna=False, sort=True)[value]
+        .agg(mean="mean", n="count")
+        .reset_index()
+    )
+    base_rows = data[_baseline_mask(data, baseline)]
+    if group_columns:
+        base = base_rows.groupby(group_columns, dropna=False, sort=True)[value].mean().rename("baseline").reset_index()
+        merged = per_config.merge(base, on=group_columns, how="left")
+    else:
+        merged = per_config.assign(baseline=base_rows[value].mean() if len(base_rows) else np.nan)
+
+    lacking = merged[merged["baseline"].isna()]
+    if not lacking.empty:
+        groups = sorted({tuple(r) for r in lacking[group_columns].itertuples(index=False)}, key=str)
+        raise ValueError(f"relative_drop: no baseline rows matching {baseline} for group(s) {group_columns}={groups}")
+    zero = merged[merged["baseline"] == 0]
+    if not zero.empty:
+        groups = sorted({tuple(r) for r in zero[group_columns].itertuples(index=False)}, key=str)
+        raise ValueError(f"relative_drop: baseline mean is 0 (relative drop undefined) for {group_columns}={groups}")
+
+    merged["relative_drop"] = (merged["baseline"] - merged["mean"]) / merged["baseline"].abs()
+    return merged[out_columns].reset_index(drop=True)
