@@ -4,6 +4,7 @@ setup), sentences carry the records' numbers, the scale chapter has a figure wit
 from __future__ import annotations
 
 import math
+from pathlib import Path
 from types import SimpleNamespace
 
 import pandas as pd
@@ -12,6 +13,7 @@ import pytest
 from papa_lib.book import charts, offline_badge, probing_pages, records, scale_pages
 from test_figures import example_frame
 
+ROOT = Path(__file__).resolve().parents[1]
 LOCAL_SOURCE = ("train: /tmp/x/data/glue/SST-2/train.tsv [subsample of 8000/67349, seed 0]; "
                 "validation: /tmp/x/data/glue/SST-2/dev.tsv")
 MNLI_SOURCE = ("train: ../shared/data/glue/MNLI-sample/train.tsv (MNLI-sample: a sample of MNLI training data); "
@@ -247,3 +249,115 @@ def test_premise_use_sets_the_pair_probe_beside_the_hypothesis_alone(tmp_path):
     assert values["pu_spread_vs_widest"] in ("less than", "not less than")
     better = pair.assign(value=pair.value.where(pair.matrix_type != "average", 0.505))
     assert alternatives_pages.premise_use_values(alternatives_pages.premise_use(better, results_dir))["pu_below"] == "1"
+
+
+def _two_model_setup(root):
+    return SimpleNamespace(profile="local", root=root, results_dir=root / "data" / "results" / "local-minilm")
+
+
+@pytest.mark.parametrize("with_mpnet", [True, False])
+def test_probing_shows_every_committed_model_and_nothing_empty_without_the_second(tmp_path, with_mpnet):
+    """The probing chapter's Fig. 3 and its neighbours read the committed MiniLM and MPNet folders (or a copy of only
+    MiniLM's): with both, the figures hold both models, the side-by-side table has finite numbers for each shared task,
+    the pair's caveat and the engine's C3 sentence are shown, and the banner names MPNet's records; without MPNet,
+    none of that appears (no empty table, no promise)."""
+    import shutil
+
+    from papa_lib.book import claims, provenance
+    from papa_lib.experiments.results import read_results
+
+    repo = ROOT if with_mpnet else tmp_path
+    if not with_mpnet:
+        shutil.copytree(ROOT / "data" / "results" / "local-minilm", tmp_path / "data" / "results" / "local-minilm")
+    setup = _two_model_setup(repo)
+    frame = read_results(setup.results_dir)
+    others = records.other_local_models(setup, frame)
+    models = records.with_models(frame, others)
+    mpnet = claims.read_folders([ROOT / "data" / "results" / "local-mpnet"]).get("all-mpnet-base-v2")
+    has_second = with_mpnet and mpnet is not None and len(mpnet) > 0
+    assert set(models.model) == ({"all-MiniLM-L6-v2", "all-mpnet-base-v2"} if has_second else {"all-MiniLM-L6-v2"})
+    assert len(models) == len(frame) + (len(mpnet) if has_second else 0)
+
+    shown = page_objects = probing_pages.two_models(models, None, claims.for_setup(setup))
+    fig3 = probing_pages.fig3(models).to_dict()
+    points = next(d for d in fig3["datasets"].values() if any("task" in r for r in d))
+    diamonds = next(d for d in fig3["datasets"].values() if any("over" in r for r in d))
+    assert {r["model"] for r in diamonds} == {r["model"] for r in points}
+    text = str(provenance.banner(setup, frame, also=others, live=None))
+    side = probing_pages.models_side_by_side(models)
+    if not has_second:
+        assert shown == [] and side is None and probing_pages.pair_text(models, claims.for_setup(setup)) is None
+        assert "local-mpnet" not in text and "all-mpnet-base-v2" not in text
+        assert {r["model"] for r in points} == {"all-MiniLM-L6-v2"}
+        return
+    pairs = {(m, t) for m, t in zip(mpnet.model, mpnet.task)}
+    shared = sorted({t for _, t in pairs} & set(frame.task))
+    assert side is not None and sorted(side.index.get_level_values("task").unique()) == shared
+    assert not side.isna().any().any() and not side.map(lambda v: "nan" in str(v).lower()).any().any()
+    assert set(side.index.get_level_values("model")) == {"all-MiniLM-L6-v2", "all-mpnet-base-v2"}
+    assert {r["model"] for r in points} == {"all-MiniLM-L6-v2", "all-mpnet-base-v2"}
+    words = "\n".join(getattr(o, "data", "") for o in page_objects if hasattr(o, "data"))
+    assert "direction, not a trend" in words and "MLM-pretrained" in words and "contrastively" in words
+    c3 = claims.claim_row("C3", claims.for_setup(setup), "all-MiniLM-L6-v2 vs all-mpnet-base-v2")
+    assert f"Verdict: **{c3.verdict}**" in words and c3.verdict in ("direction agrees", "direction differs",
+                                                                      "inconclusive")
+    assert "nan" not in words.lower()
+    mpnet_line = text.split("Beside it, ")[1]
+    assert "data/results/local-mpnet" in mpnet_line and "model all-mpnet-base-v2" in mpnet_line
+    assert f"{len(mpnet)} records" in mpnet_line and "seeds" in mpnet_line and "ran on " in mpnet_line
+
+
+def test_alternatives_take_a_second_model_only_once_its_data_free_rows_exist(tmp_path):
+    """Table 1 shows another committed model only when its records hold data-free rows; then the table, the chart and
+    the C4 sentences carry both models."""
+    import shutil
+
+    from papa_lib.book import alternatives_pages, claims
+    from papa_lib.experiments.results import read_results
+
+    results = tmp_path / "data" / "results"
+    shutil.copytree(ROOT / "data" / "results" / "local-minilm", results / "local-minilm")
+    setup = _two_model_setup(tmp_path)
+    frame = read_results(setup.results_dir)
+    (results / "local-mpnet").mkdir()
+    no_data_free = frame[~frame.matrix_type.isin(claims.DATA_FREE)].assign(model="all-mpnet-base-v2")
+    no_data_free.to_csv(results / "local-mpnet" / "results.csv", index=False)
+    assert records.other_local_models(setup, frame, needs=claims.DATA_FREE) == {}
+    assert len(records.other_local_models(setup, frame)) == 1  # the probing pages still show it
+    frame.assign(model="all-mpnet-base-v2").to_csv(results / "local-mpnet" / "results.csv", index=False)
+    others = records.other_local_models(setup, frame, needs=claims.DATA_FREE)
+    models = records.with_models(frame, others)
+    assert list(others) == [results / "local-mpnet"] and models.model.nunique() == 2
+    six = ["cola", "mrpc", "sst2", "mnli", "ner", "pos"]
+    table = alternatives_pages.table1(models, six).data
+    assert set(table.index.get_level_values(0)) == {"all-MiniLM-L6-v2", "all-mpnet-base-v2"}
+    chart = alternatives_pages.table1_chart(models, six).to_dict()
+    assert '"shape"' in str(chart).replace("'", '"')
+    text = alternatives_pages.verdict_text(models, six).data
+    assert "Ours (all-MiniLM-L6-v2;" in text and "Ours (all-mpnet-base-v2;" in text
+
+
+def test_the_pair_caveat_is_said_once_in_the_intro_and_only_with_two_models(tmp_path):
+    import shutil
+
+    from papa_lib.book import claims, intro_pages
+
+    assert claims.pair_caveat(["all-MiniLM-L6-v2"]) == ""
+    short = claims.pair_caveat(["all-MiniLM-L6-v2", "all-mpnet-base-v2"])
+    assert "contrastively fine-tuned" in short and "MLM-pretrained" in short and "direction, not a trend" in short
+    assert short.count(".") == 1  # one sentence in the intro; the probing chapter's long form adds the why
+    assert claims.pair_caveat(["all-MiniLM-L6-v2", "all-mpnet-base-v2"], long=True).startswith(short)
+    assert "contrastively" not in claims.pair_caveat(["all-MiniLM-L6-v2", "roberta-base"])
+    shutil.copytree(ROOT / "data" / "results" / "local-minilm", tmp_path / "data" / "results" / "local-minilm")
+    alone = intro_pages.claims_summary(_two_model_setup(tmp_path)).data
+    assert "C3 compares" not in alone
+    if (ROOT / "data" / "results" / "local-mpnet" / "results.csv").is_file():
+        assert intro_pages.claims_summary(_two_model_setup(ROOT)).data.count(short) == 1
+
+
+def test_relative_drops_tell_the_models_apart_only_when_there_are_several():
+    frame = pd.read_csv(ROOT / "data" / "results" / "local-minilm" / "results.csv")
+    one = probing_pages.relative_drops(frame).to_dict()
+    two = probing_pages.relative_drops(pd.concat([frame, frame.assign(model="all-mpnet-base-v2")])).to_dict()
+    by_model = "'strokeDash': {'field': 'model'"  # an encoding (the paper's reference lines are dashed marks)
+    assert by_model not in str(one) and by_model in str(two)

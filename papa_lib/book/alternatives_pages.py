@@ -113,8 +113,9 @@ def table1(frame: pd.DataFrame, tasks: Sequence[str]) -> Any:
 
 
 def table1_chart(frame: pd.DataFrame, tasks: Sequence[str], columns: int = 2) -> Any:
-    """Table 1 as a chart: per task, every matrix type's score — ours as filled circles with their 95% intervals,
-    the paper's RoBERTa-base as open diamonds (:func:`papa_lib.book.figures.with_paper`)."""
+    """Table 1 as a chart: per task, every matrix type's score — ours as filled circles with their 95% intervals (one
+    shape per model when the records hold several), the paper's RoBERTa-base as open diamonds
+    (:func:`papa_lib.book.figures.with_paper`)."""
     import altair as alt
 
     ours = figures.matrix_type_summary(frame, tasks=tasks)
@@ -135,11 +136,13 @@ def table1_chart(frame: pd.DataFrame, tasks: Sequence[str], columns: int = 2) ->
                alt.Tooltip("ci_low:Q", title="95% CI low", format=".3f"),
                alt.Tooltip("ci_high:Q", title="95% CI high", format=".3f"), alt.Tooltip("n:Q", title="seeds")]
     is_ours = alt.datum.source == label
+    several = ours["model"].nunique() > 1 if len(ours) else False
+    shape = {"shape": alt.Shape("model:N", title="ours: model", legend=alt.Legend(orient="bottom"))} if several else {}
     layers = [
         alt.Chart().transform_filter(is_ours).mark_rule(strokeWidth=2).encode(x="ci_low:Q", x2="ci_high:Q",
                                                                               **encode),
         alt.Chart().transform_filter(is_ours).mark_point(filled=True, size=70)
-        .encode(x=alt.X("mean:Q", title="validation score"), tooltip=tooltip, **encode).add_params(pick),
+        .encode(x=alt.X("mean:Q", title="validation score"), tooltip=tooltip, **encode, **shape).add_params(pick),
         alt.Chart().transform_filter(~is_ours).mark_point(shape="diamond", size=80, filled=False, strokeWidth=2)
         .encode(x="mean:Q", tooltip=tooltip, **encode),
     ]

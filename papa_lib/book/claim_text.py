@@ -1,10 +1,10 @@
 """How the claims engine's rows read (:mod:`papa_lib.book.claims`): three significant figures, a value with its
-interval, one claim's sentence, the summary paragraph and the intro's Markdown table. Re-exported by
-:mod:`papa_lib.book.claims`."""
+interval, one claim's sentence, the summary paragraph, the intro's Markdown table, and what C3 across two models can
+tell (:func:`pair_caveat`). Re-exported by :mod:`papa_lib.book.claims`."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 
 import numpy as np
 import pandas as pd
@@ -99,3 +99,35 @@ def book_table(table: pd.DataFrame) -> str:
             f"[{row.chapter.removesuffix('.md')}]({row.chapter})"]
         lines.append("| " + " | ".join(str(c).replace("|", "\\|").replace("\n", " ") for c in cells) + " |")
     return "\n".join(lines)
+
+
+#: The committed local models that are sentence-transformers encoders: pretrained, then contrastively fine-tuned on
+#: the same sentence-pair data (the paper's models are MLM-pretrained checkpoints, probed as released).
+SENTENCE_ENCODERS = ("all-MiniLM-L6-v2", "all-mpnet-base-v2")
+
+
+def pair_caveat(models: Iterable[str], long: bool = False) -> str:
+    """What C3 across these models can tell, in words (``''`` for fewer than two models). The short form is one
+    sentence (the intro, beside the claims table); ``long`` adds why (the probing chapter, beside Fig. 3)."""
+    models = [str(m) for m in dict.fromkeys(models)]
+    if len(models) < 2:
+        return ""
+    names = " and ".join(models) if len(models) == 2 else f"{', '.join(models[:-1])} and {models[-1]}"
+    sentence_encoders = all(m in SENTENCE_ENCODERS for m in models)
+    kind = (
+        "both are sentence-transformers encoders, contrastively fine-tuned on the same sentence-pair data, "
+        "while the paper's models are MLM-pretrained"
+        if sentence_encoders and len(models) == 2
+        else "the records hold only these models, not the paper's"
+    )
+    count = "two" if len(models) == 2 else str(len(models))
+    short = f"C3 compares {names}: {kind}, and {count} models show a direction, not a trend."
+    if not long:
+        return short
+    return (
+        short + " So the pair can say whether the stronger of two encoders trained the same way loses more "
+        "without input-dependent attention; it cannot say whether that holds across model sizes in general, nor "
+        "for MLM-pretrained models, whose attention the contrastive fine-tuning may have reshaped. Its verdict "
+        'is therefore named for a direction ("direction agrees", "direction differs", "inconclusive"), '
+        'never a bare "agrees".'
+    )

@@ -79,7 +79,16 @@ from .claim_rules import (  # noqa: F401  (re-exported: the one claims engine's 
     rule_text,
     rules,
 )
-from .claim_text import book_table, claim_row, ours_text, sig3, summary, verdict_sentence  # noqa: F401  (re-exported)
+from .claim_text import (  # noqa: F401  (re-exported)
+    SENTENCE_ENCODERS,
+    book_table,
+    claim_row,
+    ours_text,
+    pair_caveat,
+    sig3,
+    summary,
+    verdict_sentence,
+)
 
 COLUMNS = ["model", "claim", "statement", "statistic", "tasks", "paper", "ours", "ci_low", "ci_high", "df", "verdict",
            "ours_all_tasks", "ci_low_all_tasks", "ci_high_all_tasks", "verdict_all_tasks", "rule", "chapter"]

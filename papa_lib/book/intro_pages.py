@@ -95,11 +95,14 @@ def claims_table(setup) -> Any:
 
 
 def claims_summary(setup) -> Any:
-    """What the records show about the paper's claims, in plain language (:func:`papa_lib.book.claims.summary`)."""
+    """What the records show about the paper's claims, in plain language (:func:`papa_lib.book.claims.summary`), and,
+    where the records hold several models, one sentence on what C3 across them can tell
+    (:func:`papa_lib.book.claims.pair_caveat`)."""
     table = claims.for_setup(setup)
     if table is None:
         return markdown("No records in this profile's results folder yet, so no claim can be checked.")
-    return markdown(claims.summary(table))
+    pair = claims.pair_caveat(m for m in table.model.astype(str) if " vs " not in m)
+    return markdown(claims.summary(table) + (f" {pair}" if pair else ""))
 
 
 def claims_rules(setup=None) -> Any:

@@ -3,7 +3,11 @@
 * :func:`probe_sizes`, :func:`pooling_at_start`: the two probes of Sec. 3.3 for a model, and the pooling weights of a
   fresh sentence probe on one App. A input;
 * :func:`fig2`, :func:`relative_drops`, :func:`fig3`: the figures, from a results table
-  (:func:`papa_lib.book.figures.fraction_curves`, :func:`papa_lib.book.figures.all_constant_drop`);
+  (:func:`papa_lib.book.figures.fraction_curves`, :func:`papa_lib.book.figures.all_constant_drop`), every model of
+  the records (the chapter adds the other committed local models, :func:`papa_lib.book.records.with_models`);
+  :func:`models_side_by_side` and :func:`pair_text` (together :func:`two_models`): Fig. 3's numbers per task where
+  two models have them, and what such a pair can tell, with C3's verdict from the claims engine — nothing when the
+  records hold one model;
 * :func:`against_majority`: every task's original probe against its validation set's majority-class baseline, and
   the probes that predict a single class (guide: a score is only as good as its probe); :func:`more_seeds`,
   :func:`more_seeds_values`: the same check on a diagnostic run with more seeds (``data/results/mrpc-original-seeds``);
@@ -25,8 +29,9 @@ from . import charts, figures, paper, prose
 from .display import markdown as _markdown
 from .records import describe, diagnostic_records
 
-__all__ = ["MORE_SEEDS_FOLDERS", "against_majority", "fig2", "fig3", "headline", "headline_text", "more_seeds",
-           "more_seeds_values", "pooling_at_start", "probe_sizes", "relative_drops", "training_note"]
+__all__ = ["MORE_SEEDS_FOLDERS", "against_majority", "fig2", "fig3", "headline", "headline_text",
+           "models_side_by_side", "more_seeds", "more_seeds_values", "pair_text", "pooling_at_start", "probe_sizes",
+           "relative_drops", "training_note", "two_models"]
 
 #: Diagnostic runs beside a profile's results folder that repeat a task's original probe with more seeds.
 MORE_SEEDS_FOLDERS = ("mrpc-original-seeds",)
@@ -118,7 +123,8 @@ def fig2(frame: pd.DataFrame, tasks: Sequence[str] | None = None, columns: int =
 
 def relative_drops(frame: pd.DataFrame, tasks: Sequence[str] | None = None) -> Any:
     """Every task on one scale: the relative drop (s_orig - s) / |s_orig| vs the fraction of input-dependent heads,
-    with the paper's average and largest drop with every head constant as dashed lines (Sec. 4.2)."""
+    with the paper's average and largest drop with every head constant as dashed lines (Sec. 4.2); with several
+    models, each model's lines have their own dash pattern."""
     import altair as alt
 
     curves = figures.fraction_curves(frame, tasks=tasks)
@@ -130,7 +136,10 @@ def relative_drops(frame: pd.DataFrame, tasks: Sequence[str] | None = None) -> A
     paper_max = paper.headline("max_relative_drop_all_constant")
     pick, opacity = _legend_pick("task")
     order = list(tasks) if tasks is not None else list(dict.fromkeys(relative["task"]))
+    dash = ({"strokeDash": alt.StrokeDash("model:N", title="model", legend=alt.Legend(orient="bottom", labelLimit=300))}
+            if relative["model"].nunique() > 1 else {})  # several models: one dash pattern each
     lines = alt.Chart(relative).mark_line(point=True).encode(
+        **dash,
         x=alt.X("fraction_label:O", sort=charts.FRACTION_ORDER, scale=alt.Scale(domain=charts.FRACTION_ORDER),
                 title="fraction of input-dependent heads", axis=alt.Axis(labelAngle=0)),
         y=alt.Y("relative_drop:Q", title="relative drop from the original", axis=alt.Axis(format="%")),
@@ -151,9 +160,19 @@ def relative_drops(frame: pd.DataFrame, tasks: Sequence[str] | None = None) -> A
         title=charts.records_title("Relative drop vs fraction of input-dependent heads", frame))
 
 
+def _shared_tasks(per_task: pd.DataFrame) -> list[str]:
+    """The tasks every model of ``per_task`` has a row for (in the paper's order)."""
+    if per_task.empty:
+        return []
+    models = per_task["model"].nunique()
+    counts = per_task.groupby("task")["model"].nunique()
+    return figures._ordered_tasks([t for t, n in counts.items() if n == models])
+
+
 def fig3(frame: pd.DataFrame, tasks: Sequence[str] | None = None) -> Any:
     """Fig. 3: original score vs relative drop with every head constant; small points per (model, task), a large
-    diamond per model (its mean over tasks)."""
+    diamond per model (its mean over tasks). With several models each diamond averages only the tasks every model
+    has, so the diamonds compare like with like (the tooltip names them)."""
     import altair as alt
 
     drops = figures.all_constant_drop(frame, tasks=tasks)
@@ -171,15 +190,76 @@ def fig3(frame: pd.DataFrame, tasks: Sequence[str] | None = None) -> Any:
                  alt.Tooltip("replaced:Q", title="every head constant", format=".3f"),
                  alt.Tooltip("relative_drop:Q", title="relative drop", format=".1%")],
     ).add_params(pick)
-    models_layer = alt.Chart(drops.per_model()).mark_point(shape="diamond", size=260, filled=True,
-                                                           color="black").encode(
+    shared = _shared_tasks(drops.per_task)
+    averaged = figures.all_constant_drop(frame, tasks=shared).per_model() if shared else drops.per_model()
+    averaged["over"] = ", ".join(shared) if shared else "each model's own tasks"
+    models_layer = alt.Chart(averaged).mark_point(shape="diamond", size=260, filled=True, color="black").encode(
         x="relative_drop:Q", y="original:Q",
         tooltip=["model:N", alt.Tooltip("original:Q", title="original, mean over tasks", format=".3f"),
-                 alt.Tooltip("relative_drop:Q", title="relative drop, mean over tasks", format=".1%"), "tasks:Q"],
+                 alt.Tooltip("relative_drop:Q", title="relative drop, mean over tasks", format=".1%"),
+                 alt.Tooltip("over:N", title="tasks averaged")],
     )
     return (tasks_layer + models_layer).properties(
         width=440, height=280,
         title=charts.records_title("Fig. 3: original score vs relative drop with every head constant", frame))
+
+
+def models_side_by_side(frame: pd.DataFrame, tasks: Sequence[str] | None = None) -> pd.DataFrame | None:
+    """Fig. 3's numbers for the tasks where at least two models have both an original and an all-constant result:
+    per (task, model) the original score and the all-constant score (mean over seeds with its 95% Student-t
+    interval, :func:`papa_lib.book.figures.fraction_curves`) and the relative drop. ``None`` when no task has two
+    models, so a page shows nothing rather than an empty table."""
+    curves = figures.fraction_curves(frame, tasks=tasks)
+    if curves.empty:
+        return None
+    ends = curves[curves["fraction"].isin([0.0, 1.0])]
+    pairs = ends.groupby(["model", "task"])["fraction"].nunique()
+    complete = pairs[pairs == 2].reset_index()
+    per_task = complete.groupby("task")["model"].nunique()
+    shared = figures._ordered_tasks([t for t, n in per_task.items() if n >= 2])
+    if not shared:
+        return None
+    rows = []
+    for task in shared:
+        for model in complete[complete["task"] == task]["model"]:
+            mine = ends[(ends["task"] == task) & (ends["model"] == model)].set_index("fraction")
+            cell = {f: figures.format_mean_ci(mine.loc[f, "mean"], mine.loc[f, "ci_low"], mine.loc[f, "ci_high"],
+                                              int(mine.loc[f, "n"]), digits=3) for f in (1.0, 0.0)}
+            drop = mine.loc[0.0, "relative_drop"]
+            rows.append({"task": task, "model": model, "metric": mine.loc[1.0, "metric"], "original": cell[1.0],
+                         "every head constant": cell[0.0],
+                         "relative drop": "—" if pd.isna(drop) else f"{drop:.1%}"})
+    return pd.DataFrame(rows).set_index(["task", "model"])
+
+
+def pair_text(frame: pd.DataFrame, table: pd.DataFrame | None) -> Any:
+    """What two models' records can and cannot tell about the paper's "better models lose more" (Sec. 4.2, Fig. 3),
+    with C3's verdict as the claims engine decides it (:func:`papa_lib.book.claims.verdict_sentence` of ``table``'s
+    row). ``None`` when the records hold fewer than two models or the table has no C3 row across them."""
+    from . import claims
+
+    models = list(dict.fromkeys(frame["model"].dropna().astype(str))) if len(frame) else []
+    if len(models) < 2 or table is None:
+        return None
+    rows = table[(table["claim"] == "C3") & table["model"].astype(str).str.contains(" vs ")]
+    if rows.empty:
+        return None
+    caveat = claims.pair_caveat(models, long=True)
+    verdicts = " ".join(claims.verdict_sentence("C3", rows, m) for m in rows["model"])
+    return _markdown(f"{caveat}\n\n{verdicts}" if caveat else verdicts)
+
+
+def two_models(frame: pd.DataFrame, tasks: Sequence[str] | None, table: pd.DataFrame | None) -> list:
+    """What the probing chapter shows beside Fig. 3 when two models share a task: a line that says what follows,
+    :func:`models_side_by_side` and :func:`pair_text`. An empty list otherwise (``display(*two_models(...))`` then
+    shows nothing: no heading without content)."""
+    side = models_side_by_side(frame, tasks)
+    if side is None:
+        return []
+    shown = [_markdown("Where two models have both ends of the curve for a task, their numbers side by side "
+                       "(mean over seeds and its 95% Student-t interval):"), side]
+    text = pair_text(frame, table)
+    return shown + ([text] if text is not None else [])
 
 
 def _variant_name(row) -> str:

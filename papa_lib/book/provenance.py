@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import html
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 import pandas as pd
@@ -154,14 +154,17 @@ class Banner:
 
 
 def banner(setup, frame: pd.DataFrame | None = None, *, folder: str | os.PathLike | None = None,
-           live: str | None = "", committed_note: str = "", records: bool = True) -> Banner:
+           live: str | None = "", committed_note: str = "", records: bool = True,
+           also: Mapping[str | os.PathLike, pd.DataFrame] | None = None) -> Banner:
     """The provenance box of a page.
 
     ``frame`` holds the committed records the page shows (read from ``folder``'s ``results.csv`` when ``frame`` is
     None and ``folder`` is given; ``folder`` defaults to the profile's results folder). ``live`` names the cells that
     compute on this machine (``None``: the page computes nothing live). ``committed_note`` is appended to the
     committed-run sentence (e.g. which of its parts the page shows). ``records=False``: the page reads no
-    committed records.
+    committed records. ``also``: folder -> records of other committed runs the page shows beside them (e.g. a second
+    model's, :func:`papa_lib.book.records.other_local_models`); each gets its own sentence (model, data, seeds,
+    device, all read from its records).
     """
     from ..experiments.results import read_results
 
@@ -175,4 +178,6 @@ def banner(setup, frame: pd.DataFrame | None = None, *, folder: str | os.PathLik
     committed = committed_facts(frame, folder, setup.root)
     if committed and committed_note:
         committed = f"{committed}; {committed_note}"
+    more = [committed_facts(other, path, setup.root) for path, other in (also or {}).items() if records]
+    committed = ". Beside it, ".join(c for c in [committed, *more] if c)
     return Banner(committed, live_facts(setup, live) if live is not None else "")

@@ -13,6 +13,9 @@ the reader's current setup: committed results made from local files stay "local 
   sentence (results may be partial while a grid runs).
 * :func:`grid_or_empty`: a profile's grid file, or an empty grid where this installation has none (e.g. Colab).
 * :func:`diagnostic_records`: the records of a diagnostic run kept beside a profile's results folder, or none.
+* :func:`other_local_models`, :func:`with_models`: under the ``local`` profile, the committed records of the other
+  local models (:data:`papa_lib.book.claims.LOCAL_FOLDERS`, read by :func:`papa_lib.book.claims.read_folders`), and
+  a page's records with them, so a chapter shows every model the records have.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ from pathlib import Path, PurePosixPath
 import pandas as pd
 
 __all__ = ["coverage", "data_label", "dataset_name", "describe", "diagnostic_records", "grid_or_empty", "model_label",
-           "ours_label", "source_kind"]
+           "other_local_models", "ours_label", "source_kind", "with_models"]
 
 #: Readable names of the data folders the loaders read (:mod:`papa_lib.experiments.tasks`, MLM corpora).
 DATASET_NAMES = {"conll2003": "CoNLL-2003", "wikitext-2": "WikiText-2", "wikitext-103": "WikiText-103",
@@ -174,3 +177,35 @@ def coverage(frame: pd.DataFrame, spec: Mapping, blocks: Iterable[str], tasks: I
     if absent:
         text += f" Not in this profile's grid: {', '.join(absent)}."
     return table.set_index(["block", "task"]), text
+
+
+def other_local_models(setup, frame: pd.DataFrame | None = None,
+                       needs: Iterable[str] | None = None) -> dict[Path, pd.DataFrame]:
+    """Under the ``local`` profile: folder -> records of every committed local results folder
+    (:data:`papa_lib.book.claims.LOCAL_FOLDERS`) other than the profile's own, restricted to models not already in
+    ``frame``; folders without records (or without a new model) are left out. ``needs``: matrix types a model's
+    records must include at least one of to be shown (a page about data-free matrices shows a model only once its
+    data-free runs exist). Other profiles: ``{}``."""
+    from .claims import LOCAL_FOLDERS, read_folders
+
+    if getattr(setup, "profile", None) != "local" or setup.results_dir is None:
+        return {}
+    own = Path(setup.results_dir).resolve()
+    shown = set(frame["model"].dropna().astype(str)) if frame is not None and "model" in frame else set()
+    found: dict[Path, pd.DataFrame] = {}
+    for name in LOCAL_FOLDERS:
+        folder = Path(setup.root) / "data" / "results" / name
+        if folder.resolve() == own:
+            continue
+        frames = {m: f for m, f in read_folders([folder]).items() if m not in shown
+                  and (needs is None or f["matrix_type"].isin(list(needs)).any())}
+        if frames:
+            found[folder] = pd.concat(frames.values(), ignore_index=True)
+            shown |= set(frames)
+    return found
+
+
+def with_models(frame: pd.DataFrame, others: Mapping[Path, pd.DataFrame]) -> pd.DataFrame:
+    """``frame`` with the records of :func:`other_local_models` appended (``frame`` itself when there are none)."""
+    parts = [frame, *[f for f in others.values() if len(f)]]
+    return pd.concat(parts, ignore_index=True) if len(parts) > 1 else frame
