@@ -16,7 +16,7 @@ import jupytext
 import nbformat
 import pytest
 
-from papa_lib.book import build
+from papa_lib.book import build, chapters
 
 from conftest import JUPYTEXT_HEADER
 
@@ -131,7 +131,7 @@ def test_chapter_has_guarded_install_cell(chapter):
     guards = [node for node in ast.parse(cell.source).body if _is_colab_guard(node)]
     assert guards, f'{chapter.name}: the install cell must be guarded by `if "google.colab" in sys.modules:`'
     body = "\n".join(ast.unparse(node) for node in guards[0].body)
-    url = build._repository(CONFIG)[0]
+    url = chapters._repository(CONFIG)[0]
     version = build.repository_version(CONFIG)
     assert f"repository, version = ({url!r}, {version!r})" in body, (
         f"{chapter.name}: the install cell must name _config.yml's repository and version; {HINT}"
@@ -144,7 +144,7 @@ def test_badge_github_button_and_install_cell_agree_on_one_repository():
     """The badge, the GitHub button (Jupyter Book's theme reads repository.url) and the install cell all come from
     repository.url; the install cell also names repository.version, a fixed tag or commit."""
     config = build.load_config(CONFIG)["repository"]
-    url = build._repository(CONFIG)[0]
+    url = chapters._repository(CONFIG)[0]
     assert config["url"].rstrip("/") == url
     assert config.get("version"), "_config.yml must name the fixed version (a tag or commit) Colab clones"
     owner_repo = url.split("github.com/")[1]
