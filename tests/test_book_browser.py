@@ -38,10 +38,8 @@ from pathlib import Path
 
 import pytest
 
-from papa_lib.book import build
-from papa_lib.book import charts, page_check, sphinx_hooks
-
 from conftest import JUPYTEXT_HEADER
+from papa_lib.book import build, charts, page_check, sphinx_hooks
 
 REPO = Path(__file__).resolve().parents[1]
 BUNDLE = charts.BUNDLE_FILENAME
@@ -441,7 +439,7 @@ class _DevTools:
                 raise TimeoutError(f"no {method} event within {timeout} s")
             try:
                 self._receive(deadline)
-            except socket.timeout:
+            except TimeoutError:
                 pass
 
     def evaluate(self, expression: str):
@@ -455,7 +453,7 @@ class _DevTools:
         while time.monotonic() < deadline:
             try:
                 self._receive(deadline)
-            except socket.timeout:
+            except TimeoutError:
                 break
 
 

@@ -17,10 +17,9 @@ from pathlib import Path
 
 import pytest
 
+from conftest import JUPYTEXT_HEADER
 from papa_lib import cli
 from papa_lib.book import build, execution
-
-from conftest import JUPYTEXT_HEADER
 
 REPO = Path(__file__).resolve().parents[1]
 

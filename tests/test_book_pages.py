@@ -8,9 +8,9 @@ from types import SimpleNamespace
 
 import pandas as pd
 import pytest
+from test_figures import example_frame
 
 from papa_lib.book import charts, offline_badge, probing_pages, records, scale_pages
-from test_figures import example_frame
 
 LOCAL_SOURCE = ("train: /tmp/x/data/glue/SST-2/train.tsv [subsample of 8000/67349, seed 0]; "
                 "validation: /tmp/x/data/glue/SST-2/dev.tsv")

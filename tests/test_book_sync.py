@@ -16,9 +16,8 @@ import jupytext
 import nbformat
 import pytest
 
-from papa_lib.book import build, chapters
-
 from conftest import JUPYTEXT_HEADER
+from papa_lib.book import build, chapters
 
 REPO = Path(__file__).resolve().parents[1]
 BOOK_DIR = REPO / "book"

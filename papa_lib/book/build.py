@@ -32,8 +32,9 @@ import os
 import re
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from .chapters import (
     CHAPTER_FORMAT,

@@ -19,8 +19,9 @@ import hashlib
 import logging
 import os
 import re
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 from .profiles import find_repo_root
 
@@ -245,7 +246,7 @@ def toc_chapters(root: str | os.PathLike = ".") -> list[Path]:
 
 def _cell_id(stem: str, index: int, cell: Any) -> str:
     """Deterministic cell id (nbformat 4.5 ids must match [a-zA-Z0-9-_]{1,64})."""
-    digest = hashlib.sha1(f"{stem}\0{index}\0{cell.cell_type}\0{cell.source}".encode("utf-8"))
+    digest = hashlib.sha1(f"{stem}\0{index}\0{cell.cell_type}\0{cell.source}".encode())
     return digest.hexdigest()[:12]
 
 

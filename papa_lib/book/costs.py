@@ -6,7 +6,7 @@ The paper's training-set sizes are those of its Sec. 4.1 datasets; model shapes 
 
 from __future__ import annotations
 
-from typing import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 import pandas as pd
 

@@ -9,9 +9,10 @@ records (:mod:`papa_lib.book.mlm_pages`) and labelled from them; :func:`minilm_v
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 import pandas as pd

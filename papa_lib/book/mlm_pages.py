@@ -15,8 +15,8 @@ It also names the models of Fig. 6 and how each was pretrained (:data:`FIG6_MODE
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 import numpy as np
 import pandas as pd

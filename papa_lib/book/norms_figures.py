@@ -16,7 +16,8 @@ The norm-aware PAPA half of the chapter is :mod:`papa_lib.book.norm_papa_figures
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import pandas as pd
 

@@ -12,7 +12,8 @@ Every number comes from the records or the stored matrices; figures fit the book
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import pandas as pd
 
