@@ -161,7 +161,7 @@ def _constant_from(group: pd.DataFrame) -> list:
     for fraction in sorted(selection.PAPER_FRACTIONS):  # 0 first, 1 last
         for head in selection.heads_to_replace("lambda", fraction, layers, heads, lambdas=matrix):
             found[head] = fraction
-    return [found.get((int(l), int(h)), np.nan) for l, h in zip(group["layer"], group["head"])]
+    return [found.get((int(layer), int(head)), np.nan) for layer, head in zip(group["layer"], group["head"])]
 
 
 def _first_seed(lambdas: pd.DataFrame) -> pd.DataFrame:

@@ -21,7 +21,8 @@ __all__ = ["BADGE_SVG", "REMOTE_IMAGE", "badge_uri", "setup"]
 BADGE_SVG = """<svg xmlns="http://www.w3.org/2000/svg" width="117" height="20" role="img" aria-label="Open in Colab">
 <title>Open in Colab</title>
 <clipPath id="r"><rect width="117" height="20" rx="3"/></clipPath>
-<g clip-path="url(#r)"><rect width="63" height="20" fill="#555"/><rect x="63" width="54" height="20" fill="#e8a200"/></g>
+<g clip-path="url(#r)"><rect width="63" height="20" fill="#555"/>
+<rect x="63" width="54" height="20" fill="#e8a200"/></g>
 <g fill="#fff" font-family="Verdana,DejaVu Sans,sans-serif" font-size="11" text-anchor="middle">
 <text x="31.5" y="14">Open in</text><text x="90" y="14">Colab</text></g>
 </svg>"""
