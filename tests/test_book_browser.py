@@ -38,10 +38,8 @@ from pathlib import Path
 
 import pytest
 
-from papa_lib.book import build
-from papa_lib.book import charts, page_check, sphinx_hooks
-
 from conftest import JUPYTEXT_HEADER
+from papa_lib.book import build, charts, page_check, sphinx_hooks
 
 REPO = Path(__file__).resolve().parents[1]
 BUNDLE = charts.BUNDLE_FILENAME
@@ -441,7 +439,7 @@ class _DevTools:
                 raise TimeoutError(f"no {method} event within {timeout} s")
             try:
                 self._receive(deadline)
-            except socket.timeout:
+            except TimeoutError:
                 pass
 
     def evaluate(self, expression: str):
@@ -455,7 +453,7 @@ class _DevTools:
         while time.monotonic() < deadline:
             try:
                 self._receive(deadline)
-            except socket.timeout:
+            except TimeoutError:
                 break
 
 
@@ -705,7 +703,8 @@ MATH_STATE_JS = """
     resolve({
       sources: sources.length,
       typeset: typeset.length,
-      visible: typeset.filter((e) => e.querySelector('.MathJax, .MathJax_Display').getBoundingClientRect().width > 0).length,
+      visible: typeset.filter(
+        (e) => e.querySelector('.MathJax, .MathJax_Display').getBoundingClientRect().width > 0).length,
       errors: document.querySelectorAll('.MathJax_Error, .merror, .noError, [data-mjx-error]').length,
       raw: sources.filter((e) => e.textContent.includes(slash + '(') || e.textContent.includes(slash + '[')).length,
       font: html ? html.fontInUse : null,
@@ -735,8 +734,10 @@ def test_equations_typeset_offline(built_book, book_server, chromium):
         chromium.drain(0.5)
         problems = _problems(chromium.events, book_server)
         assert not problems, f"{page.name}: " + "\n".join(problems)
-        assert state["sources"] > 0 and state["typeset"] == state["sources"] == state["visible"], f"{page.name}: {state}"
+        assert state["sources"] > 0, f"{page.name}: {state}"
+        assert state["typeset"] == state["sources"] == state["visible"], f"{page.name}: {state}"
         assert state["errors"] == 0 and state["raw"] == 0, f"{page.name}: {state}"
         assert state["font"] == "STIX-Web", f"{page.name}: MathJax fell back to {state['font']!r} fonts"
-        requested = [e["params"]["request"]["url"] for e in chromium.events if e["method"] == "Network.requestWillBeSent"]
+        requested = [e["params"]["request"]["url"] for e in chromium.events
+                     if e["method"] == "Network.requestWillBeSent"]
         assert not [u for u in requested if not u.startswith((book_server, "data:", *ALLOWED_EXTERNAL))], requested

@@ -17,10 +17,9 @@ from pathlib import Path
 
 import pytest
 
+from conftest import JUPYTEXT_HEADER
 from papa_lib import cli
 from papa_lib.book import build, execution
-
-from conftest import JUPYTEXT_HEADER
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -59,7 +58,8 @@ def tiny_book(tmp_path) -> Path:
     root = tmp_path / "book-root"
     (root / "book").mkdir(parents=True)
     shutil.copy2(REPO / "_config.yml", root / "_config.yml")
-    (root / "_toc.yml").write_text("format: jb-book\nroot: book/good\nchapters:\n  - file: book/bad\n", encoding="utf-8")
+    (root / "_toc.yml").write_text("format: jb-book\nroot: book/good\nchapters:\n  - file: book/bad\n",
+                                   encoding="utf-8")
     shutil.copytree(REPO / "papa_lib", root / "papa_lib", ignore=shutil.ignore_patterns("__pycache__"))
     (root / "book" / "good.md").write_text(_chapter("good"), encoding="utf-8")
     (root / "book" / "bad.md").write_text(_chapter("bad", 'raise RuntimeError("deliberate failure")'), encoding="utf-8")

@@ -9,9 +9,9 @@ from types import SimpleNamespace
 
 import pandas as pd
 import pytest
+from test_figures import example_frame
 
 from papa_lib.book import charts, offline_badge, probing_pages, records, scale_pages
-from test_figures import example_frame
 
 ROOT = Path(__file__).resolve().parents[1]
 LOCAL_SOURCE = ("train: /tmp/x/data/glue/SST-2/train.tsv [subsample of 8000/67349, seed 0]; "
@@ -143,7 +143,8 @@ def test_colab_badge_is_inlined_in_the_built_page():
 def test_packaged_sample_sources_are_labelled_as_such():
     from papa_lib.book import records
 
-    source = "train: papa_lib/samples/glue/SST-2/train.tsv (packaged sample); validation: papa_lib/samples/glue/SST-2/dev.tsv (packaged sample)"
+    source = ("train: papa_lib/samples/glue/SST-2/train.tsv (packaged sample); "
+              "validation: papa_lib/samples/glue/SST-2/dev.tsv (packaged sample)")
     assert records.data_label([source], "local") == "packaged sample: SST-2"
     assert records.data_label(["train: /x/glue/CoLA/train.tsv"], "local") == "local files: CoLA"
 
@@ -172,7 +173,8 @@ def test_against_majority_sets_the_original_probe_against_guessing():
     accurate = frame.assign(accuracy=[0.70, 0.72, 0.71, 0.72, 0.74, 0.73, 0.51, 0.4],
                             majority_accuracy=[0.69] * 3 + [0.684] * 3 + [0.509, 0.69])
     shown = probing_pages.against_majority(accurate)
-    assert shown.loc["mrpc", "majority accuracy"] == "0.684" and shown.loc["mrpc", "original accuracy"].startswith("0.730")
+    assert shown.loc["mrpc", "majority accuracy"] == "0.684"
+    assert shown.loc["mrpc", "original accuracy"].startswith("0.730")
     assert shown.loc["cola", "original accuracy"].startswith("0.710")  # the zeros run's 0.4 is not the original's
     assert shown.loc["sst2", "majority accuracy"] == "0.509" and shown.loc["sst2", "original accuracy"] == "0.510"
     partial = accurate.assign(majority_accuracy=[None] * 3 + [0.684] * 3 + [None, None])
@@ -220,7 +222,8 @@ def test_premise_use_sets_the_pair_probe_beside_the_hypothesis_alone(tmp_path):
     from papa_lib.experiments.results import ResultsStore
 
     def record(i, task, matrix_type, fraction, value, matrices_from=None):
-        return {"run_id": f"r{i}", "model": "m", "task": task, "matrix_type": matrix_type, "matrices_from": matrices_from,
+        return {"run_id": f"r{i}", "model": "m", "task": task, "matrix_type": matrix_type,
+                "matrices_from": matrices_from,
                 "selection_order": "none", "fraction": fraction, "seed": i % 3, "metric": "accuracy", "value": value,
                 "eval_size": 10, "train_size": 100, "config_hash": "x", "profile": "local", "data_source": "d",
                 "versions": "{}", "device": "cpu", "wall_time_s": 1.0, "majority_baseline": 0.35}

@@ -16,9 +16,8 @@ import jupytext
 import nbformat
 import pytest
 
-from papa_lib.book import build
-
 from conftest import JUPYTEXT_HEADER
+from papa_lib.book import build, chapters
 
 REPO = Path(__file__).resolve().parents[1]
 BOOK_DIR = REPO / "book"
@@ -92,7 +91,8 @@ def test_chapter_has_one_parameters_cell_defining_profile(chapter):
     cells = _tagged(notebook, build.PARAMETERS_TAG)
     assert len(cells) == 1, f"{chapter.name}: needs exactly one code cell tagged 'parameters', found {len(cells)}"
     tree = ast.parse(cells[0][1].source)
-    names = {t.id for node in tree.body if isinstance(node, ast.Assign) for t in node.targets if isinstance(t, ast.Name)}
+    names = {t.id for node in tree.body if isinstance(node, ast.Assign)
+             for t in node.targets if isinstance(t, ast.Name)}
     assert "profile" in names, f"{chapter.name}: the parameters cell must assign `profile`"
     assert all(isinstance(node, ast.Assign) for node in tree.body), (
         f"{chapter.name}: the parameters cell should only assign values (papermill overrides them)"
@@ -131,7 +131,7 @@ def test_chapter_has_guarded_install_cell(chapter):
     guards = [node for node in ast.parse(cell.source).body if _is_colab_guard(node)]
     assert guards, f'{chapter.name}: the install cell must be guarded by `if "google.colab" in sys.modules:`'
     body = "\n".join(ast.unparse(node) for node in guards[0].body)
-    url = build._repository(CONFIG)[0]
+    url = chapters._repository(CONFIG)[0]
     version = build.repository_version(CONFIG)
     assert f"repository, version = ({url!r}, {version!r})" in body, (
         f"{chapter.name}: the install cell must name _config.yml's repository and version; {HINT}"
@@ -144,7 +144,7 @@ def test_badge_github_button_and_install_cell_agree_on_one_repository():
     """The badge, the GitHub button (Jupyter Book's theme reads repository.url) and the install cell all come from
     repository.url; the install cell also names repository.version, a fixed tag or commit."""
     config = build.load_config(CONFIG)["repository"]
-    url = build._repository(CONFIG)[0]
+    url = chapters._repository(CONFIG)[0]
     assert config["url"].rstrip("/") == url
     assert config.get("version"), "_config.yml must name the fixed version (a tag or commit) Colab clones"
     owner_repo = url.split("github.com/")[1]
@@ -255,7 +255,8 @@ def test_sync_is_deterministic_and_refreshes_links(tmp_path):
     assert all(c.get("execution_count") is None for c in stored["cells"] if c["cell_type"] == "code")
     assert build.check_notebooks(tmp_path / "book") == []
 
-    md.write_text(md.read_text(encoding="utf-8").replace('repository, version', 'repository, version  '), encoding="utf-8")
+    spaced = md.read_text(encoding="utf-8").replace("repository, version", "repository, version  ")
+    md.write_text(spaced, encoding="utf-8")
     problems = build.check_notebooks(tmp_path / "book")
     assert len(problems) == 1 and problems[0].startswith("ch.md:") and "python -m papa_lib.book sync" in problems[0]
     (tmp_path / "book" / "gone.ipynb").write_text(first.decode(), encoding="utf-8")
@@ -317,7 +318,8 @@ def test_run_chapters_injects_parameters_resumes_and_keeps_done_chapters(tmp_pat
     executed = nbformat.read(done_nb, as_version=4)
     assert any("injected-parameters" in c.metadata.get("tags", []) for c in executed.cells)
 
-    (root / "book" / "bad.md").write_text(bad.replace('raise RuntimeError("deliberate failure " + profile)', "ok = True"))
+    fixed = bad.replace('raise RuntimeError("deliberate failure " + profile)', "ok = True")
+    (root / "book" / "bad.md").write_text(fixed)
     mtime = done_nb.stat().st_mtime_ns
     (root / "out.json").unlink()
     paths = build.run_chapters("smoke", runs, parameters={"value": 5}, root=root)

@@ -4,7 +4,6 @@ returns. (The chapters themselves run in the slow tests.)"""
 
 from __future__ import annotations
 
-import pandas as pd
 import pytest
 import torch
 

@@ -8,7 +8,8 @@ The figures are computed live on a few sentences (:func:`papa_lib.book.inputs.se
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import pandas as pd
 

@@ -6,7 +6,7 @@ The paper's training-set sizes are those of its Sec. 4.1 datasets; model shapes 
 
 from __future__ import annotations
 
-from typing import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 import pandas as pd
 
@@ -123,8 +123,9 @@ def run_costs(frame: pd.DataFrame, lengths: Mapping[str, int] | int, device: str
     rows["train_size"] = rows["train_size"].astype(float)
     rows["seconds_per_token"] = rows["wall_time_s"] / (rows["train_size"] * rows["task"].map(length))
     grouped = rows.groupby(["task", "kind"], sort=False)
-    out = grouped.agg(runs=("wall_time_s", "size"), wall_hours=("wall_time_s", "sum"), mean_wall_s=("wall_time_s", "mean"),
-                      train_size=("train_size", "mean"), seconds_per_token=("seconds_per_token", "mean")).reset_index()
+    out = grouped.agg(runs=("wall_time_s", "size"), wall_hours=("wall_time_s", "sum"),
+                      mean_wall_s=("wall_time_s", "mean"), train_size=("train_size", "mean"),
+                      seconds_per_token=("seconds_per_token", "mean")).reset_index()
     out["wall_hours"] = out["wall_hours"] / 3600.0
     return _sort_by_task(out, before=(), after=["kind"])[columns]
 

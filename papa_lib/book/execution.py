@@ -56,7 +56,7 @@ def fingerprint(root: str | os.PathLike | None = None, package: str | os.PathLik
             continue
         for relative, path in _files(folder):
             stat = path.stat()
-            digest.update(f"{name}/{relative}\0{stat.st_size}\0".encode("utf-8"))
+            digest.update(f"{name}/{relative}\0{stat.st_size}\0".encode())
             if stat.st_size > LARGE_FILE_BYTES:
                 digest.update(str(stat.st_mtime_ns).encode("ascii"))
             else:

@@ -9,9 +9,10 @@ records (:mod:`papa_lib.book.mlm_pages`) and labelled from them; :func:`minilm_v
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -160,7 +161,7 @@ def _constant_from(group: pd.DataFrame) -> list:
     for fraction in sorted(selection.PAPER_FRACTIONS):  # 0 first, 1 last
         for head in selection.heads_to_replace("lambda", fraction, layers, heads, lambdas=matrix):
             found[head] = fraction
-    return [found.get((int(l), int(h)), np.nan) for l, h in zip(group["layer"], group["head"])]
+    return [found.get((int(layer), int(head)), np.nan) for layer, head in zip(group["layer"], group["head"])]
 
 
 def _first_seed(lambdas: pd.DataFrame) -> pd.DataFrame:

@@ -15,8 +15,8 @@ It also names the models of Fig. 6 and how each was pretrained (:data:`FIG6_MODE
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 import numpy as np
 import pandas as pd
@@ -50,7 +50,8 @@ MLM_RESULT_FOLDERS = {"smoke": "runs/smoke/mlm", "local": "data/results/mlm", "p
 
 #: :func:`run_mlm_curve` sizes per profile. ``local`` is the committed all-MiniLM-L6-v2 run (CPU): the first 1200
 #: WikiText-2 validation sequences train the probe, the first 300 test sequences score it. ``paper`` keeps the
-#: defaults (WikiText-103 train, :data:`papa_lib.analysis.mlm_probe.HUB_TRAIN_SEQUENCES_DEFAULT` sequences; the whole validation split).
+#: defaults (WikiText-103 train, :data:`papa_lib.analysis.mlm_probe.HUB_TRAIN_SEQUENCES_DEFAULT` sequences; the whole
+#: validation split).
 #: ``smoke`` is a few short sequences of generated text and one epoch (seconds).
 MLM_PROFILE_SETTINGS = {
     "smoke": {"max_length": 32, "train_sequences": 24, "eval_sequences": 12, "epochs": 1},
@@ -182,7 +183,8 @@ def mlm_curves(frame: pd.DataFrame) -> pd.DataFrame:
     """
     _require(frame, ["model", "task", "matrix_type", "selection_order", "fraction", "seed", "value"], "mlm_curves")
     numeric = ["fraction", "mean", "ci_low", "ci_high", "n", "masked_accuracy", "num_replaced_heads", "drop"]
-    rows = frame[(frame["task"] == "mlm") & (frame["matrix_type"] == "average") & (frame["selection_order"] == "lambda")]
+    rows = frame[(frame["task"] == "mlm") & (frame["matrix_type"] == "average")
+                 & (frame["selection_order"] == "lambda")]
     if rows.empty:
         return _empty_frame(_CURVE_COLUMNS, numeric)
     rows = rows.copy()
@@ -325,7 +327,8 @@ def run_profile_mlm_curve(
     allowed = {"max_length", "train_sequences", "eval_sequences", "epochs", "batch_size", "lr"}
     unknown = set(sizes) - allowed
     if unknown:
-        raise ValueError(f"run_profile_mlm_curve: unknown size setting(s) {sorted(unknown)}; allowed: {sorted(allowed)}")
+        raise ValueError(f"run_profile_mlm_curve: unknown size setting(s) {sorted(unknown)}; "
+                         f"allowed: {sorted(allowed)}")
     if setup.profile not in MLM_PROFILE_SETTINGS:
         raise ValueError(f"unknown profile {setup.profile!r}; choose one of {sorted(MLM_PROFILE_SETTINGS)}")
     settings = dict(MLM_PROFILE_SETTINGS[setup.profile])
@@ -357,7 +360,8 @@ def run_mnli_curve(setup, model_name: str | None = None, progress: bool = False,
 
     Smoke uses the profile's tiny random BERT; otherwise ``model_name`` (default ``setup.model_name``) is loaded by
     :func:`papa_lib.experiments.grid.run_grid` as a bare encoder. Results go to ``setup.results_dir`` with the same run
-    ids as the Fig. 2 runs, so finished runs are skipped. Returns the :class:`papa_lib.experiments.results.ResultsStore`.
+    ids as the Fig. 2 runs, so finished runs are skipped. Returns the
+    :class:`papa_lib.experiments.results.ResultsStore`.
     """
     from ..experiments.grid import run_grid
 

@@ -5,7 +5,8 @@ each, from the tables of :func:`papa_lib.book.norms_pages.read_analyses`.
 * :func:`analysis_label`: the model, data and profile of the saved analyses (their ``metadata.json``);
 * :func:`cv_chart`, :func:`cv_values` (Sec. 4.1); :func:`shares_chart`, :func:`special_table`, :func:`special_values`
   (Sec. 4.2, Fig. 3); :func:`token_heads_chart`, :func:`evidence_table`, :func:`observations_chart` (Fig. 4);
-  :func:`frequency_chart`, :func:`types_chart` (Sec. 4.3, Fig. 5);
+  :func:`frequency_chart`, :func:`types_chart` (Sec. 4.3, Fig. 5); :func:`weight_norm_figure`,
+  :func:`frequency_figure`: the paper's own Fig. 4/Fig. 5 correlations (re-exported by ``norms_pages``);
 * :func:`comparison`: each finding for BERT-base, the number that tests it here, and a verdict by a stated rule;
   :func:`comparison_verdicts`: the claims engine's sentences of the three it decides (C8a-c).
 
@@ -16,7 +17,8 @@ The norm-aware PAPA half of the chapter is :mod:`papa_lib.book.norm_papa_figures
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import pandas as pd
 
@@ -25,8 +27,8 @@ from .display import markdown as _markdown
 from .records import source_kind
 
 __all__ = ["analysis_label", "comparison", "comparison_verdicts", "cv_chart", "cv_values", "decomposition_values",
-           "evidence_table", "frequency_chart", "observations_chart", "sentence_chart", "shares_chart",
-           "special_table", "special_values", "token_heads_chart", "types_chart"]
+           "evidence_table", "frequency_chart", "frequency_figure", "observations_chart", "sentence_chart",
+           "shares_chart", "special_table", "special_values", "token_heads_chart", "types_chart", "weight_norm_figure"]
 
 METHODS = ["weight", "norm", "norm_heads_summed"]
 
@@ -236,7 +238,8 @@ def observations_chart(tables: Mapping, label: Mapping[str, str], top: int = 6) 
         x=alt.X("alpha:Q", title="mean weight the sequence's queries give this occurrence",
                 scale=alt.Scale(zero=False)),
         y=alt.Y("fx_norm:Q", title="||f(token)||", scale=alt.Scale(zero=False)),
-        tooltip=[alt.Tooltip("head_id:N", title="head"), alt.Tooltip("alpha:Q", format=".3f"), alt.Tooltip("fx_norm:Q", format=".2f")],
+        tooltip=[alt.Tooltip("head_id:N", title="head"), alt.Tooltip("alpha:Q", format=".3f"),
+                 alt.Tooltip("fx_norm:Q", format=".2f")],
     ).add_params(pick).transform_filter(alt.datum.head_id == pick).properties(
         width=420, height=280, title=charts.chart_title("Weight vs norm, one occurrence per point", **label))
 
@@ -346,3 +349,51 @@ def comparison_verdicts(tables: Mapping, model_label: str) -> Any:
 
     engine = _engine_rows(tables, model_label)
     return _markdown("\n\n".join(f"- {claims.verdict_sentence(c, engine)}" for c in engine["claim"]))
+
+
+def _chart_title(text: str, title: Mapping | None):
+    return text if title is None else charts.chart_title(text, **title)
+
+
+def frequency_figure(tables: Mapping, title: Mapping | None = None):
+    """Kobayashi's Fig. 5 on this run: each token type of the sample at its corpus-wide frequency rank (log scale)
+    against its mean ``||f(x)||`` over occurrences, heads and layers; the title gives the occurrence-level rho.
+
+    ``tables``: :func:`papa_lib.book.norms_pages.read_analyses` (or ``run_analyses``) output; ``title``:
+    ``model=``, ``data=``, ``profile=`` for :func:`papa_lib.book.charts.chart_title` (None: a plain title).  Returns an
+    altair chart.
+    """
+    import altair as alt
+
+    found = tables["kobayashi_findings"].set_index("finding").loc["frequency_rank_vs_norm"]
+    text = (f"Frequent tokens, shorter f(x)? Spearman rho over {int(found['n_seen']):,} occurrences = "
+            f"{found['spearman_rho']:.2f} [{found['ci_low']:.2f}, {found['ci_high']:.2f}]")
+    return alt.Chart(tables["corpus_frequency"]).mark_circle(opacity=0.45).encode(
+        x=alt.X("corpus_rank:Q", scale=alt.Scale(type="log"), title="frequency rank in the corpus (1 = most frequent)"),
+        y=alt.Y("mean_fx_norm:Q", title="mean ||f(x)|| (occurrences, heads, layers)"),
+        size=alt.Size("sample_count:Q", title="occurrences analysed", scale=alt.Scale(type="log")),
+        tooltip=["token:N", "corpus_count:Q", "corpus_rank:Q", "sample_count:Q",
+                 alt.Tooltip("mean_fx_norm:Q", format=".2f")],
+    ).properties(width=400, height=300, title=_chart_title(text, title))
+
+
+def weight_norm_figure(tables: Mapping, token: str = "sep", title: Mapping | None = None):
+    """Kobayashi's Fig. 4 on this run: a sample of the pooled (query, [SEP]) pairs (``token="cls"``: [CLS]), the weight
+    alpha against ``||f(x)||``, coloured by layer; the title gives the pooled rho.  Arguments as
+    :func:`frequency_figure`."""
+    import altair as alt
+
+    if token not in ("sep", "cls"):
+        raise ValueError(f"token must be 'sep' or 'cls', got {token!r}")
+    found = tables["kobayashi_findings"].set_index("finding").loc[f"{token}_weight_vs_norm"]
+    name = f"[{token.upper()}]"
+    text = (f"Weight vs norm of {name}: Spearman rho over {int(found['n_seen']):,} pairs = {found['spearman_rho']:.2f} "
+            f"[{found['ci_low']:.2f}, {found['ci_high']:.2f}]")
+    return alt.Chart(tables[f"{token}_pairs"]).mark_circle(size=8, opacity=0.3).encode(
+        x=alt.X("alpha:Q", title=f"attention weight alpha to {name}"),
+        y=alt.Y("fx_norm:Q", title=f"||f({name})||"),
+        # faint points (thousands overlap), but a palette with no pale colour and opaque, full-size legend symbols
+        color=alt.Color("layer:O", title="layer", scale=alt.Scale(scheme="tableau10"),
+                        legend=alt.Legend(symbolOpacity=1, symbolSize=90, symbolType="circle")),
+        tooltip=["layer:O", "head:O", alt.Tooltip("alpha:Q", format=".3f"), alt.Tooltip("fx_norm:Q", format=".2f")],
+    ).properties(width=400, height=300, title=_chart_title(text, title))

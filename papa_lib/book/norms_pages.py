@@ -5,8 +5,9 @@ the norm-aware PAPA grid, as the chapter reads and shows them.
   (:mod:`papa_lib.analysis.norm_statistics`) on WikiText-2, saved as and read back from the CSVs of
   :data:`ANALYSIS_FILES`, with the paper's own Fig. 4/Fig. 5 correlations (:mod:`papa_lib.analysis.norm_findings`;
   word frequencies from :func:`wikitext_token_counts`, the whole of WikiText-2 that the data folder holds);
-* :func:`kobayashi_table`, :func:`frequency_figure`, :func:`weight_norm_figure`: those findings for the chapter
-  (the verdicts are :func:`papa_lib.book.claims.norm_claims`', claim C8);
+* :func:`kobayashi_table`, :func:`frequency_figure`, :func:`weight_norm_figure` (drawn in
+  :mod:`papa_lib.book.norms_figures`): those findings for the chapter (the verdicts are
+  :func:`papa_lib.book.claims.norm_claims`', claim C8);
 * :func:`sentence_shares`: Kobayashi's Fig. 3 for a single sentence;
 * :data:`NORM_RESULT_FOLDERS`, :func:`norm_results_folder`, :func:`norm_aware_results`, :func:`find_constant_matrices`,
   :func:`missing_norm_runs`: where each profile keeps the norm-aware grid (:mod:`papa_lib.analysis.norm_rankings`),
@@ -31,8 +32,8 @@ from ..analysis.norm_statistics import (
     CATEGORY_NAMES,
     TokenCategorizer,
     attention_share_by_category,
-    correlations,
     corpus_norm_statistics,
+    correlations,
     fisher_interval,
     frequency_norm_correlation,
     fx_norm_by_category,
@@ -42,6 +43,7 @@ from ..analysis.norm_statistics import (
     token_frequency_table,
 )
 from ..analysis.norms import attention_norms
+from .norms_figures import frequency_figure, weight_norm_figure
 
 __all__ = [
     "ANALYSIS_FILES",
@@ -65,7 +67,8 @@ __all__ = [
 ]
 
 #: Where each profile keeps the norm-aware grid's results (relative to the repository root).
-NORM_RESULT_FOLDERS = {"smoke": "runs/smoke/norms", "local": "data/results/norms-minilm", "paper": "data/results/norms-paper"}
+NORM_RESULT_FOLDERS = {"smoke": "runs/smoke/norms", "local": "data/results/norms-minilm",
+                       "paper": "data/results/norms-paper"}
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -85,7 +88,8 @@ ANALYSIS_FILES = {
                           "occurrences (Sec. 4.3, Fig. 5); cluster-bootstrap 95% CIs over sequences",
     "corpus_frequency": "every token type of the sample: corpus-wide count and rank, count in the sample, mean "
                         "||f(x)|| over its occurrences, heads and layers (Sec. 4.3, Fig. 5, one point per type)",
-    "sep_pairs": "a uniform sample of the pooled (query, [SEP]) pairs: layer, head, alpha, ||f([SEP])|| (Fig. 4 points)",
+    "sep_pairs": "a uniform sample of the pooled (query, [SEP]) pairs: layer, head, alpha, ||f([SEP])|| "
+                 "(Fig. 4 points)",
     "cls_pairs": "the same for [CLS]",
     "sep_correlation": "extra: correlation between the mean weight given to a [SEP] occurrence and ||f([SEP])||, per "
                        "head (after Sec. 4.2, Fig. 4)",
@@ -115,7 +119,8 @@ def wikitext_pairs(tokenizer, data_dir, n_sequences: int, max_length: int = 128,
 
     if n_sequences < 1:
         raise ValueError(f"n_sequences must be >= 1, got {n_sequences}")
-    lines = [_detokenize_wikitext(line, tokenizer) for line in load_wikitext(split, data_dir=data_dir, name="wikitext-2")]
+    raw = load_wikitext(split, data_dir=data_dir, name="wikitext-2")
+    lines = [_detokenize_wikitext(line, tokenizer) for line in raw]
     pairs = len(lines) // 2
     if pairs == 0:
         raise ValueError(f"WikiText {split} in {data_dir} has fewer than two article lines")
@@ -123,7 +128,8 @@ def wikitext_pairs(tokenizer, data_dir, n_sequences: int, max_length: int = 128,
     first, second = lines[0 : 2 * n : 2], lines[1 : 2 * n : 2]
     encoded = encode(tokenizer, first, second, max_length=max_length, layout=layout)
     where = "the hub" if data_dir is None else describe(data_dir)
-    return encoded, f"WikiText-2 {split} ({where}): {n} pairs of consecutive paragraphs, L={max_length}, {layout} layout"
+    return encoded, (f"WikiText-2 {split} ({where}): {n} pairs of consecutive paragraphs, L={max_length}, "
+                     f"{layout} layout")
 
 
 _WIKITEXT_MARKUP = ((" @-@ ", "-"), (" @,@ ", ","), (" @.@ ", "."))
@@ -187,10 +193,11 @@ def run_analyses(
     Streams :func:`corpus_norm_statistics` over :func:`wikitext_pairs` and writes ``out_dir/<name>.csv`` plus
     ``out_dir/metadata.json`` (model, data, sizes, seconds).  ``out_dir=None`` writes nothing.  Returns the tables.
 
-    ``kobayashi_findings`` holds the paper's own computations (:func:`papa_lib.analysis.norm_findings.kobayashi_findings`:
-    pooled (query, [SEP]/[CLS]) pairs; token occurrences against frequencies counted by :func:`wikitext_token_counts`
-    over ``corpus_splits``), with ``bootstrap_replicates`` cluster-bootstrap replicates; ``sep_pairs``/``cls_pairs``
-    keep ``max_pairs_saved`` of the pooled pairs (for plots).  The extras: the per-head correlations use every
+    ``kobayashi_findings`` holds the paper's own computations
+    (:func:`papa_lib.analysis.norm_findings.kobayashi_findings`: pooled (query, [SEP]/[CLS]) pairs; token occurrences
+    against frequencies counted by :func:`wikitext_token_counts` over ``corpus_splits``), with
+    ``bootstrap_replicates`` cluster-bootstrap replicates; ``sep_pairs``/``cls_pairs`` keep ``max_pairs_saved`` of the
+    pooled pairs (for plots).  The extras: the per-head correlations use every
     [SEP]/[CLS] occurrence (up to the 20,000 of ``corpus_norm_statistics``' reservoir), and the saved
     ``sep_observations``/``cls_observations`` keep at most ``max_sep_per_head`` of them per head; ``token_frequency``
     lists the types seen at least ``min_token_count`` times; ``frequency_correlation`` is computed over the types seen
@@ -285,7 +292,8 @@ def read_analyses(folder) -> dict[str, pd.DataFrame]:
     folder = Path(folder)
     missing = [name for name in ANALYSIS_FILES if not (folder / f"{name}.csv").exists()]
     if missing:
-        raise FileNotFoundError(f"{folder} lacks the analysis tables {missing}; run papa_lib.book.norms_pages.run_analyses first")
+        raise FileNotFoundError(f"{folder} lacks the analysis tables {missing}; "
+                                "run papa_lib.book.norms_pages.run_analyses first")
     tables = {name: pd.read_csv(folder / f"{name}.csv", keep_default_na=False, na_values=[""])
               for name in ANALYSIS_FILES}
     meta = folder / "metadata.json"
@@ -303,56 +311,6 @@ def kobayashi_table(analysis_dir) -> pd.DataFrame:
     return pd.DataFrame({"finding": rows["claim"] + ": " + rows["statistic"], "paper": rows["paper"],
                          "ours": [claims.ours_text(r) for _, r in rows.iterrows()], "sample": rows["tasks"],
                          "verdict": rows["verdict"], "rule": rows["rule"]})
-
-
-def _chart_title(text: str, title: Mapping | None):
-    if title is None:
-        return text
-    from .charts import chart_title
-
-    return chart_title(text, **title)
-
-
-def frequency_figure(tables: Mapping, title: Mapping | None = None):
-    """Kobayashi's Fig. 5 on this run: each token type of the sample at its corpus-wide frequency rank (log scale)
-    against its mean ``||f(x)||`` over occurrences, heads and layers; the title gives the occurrence-level rho.
-
-    ``tables``: :func:`read_analyses` (or :func:`run_analyses`) output; ``title``: ``model=``, ``data=``,
-    ``profile=`` for :func:`papa_lib.book.charts.chart_title` (None: a plain title).  Returns an altair chart.
-    """
-    import altair as alt
-
-    found = tables["kobayashi_findings"].set_index("finding").loc["frequency_rank_vs_norm"]
-    text = (f"Frequent tokens, shorter f(x)? Spearman rho over {int(found['n_seen']):,} occurrences = "
-            f"{found['spearman_rho']:.2f} [{found['ci_low']:.2f}, {found['ci_high']:.2f}]")
-    return alt.Chart(tables["corpus_frequency"]).mark_circle(opacity=0.45).encode(
-        x=alt.X("corpus_rank:Q", scale=alt.Scale(type="log"), title="frequency rank in the corpus (1 = most frequent)"),
-        y=alt.Y("mean_fx_norm:Q", title="mean ||f(x)|| (occurrences, heads, layers)"),
-        size=alt.Size("sample_count:Q", title="occurrences analysed", scale=alt.Scale(type="log")),
-        tooltip=["token:N", "corpus_count:Q", "corpus_rank:Q", "sample_count:Q",
-                 alt.Tooltip("mean_fx_norm:Q", format=".2f")],
-    ).properties(width=400, height=300, title=_chart_title(text, title))
-
-
-def weight_norm_figure(tables: Mapping, token: str = "sep", title: Mapping | None = None):
-    """Kobayashi's Fig. 4 on this run: a sample of the pooled (query, [SEP]) pairs (``token="cls"``: [CLS]), the weight
-    alpha against ``||f(x)||``, coloured by layer; the title gives the pooled rho.  Arguments as :func:`frequency_figure`."""
-    import altair as alt
-
-    if token not in ("sep", "cls"):
-        raise ValueError(f"token must be 'sep' or 'cls', got {token!r}")
-    found = tables["kobayashi_findings"].set_index("finding").loc[f"{token}_weight_vs_norm"]
-    name = f"[{token.upper()}]"
-    text = (f"Weight vs norm of {name}: Spearman rho over {int(found['n_seen']):,} pairs = {found['spearman_rho']:.2f} "
-            f"[{found['ci_low']:.2f}, {found['ci_high']:.2f}]")
-    return alt.Chart(tables[f"{token}_pairs"]).mark_circle(size=8, opacity=0.3).encode(
-        x=alt.X("alpha:Q", title=f"attention weight alpha to {name}"),
-        y=alt.Y("fx_norm:Q", title=f"||f({name})||"),
-        # faint points (thousands overlap), but a palette with no pale colour and opaque, full-size legend symbols
-        color=alt.Color("layer:O", title="layer", scale=alt.Scale(scheme="tableau10"),
-                        legend=alt.Legend(symbolOpacity=1, symbolSize=90, symbolType="circle")),
-        tooltip=["layer:O", "head:O", alt.Tooltip("alpha:Q", format=".3f"), alt.Tooltip("fx_norm:Q", format=".2f")],
-    ).properties(width=400, height=300, title=_chart_title(text, title))
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -416,7 +374,8 @@ def norm_aware_results(setup, tasks: Iterable[str], ranking_tasks: Iterable[str]
 def _empty_frame() -> pd.DataFrame:
     from ..experiments.results import RECORD_FIELDS
 
-    return pd.DataFrame({c: pd.Series(dtype="float64" if c in ("fraction", "value") else "object") for c in RECORD_FIELDS})
+    return pd.DataFrame({c: pd.Series(dtype="float64" if c in ("fraction", "value") else "object")
+                         for c in RECORD_FIELDS})
 
 
 def _own_matrices(frame: pd.DataFrame) -> pd.DataFrame:
@@ -440,14 +399,17 @@ def label_free_comparison(norm_frame: pd.DataFrame, reference: pd.DataFrame, tas
 
     tasks, orders = list(tasks), list(orders)
     pieces = []
-    for frame, source, wanted in ((reference, "main grid", ["lambda"]), (norm_frame, "norm grid", list(NORM_AWARE_ORDERS))):
+    grids = ((reference, "main grid", ["lambda"]), (norm_frame, "norm grid", list(NORM_AWARE_ORDERS)))
+    for frame, source, wanted in grids:
         part = _own_matrices(frame)
         if part.empty:
             continue
         part = part[part["task"].isin(tasks) & (part["matrix_type"] == "average")
-                    & part["selection_order"].isin([o for o in wanted if o in orders]) & part["fraction"].between(0, 1, inclusive="neither")]
+                    & part["selection_order"].isin([o for o in wanted if o in orders])
+                    & part["fraction"].between(0, 1, inclusive="neither")]
         if not part.empty:
-            pieces.append(summarize(part.rename(columns={"selection_order": "order"}), ["task", "order", "fraction"]).assign(source=source))
+            summary = summarize(part.rename(columns={"selection_order": "order"}), ["task", "order", "fraction"])
+            pieces.append(summary.assign(source=source))
     ends = []
     reference_own = _own_matrices(reference)
     if not reference_own.empty:
@@ -534,8 +496,9 @@ def missing_norm_runs(norm_frame: pd.DataFrame, reference: pd.DataFrame, tasks: 
                          & np.isclose(data["fraction"].astype(float), variant.fraction)]
             count = found["seed"].nunique() if not found.empty else 0
             if count < seeds:
-                rows.append({"task": task, "matrix_type": variant.matrix_type, "selection_order": variant.selection_order,
-                             "fraction": variant.fraction, "seeds_found": int(count), "seeds": int(seeds)})
+                rows.append({"task": task, "matrix_type": variant.matrix_type,
+                             "selection_order": variant.selection_order, "fraction": variant.fraction,
+                             "seeds_found": int(count), "seeds": int(seeds)})
     return pd.DataFrame(rows, columns=["task", "matrix_type", "selection_order", "fraction", "seeds_found", "seeds"])
 
 
@@ -566,11 +529,13 @@ def head_score_table(model: torch.nn.Module, tokenizer, spec: Mapping, tasks: It
         layers, heads = scores[NORM_AWARE_ORDERS[0]].shape
         lambdas = np.full((layers, heads), np.nan)
         folder = Path(lambdas_dir) if lambdas_dir is not None else None
-        files = sorted(folder.glob(f"{task}-from-{task}-*.pt"), key=lambda p: p.stat().st_mtime) if folder and folder.is_dir() else []
+        files = (sorted(folder.glob(f"{task}-from-{task}-*.pt"), key=lambda p: p.stat().st_mtime)
+                 if folder and folder.is_dir() else [])
         if files:
             lambdas = torch.load(files[-1]).detach().to(torch.float64).cpu().numpy().reshape(layers, heads)
         layer, head = np.meshgrid(np.arange(layers), np.arange(heads), indexing="ij")
-        frames.append(pd.DataFrame({"task": task, "layer": layer.ravel(), "head": head.ravel(), "lambda": lambdas.ravel(),
+        frames.append(pd.DataFrame({"task": task, "layer": layer.ravel(), "head": head.ravel(),
+                                    "lambda": lambdas.ravel(),
                                     **{order: value.ravel() for order, value in scores.items()}}))
     return pd.concat(frames, ignore_index=True)
 

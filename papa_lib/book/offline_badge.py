@@ -1,6 +1,6 @@
 """The "Open in Colab" badge, shipped with the book (a Sphinx extension listed in ``_config.yml``).
 
-Every chapter starts with the badge markdown of :func:`papa_lib.book.build.colab_badge`, whose image lives on
+Every chapter starts with the badge markdown of :func:`papa_lib.book.chapters.colab_badge`, whose image lives on
 colab.research.google.com: right for the ``.ipynb`` twins opened on GitHub or in Colab, but in the built book it would
 be the one resource a page fetches from the network (and a console error for a reader offline). This extension
 swaps that image, in every built page, for :data:`BADGE_SVG` — a small badge drawn here — inlined as a ``data:``
@@ -12,7 +12,7 @@ from __future__ import annotations
 import base64
 from typing import Any
 
-from .build import COLAB_BADGE_IMAGE as REMOTE_IMAGE
+from .chapters import COLAB_BADGE_IMAGE as REMOTE_IMAGE
 
 __all__ = ["BADGE_SVG", "REMOTE_IMAGE", "badge_uri", "setup"]
 
@@ -21,7 +21,8 @@ __all__ = ["BADGE_SVG", "REMOTE_IMAGE", "badge_uri", "setup"]
 BADGE_SVG = """<svg xmlns="http://www.w3.org/2000/svg" width="117" height="20" role="img" aria-label="Open in Colab">
 <title>Open in Colab</title>
 <clipPath id="r"><rect width="117" height="20" rx="3"/></clipPath>
-<g clip-path="url(#r)"><rect width="63" height="20" fill="#555"/><rect x="63" width="54" height="20" fill="#e8a200"/></g>
+<g clip-path="url(#r)"><rect width="63" height="20" fill="#555"/>
+<rect x="63" width="54" height="20" fill="#e8a200"/></g>
 <g fill="#fff" font-family="Verdana,DejaVu Sans,sans-serif" font-size="11" text-anchor="middle">
 <text x="31.5" y="14">Open in</text><text x="90" y="14">Colab</text></g>
 </svg>"""

@@ -161,15 +161,15 @@ def notebook_problems(path: str | Path) -> list[str]:
 
 
 def _links(page: str) -> Iterable[str]:
-    for match in re.finditer(r"""<(?:a|link)\b[^>]*\bhref=["']([^"']+)["']|<(?:img|script)\b[^>]*\bsrc=["']([^"']+)["']""",
-                             page, re.IGNORECASE):
+    pattern = r"""<(?:a|link)\b[^>]*\bhref=["']([^"']+)["']|<(?:img|script)\b[^>]*\bsrc=["']([^"']+)["']"""
+    for match in re.finditer(pattern, page, re.IGNORECASE):
         yield match.group(1) or match.group(2)
 
 
 def broken_links(html_dir: str | Path) -> list[str]:
     """``'<page>: <link>'`` for every link, image or script of a built HTML folder that points inside the folder at
-    a file that does not exist (external ``http(s)``/``mailto``/``data`` links, pure ``#anchors`` and the theme's templates
-    under ``_static/`` are skipped)."""
+    a file that does not exist (external ``http(s)``/``mailto``/``data`` links, pure ``#anchors`` and the theme's
+    templates under ``_static/`` are skipped)."""
     root = Path(html_dir).resolve()
     broken = []
     for page in sorted(root.rglob("*.html")):

@@ -43,13 +43,16 @@ SMOKE_GRID = {
     "inloop_epochs": 1,
     "lambda_learning_rate": 0.05,
     "blocks": [
-        {"name": "fig2", "tasks": ["sst2", "cola", "mnli", "ner", "pos"], "matrix_types": ["average"], "orders": ["lambda"],
-         "fractions": [1, 0.5, 0.125, 0.0625, 0]},
+        {"name": "fig2", "tasks": ["sst2", "cola", "mnli", "ner", "pos"], "matrix_types": ["average"],
+         "orders": ["lambda"], "fractions": [1, 0.5, 0.125, 0.0625, 0]},
         {"name": "table1", "tasks": ["sst2", "cola", "mnli", "ner", "pos"],
-         "matrix_types": ["average", "identity", "toeplitz", "zeros", "trainable_toeplitz", "trainable_average"], "fractions": [0]},
-        {"name": "table2", "tasks": ["sst2", "cola", "ner", "pos"], "matrix_types": ["average"], "matrices_from": "mnli", "fractions": [0]},
+         "matrix_types": ["average", "identity", "toeplitz", "zeros", "trainable_toeplitz", "trainable_average"],
+         "fractions": [0]},
+        {"name": "table2", "tasks": ["sst2", "cola", "ner", "pos"], "matrix_types": ["average"],
+         "matrices_from": "mnli", "fractions": [0]},
         {"name": "fig5", "tasks": ["mnli"], "matrix_types": ["average"],
-         "orders": ["lambda", "reversed", "first_to_last", "last_to_first", "random"], "fractions": [1, 0.5, 0.125, 0.0625, 0]},
+         "orders": ["lambda", "reversed", "first_to_last", "last_to_first", "random"],
+         "fractions": [1, 0.5, 0.125, 0.0625, 0]},
     ],
 }
 
@@ -110,7 +113,8 @@ class Setup:
         source = self.data_source
         if source == "local":
             return f"local files ({self.data_dir.name})"
-        return {"generated": "generated data", "hub": "hub datasets", "sample": f"{SAMPLE_LABEL} (papa_lib/samples)"}[source]
+        labels = {"generated": "generated data", "hub": "hub datasets", "sample": f"{SAMPLE_LABEL} (papa_lib/samples)"}
+        return labels[source]
 
     def label(self) -> str:
         """"model: …, data: …, profile: …" for figure subtitles."""

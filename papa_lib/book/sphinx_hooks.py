@@ -3,7 +3,8 @@ every chart page loads, MathJax served from the book itself (no CDN), one copy o
 execution: pages re-execute when papa_lib or ``data/`` changed or when they failed last time, and every build writes
 its pages' execution status (:mod:`papa_lib.book.execution`).
 
-:func:`setup` is what Sphinx calls; the notebook tooling and the command line live in :mod:`papa_lib.book.build`.
+:func:`setup` is what Sphinx calls; the chapters and their twins live in :mod:`papa_lib.book.chapters`, the build
+and the command line in :mod:`papa_lib.book.build`.
 """
 
 from __future__ import annotations

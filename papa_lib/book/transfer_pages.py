@@ -12,7 +12,8 @@ Every number comes from the records or the stored matrices; figures fit the book
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import pandas as pd
 
@@ -95,8 +96,8 @@ def changes_text(frame: pd.DataFrame, tasks: Sequence[str]) -> Any:
             f"largest change on RoBERTa-base is {paper_gap:.2f}.")
     inside = measured.dropna(subset=["within_ci"])
     if not inside.empty:
-        text += (f" In {int(inside.within_ci.astype(bool).sum())} of {plural(len(inside), 'task', number=False)} the change lies within "
-                 "the 95% interval of the per-task score across seeds.")
+        text += (f" In {int(inside.within_ci.astype(bool).sum())} of {plural(len(inside), 'task', number=False)} "
+                 "the change lies within the 95% interval of the per-task score across seeds.")
     from . import claims
 
     table = claims.claims_table(frame)  # every task's records: the inclusion rule is the engine's, as in claims.csv
