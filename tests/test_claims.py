@@ -243,7 +243,8 @@ def test_book_table_has_no_index_no_nan_and_links_each_chapter():
     lines = text.splitlines()
     assert lines[0].startswith("| claim |") and len(lines) == 2 + len(table)
     assert not re.search(r"\bnan\b", text, flags=re.IGNORECASE)
-    assert "(probing.md)" in text and "(norms.md)" in text and "not testable: " in text
+    assert "(probing.html)" in text and "(norms.html)" in text and ".md)" not in text
+    assert "(probing.md)" in claims.book_table(table, link_suffix=".md") and "not testable: " in text
     c1a = table[(table.claim == "C1a") & (table.model == "all-MiniLM-L6-v2")].iloc[0]  # one row per model
     assert f"{claims.sig3(c1a.ours)} [{claims.sig3(c1a.ci_low)}, {claims.sig3(c1a.ci_high)}]" in text
     assert claims.sig3(0.084) == "0.0840" and claims.sig3(-0.0387) == "-0.0387"

@@ -80,9 +80,13 @@ def summary(table: pd.DataFrame) -> str:
     return text
 
 
-def book_table(table: pd.DataFrame) -> str:
+def book_table(table: pd.DataFrame, link_suffix: str = ".html") -> str:
     """The intro's claims table as Markdown: claim, full statement, the paper's value, ours with its interval (three
-    significant figures), the verdict, the verdict with every task, and a link to the chapter. No index, no NaN."""
+    significant figures), the verdict, the verdict with every task, and a link to the chapter. No index, no NaN.
+
+    The links point at the built book's pages (``probing.html``: myst-nb renders a cell's Markdown output as plain
+    CommonMark, so a ``probing.md`` link would stay unresolved and the build's link check fails on it); pass
+    ``link_suffix=".md"`` for links between the chapters' sources (Jupyter)."""
     several = table.model.nunique() > 1
     header = ["claim"] + (["model"] if several else []) + ["statement", "paper", "ours [95% interval]", "verdict",
                                                             "with every task", "chapter"]
@@ -96,7 +100,7 @@ def book_table(table: pd.DataFrame) -> str:
         cells = [row.claim] + ([row.model] if several else []) + [
             row.statement, str(row.paper), ours, f"**{row.verdict}**",
             "same" if same else f"{every} {row.verdict_all_tasks}",
-            f"[{row.chapter.removesuffix('.md')}]({row.chapter})"]
+            f"[{row.chapter.removesuffix('.md')}]({row.chapter.removesuffix('.md')}{link_suffix})"]
         lines.append("| " + " | ".join(str(c).replace("|", "\\|").replace("\n", " ") for c in cells) + " |")
     return "\n".join(lines)
 
