@@ -11,7 +11,8 @@ from collections.abc import Iterable, Mapping, Sequence
 import pandas as pd
 
 from ..experiments import matrices
-from .figures import _block_variants, _check_frame, _empty, _grid_seeds, _sort_by_task
+from .figures import _empty, _sort_by_task
+from .grid_views import _block_variants, _check_frame, _grid_seeds
 
 #: Training-set sizes of the paper's data (GLUE train splits; CoNLL-2003 eng.train sentences), for estimates.
 PAPER_TRAIN_SIZES = {"cola": 8551, "sst2": 67349, "mrpc": 3668, "mnli": 392702, "ner": 14041, "pos": 14041}

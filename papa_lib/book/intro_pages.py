@@ -4,13 +4,14 @@ many heads PAPA can replace, and the paper's claims checked against the records 
 from __future__ import annotations
 
 import os
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import pandas as pd
 
-from .display import markdown
 from . import charts, claims, profiles
+from .display import markdown
 
 __all__ = ["HEADS", "claims_rules", "claims_summary", "claims_table", "findings", "glue_findings", "heads_chart",
            "settings", "task_table"]

@@ -20,8 +20,9 @@ fit the book's content column (:data:`papa_lib.book.charts.CONTENT_WIDTH`).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import pandas as pd
 
@@ -392,7 +393,8 @@ def headline(frame: pd.DataFrame, tasks: Sequence[str] | None = None) -> pd.Data
     every = table.apply(lambda r: claims.ours_text({"ours": r.ours_all_tasks, "ci_low": r.ci_low_all_tasks,
                                                     "ci_high": r.ci_high_all_tasks}), axis=1) if len(table) else []
     return pd.DataFrame({"claim": table["claim"], "model": table["model"], "statistic": table["statistic"],
-                         "paper": table["paper"], "ours [95% interval]": [claims.ours_text(r) for _, r in table.iterrows()],
+                         "paper": table["paper"],
+                         "ours [95% interval]": [claims.ours_text(r) for _, r in table.iterrows()],
                          "tasks": table["tasks"], "verdict": table["verdict"], "with every task": list(every),
                          "verdict with every task": table["verdict_all_tasks"]}).set_index("claim")
 

@@ -1,0 +1,269 @@
+"""What a declared grid asks for, the constant matrices it stored, and how much of it the results table holds.
+
+Split from :mod:`papa_lib.book.figures` (which re-exports every public name here):
+
+* :func:`stored_matrices`, :func:`column_mass`, :func:`diagonal_mass`, :func:`position_coverage` -- where the
+  stored constant matrices put their weight (Sec. 5.1, 5.3), how often a position holds a real token (App. A);
+  :func:`save_shown`, :func:`load_matrices`, :func:`matrix_files` -- their compact committed copies on disk.
+* :func:`grid_coverage`, :func:`task_lengths`, :func:`per_task_setting` -- what a declared grid
+  (:func:`papa_lib.experiments.grid.load_grid`) asks for and which of its runs are in the table (results may be
+  partial).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping, Sequence
+
+import numpy as np
+import pandas as pd
+import torch
+
+from ..experiments import matrices
+
+__all__ = [
+    "SHOWN_FOLDER",
+    "column_mass",
+    "diagonal_mass",
+    "grid_coverage",
+    "load_matrices",
+    "matrix_files",
+    "per_task_setting",
+    "position_coverage",
+    "save_shown",
+    "stored_matrices",
+    "task_lengths",
+]
+
+
+#: Columns of the results table (:meth:`papa_lib.experiments.results.ResultsStore.frame`) these helpers and
+#: :mod:`papa_lib.book.figures` read.
+_FRAME_COLUMNS = ("model", "task", "matrix_type", "matrices_from", "selection_order", "fraction", "seed", "metric",
+                  "value")
+
+
+def _check_frame(frame: pd.DataFrame, what: str, extra: Sequence[str] = ()) -> pd.DataFrame:
+    """Raise ValueError unless ``frame`` is a results table with the columns these helpers and figures read."""
+    if not isinstance(frame, pd.DataFrame):
+        raise ValueError(f"{what}: expected a results DataFrame (ResultsStore(...).frame()), "
+                         f"got {type(frame).__name__}")
+    missing = [c for c in (*_FRAME_COLUMNS, *extra) if c not in frame.columns]
+    if missing:
+        raise ValueError(f"{what}: the results frame lacks column(s) {', '.join(missing)} "
+                         f"(have {list(frame.columns)})")
+    return frame
+
+
+def _check_tasks(tasks: Iterable[str] | None, what: str) -> list[str] | None:
+    """Validate task names against :data:`papa_lib.experiments.tasks.TASKS` (a typo is an error; an absent task is
+    not)."""
+    if tasks is None:
+        return None
+    if isinstance(tasks, str):
+        tasks = [tasks]
+    from ..experiments.tasks import TASKS
+
+    tasks = list(tasks)
+    unknown = [t for t in tasks if t not in TASKS]
+    if unknown:
+        raise ValueError(f"{what}: unknown task(s) {unknown}; known tasks: {sorted(TASKS)}")
+    return tasks
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Constant matrices on disk (Sec. 5.3, App. A)
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def per_task_setting(spec: Mapping, key: str, tasks: Iterable[str],
+                     fallback: Mapping[str, object] | None = None) -> dict:
+    """A grid setting per task: ``spec[key]`` is one value or a mapping by task with a ``default``
+    (as :func:`papa_lib.experiments.grid.run_grid` reads it); unset values come from ``fallback`` (or are None)."""
+    tasks = _check_tasks(tasks, "per_task_setting") or []
+    value = spec.get(key) if isinstance(spec, Mapping) else None
+    settings = {}
+    for task in tasks:
+        chosen = value.get(task, value.get("default")) if isinstance(value, Mapping) else value
+        settings[task] = chosen if chosen is not None else (fallback or {}).get(task)
+    return settings
+
+
+def task_lengths(spec: Mapping, tasks: Iterable[str]) -> dict[str, int]:
+    """The sequence length L each task runs at under a grid: its ``max_length`` (an int, or a mapping by task with
+    a ``default``), else Table 3's length for the task (:data:`papa_lib.experiments.tasks.TASKS`)."""
+    from ..experiments.tasks import TASKS
+
+    tasks = _check_tasks(tasks, "task_lengths") or []
+    table3 = {task: TASKS[task].max_length for task in tasks}
+    return {task: int(value) for task, value in per_task_setting(spec, "max_length", tasks, table3).items()}
+
+
+#: Folder inside a results folder with compact float16 copies of the constant matrices the chapters show
+#: (:func:`save_shown`), committed so that a fresh clone shows them; the grid's own ``matrices/`` cache comes first.
+SHOWN_FOLDER = "shown"
+
+
+def save_shown(constants, folder, name: str):
+    """Write ``constants`` as a compact float16 copy ``folder/name`` (:data:`SHOWN_FOLDER`); returns the path."""
+    from pathlib import Path
+
+    from safetensors.torch import save_file
+
+    path = Path(folder) / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    meta = {str(k): json.dumps(v) for k, v in {**constants.metadata, "stored_as": "float16"}.items()}
+    save_file({"matrices": constants.matrices.detach().half().contiguous(),
+               "counts": constants.counts.to(torch.int32).contiguous()}, str(path), metadata=meta)
+    return path
+
+
+def load_matrices(path):
+    """Constant matrices from a file of the grid's cache or of :data:`SHOWN_FOLDER`, as float32 / int64."""
+    from ..core.averaging import ConstantAttention
+
+    constants = ConstantAttention.load(path)
+    return ConstantAttention(constants.matrices.float(), constants.counts.long(), constants.metadata)
+
+
+def matrix_files(results_dir, source: str, max_length: int) -> list:
+    """Files of constant matrices for text of ``source`` at length L: the grid's ``matrices/`` (newest first), then
+    the committed compact copies in :data:`SHOWN_FOLDER`."""
+    from pathlib import Path
+
+    found = []
+    for folder in ("matrices", SHOWN_FOLDER):
+        found += sorted((Path(results_dir) / folder).glob(f"{source}-L{int(max_length)}-*.safetensors"),
+                        key=lambda p: p.stat().st_mtime, reverse=True)
+    return found
+
+
+def stored_matrices(results_dir, source: str, max_length: int, model: str | None = None):
+    """The constant matrices a grid saved under ``results_dir/matrices`` for text of ``source`` at length L, else
+    their committed compact copy under ``results_dir/shown`` (:func:`matrix_files`).
+
+    Files are named ``<source>-L<L>-<hash>.safetensors`` (:meth:`papa_lib.experiments.engine.TaskExperiment.constants`);
+    when several match (other data folders, sizes or models), the newest one (for ``model`` when given) is returned.
+    ``None`` when there is none.
+    """
+    if int(max_length) <= 0:
+        raise ValueError(f"stored_matrices: max_length must be positive, got {max_length}")
+    for path in matrix_files(results_dir, source, max_length):
+        constants = load_matrices(path)
+        if model is None or constants.metadata.get("model") == model:
+            return constants
+    return None
+
+
+def column_mass(constants, column: int) -> pd.DataFrame:
+    """Per (layer, head): the average weight the constant matrix puts on key position ``column``.
+
+    Averaged over the query rows that were real in at least one example of the averaged text (``counts[q, q] > 0``).
+    Columns: layer, head, mass.
+    """
+    matrices, counts = constants.matrices, constants.counts
+    length = int(matrices.shape[-1])
+    if not 0 <= int(column) < length:
+        raise ValueError(f"column_mass: column {column} is outside the matrices' L = {length}")
+    rows = counts.diagonal() > 0
+    if not bool(rows.any()):
+        raise ValueError("column_mass: no query position was ever real in the averaged text")
+    mass = matrices[:, :, rows, int(column)].float().mean(dim=-1)  # [layers, heads]
+    layers, heads = mass.shape
+    return pd.DataFrame({
+        "layer": np.repeat(np.arange(layers), heads),
+        "head": np.tile(np.arange(heads), layers),
+        "mass": mass.reshape(-1).cpu().numpy().astype(float),
+    })
+
+
+def diagonal_mass(constants) -> pd.DataFrame:
+    """Per (layer, head): the average weight a query position puts on itself (the diagonal pattern of Sec. 5.1).
+
+    Averaged over the query rows that were real in at least one averaged example. Columns: layer, head, mass.
+    """
+    matrices, counts = constants.matrices, constants.counts
+    rows = counts.diagonal() > 0
+    if not bool(rows.any()):
+        raise ValueError("diagonal_mass: no query position was ever real in the averaged text")
+    mass = matrices.diagonal(dim1=-2, dim2=-1)[:, :, rows].float().mean(dim=-1)
+    layers, heads = mass.shape
+    return pd.DataFrame({
+        "layer": np.repeat(np.arange(layers), heads),
+        "head": np.tile(np.arange(heads), layers),
+        "mass": mass.reshape(-1).cpu().numpy().astype(float),
+    })
+
+
+def position_coverage(constants, position: int) -> float:
+    """Share of the averaged examples in which ``position`` held a real token (``counts[p, p] / num_examples``)."""
+    length = int(constants.counts.shape[-1])
+    if not 0 <= int(position) < length:
+        raise ValueError(f"position_coverage: position {position} is outside L = {length}")
+    examples = constants.metadata.get("num_examples")
+    if not examples:
+        raise ValueError("position_coverage: the matrices' metadata has no num_examples")
+    return float(constants.counts[int(position), int(position)]) / float(examples)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Grid coverage (partial tables)
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def _block_variants(block) -> Iterable[tuple[str, str, object]]:
+    """(block name, task, canonical :class:`~papa_lib.experiments.engine.Variant`) for every run of a grid block,
+    without repeats inside the block (blocks are GridBlock objects or plain mappings with the same keys)."""
+    from ..experiments.engine import Variant
+    from ..experiments.selection import PAPER_FRACTIONS
+
+    get = block.get if isinstance(block, Mapping) else (lambda key: getattr(block, key, None))
+    fractions = get("fractions") if get("fractions") is not None else list(PAPER_FRACTIONS)
+    for task in get("tasks") or []:
+        seen = []
+        for matrix_type in get("matrix_types") or ["average"]:
+            for order in get("orders") or ["lambda"]:
+                for fraction in fractions:
+                    variant = Variant.make(matrix_type, order, fraction, get("matrices_from"))
+                    if variant not in seen:
+                        seen.append(variant)
+                        yield get("name"), task, variant
+
+
+def _grid_seeds(spec: Mapping) -> list[int]:
+    seeds = spec.get("seeds", 3)
+    return list(range(seeds)) if isinstance(seeds, int) else [int(s) for s in seeds]
+
+
+def grid_coverage(frame: pd.DataFrame, spec: Mapping, blocks: Iterable[str] | None = None,
+                  model: str | None = None) -> pd.DataFrame:
+    """How much of a declared grid (:func:`papa_lib.experiments.grid.load_grid`) the results table holds.
+
+    Per (block, task): ``expected`` runs (canonical variants x seeds), ``done`` (those found in ``frame``; for
+    ``model`` only when given) and ``missing`` = expected - done. A run counts as done when a row has its task,
+    matrix type, order, fraction, matrices source and seed.
+    """
+    _check_frame(frame, "grid_coverage")
+    if not isinstance(spec, Mapping) or "blocks" not in spec:
+        raise ValueError("grid_coverage: spec must be a grid mapping with 'blocks' "
+                         "(papa_lib.experiments.grid.load_grid)")
+    seeds = _grid_seeds(spec)
+    wanted = None if blocks is None else set(blocks)
+    if model is not None:
+        frame = frame[frame["model"] == model]
+    done_keys = set()
+    for row in frame.itertuples(index=False):
+        done_keys.add((row.task, row.matrix_type, row.selection_order, round(float(row.fraction), 9),
+                       row.matrices_from if isinstance(row.matrices_from, str) else None, int(row.seed)))
+    counts: dict[tuple[str, str], list[int]] = {}
+    for block in spec["blocks"]:
+        for name, task, variant in _block_variants(block):
+            if wanted is not None and name not in wanted:
+                continue
+            source = variant.matrices_from or (task if matrices.matrix_type(variant.matrix_type).from_text else None)
+            tally = counts.setdefault((name, task), [0, 0])
+            for seed in seeds:
+                tally[0] += 1
+                tally[1] += (task, variant.matrix_type, variant.selection_order, round(variant.fraction, 9), source,
+                             seed) in done_keys
+    records = [(name, task, expected, done, expected - done) for (name, task), (expected, done) in counts.items()]
+    return pd.DataFrame(records, columns=["block", "task", "expected", "done", "missing"])
