@@ -71,6 +71,10 @@ def test_device_check_every_device_and_summary():
     assert bool(summary.loc["original", "below_spread"]) is True
     assert summary.loc["original", "max_abs_difference"] == pytest.approx(0.05)
     assert summary.loc["original", "mean_difference"] == pytest.approx((0.05 - 0.01 + 0.0) / 3)
+    paired = np.array([0.05, -0.01, 0.0])
+    assert summary.loc["original", "difference_half_width"] == pytest.approx(
+        stats.t.ppf(0.975, 2) * np.std(paired, ddof=1) / math.sqrt(3))
+    assert summary.loc["original", "cpu_sd"] == pytest.approx(float(np.std([0.25, 0.29, 0.40], ddof=1)))
     assert bool(summary.loc["average 0", "below_spread"]) is False
     assert summary.loc["average 0", "max_ratio"] == pytest.approx(0.2 / 0.02)
     assert device_summary(device_check(_local(), _check().iloc[0:0])).empty

@@ -107,17 +107,22 @@ def device_check(local_dir, check_dir, committed_devices=("cuda",)) -> pd.DataFr
 
 
 def device_summary(check: pd.DataFrame) -> pd.DataFrame:
-    """Per configuration of a :func:`device_check` frame: ``seeds`` (pairs), ``mean_difference``,
-    ``max_abs_difference``, ``seed_sd``, ``half_width``, ``max_ratio`` and ``below_spread`` (every |difference|
-    below the seed sd). An empty check gives an empty summary."""
-    columns = ["task", "config", "seeds", "mean_difference", "max_abs_difference", "seed_sd", "half_width",
-               "max_ratio", "below_spread"]
+    """Per configuration of a :func:`device_check` frame: ``seeds`` (pairs), ``mean_difference`` with
+    ``difference_half_width`` (Student-t 95% over the seed-paired differences: a shift of the mean whose interval
+    holds 0 is not told apart from none), ``max_abs_difference``, ``seed_sd`` and ``half_width`` (of the committed
+    values), ``cpu_sd`` (the reruns' own sd over seeds), ``max_ratio`` and ``below_spread`` (every |difference| below
+    the seed sd). An empty check gives an empty summary."""
+    columns = ["task", "config", "seeds", "mean_difference", "difference_half_width", "max_abs_difference",
+               "seed_sd", "half_width", "cpu_sd", "max_ratio", "below_spread"]
     if check.empty:
         return pd.DataFrame(columns=columns)
     grouped = check.groupby(["task", "config"], sort=True)
     out = grouped.agg(seeds=("seed", "size"), mean_difference=("difference", "mean"),
                       max_abs_difference=("difference", lambda d: float(d.abs().max())),
                       seed_sd=("seed_sd", "first"), half_width=("half_width", "first"),
-                      max_ratio=("ratio", "max")).reset_index()
+                      max_ratio=("ratio", "max"),
+                      difference_sd=("difference", lambda d: float(np.std(d, ddof=1)) if len(d) > 1 else float("nan")),
+                      cpu_sd=("cpu", lambda d: float(np.std(d, ddof=1)) if len(d) > 1 else float("nan"))).reset_index()
+    out["difference_half_width"] = [_half_width(sd, n) for sd, n in zip(out["difference_sd"], out["seeds"])]
     out["below_spread"] = out["max_abs_difference"] < out["seed_sd"]
     return out[columns]
