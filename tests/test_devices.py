@@ -107,3 +107,19 @@ def test_committed_reruns_pair_with_gpu_records():
     assert np.isfinite(check["difference"]).all() and (check["seed_sd"] > 0).all()
     gpu_made = device_check(LOCAL, CHECK)
     assert len(gpu_made) > 0 and set(gpu_made["committed_device"].str[:4]) == {"cuda"}
+
+
+@pytest.mark.skipif(not (CHECK / "results.csv").is_file(), reason="no device-check records committed")
+def test_benchmarks_table_matches_the_records():
+    """BENCHMARKS.md's "CPU rerun of GPU-made rows" table says what device_summary computes from the records."""
+    text = (ROOT / "BENCHMARKS.md").read_text()
+    section = text[text.index("## CPU rerun of GPU-made rows"):]
+    rows = [[cell.strip() for cell in line.strip("|").split("|")] for line in section.splitlines()
+            if line.startswith("| ") and not line.startswith("| task")]
+    summary = device_summary(device_check(LOCAL, CHECK)).set_index(["task", "config"])
+    assert {(r[0], r[1]) for r in rows} == set(summary.index)
+    for task, config, _, mean, _, ratio, below in rows:
+        row = summary.loc[(task, config)]
+        assert float(mean.split("±")[0]) == pytest.approx(row["mean_difference"], abs=1e-4)
+        assert float(ratio) == pytest.approx(row["max_ratio"], abs=0.01)
+        assert below == ("yes" if row["below_spread"] else "no")
