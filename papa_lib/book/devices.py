@@ -1,0 +1,128 @@
+"""Does the device change a number? GPU-made records against their reruns on the CPU (issue 21: no claim may compare
+rows made on different devices or library versions unless the difference is shown to be below the seed spread).
+
+A diagnostic folder (``data/results/device-check``) reruns some configurations of a results folder
+(``data/results/local-minilm``) on the CPU with the same grid settings, so each rerun has the run id of the record it
+repeats. :func:`device_check` pairs them by run id, seed by seed; :func:`device_summary` says per configuration
+whether the CPU-minus-GPU differences lie below the spread of the committed values over seeds.
+
+* ``seed_sd``: the sample standard deviation (``ddof=1``) over seeds of the committed values of that configuration
+  (every committed seed, whichever device made it);
+* ``half_width``: the Student-t 95% half-width of that configuration's mean over its committed seeds,
+  ``t(0.975, n-1) * seed_sd / sqrt(n)``;
+* ``ratio``: ``|difference| / seed_sd``; below 1, the device changed the value by less than a change of seed does.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+from scipy import stats
+
+__all__ = ["CONFIG_COLUMNS", "config_label", "device_check", "device_summary"]
+
+#: The columns that name one configuration (a row of a figure or table, all seeds together).
+CONFIG_COLUMNS = ("task", "matrix_type", "matrices_from", "selection_order", "fraction")
+_CONFIDENCE = 0.95
+
+
+def config_label(row) -> str:
+    """``original``, ``average 0``, ``average from mnli 0``, ``average lambda 0.5``: one configuration in words."""
+    if row["matrix_type"] == "original":
+        return "original"
+    words = [str(row["matrix_type"])]
+    source = row.get("matrices_from")
+    if isinstance(source, str) and source not in ("", row["task"]):
+        words.append(f"from {source}")
+    order = row.get("selection_order")
+    if isinstance(order, str) and order not in ("", "none"):
+        words.append(order)
+    words.append(f"{float(row['fraction']):g}")
+    return " ".join(words)
+
+
+def _frame(source) -> pd.DataFrame:
+    if isinstance(source, pd.DataFrame):
+        return source
+    from ..experiments.results import read_results
+
+    path = Path(source)
+    if not (path / "results.csv").is_file():
+        raise FileNotFoundError(f"no results.csv in {path}")
+    return read_results(path)
+
+
+def _half_width(sd: float, n: int) -> float:
+    if n < 2 or not math.isfinite(sd):
+        return float("nan")
+    return float(stats.t.ppf((1 + _CONFIDENCE) / 2, n - 1)) * sd / math.sqrt(n)
+
+
+def device_check(local_dir, check_dir, committed_devices=("cuda",)) -> pd.DataFrame:
+    """The reruns in ``check_dir`` (a folder or a results frame) paired by run id with the records of ``local_dir``
+    made on one of ``committed_devices`` (a record's ``device`` is matched on its prefix: ``cuda`` takes
+    ``cuda:0``; ``None`` takes every device, e.g. to see the effect of library versions alone on CPU-made rows).
+
+    One row per (configuration, seed): ``task``, ``config`` (:func:`config_label`), ``seed``,
+    ``committed_device`` (where the committed record ran), ``gpu`` (its value), ``cpu`` (the rerun's value),
+    ``difference`` (``cpu - gpu``), ``seed_sd``, ``half_width``, ``n_seeds`` (committed seeds behind both) and
+    ``ratio`` (see the module docstring), plus the configuration columns (:data:`CONFIG_COLUMNS`) and ``run_id``."""
+    local, check = _frame(local_dir), _frame(check_dir)
+    keys = list(CONFIG_COLUMNS)
+    spread = local.assign(**{k: local[k].fillna("none") for k in ("matrices_from", "selection_order")})
+    spread = (spread.groupby(keys, dropna=False)["value"].agg(seed_sd=lambda v: float(np.std(v, ddof=1))
+                                                               if len(v) > 1 else float("nan"),
+                                                               n_seeds="size").reset_index())
+    committed = local
+    if committed_devices is not None:
+        device = local["device"].astype(str)
+        committed = local[device.apply(lambda d: any(d.startswith(p) for p in committed_devices))]
+    pairs = committed.merge(check[["run_id", "value", "device"]], on="run_id", suffixes=("_gpu", "_cpu"))
+    columns = ["task", "config", "seed", "committed_device", "gpu", "cpu", "difference", "seed_sd", "half_width",
+               "n_seeds", "ratio", *CONFIG_COLUMNS[1:], "run_id"]
+    if pairs.empty:
+        return pd.DataFrame(columns=columns)
+    pairs = pairs.assign(**{k: pairs[k].fillna("none") for k in ("matrices_from", "selection_order")})
+    pairs = pairs.merge(spread, on=keys, how="left")
+    out = pd.DataFrame({
+        "task": pairs["task"],
+        "config": pairs.apply(config_label, axis=1),
+        "seed": pairs["seed"].astype(int),
+        "committed_device": pairs["device_gpu"].astype(str),
+        "gpu": pairs["value_gpu"].astype(float),
+        "cpu": pairs["value_cpu"].astype(float),
+    })
+    out["difference"] = out["cpu"] - out["gpu"]
+    out["seed_sd"] = pairs["seed_sd"].astype(float)
+    out["n_seeds"] = pairs["n_seeds"].astype(int)
+    out["half_width"] = [_half_width(sd, n) for sd, n in zip(out["seed_sd"], out["n_seeds"])]
+    out["ratio"] = out["difference"].abs() / out["seed_sd"]
+    for key in CONFIG_COLUMNS[1:]:
+        out[key] = pairs[key].values
+    out["run_id"] = pairs["run_id"].values
+    return out[columns].sort_values(["task", "config", "seed"]).reset_index(drop=True)
+
+
+def device_summary(check: pd.DataFrame) -> pd.DataFrame:
+    """Per configuration of a :func:`device_check` frame: ``seeds`` (pairs), ``mean_difference`` with
+    ``difference_half_width`` (Student-t 95% over the seed-paired differences: a shift of the mean whose interval
+    holds 0 is not told apart from none), ``max_abs_difference``, ``seed_sd`` and ``half_width`` (of the committed
+    values), ``cpu_sd`` (the reruns' own sd over seeds), ``max_ratio`` and ``below_spread`` (every |difference| below
+    the seed sd). An empty check gives an empty summary."""
+    columns = ["task", "config", "seeds", "mean_difference", "difference_half_width", "max_abs_difference",
+               "seed_sd", "half_width", "cpu_sd", "max_ratio", "below_spread"]
+    if check.empty:
+        return pd.DataFrame(columns=columns)
+    grouped = check.groupby(["task", "config"], sort=True)
+    out = grouped.agg(seeds=("seed", "size"), mean_difference=("difference", "mean"),
+                      max_abs_difference=("difference", lambda d: float(d.abs().max())),
+                      seed_sd=("seed_sd", "first"), half_width=("half_width", "first"),
+                      max_ratio=("ratio", "max"),
+                      difference_sd=("difference", lambda d: float(np.std(d, ddof=1)) if len(d) > 1 else float("nan")),
+                      cpu_sd=("cpu", lambda d: float(np.std(d, ddof=1)) if len(d) > 1 else float("nan"))).reset_index()
+    out["difference_half_width"] = [_half_width(sd, n) for sd, n in zip(out["difference_sd"], out["seeds"])]
+    out["below_spread"] = out["max_abs_difference"] < out["seed_sd"]
+    return out[columns]
