@@ -32,13 +32,13 @@ id, so two data sets registered under the same name never share results.
 from __future__ import annotations
 
 import csv
-import hashlib
 import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..core.artefacts import checksum
 from .tasks import TASKS, SentenceExamples, TaskSpec
 
 __all__ = ["CustomTask", "METRICS", "register_custom_task", "register_custom_tasks"]
@@ -238,14 +238,6 @@ def _load(task: CustomTask, label_names: tuple[str, ...], split: str) -> Sentenc
     return SentenceExamples(texts=texts, pairs=pairs, labels=[ids[label] for label in labels], source=str(path))
 
 
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def register_custom_task(task: CustomTask) -> TaskSpec:
     """Check ``task``'s files, build its :class:`TaskSpec` and add it to :data:`~papa_lib.experiments.tasks.TASKS`.
 
@@ -278,7 +270,7 @@ def register_custom_task(task: CustomTask) -> TaskSpec:
     delimiters = [task.delimiter_of(train), task.delimiter_of(validation)]
     provenance = {
         "train": str(train), "validation": str(validation),
-        "train_sha256": _sha256(train), "validation_sha256": _sha256(validation),
+        "train_sha256": checksum(train), "validation_sha256": checksum(validation),
         "text_columns": list(task.text_columns), "label_column": task.label_column,
         "delimiter": delimiters[0] if delimiters[0] == delimiters[1] else delimiters, "labels": list(label_names),
     }

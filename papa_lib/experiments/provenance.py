@@ -16,6 +16,8 @@ from typing import Any
 
 import numpy as np
 
+from ..core.artefacts import checksum
+
 __all__ = ["config_hash", "file_sha256", "git_commit", "package_versions", "processor_name", "run_provenance"]
 
 _CONFIG_HASH_LENGTH = 16
@@ -49,11 +51,7 @@ def file_sha256(path: str | Path) -> str:
     stat = path.stat()
     key = (str(path.resolve()), stat.st_size, stat.st_mtime_ns)
     if key not in _DIGESTS:
-        digest = hashlib.sha256()
-        with path.open("rb") as handle:
-            for block in iter(lambda: handle.read(1 << 20), b""):
-                digest.update(block)
-        _DIGESTS[key] = digest.hexdigest()
+        _DIGESTS[key] = checksum(path)
     return _DIGESTS[key]
 
 
