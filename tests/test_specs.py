@@ -151,5 +151,10 @@ def test_valid_grid_files_pass(tmp_path):
                            "cache_budget: 8G\ndevice: auto\nseeds: 3\n".replace("seeds: [0, 1]\n", ""))
     spec = load_grid(grid)
     assert spec["seeds"] == 3 and spec["blocks"][0].tasks == ["sst2"]
+    from conftest import SHARED_DATA
+
     for committed in sorted((Path(__file__).resolve().parents[1] / "data" / "results").glob("*/grid.yaml")):
-        assert load_grid(committed)["blocks"], committed
+        try:
+            assert load_grid(committed)["blocks"], committed
+        except FileNotFoundError as error:  # a custom task's files live in ../shared/data, absent on a fresh machine
+            assert not SHARED_DATA.exists() and "file not found" in str(error), (committed, error)
