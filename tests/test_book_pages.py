@@ -293,8 +293,10 @@ def test_probing_shows_every_committed_model_and_nothing_empty_without_the_secon
         assert "local-mpnet" not in text and "all-mpnet-base-v2" not in text
         assert {r["model"] for r in points} == {"all-MiniLM-L6-v2"}
         return
-    pairs = {(m, t) for m, t in zip(mpnet.model, mpnet.task)}
-    shared = sorted({t for _, t in pairs} & set(frame.task))
+    # the side-by-side table holds the tasks where MPNet has both ends: the original and every head constant
+    ends = mpnet[(mpnet.matrix_type == "original") | ((mpnet.matrix_type == "average") & (mpnet.fraction == 0))]
+    both = ends.groupby("task").matrix_type.nunique()
+    shared = sorted(set(both[both == 2].index) & set(frame.task))
     assert side is not None and sorted(side.index.get_level_values("task").unique()) == shared
     assert not side.isna().any().any() and not side.map(lambda v: "nan" in str(v).lower()).any().any()
     assert set(side.index.get_level_values("model")) == {"all-MiniLM-L6-v2", "all-mpnet-base-v2"}
