@@ -79,6 +79,14 @@ def _closest(word: str, choices) -> str:
     return f" (did you mean {match[0]!r}?)" if match else ""
 
 
+def _all_known(values: list, known, what: str) -> list:
+    """``values`` when each is in ``known``; else an error at the first unknown one naming the closest and the known."""
+    for i, name in enumerate(values):
+        if name not in known:
+            raise _At((i,), f"unknown {what} {name!r}{_closest(name, known)}; known: {', '.join(sorted(known))}")
+    return values
+
+
 def _known_tasks(info: ValidationInfo) -> set[str]:
     from .tasks import TASKS
 
@@ -158,11 +166,7 @@ class BlockSpec(_Strict):
     @field_validator("tasks")
     @classmethod
     def _tasks(cls, value, info: ValidationInfo):
-        known = _known_tasks(info)
-        for i, task in enumerate(value):
-            if task not in known:
-                raise _At((i,), f"unknown task {task!r}{_closest(task, known)}; known: {', '.join(sorted(known))}")
-        return value
+        return _all_known(value, _known_tasks(info), "task")
 
     @field_validator("matrices_from")
     @classmethod
@@ -177,22 +181,14 @@ class BlockSpec(_Strict):
     def _matrix_types(cls, value):
         from .matrices import MATRIX_TYPES
 
-        for i, name in enumerate(value):
-            if name not in MATRIX_TYPES:
-                raise _At((i,), f"unknown matrix type {name!r}{_closest(name, MATRIX_TYPES)}; "
-                                f"known: {', '.join(sorted(MATRIX_TYPES))}")
-        return value
+        return _all_known(value, MATRIX_TYPES, "matrix type")
 
     @field_validator("orders")
     @classmethod
     def _orders(cls, value):
         from .rankings import HEAD_RANKINGS
 
-        for i, name in enumerate(value):
-            if name not in HEAD_RANKINGS:
-                raise _At((i,), f"unknown order {name!r}{_closest(name, HEAD_RANKINGS)}; "
-                                f"known: {', '.join(sorted(HEAD_RANKINGS))}")
-        return value
+        return _all_known(value, HEAD_RANKINGS, "order")
 
     @field_validator("fractions")
     @classmethod
