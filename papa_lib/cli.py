@@ -258,7 +258,6 @@ def cmd_probe(args) -> int:
 
 
 def cmd_grid(args) -> int:
-    from .analysis import norm_rankings  # noqa: F401  (registers norm-weighted matrices and label-free rankings)
     from .experiments.features import parse_bytes
     from .experiments.grid import load_grid
 
@@ -410,7 +409,6 @@ def _fraction(text) -> float:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from .analysis import norm_rankings  # noqa: F401  (registers the label-free rankings and norm-weighted matrices)
     from .experiments.engine import MATRIX_TYPES, all_orders
     ORDERS = all_orders()
     from .experiments.selection import PAPER_FRACTIONS
