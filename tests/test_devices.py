@@ -15,6 +15,14 @@ from papa_lib.book.devices import config_label, device_check, device_summary
 ROOT = Path(__file__).resolve().parents[1]
 LOCAL = ROOT / "data" / "results" / "local-minilm"
 CHECK = ROOT / "data" / "results" / "device-check"
+GPU = ROOT / "data" / "results" / "local-minilm-gpu"  # the GPU-made records the reruns replaced
+
+
+def _committed():
+    """local-minilm as the check saw it: the GPU-made records back in place, seeds 0-2."""
+    from papa_lib.book.devices import as_committed
+
+    return as_committed(LOCAL, GPU, seeds=(0, 1, 2))
 
 
 def _record(run_id, task, matrix_type, fraction, seed, value, device, matrices_from=None, order="none"):
@@ -96,17 +104,22 @@ def test_missing_folder_is_named(tmp_path):
 def test_committed_reruns_pair_with_gpu_records():
     from papa_lib.experiments.results import read_results
 
-    local, rerun = read_results(LOCAL), read_results(CHECK)
+    local, rerun = _committed(), read_results(CHECK)
     assert set(rerun["device"].astype(str)) == {"cpu"}
     # the same grid settings give the same run ids: every rerun has its committed record
     assert set(rerun["run_id"]) <= set(local["run_id"])
-    check = device_check(LOCAL, CHECK, committed_devices=None)
+    check = device_check(local, CHECK, committed_devices=None)
     assert len(check) == len(rerun)
     committed = local.set_index("run_id")["value"]
     assert check["gpu"].tolist() == pytest.approx(committed.loc[check["run_id"]].tolist())
     assert np.isfinite(check["difference"]).all() and (check["seed_sd"] > 0).all()
-    gpu_made = device_check(LOCAL, CHECK)
+    gpu_made = device_check(local, CHECK)
     assert len(gpu_made) > 0 and set(gpu_made["committed_device"].str[:4]) == {"cuda"}
+    # the replacement: local-minilm now holds the CPU reruns in place of the GPU-made records they repeat
+    now = read_results(LOCAL).set_index("run_id")
+    assert set(now.loc[rerun["run_id"], "device"].astype(str)) == {"cpu"}
+    assert set(read_results(GPU)["run_id"]) == set(gpu_made["run_id"])
+    assert now.loc[rerun["run_id"], "value"].tolist() == rerun["value"].tolist()
 
 
 @pytest.mark.skipif(not (CHECK / "results.csv").is_file(), reason="no device-check records committed")
@@ -116,7 +129,7 @@ def test_benchmarks_table_matches_the_records():
     section = text[text.index("## CPU rerun of GPU-made rows"):]
     rows = [[cell.strip() for cell in line.strip("|").split("|")] for line in section.splitlines()
             if line.startswith("| ") and not line.startswith("| task")]
-    summary = device_summary(device_check(LOCAL, CHECK)).set_index(["task", "config"])
+    summary = device_summary(device_check(_committed(), CHECK)).set_index(["task", "config"])
     assert {(r[0], r[1]) for r in rows} == set(summary.index)
     for task, config, _, mean, _, ratio, below in rows:
         row = summary.loc[(task, config)]

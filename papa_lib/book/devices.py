@@ -11,6 +11,10 @@ whether the CPU-minus-GPU differences lie below the spread of the committed valu
 * ``half_width``: the Student-t 95% half-width of that configuration's mean over its committed seeds,
   ``t(0.975, n-1) * seed_sd / sqrt(n)``;
 * ``ratio``: ``|difference| / seed_sd``; below 1, the device changed the value by less than a change of seed does.
+
+Once checked, the GPU-made records were replaced in the results folder by their CPU reruns (issue 21: every claim
+rests on CPU-made rows) and kept in a folder of their own (``data/results/local-minilm-gpu``);
+:func:`as_committed` puts them back, to repeat the check on the rows it was made on.
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
-__all__ = ["CONFIG_COLUMNS", "config_label", "device_check", "device_summary"]
+__all__ = ["CONFIG_COLUMNS", "as_committed", "config_label", "device_check", "device_summary"]
 
 #: The columns that name one configuration (a row of a figure or table, all seeds together).
 CONFIG_COLUMNS = ("task", "matrix_type", "matrices_from", "selection_order", "fraction")
@@ -53,6 +57,16 @@ def _frame(source) -> pd.DataFrame:
     if not (path / "results.csv").is_file():
         raise FileNotFoundError(f"no results.csv in {path}")
     return read_results(path)
+
+
+def as_committed(local_dir, superseded_dir, seeds=None) -> pd.DataFrame:
+    """The records of ``local_dir`` with those of ``superseded_dir`` (same run ids) put back in their place, as they
+    stood before the replacement; ``seeds`` keeps only those seeds (the seeds the check reran)."""
+    local, old = _frame(local_dir), _frame(superseded_dir)
+    frame = pd.concat([local[~local["run_id"].isin(old["run_id"])], old], ignore_index=True)
+    if seeds is not None:
+        frame = frame[frame["seed"].astype(int).isin(list(seeds))]
+    return frame.reset_index(drop=True)
 
 
 def _half_width(sd: float, n: int) -> float:
