@@ -272,15 +272,6 @@ def cmd_grid(args) -> int:
         "seeds": list(range(args.seeds)) if args.seeds is not None else None,
         "cache_budget": parse_bytes(args.cache_budget) if args.cache_budget is not None else None,
     }
-    if args.plan:
-        from .experiments.plan import plan_grid
-
-        if args.task:
-            spec["blocks"] = [b for b in spec["blocks"] if args.task in b.tasks]
-            for block in spec["blocks"]:
-                block.tasks = [args.task]
-        print(plan_grid(spec, overrides, model_name=args.model))
-        return 0
     if args.task:
         spec["blocks"] = [b for b in spec["blocks"] if args.task in b.tasks]
         for block in spec["blocks"]:
@@ -291,6 +282,12 @@ def cmd_grid(args) -> int:
         if unknown:
             raise UsageError(f"{args.grid}: no block named {', '.join(unknown)}")
         spec["blocks"] = [b for b in spec["blocks"] if b.name in names]
+    if args.plan:
+        from .experiments.plan import plan_grid
+
+        print(plan_grid(spec, overrides, model_name=args.model,
+                        results_dir=args.results_dir or str(Path(args.grid).parent)))
+        return 0
     executor = _executor(args)
     results_dir = args.results_dir or str(Path(args.grid).parent)
     if args.repair:
@@ -475,7 +472,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("grid", help="grid YAML file (see data/results/local-minilm/grid.yaml)")
     p.add_argument("--plan", action="store_true",
                    help="print per task the examples, variants, backbone passes, feature bytes, cache or stream and "
-                        "an estimated time from throughput measured here; run nothing")
+                        "an estimated time from throughput measured here, for the runs not yet in the results folder; "
+                        "run nothing")
     p.add_argument("--blocks", default=None, help="run only these blocks of the file (comma-separated names)")
     p.add_argument("--only-seed", type=int, action="append", default=None,
                    help="run only this seed of the file's seeds (repeatable); training subsets stay those of the "

@@ -284,8 +284,9 @@ def test_plan_counts_work_without_running_anything(tiny, data_dir, monkeypatch):
     lines = {line.split()[0]: line.split() for line in text.splitlines()[2:-1]}
     assert set(lines) == {"sst2", "ner"}
     sst2 = lines["sst2"]
-    assert sst2[2] == "10" and sst2[5] == "4"  # 10 examples per seed; original, λ at 1/2, all-constant, trainable
-    assert sst2[7] == "2" and sst2[8] == "2"  # trainable runs for 2 seeds; λ learned per seed
+    assert sst2[2] == "10" and sst2[6] == "4"  # 10 examples per seed; original, λ at 1/2, all-constant, trainable
+    assert sst2[5] == "8"  # runs: 4 variants x 2 seeds
+    assert sst2[8] == "2" and sst2[9] == "2"  # trainable runs for 2 seeds; λ learned per seed
     assert "cache" in lines["ner"] and "measured" in lines["ner"][-1]
     parts = text.splitlines()[-1].split(";")
     at_most, at_least, shared = (float(parts[i].split(" h")[0].split()[-1]) for i in (0, 2, 3))
@@ -297,3 +298,23 @@ def test_plan_counts_work_without_running_anything(tiny, data_dir, monkeypatch):
     assert 0 < shared < at_least  # λ learned per seed, and its per-seed backbones, cost passes
     streamed = plan.plan_grid(spec, {"cache_budget": 1})
     assert all("stream" in line for line in streamed.splitlines()[2:-1])
+
+
+def test_plan_leaves_out_the_runs_already_stored(tiny, data_dir, monkeypatch, tmp_path):
+    """A resumed grid's plan counts only what is left: the run ids are those the runner stores."""
+    from papa_lib.core import models
+    from papa_lib.experiments import plan
+    from papa_lib.experiments.grid import run_grid
+
+    monkeypatch.setattr(models, "load_encoder", lambda *a, **k: tiny)
+    spec = {"data_dir": str(data_dir), "seeds": [0, 1], "max_length": 16, "epochs": 1, "limit": {"sst2": 10},
+            "blocks": [GridBlock("ends", ["sst2"], fractions=[1, 0])]}
+    before = plan.plan_grid(spec, {"cache_budget": 10**12}, results_dir=tmp_path)
+    assert before.splitlines()[2].split()[5] == "4" and "(0 already in" in before
+    run_grid({**spec, "blocks": [GridBlock("original", ["sst2"], fractions=[1])]}, tmp_path, *tiny, progress=False)
+    after = plan.plan_grid(spec, {"cache_budget": 10**12}, results_dir=tmp_path)
+    row = after.splitlines()[2].split()
+    assert row[5] == "2" and row[6] == "1"  # the all-constant variant's two seeds are left
+    assert "total: 2 runs still to run (2 already in" in after
+    hours = [float(t.splitlines()[-1].split("at most ")[1].split(" h")[0]) for t in (before, after)]
+    assert hours[1] <= hours[0]

@@ -65,6 +65,8 @@ class TaskPlan:
     backbone_seconds: float = 0.0  # the backbone passes alone: a floor no probe speed-up can lower
     probe_seconds: float = 0.0  # the probes' steps, the seeds of seed-independent variants stepping together
     shared_seconds: float = 0.0  # the same floor with λ and random orders drawn once per task, not once per seed
+    runs: int = 0  # runs still to do (variant x seed), the ones the times count
+    finished: int = 0  # runs of the grid already in its results folder (skipped when it resumes)
 
 
 def measure_throughput(model, device="cpu", tokens: int = 24, batch: int = 64, repeats: int = 3) -> tuple[float, float]:
@@ -168,12 +170,16 @@ def _task_data(task: str, config, tokenizer):
 
 
 def plan_task(task: str, variants, config, *, layers: int, hidden: int, tokens_per_second: float,
-              step_seconds: float, budget: int, tokenizer=None, together: float = 1.0) -> TaskPlan:
+              step_seconds: float, budget: int, tokenizer=None, together: float = 1.0,
+              left: dict | None = None) -> TaskPlan:
     """The cost of one task's variants under one resolved :class:`~papa_lib.experiments.engine.ExperimentConfig`;
-    ``together``: a step of all seeds together over as many separate steps (:func:`measure_seed_batching`)."""
+    ``together``: a step of all seeds together over as many separate steps (:func:`measure_seed_batching`);
+    ``left``: how many seeds of each variant are still to run (default: all; :func:`pending_runs`)."""
     spec = tasks.TASKS[task]
     n_train, n_val, tokens, data = _task_data(task, config, tokenizer)
     seeds = len(config.seeds)
+    todo = {v: (seeds if left is None else int(left.get(v, seeds))) for v in variants}
+    variants = [v for v in variants if todo[v] > 0]
     per_seed = min(config.limit, n_train) if config.limit else n_train
     store_rows = min(n_train, per_seed * seeds) if config.limit and config.limit < n_train else n_train
     rows_per_example = tokens if spec.kind == "sentence" else tokens * 0.6  # token tasks keep first sub-tokens only
@@ -181,50 +187,61 @@ def plan_task(task: str, variants, config, *, layers: int, hidden: int, tokens_p
     mode = "cache" if feature_bytes <= budget else "stream"
     frozen = [v for v in variants if v.frozen]
     inloop = [v for v in variants if not v.frozen]
-    backbones = sum(seeds if v.seed_dependent else 1 for v in frozen)
-    sources = {v.matrices_from or task for v in variants if v.needs_lambdas}
+    backbones = sum(todo[v] if v.seed_dependent else 1 for v in frozen)
+    lambda_seeds: dict = {}  # λ per source and seed, learned once for every variant that mixes with it
+    for v in variants:
+        if v.needs_lambdas:
+            source = v.matrices_from or task
+            lambda_seeds[source] = max(lambda_seeds.get(source, 0), todo[v])
+    sources = set(lambda_seeds)
     matrix_sources = {v.matrices_from or task for v in variants if v.matrix_type in ("average", "trainable_average")}
-    lambda_runs = len(sources) * seeds
+    lambda_runs = sum(lambda_seeds.values())
     epochs, inloop_epochs = config.epochs, config.inloop_epochs
     passes = float(len(matrix_sources) * n_train)
     passes += lambda_runs * config.lambda_epochs * per_seed * 3
     per_backbone = (store_rows + n_val) if mode == "cache" else epochs * (store_rows + n_val)
     passes += backbones * per_backbone
     inloop_rows = min(per_seed, config.inloop_limit) if config.inloop_limit else per_seed
-    passes += len(inloop) * seeds * (inloop_epochs * inloop_rows * 3 + per_seed + n_val)
+    inloop_runs = sum(todo[v] for v in inloop)
+    passes += inloop_runs * (inloop_epochs * inloop_rows * 3 + per_seed + n_val)
     batch = config.batch_size
-    steps = (len(frozen) * seeds + len(inloop) * seeds) * epochs * per_seed / batch
-    shared_seeds = sum(1 for v in frozen if not v.seed_dependent)  # variants whose seeds step together
-    alone = steps - shared_seeds * seeds * epochs * per_seed / batch
-    probe_seconds = (alone + shared_seeds * seeds * together * epochs * per_seed / batch) * step_seconds
+    runs = sum(todo.values())
+    steps = runs * epochs * per_seed / batch
+    shared_steps = sum(todo[v] for v in frozen if not v.seed_dependent) * epochs * per_seed / batch  # seeds together
+    probe_seconds = (steps - shared_steps + shared_steps * together) * step_seconds
     backbone_seconds = passes * tokens / tokens_per_second
     seconds = backbone_seconds + probe_seconds
     # what learning λ once per task (and drawing one random order) would leave: each seed-dependent backbone once
     shared = passes - (lambda_runs - len(sources)) * config.lambda_epochs * per_seed * 3 \
         - (backbones - len(frozen)) * per_backbone
     return TaskPlan(task, n_train, per_seed, n_val, round(tokens, 1), seeds, len(variants), backbones,
-                    len(inloop) * seeds, lambda_runs, passes, steps, feature_bytes, mode, seconds, data,
-                    backbone_seconds, probe_seconds, shared * tokens / tokens_per_second)
+                    inloop_runs, lambda_runs, passes, steps, feature_bytes, mode, seconds, data,
+                    backbone_seconds, probe_seconds, shared * tokens / tokens_per_second, runs=runs,
+                    finished=seeds * len(todo) - runs)
 
 
 def format_plan(plans: list[TaskPlan], *, model: str, device: str, tokens_per_second: float, step_seconds: float,
-                budget: int, together: float = 1.0) -> str:
-    """A plain-text table of the plan, with totals (upper bounds: every probe runs to its epoch cap)."""
+                budget: int, together: float = 1.0, results_dir=None) -> str:
+    """A plain-text table of the plan, with totals (upper bounds: every probe runs to its epoch cap); with
+    ``results_dir``, the runs already stored there are left out (and counted)."""
     seeds = max((p.seeds for p in plans), default=1)
     lines = [f"plan for {model} on {device}: measured {tokens_per_second:,.0f} real tokens/s (packed forward), "
              f"{step_seconds * 1e3:.1f} ms per probe step, {seeds} seeds stepping together "
              f"{together * seeds:.1f}x one seed's step; feature budget {budget / 2**30:.1f} GiB",
-             f"{'task':6} {'train':>8} {'/seed':>7} {'valid':>6} {'tok/ex':>6} {'variants':>8} {'backbones':>9} "
-             f"{'inloop':>6} {'λ runs':>6} {'passes':>10} {'features':>10} {'mode':>6} {'time':>9}  data"]
+             f"{'task':6} {'train':>8} {'/seed':>7} {'valid':>6} {'tok/ex':>6} {'runs':>5} {'variants':>8} "
+             f"{'backbones':>9} {'inloop':>6} {'λ runs':>6} {'passes':>10} {'features':>10} {'mode':>6} "
+             f"{'time':>9}  data"]
     for p in plans:
         lines.append(f"{p.task:6} {p.train_examples:8d} {p.rows_per_seed:7d} {p.validation_examples:6d} "
-                     f"{p.tokens_per_example:6.1f} {p.variants:8d} {p.frozen_backbones:9d} {p.inloop_runs:6d} "
-                     f"{p.lambda_runs:6d} {p.example_passes:10.3g} {p.feature_bytes / 2**30:9.2f}G {p.mode:>6} "
-                     f"{p.seconds / 3600:8.2f}h  {p.data}")
+                     f"{p.tokens_per_example:6.1f} {p.runs:5d} {p.variants:8d} {p.frozen_backbones:9d} "
+                     f"{p.inloop_runs:6d} {p.lambda_runs:6d} {p.example_passes:10.3g} "
+                     f"{p.feature_bytes / 2**30:9.2f}G {p.mode:>6} {p.seconds / 3600:8.2f}h  {p.data}")
     total = sum(p.seconds for p in plans)
     floor = sum(p.backbone_seconds for p in plans)
     shared = sum(p.shared_seconds for p in plans)
-    lines.append(f"total: {sum(p.variants * p.seeds for p in plans)} runs, at most {total / 3600:.2f} h "
+    finished = sum(p.finished for p in plans)
+    done = f" still to run ({finished} already in {results_dir}/results.csv are skipped)" if results_dir else ""
+    lines.append(f"total: {sum(p.runs for p in plans)} runs{done}, at most {total / 3600:.2f} h "
                  f"(every probe to its epoch cap; early stopping ends most sooner); at least {floor / 3600:.2f} h "
                  f"(the backbone passes alone, at the measured throughput); at least {shared / 3600:.2f} h if λ and "
                  f"random orders were drawn once per task instead of per seed; probes "
@@ -272,8 +289,20 @@ def _model_for_timing(name: str | None, device: str):
         return AutoModel.from_config(config).to(device).eval(), None, how
 
 
-def plan_grid(spec: dict, overrides: dict | None = None, model_name: str | None = None) -> str:
-    """The plan of a declared grid as text (see the module docstring); nothing is trained."""
+def pending_runs(task: str, variants, config, model, tokenizer, results_dir) -> dict:
+    """How many seeds of each variant of ``task`` have no record yet in ``results_dir`` (same run ids as
+    :func:`papa_lib.experiments.grid.run_grid`, which skips the stored ones when it resumes)."""
+    from . import engine, results
+
+    store = results.ResultsStore(results_dir)
+    done = set(store.run_ids()) if store.path.is_file() else set()
+    experiment = engine.TaskExperiment(config, model, tokenizer, results_dir=None, progress=False)
+    return {v: sum(experiment.run_id(v, seed) not in done for seed in config.seeds) for v in variants}
+
+
+def plan_grid(spec: dict, overrides: dict | None = None, model_name: str | None = None, results_dir=None) -> str:
+    """The plan of a declared grid as text (see the module docstring); nothing is trained. With ``results_dir``
+    (``papa grid`` passes the grid's folder) the runs already stored there are left out of the times."""
     from ..core.models import num_layers_and_heads
     from .features import default_budget
     from .grid import grid_runs, grid_settings, task_config
@@ -291,6 +320,7 @@ def plan_grid(spec: dict, overrides: dict | None = None, model_name: str | None 
     plans = []
     for task, variants in grid_runs(spec["blocks"]).items():
         config = task_config(settings, task, seeds).resolved()
+        left = pending_runs(task, variants, config, model, tokenizer, results_dir) if results_dir else None
         plans.append(
             plan_task(
                 task,
@@ -303,8 +333,9 @@ def plan_grid(spec: dict, overrides: dict | None = None, model_name: str | None 
                 budget=budget,
                 tokenizer=tokenizer,
                 together=together,
+                left=left,
             )
         )
     label = f"{name or 'embedded all-MiniLM-L6-v2'} ({how})"
     return format_plan(plans, model=label, device=device, tokens_per_second=tokens_per_second,
-                       step_seconds=step_seconds, budget=budget, together=together)
+                       step_seconds=step_seconds, budget=budget, together=together, results_dir=results_dir)
