@@ -351,3 +351,20 @@ def test_local_claims_take_a_second_model_folder(tmp_path):
     assert c3.verdict == "inconclusive" and not c3.verdict.startswith("agrees")  # identical records: no direction
     assert list(table[table.claim == "C8a"].model) == ["all-MiniLM-L6-v2"]
     assert "| model |" in claims.book_table(table).splitlines()[0]
+
+
+def test_a_claim_names_the_devices_of_the_records_it_reads():
+    """C2 reads the original and the λ-ordered ½ rows: made on two devices, its row and the book's table say so;
+    C1a (originals and all-constant averages, one device) names one."""
+    frame = _records(drop=0.08, free=0.3).assign(device="cpu")
+    half = (frame.fraction == 0.5) & (frame.task == "cola")
+    frame.loc[half, "device"] = "cuda:0"
+    frame.loc[(frame.task == "mnli") & (frame.matrix_type == "identity"), "device"] = "cuda"  # read by C4 only
+    table = claims.claims_table(frame).set_index("claim")
+    assert table.loc["C2", "devices"] == "cpu, cuda"
+    assert table.loc["C1a", "devices"] == table.loc["C1b", "devices"] == table.loc["C6a", "devices"] == "cpu"
+    assert table.loc["C4", "devices"] == "cpu, cuda"
+    text = claims.book_table(table.reset_index())
+    c2 = next(line for line in text.splitlines() if line.startswith("| C2 "))
+    assert "(rows made on cpu and cuda)" in c2
+    assert "rows made on" not in next(line for line in text.splitlines() if line.startswith("| C1a "))

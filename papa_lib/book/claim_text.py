@@ -82,7 +82,8 @@ def summary(table: pd.DataFrame) -> str:
 
 def book_table(table: pd.DataFrame, link_suffix: str = ".html") -> str:
     """The intro's claims table as Markdown: claim, full statement, the paper's value, ours with its interval (three
-    significant figures), the verdict, the verdict with every task, and a link to the chapter. No index, no NaN.
+    significant figures), the verdict (naming the devices when its records come from more than one), the verdict
+    with every task, and a link to the chapter. No index, no NaN.
 
     The links point at the built book's pages (``probing.html``: myst-nb renders a cell's Markdown output as plain
     CommonMark, so a ``probing.md`` link would stay unresolved and the build's link check fails on it); pass
@@ -97,8 +98,10 @@ def book_table(table: pd.DataFrame, link_suffix: str = ".html") -> str:
             {"ours": row.ours_all_tasks, "ci_low": row.ci_low_all_tasks, "ci_high": row.ci_high_all_tasks}
         )
         same = row.verdict_all_tasks == row.verdict and every == ours
+        devices = str(getattr(row, "devices", "") or "")
+        mixed = f" (rows made on {devices.replace(', ', ' and ')})" if "," in devices else ""
         cells = [row.claim] + ([row.model] if several else []) + [
-            row.statement, str(row.paper), ours, f"**{row.verdict}**",
+            row.statement, str(row.paper), ours, f"**{row.verdict}**{mixed}",
             "same" if same else f"{every} {row.verdict_all_tasks}",
             f"[{row.chapter.removesuffix('.md')}]({row.chapter.removesuffix('.md')}{link_suffix})"]
         lines.append("| " + " | ".join(str(c).replace("|", "\\|").replace("\n", " ") for c in cells) + " |")

@@ -42,6 +42,8 @@ probe's Student-t 95% interval over seeds lies above the majority-class baseline
 Each claim is also computed with every measured task (``ours_all_tasks``, ``verdict_all_tasks``: a sensitivity
 column).
 
+**Devices**: each row names the devices that made the records it reads (``devices``; the book's table flags two).
+
 **C8** (Kobayashi et al.'s norm findings) is a correlation over a corpus of one deterministic model: there are no
 seeds, and its interval is the norm analysis' cluster bootstrap over sequences
 (:mod:`papa_lib.analysis.norm_findings`), the only statistic not on seeds.
@@ -56,6 +58,7 @@ from __future__ import annotations
 import itertools
 import json
 from collections.abc import Iterable, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -91,7 +94,7 @@ from .claim_text import (  # noqa: F401  (re-exported)
 )
 
 COLUMNS = ["model", "claim", "statement", "statistic", "tasks", "paper", "ours", "ci_low", "ci_high", "df", "verdict",
-           "ours_all_tasks", "ci_low_all_tasks", "ci_high_all_tasks", "verdict_all_tasks", "rule", "chapter"]
+           "ours_all_tasks", "ci_low_all_tasks", "ci_high_all_tasks", "verdict_all_tasks", "rule", "chapter", "devices"]
 TASK_ORDER = ("cola", "mrpc", "sst2", "mnli", "ner", "pos")
 DATA_FREE = data_free_types()  # registered data-free matrix types (at import: the paper's identity, Toeplitz, zeros)
 FIG5_FRACTIONS = (0.5, 0.125, 0.0625)
@@ -113,6 +116,35 @@ def _order(tasks: Iterable[str]) -> list[str]:
     return sorted(tasks, key=lambda t: (rank.get(t, 99), t))
 
 
+_READ: list[pd.DataFrame] | None = None  # while a claim is computed (:func:`_devices_read`): the rows it selects
+
+
+def _seen(rows: pd.DataFrame) -> pd.DataFrame:
+    if _READ is not None:
+        _READ.append(rows)
+    return rows
+
+
+@contextmanager
+def _reading():
+    """Collect the records the claim computed inside the block selects (:func:`devices_of` names their devices)."""
+    global _READ
+    outer, _READ = _READ, []
+    try:
+        yield _READ
+    finally:
+        _READ = outer
+
+
+def devices_of(read: Sequence[pd.DataFrame], tasks: Iterable[str]) -> str:
+    """The devices (``cpu``, ``cuda``, ...) that made the records ``read`` of ``tasks``: a claim resting on two
+    says so (issue 21: no claim should compare rows made on different devices)."""
+    rows = pd.concat(read) if read else pd.DataFrame(columns=["task", "device"])
+    rows = rows[rows.task.isin(list(tasks))]
+    kinds = rows["device"].dropna().astype(str).str.split(":").str[0] if "device" in rows else []
+    return ", ".join(sorted(set(kinds)))
+
+
 def _select(frame: pd.DataFrame, matrix_type: str, fraction: float, order: str = "none",
             source: str | None = "own") -> pd.DataFrame:
     """Rows of one configuration; ``source`` ``'own'``: matrices from the row's task, else a task name or None."""
@@ -122,11 +154,11 @@ def _select(frame: pd.DataFrame, matrix_type: str, fraction: float, order: str =
         rows = rows[rows.matrices_from.fillna(rows.task) == rows.task]
     elif source is not None:
         rows = rows[rows.matrices_from == source]
-    return rows
+    return _seen(rows)
 
 
 def original_rows(frame: pd.DataFrame) -> pd.DataFrame:
-    return frame[frame.matrix_type == "original"]
+    return _seen(frame[frame.matrix_type == "original"])
 
 
 def _by_seed(rows: pd.DataFrame) -> dict[str, pd.Series]:
@@ -329,6 +361,7 @@ def _row(model, claim, rule, measured: Measured | None, tasks_text: str, sensiti
         "verdict_all_tasks": (sensitivity.verdict if sensitivity else (verdict or "")),
         "rule": rule_text(rule),
         "chapter": rule.chapter,
+        "devices": "",
     }
 
 
@@ -341,9 +374,14 @@ def model_claims(frame: pd.DataFrame, model: str | None = None) -> list[dict]:
     rows = []
     for claim, compute in PER_MODEL.items():
         rule = table.loc[claim]
-        measured, sensitivity = compute(frame, included, rule), compute(frame, every, rule)
+        sensitivity = compute(frame, every, rule)
+        with _reading() as read:
+            measured = compute(frame, included, rule)
         shown = left_out if not claim.startswith("C6") else [t for t in left_out if t == "mnli"]
-        rows.append(_row(model, claim, rule, measured, _fmt_tasks(measured, shown), sensitivity))
+        row = _row(model, claim, rule, measured, _fmt_tasks(measured, shown), sensitivity)
+        if measured.tasks:
+            row["devices"] = devices_of(read, ["mnli"] if claim.startswith("C6") else measured.tasks)
+        rows.append(row)
     return rows
 
 
@@ -357,12 +395,13 @@ def cross_model_claims(frames: Mapping[str, pd.DataFrame]) -> list[dict]:
         return [_row(" vs ".join(frames) or "—", "C3", rule, None, "", None, f"not testable: {why}")]
     rows = []
     for small, large in itertools.pairwise(known):
-        per = {}
+        per, per_devices = {}, {}
         for kind, restrict in (("included", True), ("every", False)):
             shared = sorted(set.intersection(*[set(informative_tasks(frames[m])[0] if restrict else frames[m].task)
                                                for m in (small, large)]))
-            drops = {m: _task_drops(frames[m], _select(frames[m], "average", 0.0), _order(shared))[0]
-                     for m in (small, large)}
+            with _reading() as read:
+                drops = {m: _task_drops(frames[m], _select(frames[m], "average", 0.0), _order(shared))[0]
+                         for m in (small, large)}
             common = [t for t in _order(shared) if all(t in drops[m] for m in (small, large))]
             if not common:
                 per[kind] = Measured(Estimate(float("nan"), float("nan"), float("nan")), "not measured", [], shared)
@@ -371,8 +410,11 @@ def cross_model_claims(frames: Mapping[str, pd.DataFrame]) -> list[dict]:
                                   average([drops[small][t] for t in common]))
             per[kind] = Measured(estimate, decide("direction", estimate.low, estimate.high, rule.low, rule.high),
                                  common, [], f"{large} minus {small}")
-        rows.append(_row(f"{small} vs {large}", "C3", rule, per["included"], _fmt_tasks(per["included"], []),
-                         per["every"]))
+            per_devices[kind] = devices_of(read, common)
+        row = _row(f"{small} vs {large}", "C3", rule, per["included"], _fmt_tasks(per["included"], []),
+                   per["every"])
+        row["devices"] = per_devices.get("included", "")
+        rows.append(row)
     return rows
 
 
