@@ -368,3 +368,19 @@ def test_a_claim_names_the_devices_of_the_records_it_reads():
     c2 = next(line for line in text.splitlines() if line.startswith("| C2 "))
     assert "(rows made on cpu and cuda)" in c2
     assert "rows made on" not in next(line for line in text.splitlines() if line.startswith("| C1a "))
+
+
+def test_more_seeds_for_seed_independent_configurations_pair_on_the_seeds_both_have():
+    """Originals and all-constant averages at 5 seeds, λ at ½ at 3 (the 10- and 5-seed reruns' shape): C2 pairs on
+    seeds 0-2 and says so in its tasks column; C1a reads 5 seeds everywhere and says nothing; no mismatch."""
+    five = _records(drop=0.08, free=0.3, seeds=5)
+    frame = five[~((five.fraction == 0.5) & (five.seed >= 3))]
+    assert claims.seed_mismatches(frame) == []
+    table = claims.claims_table(frame).set_index("claim")
+    assert "3 to 5 seeds per configuration" in table.loc["C2", "tasks"]
+    assert "seeds per configuration" not in table.loc["C1a", "tasks"]
+    c2 = claims.claims_table(frame[frame.seed < 3]).set_index("claim").loc["C2"]
+    assert table.loc["C2", "ours"] == pytest.approx(c2.ours) and table.loc["C2", "df"] == pytest.approx(c2.df)
+    extra = pd.concat([frame, frame[(frame.fraction == 0.5) & (frame.seed == 0)].assign(seed=7)])
+    mismatches = claims.seed_mismatches(extra)  # a seed 7 at ½ that no original has: pairing would drop it
+    assert len(mismatches) == 10 and all(m.endswith("0.5: seeds [0, 1, 2, 7]") for m in mismatches)

@@ -19,6 +19,10 @@ CONFIDENCE = 0.95
 
 
 # ---------------------------------------------------------------------------------------------- the rules
+#: The paper's six tasks in its tables' order (the order claims list tasks in).
+TASK_ORDER = ("cola", "mrpc", "sst2", "mnli", "ner", "pos")
+
+
 def rules() -> pd.DataFrame:
     """The declared rules (``data/paper/claims_rules.csv``), indexed by claim id; ``low``/``high`` as floats."""
     table = pd.read_csv(RULES_PATH, keep_default_na=False)

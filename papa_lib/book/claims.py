@@ -66,10 +66,11 @@ import numpy as np
 import pandas as pd
 
 from ..experiments.matrices import data_free_types
-from . import paper
+from .claim_paper import paper_model_drops, paper_verdicts  # noqa: F401  (re-exported)
 from .claim_rules import (  # noqa: F401  (re-exported: the one claims engine's names)
     CONFIDENCE,
     RULES_PATH,
+    TASK_ORDER,
     Estimate,
     _from_parts,
     _number,
@@ -95,7 +96,6 @@ from .claim_text import (  # noqa: F401  (re-exported)
 
 COLUMNS = ["model", "claim", "statement", "statistic", "tasks", "paper", "ours", "ci_low", "ci_high", "df", "verdict",
            "ours_all_tasks", "ci_low_all_tasks", "ci_high_all_tasks", "verdict_all_tasks", "rule", "chapter", "devices"]
-TASK_ORDER = ("cola", "mrpc", "sst2", "mnli", "ner", "pos")
 DATA_FREE = data_free_types()  # registered data-free matrix types (at import: the paper's identity, Toeplitz, zeros)
 FIG5_FRACTIONS = (0.5, 0.125, 0.0625)
 ORDERS = ("lambda", "reversed", "first_to_last", "last_to_first", "random")
@@ -173,14 +173,25 @@ def _by_seed(rows: pd.DataFrame) -> dict[str, pd.Series]:
 
 
 def seed_mismatches(frame: pd.DataFrame) -> list[str]:
-    """Configurations whose seed ids differ from their task's original runs (pairing would drop seeds)."""
+    """Configurations with a seed id their task's original runs lack (pairing would drop that run). A variant with
+    fewer seeds than the original (λ at 5 seeds beside 10) pairs on the seeds it has: not a mismatch."""
     keys = ["task", "matrix_type", "matrices_from", "selection_order", "fraction"]
     originals = {t: set(s.index) for t, s in _by_seed(original_rows(frame)).items()}
     out = []
     for key, group in frame.fillna({"matrices_from": "", "selection_order": "none"}).groupby(keys):
-        if key[1] != "original" and key[0] in originals and set(group.seed) != originals[key[0]]:
+        if key[1] != "original" and key[0] in originals and not set(group.seed) <= originals[key[0]]:
             out.append(f"{key[0]}/{key[1]}/{key[2] or '-'}/{key[3]}/{key[4]:g}: seeds {sorted(set(group.seed))}")
     return out
+
+
+def _seed_note(read: Sequence[pd.DataFrame], tasks: Iterable[str]) -> str:
+    """``''``, or what the seed counts of the configurations a claim read on ``tasks`` were when they differ."""
+    rows = pd.concat(read) if read else pd.DataFrame(columns=["task", "seed"])
+    rows = rows[rows.task.isin(list(tasks))].fillna({"matrices_from": "", "selection_order": "none"})
+    counts = rows.groupby(["task", "matrix_type", "matrices_from", "selection_order", "fraction"]).seed.nunique()
+    if counts.empty or counts.min() == counts.max():
+        return ""
+    return f"{counts.min()} to {counts.max()} seeds per configuration, each comparison on the seeds both have"
 
 
 def informative_tasks(frame: pd.DataFrame) -> tuple[list[str], list[str]]:
@@ -380,7 +391,9 @@ def model_claims(frame: pd.DataFrame, model: str | None = None) -> list[dict]:
         shown = left_out if not claim.startswith("C6") else [t for t in left_out if t == "mnli"]
         row = _row(model, claim, rule, measured, _fmt_tasks(measured, shown), sensitivity)
         if measured.tasks:
-            row["devices"] = devices_of(read, ["mnli"] if claim.startswith("C6") else measured.tasks)
+            used = ["mnli"] if claim.startswith("C6") else measured.tasks
+            row["devices"] = devices_of(read, used)
+            row["tasks"] += f"; {note}" if (note := _seed_note(read, used)) else ""
         rows.append(row)
     return rows
 
@@ -554,44 +567,3 @@ def for_setup(setup) -> pd.DataFrame | None:
     if not frames:
         return None
     return claims_table(frames, {m: f for m, f in norms.items() if m in frames})
-
-
-# ---------------------------------------------------------------------------------------------- the paper's own
-def paper_model_drops() -> pd.DataFrame:
-    """Per model of Tables 1 and 4: the all-constant relative drop per task, its task mean and its maximum."""
-    rows = []
-    for name in ("table1", "table4"):
-        table = paper.table(name).set_index("matrix_type")
-        tasks = [c for c in table.columns if c in TASK_ORDER]
-        drops = (table.loc["original", tasks] - table.loc["average", tasks]) / table.loc["original", tasks].abs()
-        rows.append({"model": table.attrs["model"], "source": table.attrs["source"], **drops.to_dict(),
-                     "mean_drop": float(drops.mean()), "max_drop": float(drops.max())})
-    return pd.DataFrame(rows)
-
-
-def paper_verdicts() -> pd.DataFrame:
-    """The paper's own printed numbers (Tables 1, 2, 4, 5; no intervals, so each interval is the point) under the
-    declared rules: C1a, C1b, C4, C5 per model and C3 across the two models. Columns: model, claim, value, verdict."""
-    table = rules()
-    rows = []
-    drops = paper_model_drops().set_index("model")
-    for model, (types, transfer) in {"RoBERTa-base": ("table1", "table2"),
-                                     "RoBERTa-large": ("table4", "table5")}.items():
-        mean, worst = drops.loc[model, "mean_drop"], drops.loc[model, "max_drop"]
-        for claim, value in (("C1a", mean), ("C1b", worst)):
-            rule = table.loc[claim]
-            rows.append((model, claim, value, decide(rule.test, value, value, rule.low, rule.high)))
-        reported = paper.table(types).set_index("matrix_type")
-        tasks = [c for c in reported.columns if c in TASK_ORDER]
-        margins = reported.loc["average", tasks] - reported.loc[list(DATA_FREE), tasks].max()
-        rule = table.loc["C4"]
-        rows.append((model, "C4", float(margins.min()),
-                     decide_every(decide("band", m, m, rule.low, rule.high) for m in margins)))
-        moved = paper.table(transfer).set_index("matrices_from")
-        change = float(((moved.loc["mnli"] - moved.loc["per-task"]) / moved.loc["per-task"].abs()).mean())
-        rule = table.loc["C5"]
-        rows.append((model, "C5", change, decide(rule.test, change, change, rule.low, rule.high)))
-    rule = table.loc["C3"]
-    gap = drops.loc["RoBERTa-large", "mean_drop"] - drops.loc["RoBERTa-base", "mean_drop"]
-    rows.append(("RoBERTa-base vs RoBERTa-large", "C3", gap, decide(rule.test, gap, gap, rule.low, rule.high)))
-    return pd.DataFrame(rows, columns=["model", "claim", "value", "verdict"])
