@@ -292,6 +292,9 @@ def test_plan_counts_work_without_running_anything(tiny, data_dir, monkeypatch):
     at_most, at_least, shared = (float(parts[i].split(" h")[0].split()[-1]) for i in (0, 2, 3))
     assert 0 <= at_least <= at_most and "backbone passes alone" in text  # the floor never exceeds the estimate
     assert 0 <= shared <= at_least and "once per task" in text
+    capped = plan.plan_grid({**spec, "average_limit": 3}, {"cache_budget": 10**12}).splitlines()
+    passes = {line.split()[0]: float(line.split()[10]) for line in capped[2:-1]}
+    assert passes["sst2"] < float(lines["sst2"][10])  # the matrices average over 3 examples, not the whole text
     monkeypatch.setattr(plan, "measure_throughput", lambda *a, **k: (0.5, 0.0))  # slow enough to read in hours
     parts = plan.plan_grid(spec, {"cache_budget": 10**12}).splitlines()[-1].split(";")
     at_least, shared = (float(parts[i].split(" h")[0].split()[-1]) for i in (2, 3))

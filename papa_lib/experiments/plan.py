@@ -4,7 +4,8 @@ cache or stream, and an estimated time from throughput measured on this machine.
 Counting backbone work in *example passes* (one forward pass over one example; a training step forward and backward
 counts 3):
 
-* constant matrices (Eq. 2): one pass over the whole training text of each source task;
+* constant matrices (Eq. 2): one pass over the training text of each source task (its first ``average_limit``
+  examples when the grid sets one);
 * λ (Sec. 3.2): ``lambda_epochs`` training passes over each seed's rows, per matrices source;
 * frozen variants: one pass over the store's rows and the validation set per distinct backbone (λ and random
   orders differ per seed) when cached; when streamed, one pass per epoch (at most ``epochs``);
@@ -197,7 +198,8 @@ def plan_task(task: str, variants, config, *, layers: int, hidden: int, tokens_p
     matrix_sources = {v.matrices_from or task for v in variants if v.matrix_type in ("average", "trainable_average")}
     lambda_runs = sum(lambda_seeds.values())
     epochs, inloop_epochs = config.epochs, config.inloop_epochs
-    passes = float(len(matrix_sources) * n_train)
+    averaged = min(n_train, config.average_limit) if config.average_limit else n_train  # the matrices' text
+    passes = float(len(matrix_sources) * averaged)
     passes += lambda_runs * config.lambda_epochs * per_seed * 3
     per_backbone = (store_rows + n_val) if mode == "cache" else epochs * (store_rows + n_val)
     passes += backbones * per_backbone
