@@ -5,13 +5,10 @@ from __future__ import annotations
 
 import pandas as pd
 
-from ..experiments.matrices import data_free_types
 from . import paper
-from .claim_rules import TASK_ORDER, decide, decide_every, rules
+from .claim_rules import DATA_FREE, TASK_ORDER, decide, decide_every, rules
 
 __all__ = ["paper_model_drops", "paper_verdicts"]
-
-DATA_FREE = data_free_types()
 
 
 def paper_model_drops() -> pd.DataFrame:

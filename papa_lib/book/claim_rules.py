@@ -21,6 +21,9 @@ CONFIDENCE = 0.95
 # ---------------------------------------------------------------------------------------------- the rules
 #: The paper's six tasks in its tables' order (the order claims list tasks in).
 TASK_ORDER = ("cola", "mrpc", "sst2", "mnli", "ner", "pos")
+#: C4's data-free matrices, the three its statement names (Sec. 5.2); a type registered later as data-free
+#: (:func:`papa_lib.experiments.matrices.register_matrix_type`) is shown by the figures, not added to the claim.
+DATA_FREE = ("identity", "toeplitz", "zeros")
 
 
 def rules() -> pd.DataFrame:

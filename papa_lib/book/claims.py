@@ -65,10 +65,10 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from ..experiments.matrices import data_free_types
 from .claim_paper import paper_model_drops, paper_verdicts  # noqa: F401  (re-exported)
 from .claim_rules import (  # noqa: F401  (re-exported: the one claims engine's names)
     CONFIDENCE,
+    DATA_FREE,
     RULES_PATH,
     TASK_ORDER,
     Estimate,
@@ -96,7 +96,6 @@ from .claim_text import (  # noqa: F401  (re-exported)
 
 COLUMNS = ["model", "claim", "statement", "statistic", "tasks", "paper", "ours", "ci_low", "ci_high", "df", "verdict",
            "ours_all_tasks", "ci_low_all_tasks", "ci_high_all_tasks", "verdict_all_tasks", "rule", "chapter", "devices"]
-DATA_FREE = data_free_types()  # registered data-free matrix types (at import: the paper's identity, Toeplitz, zeros)
 FIG5_FRACTIONS = (0.5, 0.125, 0.0625)
 ORDERS = ("lambda", "reversed", "first_to_last", "last_to_first", "random")
 #: parameters of the models whose records may meet in C3 (the larger one is expected to drop more)
