@@ -368,6 +368,8 @@ def test_a_claim_names_the_devices_of_the_records_it_reads():
     c2 = next(line for line in text.splitlines() if line.startswith("| C2 "))
     assert "(rows made on cpu and cuda)" in c2
     assert "rows made on" not in next(line for line in text.splitlines() if line.startswith("| C1a "))
+    assert "made on cpu and cuda" in claims.verdict_sentence("C2", table.reset_index())
+    assert "made on" not in claims.verdict_sentence("C1a", table.reset_index())
 
 
 def test_more_seeds_for_seed_independent_configurations_pair_on_the_seeds_both_have():

@@ -41,7 +41,7 @@ def claim_row(claim_id: str, table: pd.DataFrame, model: str | None = None) -> p
 
 def verdict_sentence(claim_id: str, table: pd.DataFrame, model: str | None = None) -> str:
     """One plain sentence of a claim's row: statement, ours with its interval and tasks, the paper's value, the
-    verdict and its rule (and the verdict with every task, when it differs)."""
+    verdict and its rule (and the verdict with every task, when it differs; the devices, when two made its records)."""
     row = claim_row(claim_id, table, model)
     if str(row.verdict).startswith(("not testable", "not measured")):
         return f"{claim_id} — {row.statement} Verdict for {row.model}: **{row.verdict}**."
@@ -51,6 +51,11 @@ def verdict_sentence(claim_id: str, table: pd.DataFrame, model: str | None = Non
     every = {"ours": row.ours_all_tasks, "ci_low": row.ci_low_all_tasks, "ci_high": row.ci_high_all_tasks}
     if row.verdict_all_tasks and (ours_text(every) != ours_text(row) or row.verdict_all_tasks != row.verdict):
         text += f" With every task included: {ours_text(every)}, **{row.verdict_all_tasks}**."
+    devices = str(getattr(row, "devices", "") or "")
+    if "," in devices:
+        text += (f" Its records were made on {devices.replace(', ', ' and ')}: the device moves a probe's number "
+                 "like another draw of the seed, at times by more than the seeds' spread (BENCHMARKS.md, CPU rerun of "
+                 "GPU-made rows).")
     return text
 
 
