@@ -118,7 +118,7 @@ def test_committed_reruns_pair_with_gpu_records():
     # the replacement: local-minilm now holds the CPU reruns in place of the GPU-made records they repeat
     now = read_results(LOCAL).set_index("run_id")
     assert set(now.loc[rerun["run_id"], "device"].astype(str)) == {"cpu"}
-    assert set(read_results(GPU)["run_id"]) == set(gpu_made["run_id"])
+    assert set(gpu_made["run_id"]) <= set(read_results(GPU)["run_id"])
     assert now.loc[rerun["run_id"], "value"].tolist() == rerun["value"].tolist()
 
 
