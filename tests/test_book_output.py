@@ -123,6 +123,11 @@ def test_intro_findings_name_every_glued_value_with_or_without_records(tmp_path)
         pytest.skip(f"toy records too small for figures.all_constant_drop: {error}")
     assert set(empty) == set(full)
     assert empty["found_drop_all"] == "not measured yet" and full["found_seeds"] == "2 seeds (0, 1)"
+    assert intro_pages.worst_task("cola, sst2; worst task: cola; 3 to 10 seeds per configuration") == "cola"
+    assert intro_pages.worst_task("cola, sst2 (not measured: ner); worst task: sst2") == "sst2"
+    assert intro_pages.worst_task("none") == ""
+    more = pd.concat([records, records.iloc[[0]].assign(seed=2)])  # the original at 3 seeds, the average at 2
+    assert intro_pages.findings(setup, more)["found_seeds"] == "2 to 3 seeds (0-2)"
     book = (Path(__file__).resolve().parents[1] / "book" / "intro.md").read_text(encoding="utf-8")
     import re
 

@@ -50,3 +50,12 @@ def test_shown_path_never_prints_a_machine_folder(tmp_path):
     setup = profiles.resolve("smoke", data_dir=generate_data_dir(tmp_path / "papa-smoke-data"))
     text = provenance.shown_path(f"{setup.data_dir}/wikitext-2 (probe: wiki.valid.tokens)", setup)
     assert str(tmp_path) not in text and text.startswith("papa-smoke-data/wikitext-2")
+
+
+def test_seeds_per_setting_names_the_fewest_and_most_seeds_of_a_setting():
+    import pandas as pd
+
+    rows = [{"task": "cola", "matrix_type": "original", "fraction": 1.0, "seed": s} for s in range(10)]
+    rows += [{"task": "cola", "matrix_type": "average", "fraction": 0.5, "seed": s} for s in range(3)]
+    assert provenance.seeds_per_setting(pd.DataFrame(rows)) == "3 to 10 seeds (0-9)"
+    assert provenance.seeds_per_setting(pd.DataFrame(rows[:10])) == provenance.seeds_label(range(10))

@@ -124,6 +124,13 @@ def _task_names(tasks) -> str:
     return ", ".join(TASK_NAMES.get(t, t) for t in names)
 
 
+def worst_task(tasks_text) -> str:
+    """The task C1b's ``tasks`` cell names as the worst (``'...; worst task: cola; 3 to 10 seeds ...'`` -> ``cola``),
+    ``''`` when it names none."""
+    text = str(tasks_text)
+    return text.rsplit("worst task: ", 1)[-1].split(";")[0].strip() if "worst task: " in text else ""
+
+
 def findings(setup, frame: pd.DataFrame | None = None) -> dict[str, str]:
     """The numbers the intro's first screen states, as text: the claims engine's rows C1a (task-averaged drop with
     every head constant), C1b (the worst task) and C2 (half the heads) for the setup's model, with their 95%
@@ -132,7 +139,7 @@ def findings(setup, frame: pd.DataFrame | None = None) -> dict[str, str]:
     (:func:`papa_lib.book.paper.headline`). Every name is always there: without records its value says
     "not measured yet"."""
     from . import paper
-    from .provenance import seeds_label
+    from .provenance import seeds_per_setting
     from .records import describe
 
     given = frame is not None
@@ -167,7 +174,7 @@ def findings(setup, frame: pd.DataFrame | None = None) -> dict[str, str]:
     who = describe(frame)
     model = who["model"] if (table.model == who["model"]).any() else table.model.iloc[0]
     c1a, c1b, c2 = (claims.claim_row(c, table, model) for c in ("C1a", "C1b", "C2"))
-    worst = str(c1b.tasks).rsplit("worst task: ", 1)[-1] if "worst task: " in str(c1b.tasks) else missing
+    worst = worst_task(c1b.tasks) or missing
     others = [r for r in table[(table.claim == "C1a") & (table.model != model)].itertuples()
               if " vs " not in r.model and np.isfinite(r.ours)]
     other_text = " ".join(
@@ -175,7 +182,7 @@ def findings(setup, frame: pd.DataFrame | None = None) -> dict[str, str]:
         f"{r.verdict}." for r in others)
     return {**values,
             "found_model": model, "found_data": who["data"], "found_records": f"{len(frame):,}",
-            "found_seeds": seeds_label(frame["seed"]), "found_tasks": _task_names(c1a.tasks),
+            "found_seeds": seeds_per_setting(frame), "found_tasks": _task_names(c1a.tasks),
             "found_drop_all": interval(c1a), "found_verdict_all": str(c1a.verdict),
             "found_drop_all_max": interval(c1b), "found_drop_all_worst": TASK_NAMES.get(worst, worst),
             "found_verdict_max": str(c1b.verdict), "found_drop_half": interval(c2),

@@ -37,6 +37,19 @@ def seeds_label(seeds: Iterable) -> str:
     return f"{len(values)} {word} ({', '.join(str(v) for v in values)})"
 
 
+def seeds_per_setting(frame: pd.DataFrame) -> str:
+    """:func:`seeds_label` of the records when every setting (task and variant) has the same seeds, else
+    ``'3 to 10 seeds (0-9)'``: the fewest and most seeds of a setting (e.g. λ at 3 beside originals at 10)."""
+    keys = [k for k in ("task", "matrix_type", "matrices_from", "selection_order", "fraction") if k in frame.columns]
+    if not keys or frame.empty:
+        return seeds_label(frame["seed"]) if "seed" in frame.columns else ""
+    counts = frame.fillna({k: "" for k in keys}).groupby(keys)["seed"].nunique()
+    if counts.min() == counts.max():
+        return seeds_label(frame["seed"])
+    values = sorted({int(v) for v in frame["seed"].dropna()})
+    return f"{counts.min()} to {counts.max()} seeds ({values[0]}-{values[-1]})"
+
+
 def where_label(frame: pd.DataFrame) -> str:
     """Where the records ran and when: ``'a CUDA GPU (51 runs) and a CPU (180 runs), 2026-11-21 to 2026-11-24'``."""
     parts = []
