@@ -55,6 +55,9 @@ def test_tables_show_words_three_significant_figures_and_no_row_numbers():
     raw = frame.to_html()
     assert any("raw identifier" in p for p in page_check.html_problems(raw))
     assert any("raw DataFrame index" in p for p in page_check.html_problems(raw))
+    pipes = "<p>| claim | verdict |\n|—|—|\n| C1a | agrees |</p>"  # myst-nb's CommonMark leaves a table as text
+    assert any("Markdown table printed as text" in p for p in page_check.html_problems(pipes))
+    assert page_check.html_problems("<table><tr><td>a | b</td></tr></table><p>x | y</p>") == []
     assert tables.format_number(123.6694) == "124" and tables.format_number(-0.0051634) == "-0.00516"
     assert tables.plural(1, "task") == "1 task" and tables.plural(6, "task") == "6 tasks"
 

@@ -120,7 +120,8 @@ def _visible_text(page: str) -> str:
 
 def html_problems(page: str) -> list[str]:
     """Everything :func:`text_problems` and :func:`chart_problems` find in one HTML page or output, plus raw
-    identifiers as table headers and a raw integer index (a first body row headed ``0``)."""
+    identifiers as table headers, a raw integer index (a first body row headed ``0``) and a Markdown table left
+    as text."""
     page = _INJECTED.sub(" ", page)  # papermill's injected-parameters cell is a run's, not the book's
     found = text_problems(_visible_text(page))
     for spec_text in _SPEC.findall(page):
@@ -133,6 +134,8 @@ def html_problems(page: str) -> list[str]:
             found.append(f"raw identifier as a table header: {header}")
     if re.search(r"<tbody>\s*<tr>\s*<th\b[^>]*>\s*0\s*</th>", page):
         found.append("raw DataFrame index (rows numbered from 0)")
+    if re.search(r"<p>\s*\|[^<]*\|\s*\n?\s*\|\s*(?:-|—|–|:)", page):
+        found.append("a Markdown table printed as text (its pipes in a paragraph, not a <table>)")
     return found
 
 
