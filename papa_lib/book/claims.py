@@ -65,6 +65,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from ..experiments.summaries import seeds_per_config
 from .claim_paper import paper_model_drops, paper_verdicts  # noqa: F401  (re-exported)
 from .claim_rules import (  # noqa: F401  (re-exported: the one claims engine's names)
     CONFIDENCE,
@@ -135,11 +136,16 @@ def _reading():
         _READ = outer
 
 
+def _rows_read(read: Sequence[pd.DataFrame], tasks: Iterable[str]) -> pd.DataFrame:
+    """The records a claim read (:func:`_reading`) on ``tasks``."""
+    rows = pd.concat(read) if read else pd.DataFrame(columns=["task", "device", "seed"])
+    return rows[rows.task.isin(list(tasks))]
+
+
 def devices_of(read: Sequence[pd.DataFrame], tasks: Iterable[str]) -> str:
     """The devices (``cpu``, ``cuda``, ...) that made the records ``read`` of ``tasks``: a claim resting on two
     says so (issue 21: no claim should compare rows made on different devices)."""
-    rows = pd.concat(read) if read else pd.DataFrame(columns=["task", "device"])
-    rows = rows[rows.task.isin(list(tasks))]
+    rows = _rows_read(read, tasks)
     kinds = rows["device"].dropna().astype(str).str.split(":").str[0] if "device" in rows else []
     return ", ".join(sorted(set(kinds)))
 
@@ -185,9 +191,7 @@ def seed_mismatches(frame: pd.DataFrame) -> list[str]:
 
 def _seed_note(read: Sequence[pd.DataFrame], tasks: Iterable[str]) -> str:
     """``''``, or what the seed counts of the configurations a claim read on ``tasks`` were when they differ."""
-    rows = pd.concat(read) if read else pd.DataFrame(columns=["task", "seed"])
-    rows = rows[rows.task.isin(list(tasks))].fillna({"matrices_from": "", "selection_order": "none"})
-    counts = rows.groupby(["task", "matrix_type", "matrices_from", "selection_order", "fraction"]).seed.nunique()
+    counts = seeds_per_config(_rows_read(read, tasks))
     if counts.empty or counts.min() == counts.max():
         return ""
     return f"{counts.min()} to {counts.max()} seeds per configuration, each comparison on the seeds both have"

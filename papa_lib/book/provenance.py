@@ -40,11 +40,12 @@ def seeds_label(seeds: Iterable) -> str:
 def seeds_per_setting(frame: pd.DataFrame) -> str:
     """:func:`seeds_label` of the records when every setting (task and variant) has the same seeds, else
     ``'3 to 10 seeds (0-9)'``: the fewest and most seeds of a setting (e.g. λ at 3 beside originals at 10)."""
-    keys = [k for k in ("task", "matrix_type", "matrices_from", "selection_order", "fraction") if k in frame.columns]
-    if not keys or frame.empty:
-        return seeds_label(frame["seed"]) if "seed" in frame.columns else ""
-    counts = frame.fillna({k: "" for k in keys}).groupby(keys)["seed"].nunique()
-    if counts.min() == counts.max():
+    from ..experiments.summaries import seeds_per_config
+
+    if "seed" not in frame.columns:
+        return ""
+    counts = seeds_per_config(frame)
+    if counts.empty or counts.min() == counts.max():
         return seeds_label(frame["seed"])
     values = sorted({int(v) for v in frame["seed"].dropna()})
     return f"{counts.min()} to {counts.max()} seeds ({values[0]}-{values[-1]})"

@@ -17,6 +17,17 @@ CONFIG_COLUMNS: tuple[str, ...] = (
     "model", "task", "matrix_type", "matrices_from", "selection_order", "fraction", "metric",
 )
 
+
+
+def seeds_per_config(df: pd.DataFrame) -> pd.Series:
+    """How many distinct seeds each configuration (the :data:`CONFIG_COLUMNS` present in ``df``; a missing
+    ``matrices_from`` or order is a value of its own) has; empty when ``df`` has no rows or no such column."""
+    keys = [c for c in CONFIG_COLUMNS if c in df.columns]
+    if df.empty or not keys or "seed" not in df.columns:
+        return pd.Series(dtype=int)
+    return df.groupby(keys, dropna=False)["seed"].nunique()
+
+
 # --------------------------------------------------------------------------------------------------------------
 # Summaries (Sec. 4.1: means over 3 seeds with 95% CIs; Sec. 4.2: relative drop from the original model)
 # --------------------------------------------------------------------------------------------------------------
