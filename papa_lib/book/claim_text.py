@@ -39,6 +39,12 @@ def claim_row(claim_id: str, table: pd.DataFrame, model: str | None = None) -> p
     return rows.iloc[0]
 
 
+def mixed_devices(row) -> str:
+    """``'cpu and cuda'`` when a claim row's records come from more than one device (its ``devices``), else ``''``."""
+    devices = str(getattr(row, "devices", "") or "")
+    return devices.replace(", ", " and ") if "," in devices else ""
+
+
 def verdict_sentence(claim_id: str, table: pd.DataFrame, model: str | None = None) -> str:
     """One plain sentence of a claim's row: statement, ours with its interval and tasks, the paper's value, the
     verdict and its rule (and the verdict with every task, when it differs; the devices, when two made its records)."""
@@ -51,9 +57,8 @@ def verdict_sentence(claim_id: str, table: pd.DataFrame, model: str | None = Non
     every = {"ours": row.ours_all_tasks, "ci_low": row.ci_low_all_tasks, "ci_high": row.ci_high_all_tasks}
     if row.verdict_all_tasks and (ours_text(every) != ours_text(row) or row.verdict_all_tasks != row.verdict):
         text += f" With every task included: {ours_text(every)}, **{row.verdict_all_tasks}**."
-    devices = str(getattr(row, "devices", "") or "")
-    if "," in devices:
-        text += (f" Its records were made on {devices.replace(', ', ' and ')}: the device moves a probe's number "
+    if devices := mixed_devices(row):
+        text += (f" Its records were made on {devices}: the device moves a probe's number "
                  "like another draw of the seed, at times by more than the seeds' spread (BENCHMARKS.md, CPU rerun of "
                  "GPU-made rows).")
     return text
@@ -103,8 +108,7 @@ def book_table(table: pd.DataFrame, link_suffix: str = ".html") -> str:
             {"ours": row.ours_all_tasks, "ci_low": row.ci_low_all_tasks, "ci_high": row.ci_high_all_tasks}
         )
         same = row.verdict_all_tasks == row.verdict and every == ours
-        devices = str(getattr(row, "devices", "") or "")
-        mixed = f" (rows made on {devices.replace(', ', ' and ')})" if "," in devices else ""
+        mixed = f" (rows made on {devices})" if (devices := mixed_devices(row)) else ""
         cells = [row.claim] + ([row.model] if several else []) + [
             row.statement, str(row.paper), ours, f"**{row.verdict}**{mixed}",
             "same" if same else f"{every} {row.verdict_all_tasks}",

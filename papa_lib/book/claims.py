@@ -411,7 +411,7 @@ def cross_model_claims(frames: Mapping[str, pd.DataFrame]) -> list[dict]:
         return [_row(" vs ".join(frames) or "—", "C3", rule, None, "", None, f"not testable: {why}")]
     rows = []
     for small, large in itertools.pairwise(known):
-        per, per_devices = {}, {}
+        per, devices = {}, ""
         for kind, restrict in (("included", True), ("every", False)):
             shared = sorted(set.intersection(*[set(informative_tasks(frames[m])[0] if restrict else frames[m].task)
                                                for m in (small, large)]))
@@ -426,11 +426,11 @@ def cross_model_claims(frames: Mapping[str, pd.DataFrame]) -> list[dict]:
                                   average([drops[small][t] for t in common]))
             per[kind] = Measured(estimate, decide("direction", estimate.low, estimate.high, rule.low, rule.high),
                                  common, [], f"{large} minus {small}")
-            per_devices[kind] = devices_of(read, common)
+            if kind == "included":  # the verdict's rows; "every" is the sensitivity column
+                devices = devices_of(read, common)
         row = _row(f"{small} vs {large}", "C3", rule, per["included"], _fmt_tasks(per["included"], []),
                    per["every"])
-        row["devices"] = per_devices.get("included", "")
-        rows.append(row)
+        rows.append({**row, "devices": devices})
     return rows
 
 
