@@ -291,13 +291,11 @@ def _model_for_timing(name: str | None, device: str):
         return AutoModel.from_config(config).to(device).eval(), None, how
 
 
-def pending_runs(task: str, variants, config, model, tokenizer, results_dir) -> dict:
-    """How many seeds of each variant of ``task`` have no record yet in ``results_dir`` (same run ids as
+def pending_runs(variants, config, model, tokenizer, done: set) -> dict:
+    """How many seeds of each variant have a run id not in ``done`` (the ids already stored; the same run ids as
     :func:`papa_lib.experiments.grid.run_grid`, which skips the stored ones when it resumes)."""
-    from . import engine, results
+    from . import engine
 
-    store = results.ResultsStore(results_dir)
-    done = set(store.run_ids()) if store.path.is_file() else set()
     experiment = engine.TaskExperiment(config, model, tokenizer, results_dir=None, progress=False)
     return {v: sum(experiment.run_id(v, seed) not in done for seed in config.seeds) for v in variants}
 
@@ -308,6 +306,7 @@ def plan_grid(spec: dict, overrides: dict | None = None, model_name: str | None 
     from ..core.models import num_layers_and_heads
     from .features import default_budget
     from .grid import grid_runs, grid_settings, task_config
+    from .results import ResultsStore
 
     settings, seeds = grid_settings(spec, overrides)
     name = model_name or settings.get("model")
@@ -319,10 +318,14 @@ def plan_grid(spec: dict, overrides: dict | None = None, model_name: str | None 
     seed_count = max(len(seeds), 1)
     together = measure_seed_batching(model, device, seed_count) if seed_count > 1 else 1.0
     budget = settings.get("cache_budget") or default_budget()
+    done = None
+    if results_dir:  # read the stored run ids once, for every task
+        store = ResultsStore(results_dir)
+        done = set(store.run_ids()) if store.path.is_file() else set()
     plans = []
     for task, variants in grid_runs(spec["blocks"]).items():
         config = task_config(settings, task, seeds).resolved()
-        left = pending_runs(task, variants, config, model, tokenizer, results_dir) if results_dir else None
+        left = pending_runs(variants, config, model, tokenizer, done) if done is not None else None
         plans.append(
             plan_task(
                 task,
