@@ -251,7 +251,9 @@ def test_book_table_has_no_index_no_nan_and_links_each_chapter():
     plain = claims.summary(table)
     for claim in table.claim:
         assert claim in plain
-    assert f"{(table.verdict == 'inconclusive').sum()} are inconclusive" in plain and claims.ours_text(c1a) in plain
+    n = (table.verdict == "inconclusive").sum()
+    assert f"**{n} {'is' if n == 1 else 'are'} inconclusive**" in plain and claims.ours_text(c1a) in plain
+    assert plain.count("\n- **") == table.verdict.str.split(":").str[0].nunique()  # one bullet per verdict
     sentence = claims.verdict_sentence("C1a", table)
     assert f"**{c1a.verdict}**" in sentence and "\n" not in sentence
 

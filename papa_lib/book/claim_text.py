@@ -65,8 +65,8 @@ def verdict_sentence(claim_id: str, table: pd.DataFrame, model: str | None = Non
 
 
 def summary(table: pd.DataFrame) -> str:
-    """A plain-language paragraph of what the records show, every number from the engine's rows: per verdict, the
-    claims that got it (and, for inconclusive ones, how wide the task-averaged drop's interval is)."""
+    """What the records show in plain language (Markdown), every number from the engine's rows: one bullet per
+    verdict naming the claims that got it, then C1a's task-averaged drop as an example."""
     models = [m for m in table.model.unique() if " vs " not in str(m)]
     groups: dict[str, list[str]] = {}
     for row in table.itertuples():
@@ -75,18 +75,31 @@ def summary(table: pd.DataFrame) -> str:
                                           else f"{row.claim} ({row.model})")
     order = ["agrees", "direction agrees", "differs", "direction differs", "negligible", "inconclusive",
              "not measured", "not testable"]
-    words = {"agrees": "agree with the paper", "direction agrees": "agree in direction",
-             "differs": "differ from it", "direction differs": "differ in direction",
-             "negligible": "show the paper's sign but a negligible effect (|ρ| < 0.1)",
-             "inconclusive": "are inconclusive: their 95% interval reaches both inside and outside the paper's band",
-             "not measured": "are not measured yet", "not testable": "cannot be tested with these records"}
-    parts = [f"{len(groups[k])} {words[k]} ({', '.join(groups[k])})" for k in order if k in groups]
-    text = f"Of the {len(table)} claim rows checked on {', '.join(models) or 'no model'}: " + "; ".join(parts) + "."
+    words = {  # verdict -> (plural, singular, why in brackets)
+        "agrees": ("agree with the paper", "agrees with the paper", ""),
+        "direction agrees": ("agree in direction", "agrees in direction", ""),
+        "differs": ("differ from it", "differs from it", ""),
+        "direction differs": ("differ in direction", "differs in direction", ""),
+        "negligible": ("show the paper's sign but a negligible effect", "shows the paper's sign but a negligible effect",
+                       "|ρ| < 0.1"),
+        "inconclusive": ("are inconclusive", "is inconclusive",
+                         "their 95% interval reaches both inside and outside the paper's band"),
+        "not measured": ("are not measured yet", "is not measured yet", ""),
+        "not testable": ("cannot be tested with these records", "cannot be tested with these records", ""),
+    }
+    parts = []
+    for key in (k for k in order if k in groups):
+        plural, single, why = words[key]
+        n = len(groups[key])
+        parts.append(f"- **{n} {single if n == 1 else plural}**{f' ({why})' if why else ''}: {', '.join(groups[key])}")
+    text = f"Of the {len(table)} claim rows checked on {' and '.join(models) or 'no model'}:\n\n" + "\n".join(parts)
     c1a = table[(table.claim == "C1a") & table.ours.notna()]
     if len(c1a):
         row = c1a.iloc[0]
-        text += (f" For example, replacing every head by its constant matrix costs {ours_text(row)} of the original "
-                 f"score on average over {row.tasks.split(' (')[0]} (C1a; the paper: {row.paper}).")
+        tasks, _, seeds = str(row.tasks).split(" (")[0].partition("; ")
+        text += (f"\n\nFor example, on {row.model}, replacing every head by its constant matrix costs {ours_text(row)} "
+                 f"of the original score on average over {tasks} (C1a{'; ' + seeds if seeds else ''}; the paper: "
+                 f"{row.paper}).")
     return text
 
 

@@ -103,7 +103,7 @@ def claims_summary(setup) -> Any:
     if table is None:
         return markdown("No records in this profile's results folder yet, so no claim can be checked.")
     pair = claims.pair_caveat(m for m in table.model.astype(str) if " vs " not in m)
-    return markdown(claims.summary(table) + (f" {pair}" if pair else ""))
+    return markdown(claims.summary(table) + (f"\n\n{pair}" if pair else ""))
 
 
 def claims_rules(setup=None) -> Any:
