@@ -26,10 +26,14 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
+from ..experiments.summaries import CONFIG_COLUMNS as _PROJECT_CONFIG_COLUMNS
+
 __all__ = ["CONFIG_COLUMNS", "as_committed", "config_label", "device_check", "device_summary"]
 
-#: The columns that name one configuration (a row of a figure or table, all seeds together).
-CONFIG_COLUMNS = ("task", "matrix_type", "matrices_from", "selection_order", "fraction")
+#: The columns that name one configuration (a row of a figure or table, all seeds together) within one results
+#: folder: the project's configuration columns (:data:`papa_lib.experiments.summaries.CONFIG_COLUMNS`) less the model
+#: and the metric, which a folder holds one of per task.
+CONFIG_COLUMNS = tuple(c for c in _PROJECT_CONFIG_COLUMNS if c not in ("model", "metric"))
 _CONFIDENCE = 0.95
 
 
