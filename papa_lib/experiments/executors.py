@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..core import registry
-from . import engine, matrices, rankings, results
+from . import engine, matrices, rankings, results, runs
 from .features import FeatureStore
 from .grid import grid_runs, grid_settings, run_grid, task_config
 
@@ -109,8 +109,8 @@ def plan_grid_units(spec: dict, results_dir, model, tokenizer, settings: dict, s
                                            results_dir=results_dir, progress=False)
         needs: list[tuple] = []
         for variant in variants:
+            pending = runs.pending_seeds(experiment, variant, run_seeds, done)
             ids = {seed: experiment.run_id(variant, seed) for seed in run_seeds}
-            pending = [seed for seed in run_seeds if ids[seed] not in done]
             plan.total += len(run_seeds)
             plan.finished += len(run_seeds) - len(pending)
             if not pending:

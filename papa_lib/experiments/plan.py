@@ -294,10 +294,10 @@ def _model_for_timing(name: str | None, device: str):
 def pending_runs(variants, config, model, tokenizer, done: set) -> dict:
     """How many seeds of each variant have a run id not in ``done`` (the ids already stored; the same run ids as
     :func:`papa_lib.experiments.grid.run_grid`, which skips the stored ones when it resumes)."""
-    from . import engine
+    from . import engine, runs
 
     experiment = engine.TaskExperiment(config, model, tokenizer, results_dir=None, progress=False)
-    return {v: sum(experiment.run_id(v, seed) not in done for seed in config.seeds) for v in variants}
+    return {v: len(runs.pending_seeds(experiment, v, config.seeds, done)) for v in variants}
 
 
 def plan_grid(spec: dict, overrides: dict | None = None, model_name: str | None = None, results_dir=None) -> str:

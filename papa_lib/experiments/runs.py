@@ -255,11 +255,17 @@ def compute_records(ws: Workspace, variant: Variant, seeds) -> list[dict]:
     return [record(ws, variant, seed, outcomes[seed], seconds) for seed in seeds]
 
 
+def pending_seeds(ws: Workspace, variant: Variant, seeds, done) -> list[int]:
+    """The seeds of ``variant`` whose run id (:func:`run_id`) is not in ``done``, the run ids already stored: what
+    :func:`run_variant` computes, ``papa grid --plan`` times and the Ray executor schedules."""
+    return [seed for seed in seeds if run_id(ws, variant, seed) not in done]
+
+
 def run_variant(ws: Workspace, variant: Variant, seeds, compute=compute_records) -> list[dict]:
     """Probe ``variant`` for every seed not yet in the store; append and return all its records (``compute``:
     how the missing ones are computed, ``compute(ws, variant, seeds)``)."""
     store = ws.store
-    todo = [seed for seed in seeds if store is None or not store.has(run_id(ws, variant, seed))]
+    todo = pending_seeds(ws, variant, seeds, set(store.run_ids()) if store is not None else set())
     fresh = {entry["seed"]: entry for entry in compute(ws, variant, todo)} if todo else {}
     out = []
     for seed in seeds:
