@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 from scipy import stats
 
-from papa_lib.book import claims
+from papa_lib.book import claim_text, claims, sphinx_hooks
 
 TASKS = ["cola", "mrpc", "sst2", "mnli", "ner", "pos"]
 ROOT = Path(__file__).resolve().parents[1]
@@ -242,6 +242,10 @@ def test_book_table_has_no_index_no_nan_and_links_each_chapter():
     text = claims.book_table(table)
     lines = text.splitlines()
     assert lines[0].startswith("| claim |") and len(lines) == 2 + len(table)
+    one_model = claims.book_table(table[table.model == "all-MiniLM-L6-v2"]).splitlines()[0]
+    for header in (lines[0], one_model):  # the column the book's style sheet widens is the statement, always
+        assert header.split("|")[claim_text.STATEMENT_COLUMN].strip() == "statement"
+    assert f"td:nth-child({claim_text.STATEMENT_COLUMN})" in sphinx_hooks.BOOK_CSS
     assert not re.search(r"\bnan\b", text, flags=re.IGNORECASE)
     assert "(probing.html)" in text and "(norms.html)" in text and ".md)" not in text
     assert "(probing.md)" in claims.book_table(table, link_suffix=".md") and "not testable: " in text

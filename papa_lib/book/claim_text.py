@@ -103,17 +103,21 @@ def summary(table: pd.DataFrame) -> str:
     return text
 
 
+#: Which column of :func:`book_table` holds the statement (1-based, as CSS's ``nth-child`` counts).
+STATEMENT_COLUMN = 3
+
+
 def book_table(table: pd.DataFrame, link_suffix: str = ".html") -> str:
-    """The intro's claims table as Markdown: claim, full statement, the paper's value, ours with its interval (three
-    significant figures), the verdict (naming the devices when its records come from more than one), the verdict
-    with every task, and a link to the chapter. No index, no NaN.
+    """The intro's claims table as Markdown: claim, model (each claim is decided per model), full statement, the
+    paper's value, ours with its interval (three significant figures), the verdict (naming the devices when its
+    records come from more than one), the verdict with every task, and a link to the chapter. No index, no NaN. The
+    statement is always the third column (:data:`STATEMENT_COLUMN`): the book's style sheet widens it in the intro's
+    cell tagged ``claims-table``.
 
     The links point at the built book's pages (``probing.html``: myst-nb renders a cell's Markdown output as plain
     CommonMark, so a ``probing.md`` link would stay unresolved and the build's link check fails on it); pass
     ``link_suffix=".md"`` for links between the chapters' sources (Jupyter)."""
-    several = table.model.nunique() > 1
-    header = ["claim"] + (["model"] if several else []) + ["statement", "paper", "ours [95% interval]", "verdict",
-                                                            "with every task", "chapter"]
+    header = ["claim", "model", "statement", "paper", "ours [95% interval]", "verdict", "with every task", "chapter"]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for row in table.itertuples():
         ours = ours_text(row._asdict())
@@ -122,7 +126,7 @@ def book_table(table: pd.DataFrame, link_suffix: str = ".html") -> str:
         )
         same = row.verdict_all_tasks == row.verdict and every == ours
         mixed = f" (rows made on {devices})" if (devices := mixed_devices(row)) else ""
-        cells = [row.claim] + ([row.model] if several else []) + [
+        cells = [row.claim, row.model] + [
             row.statement, str(row.paper), ours, f"**{row.verdict}**{mixed}",
             "same" if same else f"{every} {row.verdict_all_tasks}",
             f"[{row.chapter.removesuffix('.md')}]({row.chapter.removesuffix('.md')}{link_suffix})"]

@@ -15,6 +15,7 @@ from typing import Any
 
 from . import execution
 from .build import BUILD_ENV_FLAG, _with_pythonpath
+from .claim_text import STATEMENT_COLUMN
 
 # --------------------------------------------------------------------------------------------
 # Sphinx extension: the offline vega bundle
@@ -44,7 +45,8 @@ def _write_vega_bundle(app: Any) -> None:
 #: The book's own style sheet (written into ``_static`` next to the vega bundle).
 STYLE_FILENAME = "papa-book.css"
 #: Printed output wraps instead of running past the column's right edge (a long notice stays readable), and a wide
-#: table scrolls inside its own box instead of widening the page.
+#: table scrolls inside its own box instead of widening the page; the intro's claims table (its cell tagged
+#: ``claims-table``) gives the statement column room, so that its rows stay a few lines tall.
 BOOK_CSS = """/* papa_lib.book: printed output wraps; wide tables scroll inside their own box */
 div.cell_output .output pre, div.cell_output .output.stream pre, div.cell_output .output.stderr pre {
   white-space: pre-wrap;
@@ -53,7 +55,7 @@ div.cell_output .output pre, div.cell_output .output.stream pre, div.cell_output
 div.cell_output .output.text_html { overflow-x: auto; max-width: 100%; }
 div.cell_output table td, div.cell_output table th { white-space: normal; padding: 0.2em 0.6em; }
 div.papa-provenance p { margin: 0.25em 0; }
-"""
+""" + f"div.tag_claims-table table td:nth-child({STATEMENT_COLUMN}) {{ min-width: 18em; }}\n"
 
 
 #: Where the offline MathJax goes inside the book's ``_static`` folder; ``mathjax_path`` in ``_config.yml`` points
