@@ -249,8 +249,8 @@ def _every_measure(per_unit: dict, missing: list, rule, unit_name=str) -> Measur
         return Measured(Estimate(float("nan"), float("nan"), float("nan")), "not measured", [], missing)
     verdicts = {u: decide("band", e.low, e.high, rule.low, rule.high) for u, e in per_unit.items()}
     smallest = min(per_unit, key=lambda u: per_unit[u].value)
-    parts = "; ".join(f"{unit_name(u)}: {sig3(per_unit[u].value)} [{sig3(per_unit[u].low)}, {sig3(per_unit[u].high)}]"
-                      f" {verdicts[u]}" for u in per_unit)
+    parts = "; ".join(f"{unit_name(u)}: {ours_text({'ours': e.value, 'ci_low': e.low, 'ci_high': e.high})} "
+                      f"{verdicts[u]}" for u, e in per_unit.items())
     return Measured(per_unit[smallest], decide_every(verdicts.values(), complete=not missing), list(per_unit),
                     missing, f"smallest: {unit_name(smallest)}; {parts}")
 
