@@ -25,7 +25,7 @@ def ours_text(row: pd.Series | Mapping) -> str:
     if not np.isfinite(row["ours"]):
         return "—"
     if not (np.isfinite(row["ci_low"]) and np.isfinite(row["ci_high"])):
-        return f"{sig3(row['ours'])} (no interval: one seed)"
+        return f"{sig3(row['ours'])} (no interval: a configuration it reads has one seed)"
     return f"{sig3(row['ours'])} [{sig3(row['ci_low'])}, {sig3(row['ci_high'])}]"
 
 

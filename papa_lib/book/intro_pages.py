@@ -153,7 +153,7 @@ def findings(setup, frame: pd.DataFrame | None = None) -> dict[str, str]:
         if not np.isfinite(row.ours):
             return missing
         if not (np.isfinite(row.ci_low) and np.isfinite(row.ci_high)):
-            return f"{percent(row.ours)} (one seed, no interval)"
+            return f"{percent(row.ours)} (no interval: a configuration it reads has one seed)"
         return f"{percent(row.ours)} (95% interval {percent(row.ci_low)} to {percent(row.ci_high)})"
 
     values = {"paper_drop_all": f"{paper.headline('mean_relative_drop_all_constant'):.0%}",
