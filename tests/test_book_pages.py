@@ -192,7 +192,7 @@ def test_more_seeds_repeats_the_guessing_check_with_a_diagnostic_run(tmp_path):
                 "majority_baseline": 0.812, "single_class": False}
 
     grid = pd.DataFrame([record(i, "mrpc", v) for i, v in enumerate([0.8175, 0.8143, 0.8226])]
-                        + [record(3, "mrpc", 0.80, matrix_type="zeros")])
+                        + [record(20, "mrpc", 0.80, matrix_type="zeros")])
     results_dir = tmp_path / "local-minilm"
     assert probing_pages.more_seeds(grid, results_dir).empty  # no diagnostic run beside it
     assert set(probing_pages.more_seeds_values(probing_pages.against_majority(grid), pd.DataFrame()).values()) == {
@@ -210,6 +210,13 @@ def test_more_seeds_repeats_the_guessing_check_with_a_diagnostic_run(tmp_path):
     assert (glued["ms_task"], glued["ms_grid_seeds"], glued["ms_seeds"]) == ("mrpc", "3", "8")
     assert glued["ms_grid_verdict"] == "not clearly above" and glued["ms_verdict"] == "clearly above"
     assert glued["ms_majority"] == "0.812" and glued["ms_ci"] == "[0.815, 0.820]"
+    assert more.loc["mrpc", "in the grid"] == glued["ms_shared"] == "none"  # run ids r10-r17: not the grid's
+    for folder, first in (("c", 0.8175), ("d", 0.8176)):  # the grid's own seeds 0-2 (same run ids), then new ones
+        store = ResultsStore(tmp_path / folder / probing_pages.MORE_SEEDS_FOLDERS[0])
+        for i, value in enumerate([first, 0.8143, 0.8226] + values[3:]):
+            store.append(record(i, "mrpc", value))
+    assert probing_pages.more_seeds(grid, tmp_path / "c" / "x").loc["mrpc", "in the grid"] == "3 of 8, same scores"
+    assert probing_pages.more_seeds(grid, tmp_path / "d" / "x").loc["mrpc", "in the grid"] == "3 of 8, scores differ"
     worse = [v - 0.004 for v in values]
     store = ResultsStore(tmp_path / "b" / probing_pages.MORE_SEEDS_FOLDERS[0])
     for i, value in enumerate(worse):

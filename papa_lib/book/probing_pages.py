@@ -323,7 +323,8 @@ def against_majority(frame: pd.DataFrame, tasks: Sequence[str] | None = None) ->
 def more_seeds(frame: pd.DataFrame, results_dir: str | Path, folders: Sequence[str] = MORE_SEEDS_FOLDERS
                ) -> pd.DataFrame:
     """:func:`against_majority` for diagnostic runs beside ``results_dir`` (``folders``) that repeat a task's original
-    probe with more seeds than the grid, for the tasks and models of ``frame``. A t-interval over three seeds is
+    probe with more seeds than the grid had, for the tasks and models of ``frame``, with how many of its runs the grid
+    holds too (column "in the grid": same run id, and whether the score is the same). A t-interval over three seeds is
     mean ± 4.30 sd/√3: too wide to resolve a small gap over the majority class that more seeds can resolve."""
     rows = []
     for folder in folders:
@@ -332,12 +333,24 @@ def more_seeds(frame: pd.DataFrame, results_dir: str | Path, folders: Sequence[s
             continue
         extra = extra[extra["model"].isin(set(frame["model"])) & extra["task"].isin(set(frame["task"]))]
         for task in figures._ordered_tasks(extra["task"].unique()):
-            rows.append(_majority_row(task, extra[extra["task"] == task]) | {"run": folder})
+            mine = extra[extra["task"] == task]
+            rows.append(_majority_row(task, mine) | {"run": folder, "in the grid": _shared_runs(mine, frame)})
     return _majority_table(rows)
 
 
+def _shared_runs(extra: pd.DataFrame, frame: pd.DataFrame) -> str:
+    """How many of a diagnostic's runs the grid's records hold too (same run id) and whether their scores are equal:
+    "8 of 8, same scores", "2 of 8, scores differ" or "none"."""
+    grid = frame.drop_duplicates("run_id").set_index("run_id")["value"]
+    shared = extra[extra["run_id"].isin(grid.index)]
+    if shared.empty:
+        return "none"
+    same = bool((shared.set_index("run_id")["value"] == grid.loc[shared["run_id"]]).all())
+    return f"{len(shared)} of {len(extra)}, {'same scores' if same else 'scores differ'}"
+
+
 @prose.values("ms_task", "ms_grid_seeds", "ms_grid_score", "ms_grid_verdict", "ms_grid_majority", "ms_seeds",
-              "ms_run", "ms_score", "ms_ci", "ms_verdict", "ms_majority")
+              "ms_run", "ms_score", "ms_ci", "ms_verdict", "ms_majority", "ms_shared")
 def more_seeds_values(grid: pd.DataFrame, more: pd.DataFrame) -> dict[str, str]:
     """:func:`more_seeds`'s numbers for the chapter's text (glued with myst-nb), beside the grid's own row of the same
     task (:func:`against_majority`): seeds, score, interval, the majority baseline and the verdict against it
@@ -348,7 +361,8 @@ def more_seeds_values(grid: pd.DataFrame, more: pd.DataFrame) -> dict[str, str]:
         return out
     task, row = next(iter(more.iterrows()))
     out |= {"ms_task": str(task), "ms_seeds": str(row.seeds), "ms_run": str(row.run), "ms_score": str(row.original),
-            "ms_ci": str(row["95% CI"]), "ms_verdict": str(row.verdict), "ms_majority": str(row["majority baseline"])}
+            "ms_ci": str(row["95% CI"]), "ms_verdict": str(row.verdict), "ms_majority": str(row["majority baseline"]),
+            "ms_shared": str(row["in the grid"])}
     if task in grid.index:
         mine = grid.loc[task]
         out |= {"ms_grid_seeds": str(mine.seeds), "ms_grid_score": str(mine.original),
