@@ -188,6 +188,18 @@ def test_local_profile_without_data_reads_the_sample_and_says_so(tmp_path, capsy
                    f"({sample_data.SAMPLE_CONTENTS}) instead"]
 
 
+def test_the_sample_notice_comes_with_the_first_read_of_the_data_only(tmp_path, capsys, no_hub):
+    # a page that computes nothing on data (transfer: committed records only) shows no data notice
+    root = _book_root(tmp_path)
+    setup = profiles.resolve("local", root=root)
+    assert setup.model_label == "all-MiniLM-L6-v2" and setup.results_dir == root / "data/results/local-minilm"
+    assert capsys.readouterr().err == ""
+    assert setup.data_source == "sample"  # the first read resolves the folder and says so, once
+    assert setup.data_dir == sample_data.sample_dir()
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("papa: ../shared/data does not exist; using the packaged sample")
+
+
 def test_a_data_folder_that_holds_the_data_is_used_as_it_is(tmp_path, capsys, no_hub):
     root = _book_root(tmp_path)
     data = tmp_path / "x" / "shared" / "data"

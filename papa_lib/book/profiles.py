@@ -15,8 +15,9 @@ results store and — when ``run_missing`` is true — first runs whatever the g
 
 At ``local``, a data folder that does not hold the files the chapters compute on (a fresh machine has no
 ``../shared/data``) gives way to the real-text sample packaged with the library
-(:mod:`papa_lib.experiments.sample_data`), with a one-line notice; the hub is never tried. :attr:`Setup.data_source`
-and :attr:`Setup.data_label` say which data a run used; committed results are read as they are.
+(:mod:`papa_lib.experiments.sample_data`), with a one-line notice when a chapter first reads its data; the hub is
+never tried. :attr:`Setup.data_source` and :attr:`Setup.data_label` say which data a run used; committed results are
+read as they are.
 """
 
 from __future__ import annotations
@@ -77,15 +78,38 @@ def find_repo_root(start: str | os.PathLike | None = None, *, fallback: str = "s
 
 @dataclass
 class Setup:
-    """A resolved profile: model, data and results folder for one chapter run."""
+    """A resolved profile: model, data and results folder for one chapter run.
+
+    ``requested_data_dir`` is the data folder the parameters name; :attr:`data_dir` is the one the chapter reads,
+    resolved on first use: at ``local`` a folder without the chapters' files gives way to the packaged sample, with
+    its one-line notice, so a page that computes nothing on data prints none.
+    """
 
     profile: str
     root: Path
     model_name: str | None
-    data_dir: Path | None
+    requested_data_dir: Path | None
     results_dir: Path
     device: str = "cpu"
     _encoder: tuple | None = field(default=None, repr=False)
+    _data_dir: Path | None = field(default=None, repr=False)
+    _data_resolved: bool = field(default=False, repr=False)
+
+    @property
+    def data_dir(self) -> Path | None:
+        """The data folder the chapter reads (see the class docstring); at ``local``, the first access may print the
+        packaged sample's notice (:func:`papa_lib.experiments.sample_data.data_or_sample`)."""
+        if not self._data_resolved:
+            folder = self.requested_data_dir
+            if self.profile == "local":
+                from ..experiments.sample_data import data_or_sample
+
+                inside = Path(folder).is_relative_to(self.root.parent)
+                shown = os.path.relpath(folder, self.root) if inside else str(folder)
+                folder = data_or_sample(folder, shown=shown)
+            self._data_dir = Path(folder) if folder else None
+            self._data_resolved = True
+        return self._data_dir
 
     # ------------------------------------------------------------------ what produced a figure
     @property
@@ -188,7 +212,8 @@ def resolve(profile: str = "local", model_name: str | None = None, data_dir: str
     ``data_dir=None`` means: smoke — generated data (written once to a temp folder); local — ``../shared/data`` next
     to the repository; paper — the hub. Relative paths are taken from the repository root. At ``local``, when the
     folder does not hold the files the chapters compute on, the packaged sample is used instead and a one-line
-    notice says so (:func:`papa_lib.experiments.sample_data.data_or_sample`).
+    notice says so (:func:`papa_lib.experiments.sample_data.data_or_sample`) when a cell first reads the data
+    (:attr:`Setup.data_dir`): a page that computes nothing on data prints no notice.
     """
     if profile not in PROFILES:
         raise ValueError(f"unknown profile {profile!r}; choose one of {PROFILES}")
@@ -208,11 +233,6 @@ def resolve(profile: str = "local", model_name: str | None = None, data_dir: str
             data_dir = root.parent / "shared" / "data"
     elif not Path(data_dir).is_absolute():
         data_dir = root / data_dir
-    if profile == "local":
-        from ..experiments.sample_data import data_or_sample
-
-        shown = os.path.relpath(data_dir, root) if Path(data_dir).is_relative_to(root.parent) else str(data_dir)
-        data_dir = data_or_sample(data_dir, shown=shown)
     folder = Path(results_dir) if results_dir else Path(RESULT_FOLDERS[profile])
     if not folder.is_absolute():
         folder = root / folder
