@@ -109,8 +109,8 @@ def plan_grid_units(spec: dict, results_dir, model, tokenizer, settings: dict, s
                                            results_dir=results_dir, progress=False)
         needs: list[tuple] = []
         for variant in variants:
-            pending = runs.pending_seeds(experiment, variant, run_seeds, done)
             ids = {seed: experiment.run_id(variant, seed) for seed in run_seeds}
+            pending = runs.pending_seeds(experiment, variant, run_seeds, done, ids)
             plan.total += len(run_seeds)
             plan.finished += len(run_seeds) - len(pending)
             if not pending:

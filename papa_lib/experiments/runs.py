@@ -255,10 +255,11 @@ def compute_records(ws: Workspace, variant: Variant, seeds) -> list[dict]:
     return [record(ws, variant, seed, outcomes[seed], seconds) for seed in seeds]
 
 
-def pending_seeds(ws: Workspace, variant: Variant, seeds, done) -> list[int]:
-    """The seeds of ``variant`` whose run id (:func:`run_id`) is not in ``done``, the run ids already stored: what
-    :func:`run_variant` computes, ``papa grid --plan`` times and the Ray executor schedules."""
-    return [seed for seed in seeds if run_id(ws, variant, seed) not in done]
+def pending_seeds(ws: Workspace, variant: Variant, seeds, done, ids: dict[int, str] | None = None) -> list[int]:
+    """The seeds of ``variant`` whose run id (:func:`run_id`; ``ids`` when the caller has them already, seed -> id) is
+    not in ``done``, the run ids already stored: what :func:`run_variant` computes, ``papa grid --plan`` times and the
+    Ray executor schedules."""
+    return [seed for seed in seeds if (ids[seed] if ids is not None else run_id(ws, variant, seed)) not in done]
 
 
 def run_variant(ws: Workspace, variant: Variant, seeds, compute=compute_records) -> list[dict]:
