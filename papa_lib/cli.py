@@ -286,7 +286,7 @@ def cmd_grid(args) -> int:
         from .experiments.plan import plan_grid
 
         print(plan_grid(spec, overrides, model_name=args.model,
-                        results_dir=args.results_dir or str(Path(args.grid).parent)))
+                        results_dir=args.results_dir or str(Path(args.grid).parent), only_seeds=args.only_seed))
         return 0
     executor = _executor(args)
     results_dir = args.results_dir or str(Path(args.grid).parent)
@@ -477,7 +477,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--blocks", default=None, help="run only these blocks of the file (comma-separated names)")
     p.add_argument("--only-seed", type=int, action="append", default=None,
                    help="run only this seed of the file's seeds (repeatable); training subsets stay those of the "
-                        "full grid, so shards run in parallel give the same records")
+                        "full grid, so shards run in parallel give the same records; with --plan, the shard's plan")
     p.add_argument("--repair", action="store_true",
                    help="repair the results table (results.csv in --results-dir): keep every intact record, move "
                         "damaged lines into results.csv.damaged-<time>; run nothing")

@@ -321,3 +321,23 @@ def test_plan_leaves_out_the_runs_already_stored(tiny, data_dir, monkeypatch, tm
     assert "total: 2 runs still to run (2 already in" in after
     hours = [float(t.splitlines()[-1].split("at most ")[1].split(" h")[0]) for t in (before, after)]
     assert hours[1] <= hours[0]
+
+
+def test_a_shards_plan_counts_its_own_seeds(tiny, data_dir, monkeypatch, tmp_path):
+    """--only-seed plans the shard: its seeds alone, and only its stored runs count as done."""
+    from papa_lib.core import models
+    from papa_lib.experiments import plan
+    from papa_lib.experiments.grid import run_grid
+
+    monkeypatch.setattr(models, "load_encoder", lambda *a, **k: tiny)
+    spec = {"data_dir": str(data_dir), "seeds": [0, 1, 2], "max_length": 16, "epochs": 1, "limit": {"sst2": 10},
+            "blocks": [GridBlock("ends", ["sst2"], fractions=[1, 0])]}
+    shard = plan.plan_grid(spec, {"cache_budget": 10**12}, results_dir=tmp_path, only_seeds=[1])
+    assert shard.splitlines()[2].split()[5] == "2" and "total: 2 runs still to run (0 already in" in shard
+    assert "one seed per variant" in shard
+    run_grid({**spec, "blocks": [GridBlock("original", ["sst2"], fractions=[1])]}, tmp_path, *tiny, progress=False,
+             only_seeds=[1])
+    after = plan.plan_grid(spec, {"cache_budget": 10**12}, results_dir=tmp_path, only_seeds=[1])
+    assert "total: 1 runs still to run (1 already in" in after
+    whole = plan.plan_grid(spec, {"cache_budget": 10**12}, results_dir=tmp_path)
+    assert "total: 5 runs still to run (1 already in" in whole

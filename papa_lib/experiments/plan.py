@@ -52,7 +52,7 @@ class TaskPlan:
     rows_per_seed: int
     validation_examples: int
     tokens_per_example: float
-    seeds: int
+    seeds: int  # the seeds of each variant the plan covers (a shard's, with --only-seed)
     variants: int
     frozen_backbones: int
     inloop_runs: int
@@ -172,14 +172,16 @@ def _task_data(task: str, config, tokenizer):
 
 def plan_task(task: str, variants, config, *, layers: int, hidden: int, tokens_per_second: float,
               step_seconds: float, budget: int, tokenizer=None, together: float = 1.0,
-              left: dict | None = None) -> TaskPlan:
+              left: dict | None = None, planned: int | None = None) -> TaskPlan:
     """The cost of one task's variants under one resolved :class:`~papa_lib.experiments.engine.ExperimentConfig`;
     ``together``: a step of all seeds together over as many separate steps (:func:`measure_seed_batching`);
-    ``left``: how many seeds of each variant are still to run (default: all; :func:`pending_runs`)."""
+    ``left``: how many seeds of each variant are still to run (default: all; :func:`pending_runs`); ``planned``: how
+    many seeds of each variant this plan covers (default: all of the config's; fewer for a shard, ``--only-seed``)."""
     spec = tasks.TASKS[task]
     n_train, n_val, tokens, data = _task_data(task, config, tokenizer)
     seeds = len(config.seeds)
-    todo = {v: (seeds if left is None else int(left.get(v, seeds))) for v in variants}
+    planned = seeds if planned is None else planned
+    todo = {v: (planned if left is None else int(left.get(v, planned))) for v in variants}
     variants = [v for v in variants if todo[v] > 0]
     per_seed = min(config.limit, n_train) if config.limit else n_train
     store_rows = min(n_train, per_seed * seeds) if config.limit and config.limit < n_train else n_train
@@ -216,10 +218,10 @@ def plan_task(task: str, variants, config, *, layers: int, hidden: int, tokens_p
     # what learning λ once per task (and drawing one random order) would leave: each seed-dependent backbone once
     shared = passes - (lambda_runs - len(sources)) * config.lambda_epochs * per_seed * 3 \
         - (backbones - len(frozen)) * per_backbone
-    return TaskPlan(task, n_train, per_seed, n_val, round(tokens, 1), seeds, len(variants), backbones,
+    return TaskPlan(task, n_train, per_seed, n_val, round(tokens, 1), planned, len(variants), backbones,
                     inloop_runs, lambda_runs, passes, steps, feature_bytes, mode, seconds, data,
                     backbone_seconds, probe_seconds, shared * tokens / tokens_per_second, runs=runs,
-                    finished=seeds * len(todo) - runs)
+                    finished=planned * len(todo) - runs)
 
 
 def format_plan(plans: list[TaskPlan], *, model: str, device: str, tokens_per_second: float, step_seconds: float,
@@ -228,8 +230,9 @@ def format_plan(plans: list[TaskPlan], *, model: str, device: str, tokens_per_se
     ``results_dir``, the runs already stored there are left out (and counted)."""
     seeds = max((p.seeds for p in plans), default=1)
     lines = [f"plan for {model} on {device}: measured {tokens_per_second:,.0f} real tokens/s (packed forward), "
-             f"{step_seconds * 1e3:.1f} ms per probe step, {seeds} seeds stepping together "
-             f"{together * seeds:.1f}x one seed's step; feature budget {budget / 2**30:.1f} GiB",
+             f"{step_seconds * 1e3:.1f} ms per probe step, "
+             + (f"{seeds} seeds stepping together {together * seeds:.1f}x one seed's step" if seeds > 1
+                else "one seed per variant") + f"; feature budget {budget / 2**30:.1f} GiB",
              f"{'task':6} {'train':>8} {'/seed':>7} {'valid':>6} {'tok/ex':>6} {'runs':>5} {'variants':>8} "
              f"{'backbones':>9} {'inloop':>6} {'λ runs':>6} {'passes':>10} {'features':>10} {'mode':>6} "
              f"{'time':>9}  data"]
@@ -291,18 +294,22 @@ def _model_for_timing(name: str | None, device: str):
         return AutoModel.from_config(config).to(device).eval(), None, how
 
 
-def pending_runs(variants, config, model, tokenizer, done: set) -> dict:
-    """How many seeds of each variant have a run id not in ``done`` (the ids already stored; the same run ids as
-    :func:`papa_lib.experiments.grid.run_grid`, which skips the stored ones when it resumes)."""
+def pending_runs(variants, config, model, tokenizer, done: set, only_seeds=None) -> dict:
+    """How many seeds of each variant (of ``only_seeds`` alone, when given: a shard) have a run id not in ``done``
+    (the ids already stored; the same run ids as :func:`papa_lib.experiments.grid.run_grid`, which skips the stored
+    ones when it resumes)."""
     from . import engine, runs
 
     experiment = engine.TaskExperiment(config, model, tokenizer, results_dir=None, progress=False)
-    return {v: len(runs.pending_seeds(experiment, v, config.seeds, done)) for v in variants}
+    seeds = [s for s in config.seeds if only_seeds is None or s in only_seeds]
+    return {v: len(runs.pending_seeds(experiment, v, seeds, done)) for v in variants}
 
 
-def plan_grid(spec: dict, overrides: dict | None = None, model_name: str | None = None, results_dir=None) -> str:
+def plan_grid(spec: dict, overrides: dict | None = None, model_name: str | None = None, results_dir=None,
+              only_seeds=None) -> str:
     """The plan of a declared grid as text (see the module docstring); nothing is trained. With ``results_dir``
-    (``papa grid`` passes the grid's folder) the runs already stored there are left out of the times."""
+    (``papa grid`` passes the grid's folder) the runs already stored there are left out of the times; with
+    ``only_seeds`` (``--only-seed``) the plan is that shard's: those of the grid's seeds alone."""
     from ..core.models import num_layers_and_heads
     from .features import default_budget
     from .grid import grid_runs, grid_settings, task_config
@@ -315,7 +322,8 @@ def plan_grid(spec: dict, overrides: dict | None = None, model_name: str | None 
     layers, _ = num_layers_and_heads(model)
     hidden = int(model.config.hidden_size)
     tokens_per_second, step_seconds = measure_throughput(model, device)
-    seed_count = max(len(seeds), 1)
+    planned = [s for s in seeds if only_seeds is None or s in only_seeds]
+    seed_count = max(len(planned), 1)
     together = measure_seed_batching(model, device, seed_count) if seed_count > 1 else 1.0
     budget = settings.get("cache_budget") or default_budget()
     done = None
@@ -325,7 +333,8 @@ def plan_grid(spec: dict, overrides: dict | None = None, model_name: str | None 
     plans = []
     for task, variants in grid_runs(spec["blocks"]).items():
         config = task_config(settings, task, seeds).resolved()
-        left = pending_runs(variants, config, model, tokenizer, done) if done is not None else None
+        left = pending_runs(variants, config, model, tokenizer, done or set(), only_seeds) \
+            if done is not None or only_seeds is not None else None
         plans.append(
             plan_task(
                 task,
@@ -339,6 +348,7 @@ def plan_grid(spec: dict, overrides: dict | None = None, model_name: str | None 
                 tokenizer=tokenizer,
                 together=together,
                 left=left,
+                planned=len(planned),
             )
         )
     label = f"{name or 'embedded all-MiniLM-L6-v2'} ({how})"
