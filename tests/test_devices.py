@@ -136,3 +136,31 @@ def test_benchmarks_table_matches_the_records():
         assert float(mean.split("±")[0]) == pytest.approx(row["mean_difference"], abs=1e-4)
         assert float(ratio) == pytest.approx(row["max_ratio"], abs=0.01)
         assert below == ("yes" if row["below_spread"] else "no")
+
+
+PROCESSOR_CHECK = ROOT / "data" / "results" / "processor-check"
+
+
+@pytest.mark.skipif(not (PROCESSOR_CHECK / "results.csv").is_file(), reason="no processor-check records committed")
+def test_another_processor_repeats_frozen_runs_exactly_and_moves_a_lambda_run_less_than_a_seed():
+    """The committed processor check: CPU-made records of local-minilm rerun on another processor (same run ids).
+    The frozen path (features, probes) gives the same value to the last bit; a λ-ordered run, whose λ is learned
+    through the backbone, moves, but by less than a change of seed does (BENCHMARKS.md)."""
+    import torch
+
+    from papa_lib.experiments.results import read_results
+
+    local, rerun = read_results(LOCAL), read_results(PROCESSOR_CHECK)
+    assert set(rerun["run_id"]) <= set(local["run_id"])
+    made = local.set_index("run_id").loc[rerun["run_id"], "processor"].astype(str)
+    assert set(made) == {"Intel(R) Xeon(R) Processor"} and set(rerun["processor"].astype(str)) == {"AMD EPYC"}
+    check = device_check(local, PROCESSOR_CHECK, committed_devices=None)
+    assert len(check) == len(rerun) == 8
+    frozen = check[check["selection_order"] == "none"]
+    assert len(frozen) == 7 and (frozen["difference"] == 0).all()  # bit for bit
+    learned = check[check["selection_order"] == "lambda"]
+    assert len(learned) == 1 and 0 < learned["ratio"].iloc[0] < 1
+    name = "cola-from-cola-3b64ba7295ce9b06.pt"
+    mine, theirs = torch.load(PROCESSOR_CHECK / "lambdas" / name), torch.load(LOCAL / "lambdas" / name)
+    other_seed = torch.load(LOCAL / "lambdas" / "cola-from-cola-2c45f1a2be68aead.pt")
+    assert 0 < (mine - theirs).abs().mean() < (other_seed - theirs).abs().mean() / 2
