@@ -226,3 +226,19 @@ def test_runs_on_the_sample_stay_out_of_the_committed_results(tmp_path, capsys):
     root = _book_root(tmp_path)
     with pytest.raises(ValueError, match="data/results/local-minilm holds runs on the full data files"):
         profiles.resolve("local", root=root).results(run_missing=True)
+
+
+def test_a_chapters_seeds_parameter_reaches_the_runs_it_makes(tmp_path, monkeypatch):
+    """``seeds`` (the chapters' parameter): None keeps the grid file's seeds, n runs seeds 0..n-1 (papa grid --seeds)."""
+    from papa_lib.experiments import grid
+
+    calls = []
+    monkeypatch.setattr(grid, "run_grid", lambda spec, folder, **kw: calls.append((spec, kw["overrides"])))
+    setup = profiles.resolve("smoke", results_dir=tmp_path / "results")
+    for seeds in (None, 3):
+        setup.results(run_missing=True, blocks=["fig5"], seeds=seeds)
+    (spec, default), (_, three) = calls
+    assert [b.name for b in spec["blocks"]] == ["fig5"]
+    assert grid.grid_settings(spec, default)[1] == [0, 1]  # the smoke grid's own
+    assert grid.grid_settings(spec, three)[1] == [0, 1, 2]
+    assert setup.results(run_missing=False, seeds=3).empty and len(calls) == 2  # reading runs nothing

@@ -180,8 +180,10 @@ class Setup:
             raise FileNotFoundError(f"profile {self.profile!r} has no grid file at {path}")
         return load_grid(path)
 
-    def results(self, run_missing: bool = False, blocks: list[str] | None = None, progress: bool = False):
-        """The results table (pandas) of this profile; with ``run_missing``, first run what the grid lacks.
+    def results(self, run_missing: bool = False, blocks: list[str] | None = None, progress: bool = False,
+                seeds: int | None = None):
+        """The results table (pandas) of this profile; with ``run_missing``, first run what the grid lacks
+        (``seeds``: that many seeds, 0 to seeds-1, in place of the grid file's, as ``papa grid --seeds`` does).
 
         Runs on the packaged sample never go into the committed results folder (computed on the full files).
         """
@@ -196,7 +198,8 @@ class Setup:
             spec = self.grid()
             if blocks is not None:
                 spec["blocks"] = [b for b in spec["blocks"] if b.name in blocks]
-            overrides = {"data_dir": str(self.data_dir) if self.data_dir else None, "device": self.device}
+            overrides = {"data_dir": str(self.data_dir) if self.data_dir else None, "device": self.device,
+                         "seeds": list(range(seeds)) if seeds is not None else None}
             if self.profile != "smoke":
                 overrides["model"] = self.model_name
             model, tokenizer = self.encoder()
