@@ -229,7 +229,7 @@ def test_runs_on_the_sample_stay_out_of_the_committed_results(tmp_path, capsys):
 
 
 def test_a_chapters_seeds_parameter_reaches_the_runs_it_makes(tmp_path, monkeypatch):
-    """``seeds`` (the chapters' parameter): None keeps the grid file's seeds, n runs seeds 0..n-1 (papa grid --seeds)."""
+    """The chapters' ``seeds``: None keeps the grid file's seeds, n runs seeds 0..n-1 (papa grid --seeds)."""
     from papa_lib.experiments import grid
 
     calls = []
