@@ -33,7 +33,8 @@ Figures
     is
     dominated by its first layer's matrix products, whose work grows with the number of seeds either way, so the
     ratio stays near 1 there; what training together saves is the per-step overhead (one backward, one optimiser
-    call), which dominates on a GPU.
+    call). On a GPU that overhead is larger, but each seed still gathers its own rows and runs its own products: an
+    H200 measured 1.1 for both kinds (BENCHMARKS.md, "Seeds trained together").
 ``constant_vs_original_L{128,256,512}``
     Speed-up of a forward pass with every head ``constant`` (fast path, :mod:`papa_lib.core.fastpath`) over the original
     eager forward pass, same batch (8 sequences of random ids, every token real), median of four interleaved
