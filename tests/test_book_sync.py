@@ -99,6 +99,23 @@ def test_chapter_has_one_parameters_cell_defining_profile(chapter):
     )
 
 
+#: The widest code line the rendered page shows without a scroll bar (sphinx-book-theme's column at a 1280 px
+#: window, measured in headless Chromium: 80 monospace characters); PEP 8's 79 keeps one character spare.
+CODE_LINE_LIMIT = 79
+
+
+@pytest.mark.parametrize("chapter", CHAPTERS, ids=lambda p: p.name)
+def test_code_cells_fit_the_page(chapter):
+    long = [
+        f"{chapter.name}: code cell {i}, line {j}: {len(line)} characters"
+        for i, (kind, source, _) in enumerate(_cells(jupytext.read(chapter)))
+        if kind == "code"
+        for j, line in enumerate(source.splitlines(), 1)
+        if len(line) > CODE_LINE_LIMIT
+    ]
+    assert not long, f"lines past {CODE_LINE_LIMIT} characters scroll sideways on the page:\n" + "\n".join(long)
+
+
 @pytest.mark.parametrize("chapter", CHAPTERS, ids=lambda p: p.name)
 def test_chapter_has_colab_badge_from_config(chapter):
     badge = build.colab_badge(chapter.relative_to(REPO), CONFIG)
