@@ -180,15 +180,22 @@ def test_committed_shown_matrices_are_compact():
 def _glued_by(chapter: str) -> tuple[set[str], set[str]]:
     """The ``{glue:text}`` names a chapter's markdown uses, and the names the ``*_values`` functions it passes to
     ``glue_all`` declare (:func:`papa_lib.book.prose.values`), their modules resolved from the chapter's imports."""
+    import ast
     import importlib
     import re
 
-    text = (Path(__file__).resolve().parents[1] / "book" / chapter).read_text(encoding="utf-8")
+    import jupytext
+
+    path = Path(__file__).resolve().parents[1] / "book" / chapter
+    text = path.read_text(encoding="utf-8")
     modules = {}
-    for names in re.findall(r"^from papa_lib\.book import (.+)$", text, flags=re.M):
-        for part in names.split(","):
-            name, _, alias = part.strip().partition(" as ")
-            modules[alias or name] = importlib.import_module(f"papa_lib.book.{name}")
+    for cell in jupytext.read(path).cells:
+        if cell.cell_type != "code":
+            continue
+        for node in ast.walk(ast.parse(cell.source)):  # `from papa_lib.book import a, b as c`, wrapped or not
+            if isinstance(node, ast.ImportFrom) and node.module == "papa_lib.book":
+                for name in node.names:
+                    modules[name.asname or name.name] = importlib.import_module(f"papa_lib.book.{name.name}")
     declared = set()
     for alias, function in re.findall(r"glue_all\((\w+)\.(\w+)\(", text):
         names = getattr(getattr(modules[alias], function), "glue_names", None)
