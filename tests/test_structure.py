@@ -35,6 +35,11 @@ def test_pages_share_one_markdown_helper():
 
     assert shown.data == "**bold**" and isinstance(shown, Markdown) and repr(shown) == "**bold**"
     assert repr(display.markdown("")) == ""  # an empty one shows nothing, never the object's repr
+    from IPython.core.formatters import DisplayFormatter
+
+    # ... and publishes no output at all: a page shows no empty output box where a note had nothing to say
+    assert DisplayFormatter().format(display.markdown("")) == ({}, {})
+    assert set(DisplayFormatter().format(shown)[0]) == {"text/plain", "text/markdown"}
     for module in (alternatives_pages, probing_pages, selection_pages, transfer_pages):
         assert module._markdown is display.markdown
     for path in (REPO / "papa_lib").rglob("*.py"):

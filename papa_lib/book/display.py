@@ -10,11 +10,16 @@ __all__ = ["markdown"]
 def markdown(text: str) -> Any:
     """``text`` as an ``IPython.display.Markdown`` object (a notebook renders it; ``.data`` holds the text) whose
     plain-text form is the text itself, so that no page ever shows ``<IPython.core.display.Markdown object>`` (what
-    an empty Markdown falls back to) and an empty one shows nothing."""
+    an empty Markdown falls back to) and an empty one shows nothing: not even an empty output box, since it
+    publishes no output at all (``_ipython_display_`` takes over and does nothing)."""
     from IPython.display import Markdown
 
     class Prose(Markdown):
         def __repr__(self) -> str:
             return self.data or ""
 
-    return Prose(text)
+    class NoProse(Prose):
+        def _ipython_display_(self) -> None:
+            """Nothing to show: IPython's ``display`` and the cell's result publish no output for it."""
+
+    return Prose(text) if text else NoProse(text)
