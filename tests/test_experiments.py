@@ -154,6 +154,36 @@ def test_lambda_learning_moves_theta(tiny, data_dir):
     assert not torch.allclose(lambdas, torch.full_like(lambdas, 0.5))
 
 
+def test_a_shared_lambda_seed_learns_lambda_once_for_every_seed(tiny, data_dir, tmp_path, monkeypatch):
+    """``lambda_seed``: every seed's λ-order run ranks heads by one λ (learned once, on that seed's rows); the runs'
+    ids change (other numbers), the ids of runs that learn no λ do not."""
+    from papa_lib.experiments import runs, stages
+    from papa_lib.experiments.grid import run_grid
+
+    model, tokenizer = tiny
+    learned, trained = [], []
+    original, frozen = stages.learn_lambdas, runs.train_frozen
+    monkeypatch.setattr(stages, "learn_lambdas",
+                        lambda ws, source=None, seed=0: learned.append(seed) or original(ws, source, seed))
+    monkeypatch.setattr(runs, "train_frozen",
+                        lambda ws, variant, seeds, state=None: trained.append((variant.fraction, list(seeds)))
+                        or frozen(ws, variant, seeds, state))
+    spec = {"data_dir": str(data_dir), "profile": "smoke", "seeds": [0, 1, 2], "max_length": 16, "epochs": 1,
+            "lambda_epochs": 1, "blocks": [GridBlock("fig2", ["sst2"], fractions=[1, 0.5])]}
+    shared = run_grid({**spec, "lambda_seed": 1}, tmp_path / "shared", model=model, tokenizer=tokenizer,
+                      progress=False).frame()
+    assert set(learned) == {1} and len(list((tmp_path / "shared" / "lambdas").glob("*.pt"))) == 1
+    assert (0.5, [0, 1, 2]) in trained  # one λ order for all seeds: their probes train from one pass
+    learned.clear()
+    trained.clear()
+    own = run_grid(spec, tmp_path / "own", model=model, tokenizer=tokenizer, progress=False).frame()
+    assert sorted(set(learned)) == [0, 1, 2] and len(list((tmp_path / "own" / "lambdas").glob("*.pt"))) == 3
+    assert [seeds for fraction, seeds in trained if fraction == 0.5] == [[0], [1], [2]]  # one λ order per seed
+    ids = {name: frame.set_index(["fraction", "seed"]).run_id for name, frame in (("shared", shared), ("own", own))}
+    assert (ids["shared"].loc[1.0] == ids["own"].loc[1.0]).all()  # the original learns no λ: same ids
+    assert not set(ids["shared"].loc[0.5]) & set(ids["own"].loc[0.5])  # λ-order runs: other ids
+
+
 def test_one_epoch_grid_end_to_end_and_resume(tiny, data_dir, tmp_path):
     model, tokenizer = tiny
     spec = {
@@ -202,6 +232,9 @@ def test_grid_file_errors_name_the_problem(tmp_path):
         load_grid(bad)
     bad.write_text("blocks:\n  - name: x\n    tasks: [sts]\n")
     with pytest.raises(ValueError, match="grid.yaml:3: blocks\\[0\\].tasks\\[0\\]: unknown task 'sts'"):
+        load_grid(bad)
+    bad.write_text("lambda_seed: -1\nblocks:\n  - name: x\n    tasks: [sst2]\n")
+    with pytest.raises(ValueError, match="grid.yaml:1: lambda_seed: must be a non-negative integer, got -1"):
         load_grid(bad)
     bad.write_text("blocks: [\n  - oops: {\n")
     with pytest.raises(ValueError, match="grid.yaml:\\d+: invalid YAML"):
@@ -287,6 +320,9 @@ def test_plan_counts_work_without_running_anything(tiny, data_dir, monkeypatch):
     assert sst2[2] == "10" and sst2[6] == "4"  # 10 examples per seed; original, λ at 1/2, all-constant, trainable
     assert sst2[5] == "8"  # runs: 4 variants x 2 seeds
     assert sst2[8] == "2" and sst2[9] == "2"  # trainable runs for 2 seeds; λ learned per seed
+    once = plan.plan_grid({**spec, "lambda_seed": 0, "cache_budget": "1T"}).splitlines()  # a grid file's size
+    shared = next(line.split() for line in once if line.startswith("sst2"))
+    assert shared[9] == "1" and (sst2[7], shared[7]) == ("4", "3")  # one λ, so ½'s seeds share one backbone
     assert "cache" in lines["ner"] and "measured" in lines["ner"][-1]
     parts = text.splitlines()[-1].split(";")
     at_most, at_least, shared = (float(parts[i].split(" h")[0].split()[-1]) for i in (0, 2, 3))

@@ -120,7 +120,8 @@ def plan_grid_units(spec: dict, results_dir, model, tokenizer, settings: dict, s
                     ([(variant.matrices_from, "average")] if variant.needs_lambdas else []):
                 if need not in needs:
                     needs.append(need)
-            shared = variant.frozen and not variant.seed_dependent and len(pending) > 1
+            shared = variant.frozen and not variant.backbone_per_seed(experiment.config.lambda_seed) \
+                and len(pending) > 1
             if shared and not experiment.use_cache(seeds):  # streamed: all seeds in one backbone pass
                 plan.units.append(Unit(task, variant, tuple(pending), tuple(ids[s] for s in pending),
                                        _folder(ids[pending[0]])))

@@ -17,6 +17,7 @@ from pathlib import Path
 from ..core.models import load_encoder, resolve_device
 from . import custom, results, selection
 from .engine import ExperimentConfig, TaskExperiment, Variant
+from .features import parse_bytes
 
 __all__ = ["GridBlock", "grid_runs", "grid_settings", "load_grid", "run_grid", "task_config"]
 
@@ -74,7 +75,8 @@ def run_grid(spec: dict, results_dir: str | Path, model=None, tokenizer=None, pr
     ``spec`` is :func:`load_grid`'s output. Top-level keys: ``model``, ``data_dir``, ``profile``, ``seeds`` (list or
     count), ``limit`` (probe training rows per seed), ``average_limit`` (examples the constant matrices average over;
     default all), ``eval_limit``, ``max_length`` (int or per-task mapping with ``default``), ``epochs``,
-    ``patience``, ``cache_budget``, ``lambda_epochs``, ``inloop_epochs``, ``inloop_limit``, ``matrix_learning_rate``,
+    ``patience``, ``cache_budget``, ``lambda_epochs``, ``lambda_seed`` (one λ for every seed; default: λ per seed),
+    ``inloop_epochs``, ``inloop_limit``, ``matrix_learning_rate``,
     ``lambda_learning_rate``, ``learning_rate``, ``batch_size``, ``device`` (each of
     the per-task ones may be a mapping ``{task: value, default: value}``). ``overrides`` replace top-level keys (the
     CLI's flags).
@@ -108,6 +110,8 @@ def grid_settings(spec: dict, overrides: dict | None = None) -> tuple[dict, list
     settings = {k: v for k, v in spec.items() if k != "blocks"}
     settings.update({k: v for k, v in (overrides or {}).items() if v is not None})
     settings["device"] = resolve_device(settings.get("device"))  # auto: CUDA when there is one
+    if settings.get("cache_budget") is not None:  # a grid file's "9G" -> bytes (the CLI's flag is parsed already)
+        settings["cache_budget"] = parse_bytes(settings["cache_budget"])
     seeds = settings.get("seeds", 3)
     return settings, list(range(seeds)) if isinstance(seeds, int) else list(seeds)
 
@@ -132,6 +136,7 @@ def task_config(settings: dict, task: str, seeds) -> ExperimentConfig:
         lambda_learning_rate=_per_task(settings.get("lambda_learning_rate"), task),
         learning_rate=_per_task(settings.get("learning_rate"), task),
         batch_size=_per_task(settings.get("batch_size"), task),
+        lambda_seed=settings.get("lambda_seed"),
         seeds=tuple(seeds),
         cache_budget=settings.get("cache_budget"),
         keep_features=bool(settings.get("keep_features", False)),

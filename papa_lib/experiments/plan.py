@@ -190,12 +190,13 @@ def plan_task(task: str, variants, config, *, layers: int, hidden: int, tokens_p
     mode = "cache" if feature_bytes <= budget else "stream"
     frozen = [v for v in variants if v.frozen]
     inloop = [v for v in variants if not v.frozen]
-    backbones = sum(todo[v] if v.seed_dependent else 1 for v in frozen)
+    backbones = sum(todo[v] if v.backbone_per_seed(config.lambda_seed) else 1 for v in frozen)
     lambda_seeds: dict = {}  # λ per source and seed, learned once for every variant that mixes with it
     for v in variants:
         if v.needs_lambdas:
             source = v.matrices_from or task
-            lambda_seeds[source] = max(lambda_seeds.get(source, 0), todo[v])
+            learned = todo[v] if config.lambda_seed is None else 1  # one λ shared by every seed
+            lambda_seeds[source] = max(lambda_seeds.get(source, 0), learned)
     sources = set(lambda_seeds)
     matrix_sources = {v.matrices_from or task for v in variants if v.matrix_type in ("average", "trainable_average")}
     lambda_runs = sum(lambda_seeds.values())
@@ -211,7 +212,8 @@ def plan_task(task: str, variants, config, *, layers: int, hidden: int, tokens_p
     batch = config.batch_size
     runs = sum(todo.values())
     steps = runs * epochs * per_seed / batch
-    shared_steps = sum(todo[v] for v in frozen if not v.seed_dependent) * epochs * per_seed / batch  # seeds together
+    together_runs = sum(todo[v] for v in frozen if not v.backbone_per_seed(config.lambda_seed))
+    shared_steps = together_runs * epochs * per_seed / batch  # the seeds of one backbone step together
     probe_seconds = (steps - shared_steps + shared_steps * together) * step_seconds
     backbone_seconds = passes * tokens / tokens_per_second
     seconds = backbone_seconds + probe_seconds

@@ -69,9 +69,9 @@ def ranking_label(name: str) -> str:
 
 
 def _learned_lambdas(workspace, matrices_from, seed):
-    from .stages import learn_lambdas
+    from .stages import lambda_seed, learn_lambdas
 
-    return learn_lambdas(workspace, matrices_from, seed)
+    return learn_lambdas(workspace, matrices_from, lambda_seed(workspace, seed))
 
 
 register_head_ranking("lambda", _learned_lambdas, order="lambda", learned=True,          # Sec. 3.2

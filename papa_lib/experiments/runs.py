@@ -174,6 +174,8 @@ def relevant_config(ws: Workspace, variant: Variant) -> dict:
     cfg["engine"] = "packed-early-stopping-v2"
     if variant.needs_lambdas:
         cfg.update(lambda_epochs=ws.config.lambda_epochs, lambda_learning_rate=ws.config.lambda_learning_rate)
+        if ws.config.lambda_seed is not None:  # one λ for every seed: other numbers than per-seed λ, other ids
+            cfg.update(lambda_seed=ws.config.lambda_seed)
     if not variant.frozen:
         cfg.update(inloop_epochs=ws.config.inloop_epochs, inloop_limit=ws.config.inloop_limit,
                    matrix_learning_rate=ws.config.matrix_learning_rate, inloop="train-then-probe")
@@ -245,7 +247,7 @@ def compute_records(ws: Workspace, variant: Variant, seeds) -> list[dict]:
     started = time.time()
     if not variant.frozen:
         outcomes = {seed: train_inside(ws, variant, seed) for seed in seeds}
-    elif variant.seed_dependent:
+    elif variant.backbone_per_seed(ws.config.lambda_seed):
         outcomes = {}
         for seed in seeds:
             outcomes.update(train_frozen(ws, variant, [seed]))

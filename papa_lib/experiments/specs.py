@@ -223,6 +223,7 @@ class GridSpec(_Strict):
     learning_rate: Any = None
     lambda_learning_rate: Any = None
     matrix_learning_rate: Any = None
+    lambda_seed: Any = None
     cache_budget: Any = None
     keep_features: bool = False
     device: str = "cpu"
@@ -260,6 +261,13 @@ class GridSpec(_Strict):
     @classmethod
     def _rates(cls, value, info: ValidationInfo):
         return _per_task(value, "positive_number", info)
+
+    @field_validator("lambda_seed")
+    @classmethod
+    def _lambda_seed(cls, value):
+        if value is not None:
+            _check(value, "non_negative_int", ())
+        return value
 
     @field_validator("cache_budget")
     @classmethod

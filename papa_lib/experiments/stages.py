@@ -152,6 +152,11 @@ def lambda_path(ws: Workspace, source: str, seed: int) -> Path | None:
     return ws.under("lambdas", f"{cfg.task}-from-{source}-{key}.pt")
 
 
+def lambda_seed(ws: Workspace, seed: int) -> int:
+    """The seed whose λ ranks the heads of ``seed``'s run: its own, or the config's shared ``lambda_seed``."""
+    return seed if ws.config.lambda_seed is None else ws.config.lambda_seed
+
+
 def new_probe(ws: Workspace) -> torch.nn.Module:
     """A fresh probe of the task's kind over every layer's features (Sec. 3.3)."""
     hidden = ws.model.config.hidden_size

@@ -49,3 +49,10 @@ class Variant:
     def seed_dependent(self) -> bool:
         """Whether the backbone differs between seeds (λ is learned per seed; random orders are drawn per seed)."""
         return self.needs_scores or self.selection_order == "random"
+
+    def backbone_per_seed(self, lambda_seed: int | None = None) -> bool:
+        """:attr:`seed_dependent` under a config: with a shared ``lambda_seed`` (one λ for every seed) a λ order's
+        backbone is the same for every seed, so all seeds train from one pass, as a seed-independent variant's do."""
+        if self.needs_lambdas and lambda_seed is not None:
+            return False
+        return self.seed_dependent

@@ -31,7 +31,9 @@ class ExperimentConfig:
     (as the paper does) unless ``average_limit`` caps it at a seeded subset of that many examples;
     ``seeds`` are the seeds whose training subsets the feature store covers; ``cache_budget`` (bytes) decides
     between cached and streamed features (None: :func:`~papa_lib.experiments.features.default_budget`); a variant's
-    cached features are deleted once its records are written unless ``keep_features``. ``inloop_*`` and
+    cached features are deleted once its records are written unless ``keep_features``. ``lambda_seed``: learn λ once,
+    on that seed's training rows, and rank the heads of every seed's run by it (None: each seed learns its own λ, as
+    the MiniLM runs do); it costs one λ training per matrices source instead of one per seed. ``inloop_*`` and
     ``matrix_learning_rate``: see :func:`papa_lib.experiments.runs.train_inside`."""
 
     task: str
@@ -51,6 +53,7 @@ class ExperimentConfig:
     matrix_learning_rate: float | None = None
     learning_rate: float | None = None
     lambda_learning_rate: float | None = None
+    lambda_seed: int | None = None
     batch_size: int | None = None
     feature_batch_size: int = 64
     seeds: tuple = (0, 1, 2)
@@ -77,8 +80,8 @@ class ExperimentConfig:
 
 
 #: Settings that never change a run's numbers (left out of run ids).
-NOT_IN_RUN_ID = ("device", "feature_batch_size", "lambda_epochs", "lambda_learning_rate", "inloop_epochs",
-                 "inloop_limit", "matrix_learning_rate", "seeds",
+NOT_IN_RUN_ID = ("device", "feature_batch_size", "lambda_epochs", "lambda_learning_rate", "lambda_seed",
+                 "inloop_epochs", "inloop_limit", "matrix_learning_rate", "seeds",
                  "cache_budget", "keep_features", "packed")
 
 
