@@ -240,15 +240,18 @@ def test_committed_claims_equal_a_fresh_computation():
 def test_book_table_has_no_index_no_nan_and_links_each_chapter():
     table = claims.local_claims(ROOT)
     text = claims.book_table(table)
-    lines = text.splitlines()
+    lines = text.split("\n\nNotes:")[0].splitlines()
     assert lines[0].startswith("| claim |") and len(lines) == 2 + len(table)
+    c7 = next(line for line in lines if line.startswith("| C7 |"))  # the reason is a note, the cell one word
+    assert "**not testable** (note 1)" in c7 and "needs" not in c7.lower()
+    assert "\n1. Needs MLM-pretrained models" in text
     one_model = claims.book_table(table[table.model == "all-MiniLM-L6-v2"]).splitlines()[0]
     for header in (lines[0], one_model):  # the column the book's style sheet widens is the statement, always
         assert header.split("|")[claim_text.STATEMENT_COLUMN].strip() == "statement"
     assert f"td:nth-child({claim_text.STATEMENT_COLUMN})" in sphinx_hooks.BOOK_CSS
     assert not re.search(r"\bnan\b", text, flags=re.IGNORECASE)
     assert "(probing.html)" in text and "(norms.html)" in text and ".md)" not in text
-    assert "(probing.md)" in claims.book_table(table, link_suffix=".md") and "not testable: " in text
+    assert "(probing.md)" in claims.book_table(table, link_suffix=".md")
     c1a = table[(table.claim == "C1a") & (table.model == "all-MiniLM-L6-v2")].iloc[0]  # one row per model
     assert f"{claims.sig3(c1a.ours)} [{claims.sig3(c1a.ci_low)}, {claims.sig3(c1a.ci_high)}]" in text
     assert claims.sig3(0.084) == "0.0840" and claims.sig3(-0.0387) == "-0.0387"
@@ -306,7 +309,8 @@ def test_every_chapter_renders_the_verdict_of_claims_csv():
     intro = intro_pages.claims_table(setup).data
     for row in every_model.itertuples():
         line = next(line for line in intro.splitlines() if line.startswith(f"| {row.claim} | {row.model} |"))
-        assert f"**{row.verdict}**" in line, (row.claim, row.model)
+        label, _, why = row.verdict.partition(": ")  # a reason goes to the notes under the table
+        assert f"**{label}**" in line and (not why or f". {why[:1].upper()}{why[1:]}." in intro), (row.claim, row.model)
 
     def shows(text, claim):
         sentence = next(s for s in text.split("\n\n") if f"{claim} — " in s)

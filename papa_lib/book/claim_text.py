@@ -116,9 +116,20 @@ def book_table(table: pd.DataFrame, link_suffix: str = ".html") -> str:
 
     The links point at the built book's pages (``probing.html``: myst-nb renders a cell's Markdown output as plain
     CommonMark, so a ``probing.md`` link would stay unresolved and the build's link check fails on it); pass
-    ``link_suffix=".md"`` for links between the chapters' sources (Jupyter)."""
+    ``link_suffix=".md"`` for links between the chapters' sources (Jupyter). A verdict's reason (``"not testable:
+    needs …"``) goes to a numbered note under the table, so the verdict cell stays one or two words tall."""
     header = ["claim", "model", "statement", "paper", "ours [95% interval]", "verdict", "with every task", "chapter"]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    notes: list[str] = []
+
+    def short(verdict) -> str:
+        label, _, why = str(verdict).partition(": ")
+        if not why:
+            return f"**{label}**"
+        if why not in notes:
+            notes.append(why)
+        return f"**{label}** (note {notes.index(why) + 1})"
+
     for row in table.itertuples():
         ours = ours_text(row._asdict())
         every = ours_text(
@@ -127,11 +138,12 @@ def book_table(table: pd.DataFrame, link_suffix: str = ".html") -> str:
         same = row.verdict_all_tasks == row.verdict and every == ours
         mixed = f" (rows made on {devices})" if (devices := mixed_devices(row)) else ""
         cells = [row.claim, row.model] + [
-            row.statement, str(row.paper), ours, f"**{row.verdict}**{mixed}",
-            "same" if same else f"{every} {row.verdict_all_tasks}",
+            row.statement, str(row.paper), ours, f"{short(row.verdict)}{mixed}",
+            "same" if same else f"{every} {short(row.verdict_all_tasks)}",
             f"[{row.chapter.removesuffix('.md')}]({row.chapter.removesuffix('.md')}{link_suffix})"]
         lines.append("| " + " | ".join(str(c).replace("|", "\\|").replace("\n", " ") for c in cells) + " |")
-    return "\n".join(lines)
+    notes_text = "".join(f"\n{i}. {why[:1].upper()}{why[1:]}." for i, why in enumerate(notes, 1))
+    return "\n".join(lines) + (f"\n\nNotes:\n{notes_text}" if notes else "")
 
 
 #: The committed local models that are sentence-transformers encoders: pretrained, then contrastively fine-tuned on
