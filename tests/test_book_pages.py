@@ -64,6 +64,10 @@ def test_coverage_says_what_is_missing():
     table, text = records.coverage(example_frame().iloc[0:3], spec, ["fig2"])
     assert "3 of 12" in text and "— = not run yet" in text
     assert "no grid file" in records.coverage(example_frame(), {"blocks": []}, ["fig2"])[1]
+    assert "more runs" not in text  # every stored seed is one the grid lists
+    one_seed = {**spec, "seeds": [0]}  # the table holds seed 1 too, as a seed file beside the grid adds seeds
+    table, text = records.coverage(example_frame(), one_seed, ["fig2"], tasks=["sst2", "cola"])
+    assert text.startswith("6 of 6 declared runs") and "holds 6 more runs" in text and "(seed 1, " in text
 
 
 def test_headline_renders_the_claims_engine_rows():

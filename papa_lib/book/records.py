@@ -161,6 +161,7 @@ def coverage(frame: pd.DataFrame, spec: Mapping, blocks: Iterable[str], tasks: I
     (:func:`papa_lib.book.figures.grid_coverage`), and one sentence that says it, naming the tasks the grid does not
     declare. Without a grid file (``spec["blocks"]`` empty) the sentence says so and the table is empty."""
     from .figures import grid_coverage
+    from .grid_views import _grid_seeds
 
     tasks = list(tasks) if tasks is not None else None
     if not spec.get("blocks"):
@@ -173,10 +174,26 @@ def coverage(frame: pd.DataFrame, spec: Mapping, blocks: Iterable[str], tasks: I
     done, expected = int(table["done"].sum()), int(table["expected"].sum())
     text = f"{done} of {expected} {what} are in the table"
     text += "." if done == expected else "; the figures and tables below show what is there (— = not run yet)."
+    declared = set(_grid_seeds(spec))
+    more = sorted({int(s) for s in frame["seed"].dropna()} - declared) if "seed" in frame else []
+    if more:  # seeds the grid file does not list (a seed file beside it, grid-seeds*.yaml): counted, not hidden
+        every = grid_coverage(frame, {**spec, "seeds": sorted(declared | set(more))}, blocks=list(blocks))
+        if tasks is not None:
+            every = every[every["task"].isin(tasks)]
+        if (extra := int(every["done"].sum()) - done) > 0:
+            text += (f" The table holds {extra} more runs of these variants, with seeds the grid file does not list "
+                     f"({_seed_span(more)}, from the seed files beside it); the numbers below use every seed stored.")
     absent = [t for t in (tasks or []) if t not in set(table["task"])]
     if absent:
         text += f" Not in this profile's grid: {', '.join(absent)}."
     return table.set_index(["block", "task"]), text
+
+
+def _seed_span(seeds: list[int]) -> str:
+    """``[3, 4, 5, 6]`` -> ``'seeds 3-6'``; a list with gaps is listed."""
+    if len(seeds) > 2 and seeds == list(range(seeds[0], seeds[-1] + 1)):
+        return f"seeds {seeds[0]}–{seeds[-1]}"
+    return ("seed " if len(seeds) == 1 else "seeds ") + ", ".join(map(str, seeds))
 
 
 def other_local_models(setup, frame: pd.DataFrame | None = None,
