@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ast
 import json
+import re
 import textwrap
 from pathlib import Path
 
@@ -113,6 +114,25 @@ def test_code_cells_fit_the_page(chapter):
         for j, line in enumerate(source.splitlines(), 1)
         if len(line) > CODE_LINE_LIMIT
     ]
+    assert not long, f"lines past {CODE_LINE_LIMIT} characters scroll sideways on the page:\n" + "\n".join(long)
+
+
+@pytest.mark.parametrize("chapter", CHAPTERS, ids=lambda p: p.name)
+def test_library_code_shown_on_the_page_fits_it(chapter):
+    """The method's code a chapter shows (``literalinclude`` with ``:pyobject:``) fits the page as its cells do."""
+    import importlib
+    import inspect
+
+    text = chapter.read_text(encoding="utf-8")
+    shown = re.findall(r"```\{literalinclude\} \.\./(\S+)\.py\n:pyobject: (\S+)", text)
+    long = []
+    for module, name in shown:
+        target = importlib.import_module(module.replace("/", "."))
+        for part in name.split("."):
+            target = getattr(target, part)
+        lines = inspect.getsource(target).splitlines()
+        long += [f"{chapter.name}: {module}.py {name}, line {j}: {len(line)} characters"
+                 for j, line in enumerate(lines, 1) if len(line) > CODE_LINE_LIMIT]
     assert not long, f"lines past {CODE_LINE_LIMIT} characters scroll sideways on the page:\n" + "\n".join(long)
 
 

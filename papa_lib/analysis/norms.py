@@ -332,17 +332,23 @@ def attention_norms(model: torch.nn.Module, batch: Mapping[str, torch.Tensor]) -
     return list(iter_layer_norms(model, batch))
 
 
-def _fx_norms(proj: AttentionProjections, hidden_states: torch.Tensor) -> torch.Tensor:
+def _fx_norms(proj: AttentionProjections,
+              hidden_states: torch.Tensor) -> torch.Tensor:
     """``||f^h(x_j)||`` [B, H, L] without building the [B, H, L, D] vectors.
 
-    With ``v = x W_V^h + b_V^h`` (size d') and ``W_O^h`` the [D, d'] columns of the output projection,
-    ``||v W_O^h||^2 = v^T (W_O^h^T W_O^h) v``: a d' x d' Gram matrix per head, evaluated in float64.
+    With ``v = x W_V^h + b_V^h`` (size d') and ``W_O^h`` the [D, d'] columns
+    of the output projection, ``||v W_O^h||^2 = v^T (W_O^h^T W_O^h) v``: a
+    d' x d' Gram matrix per head, evaluated in float64.
     """
-    values = torch.nn.functional.linear(hidden_states, proj.value_weight, proj.value_bias)
-    values = values.view(*hidden_states.shape[:2], proj.num_heads, proj.head_size).to(torch.float64)  # [B, L, H, d']
-    output_weight = proj.output_weight.view(proj.output_weight.shape[0], proj.num_heads, proj.head_size)
+    values = torch.nn.functional.linear(hidden_states, proj.value_weight,
+                                        proj.value_bias)
+    values = values.view(*hidden_states.shape[:2], proj.num_heads,
+                         proj.head_size).to(torch.float64)  # [B, L, H, d']
+    output_weight = proj.output_weight.view(
+        proj.output_weight.shape[0], proj.num_heads, proj.head_size)
     output_weight = output_weight.to(torch.float64)
-    gram = torch.einsum("dhp,dhq->hpq", output_weight, output_weight)  # [H, d', d']
+    gram = torch.einsum("dhp,dhq->hpq", output_weight,
+                        output_weight)  # [H, d', d']
     squared = torch.einsum("blhp,hpq,blhq->bhl", values, gram, values)
     return squared.clamp_min_(0.0).sqrt_().to(hidden_states.dtype)
 

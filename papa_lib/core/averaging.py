@@ -137,35 +137,51 @@ class PadAwareAverage:
         positions: torch.Tensor | None = None,
         length: int | None = None,
     ) -> None:
-        """Add one batch: ``per_layer`` yields ``(layer, matrices [B, heads, W, W])``; ``attention_mask`` is ``[B, W]``.
+        """Add one batch: ``per_layer`` yields ``(layer, matrices [B, heads,
+        W, W])``; ``attention_mask`` is ``[B, W]``.
 
-        A padded batch has ``W = L``. A packed batch (:func:`papa_lib.core.packing.pack`) gives ``positions``
-        ``[B, W]`` (App. A position of each token) and ``length`` L: entry (i, j) of example b is added at
-        ``(positions[b, i], positions[b, j])``, so the sums equal the padded batch's.
+        A padded batch has ``W = L``. A packed batch
+        (:func:`papa_lib.core.packing.pack`) gives ``positions`` ``[B, W]``
+        (App. A position of each token) and ``length`` L: entry (i, j) of
+        example b is added at ``(positions[b, i], positions[b, j])``, so the
+        sums equal the padded batch's.
         """
-        width = int(length if positions is not None else attention_mask.shape[1])
+        packed = positions is not None
+        width = int(length if packed else attention_mask.shape[1])
+        device = attention_mask.device
         if self.length is None:
             self.length, self.layout = width, layout
-            self.sums = [torch.zeros(self.num_heads, width, width, dtype=torch.float64, device=attention_mask.device)
+            self.sums = [torch.zeros(self.num_heads, width, width,
+                                     dtype=torch.float64, device=device)
                          for _ in range(self.num_layers)]
-            self.counts = torch.zeros(width, width, dtype=torch.float64, device=attention_mask.device)
+            self.counts = torch.zeros(width, width, dtype=torch.float64,
+                                      device=device)
         elif width != self.length:
-            raise ValueError(f"all batches must have the same width L; got {width} after {self.length}")
-        if positions is None:
+            raise ValueError(f"all batches must have the same width L; "
+                             f"got {width} after {self.length}")
+        if not packed:
             pair = pair_mask(attention_mask)
-            for layer, matrices in per_layer:  # float32 sums per batch (float64 when given float64)
-                values = matrices if matrices.dtype == torch.float64 else matrices.float()
-                self.sums[layer] += torch.einsum("bhqk,bqk->hqk", values, pair.to(values.dtype)).double()
+            # float32 sums per batch (float64 when given float64)
+            for layer, matrices in per_layer:
+                values = (matrices if matrices.dtype == torch.float64
+                          else matrices.float())
+                summed = torch.einsum("bhqk,bqk->hqk", values,
+                                      pair.to(values.dtype))
+                self.sums[layer] += summed.double()
             self.counts += pair.sum(0).double()
         else:
             real = attention_mask.bool()
             pair = real[:, :, None] & real[:, None, :]  # [B, W, W]
-            index = positions.to(attention_mask.device).clamp_min(0)
-            flat = (index[:, :, None] * width + index[:, None, :])[pair]  # App. A entry of every real pair
+            index = positions.to(device).clamp_min(0)
+            # the App. A entry of every real pair
+            flat = (index[:, :, None] * width + index[:, None, :])[pair]
             for layer, matrices in per_layer:
-                values = matrices.transpose(0, 1)[:, pair].double()  # [heads, pairs]
-                self.sums[layer].view(self.num_heads, -1).index_add_(1, flat, values)
-            self.counts.view(-1).index_add_(0, flat, torch.ones_like(flat, dtype=torch.float64))
+                # [heads, pairs]
+                values = matrices.transpose(0, 1)[:, pair].double()
+                self.sums[layer].view(self.num_heads, -1).index_add_(
+                    1, flat, values)
+            ones = torch.ones_like(flat, dtype=torch.float64)
+            self.counts.view(-1).index_add_(0, flat, ones)
         self.num_examples += int(attention_mask.shape[0])
 
     def means(self) -> tuple[torch.Tensor, torch.Tensor]:

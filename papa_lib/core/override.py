@@ -257,16 +257,20 @@ class AttentionOverride(nn.Module):
         uniform = pair / pair.sum(-1, keepdim=True).clamp_min(1.0)
         return torch.where(normalise, torch.where(empty, uniform, normalised), masked)
 
-    def head_weights(self, layer: int, attention: torch.Tensor | None, real: torch.Tensor,
+    def head_weights(self, layer: int, attention: torch.Tensor | None,
+                     real: torch.Tensor,
                      allowed: torch.Tensor | None = None) -> torch.Tensor:
-        """The attention weights ``[B, H, W, W]`` each head of ``layer`` uses for this input.
+        """The attention weights ``[B, H, W, W]`` each head of ``layer``
+        uses for this input.
 
         Args:
             layer: layer index.
-            attention: the model's own softmax attention A ``[B, H, W, W]`` (may be ``None`` when no head of this
-                layer is ``original`` or ``mix``).
+            attention: the model's own softmax attention A ``[B, H, W, W]``
+                (may be ``None`` when no head of this layer is ``original``
+                or ``mix``).
             real: ``[B, W]`` bool, True at real (non-padding) tokens.
-            allowed: optional ``[B, 1, W, W]`` bool, the (query, key) pairs the layer may use (a sliding window).
+            allowed: optional ``[B, 1, W, W]`` bool, the (query, key) pairs
+                the layer may use (a sliding window).
         """
         modes = self.layer_modes(layer)
         if all(m == "original" for m in modes):
@@ -275,14 +279,16 @@ class AttentionOverride(nn.Module):
         replacement = self.replacement_weights(layer, real, dtype, allowed)
 
         code = self.mode_codes[layer]
+        is_original = code == MODES.index("original")
+        is_mix = code == MODES.index("mix")
         lam = torch.sigmoid(self.theta[layer]).to(dtype)
-        original = torch.zeros_like(lam)
-        original = torch.where(code == MODES.index("original"), torch.ones_like(lam), original)
-        gate_input = torch.where(code == MODES.index("mix"), lam, original)  # weight on A
+        original = torch.where(is_original, torch.ones_like(lam),
+                               torch.zeros_like(lam))
+        gate_input = torch.where(is_mix, lam, original)  # weight on A
         gate_replacement = torch.where(
-            code == MODES.index("mix"),
+            is_mix,
             1.0 - lam,
-            torch.where(code == MODES.index("original"), 0.0 * lam, 1.0 + 0.0 * lam),
+            torch.where(is_original, 0.0 * lam, 1.0 + 0.0 * lam),
         )
         weights = gate_replacement[None, :, None, None] * replacement
         if attention is not None and self.needs_input_attention(layer):
@@ -363,18 +369,24 @@ class _ProbabilityRewrite(nn.Module):
         return self.inner(weights)
 
 
-def papa_attention_function(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
-    """The attention function registered as ``"papa"`` in transformers' ``AttentionInterface``.
+def papa_attention_function(module, query, key, value, attention_mask,
+                            scaling=None, dropout=0.0, **kwargs):
+    """The attention function registered as ``"papa"`` in transformers'
+    ``AttentionInterface``.
 
-    Computes the eager softmax attention where some head still needs it, lets the active
-    :class:`AttentionOverride` rewrite the weights, and returns ``(output [B, L, H, d'], weights [B, H, L, L])``.
+    Computes the eager softmax attention where some head still needs it,
+    lets the active :class:`AttentionOverride` rewrite the weights, and
+    returns ``(output [B, L, H, d'], weights [B, H, L, L])``.
     """
     state = getattr(module, "_papa_state", None)
-    if state is not None and state[1] is None:  # a shared module (ALBERT): the layer is the call order
+    if state is not None and state[1] is None:
+        # a shared module (ALBERT): the layer is the call order
         state = (state[0], state[0].next_layer())
-    windowed = getattr(module, "sliding_window", None) is not None  # ModernBERT's local layers
+    # ModernBERT's local layers
+    windowed = getattr(module, "sliding_window", None) is not None
     if state is not None and state[0].fast and not windowed:
-        result = fast_attention(state[0], state[1], module, query, key, value, attention_mask, scaling, dropout)
+        result = fast_attention(state[0], state[1], module, query, key,
+                                value, attention_mask, scaling, dropout)
         if result is not None:
             return result
     batch, _, length, _ = query.shape
@@ -388,16 +400,19 @@ def papa_attention_function(module, query, key, value, attention_mask, scaling=N
         attention = nn.functional.softmax(scores, dim=-1)
     if state is not None:
         override_, layer = state
-        real = real_tokens_from_additive_mask(attention_mask, batch, length, query.device)
+        real = real_tokens_from_additive_mask(attention_mask, batch, length,
+                                              query.device)
         allowed = None
-        if windowed and attention_mask is not None and attention_mask.dim() == 4:
+        if (windowed and attention_mask is not None
+                and attention_mask.dim() == 4):
             allowed = allowed_pairs_from_additive_mask(attention_mask, length)
         weights = override_.head_weights(layer, attention, real, allowed)
     else:
         weights = attention
-    weights = nn.functional.dropout(weights, p=dropout, training=module.training)
-    output = torch.matmul(weights.to(value.dtype), value).transpose(1, 2).contiguous()
-    return output, weights
+    weights = nn.functional.dropout(weights, p=dropout,
+                                    training=module.training)
+    output = torch.matmul(weights.to(value.dtype), value)
+    return output.transpose(1, 2).contiguous(), weights
 
 
 _registered = False

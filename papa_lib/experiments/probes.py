@@ -202,36 +202,49 @@ class SentenceProbe(nn.Module):
         pooled = values.new_zeros((batch.size, self.num_layers, self.hidden_size))
         return pooled.index_add(0, example, weights[..., None] * values)
 
-    def forward(self, features, attention_mask: Tensor | None = None, positions: Tensor | None = None) -> Tensor:
-        """``features`` [B, num_layers, W, D], ``attention_mask`` [B, W] (1 real, 0 pad) -> logits [B, num_labels].
+    def forward(self, features, attention_mask: Tensor | None = None,
+                positions: Tensor | None = None) -> Tensor:
+        """``features`` [B, num_layers, W, D], ``attention_mask`` [B, W]
+        (1 real, 0 pad) -> logits [B, num_labels].
 
-        ``positions`` [B, W]: the App. A position of each column when the features hold real tokens only (packed);
-        the result then equals the padded input's. ``features`` may also be a :class:`RaggedSentences` (real-token
-        rows of a feature store), pooled without building a padded tensor (:meth:`pool_ragged`); same result.
+        ``positions`` [B, W]: the App. A position of each column when the
+        features hold real tokens only (packed); the result then equals the
+        padded input's. ``features`` may also be a :class:`RaggedSentences`
+        (real-token rows of a feature store), pooled without building a
+        padded tensor (:meth:`pool_ragged`); same result.
         """
         if isinstance(features, RaggedSentences):
             pooled = self.pool_ragged(features)
-            return self.mlp(pooled.reshape(features.size, self.num_layers * self.hidden_size))
+            return self.mlp(pooled.reshape(
+                features.size, self.num_layers * self.hidden_size))
         if attention_mask is None:
-            raise ValueError("a padded features tensor needs its attention_mask")
+            raise ValueError("a padded features tensor needs its "
+                             "attention_mask")
         if features.dim() != 4:
-            raise ValueError(f"features must be [batch, layers, length, hidden], got shape {tuple(features.shape)}")
+            raise ValueError(f"features must be [batch, layers, length, "
+                             f"hidden], got shape {tuple(features.shape)}")
         batch, layers, length, hidden = features.shape
         if layers != self.num_layers or hidden != self.hidden_size:
             raise ValueError(
-                f"features have {layers} layers x hidden {hidden}; probe expects "
-                f"{self.num_layers} layers x hidden {self.hidden_size}"
+                f"features have {layers} layers x hidden {hidden}; probe "
+                f"expects {self.num_layers} layers x hidden "
+                f"{self.hidden_size}"
             )
         if tuple(attention_mask.shape) != (batch, length):
             raise ValueError(
-                f"attention_mask shape {tuple(attention_mask.shape)} does not match features "
-                f"[batch={batch}, length={length}]"
+                f"attention_mask shape {tuple(attention_mask.shape)} does "
+                f"not match features [batch={batch}, length={length}]"
             )
-        features = features.to(device=self.position_logits.device, dtype=torch.float32)
-        weights = self.pooling_weights(attention_mask, positions)  # [B, n, W]
-        real = (attention_mask.to(features.device) != 0)[:, None, :, None]  # [B, 1, L, 1]
-        features = torch.where(real, features, torch.zeros((), dtype=features.dtype, device=features.device))
-        pooled = torch.einsum("bnl,bnld->bnd", weights, features)  # [B, n, D]
+        features = features.to(device=self.position_logits.device,
+                               dtype=torch.float32)
+        # [B, n, W]
+        weights = self.pooling_weights(attention_mask, positions)
+        mask = attention_mask.to(features.device) != 0
+        real = mask[:, None, :, None]  # [B, 1, L, 1]
+        zero = torch.zeros((), dtype=features.dtype, device=features.device)
+        features = torch.where(real, features, zero)
+        # [B, n, D]
+        pooled = torch.einsum("bnl,bnld->bnd", weights, features)
         return self.mlp(pooled.reshape(batch, layers * hidden))
 
 
@@ -264,10 +277,13 @@ class TokenProbe(nn.Module):
         self.mlp = _two_layer_mlp(self.num_layers * self.hidden_size, mlp_hidden, self.num_labels, activation, dropout)
 
     def forward(self, features: Tensor) -> Tensor:
-        """``features`` [..., num_layers, D] (e.g. [B, L, num_layers, D]) -> logits [..., num_labels]."""
-        if features.dim() < 2 or tuple(features.shape[-2:]) != (self.num_layers, self.hidden_size):
+        """``features`` [..., num_layers, D] (e.g. [B, L, num_layers, D]) ->
+        logits [..., num_labels]."""
+        shape = (self.num_layers, self.hidden_size)
+        if features.dim() < 2 or tuple(features.shape[-2:]) != shape:
             raise ValueError(
-                f"features must end in [num_layers={self.num_layers}, hidden={self.hidden_size}], "
+                f"features must end in [num_layers={self.num_layers}, "
+                f"hidden={self.hidden_size}], "
                 f"got shape {tuple(features.shape)}"
             )
         device = self.mlp[0].weight.device
