@@ -118,6 +118,18 @@ def test_code_cells_fit_the_page(chapter):
 
 
 @pytest.mark.parametrize("chapter", CHAPTERS, ids=lambda p: p.name)
+def test_shell_blocks_in_the_prose_fit_the_page(chapter):
+    """Fenced command blocks (```bash) in the prose fit the page as the code cells do."""
+    long, fence = [], None
+    for j, line in enumerate(chapter.read_text(encoding="utf-8").splitlines(), 1):
+        if line.startswith("```"):
+            fence = None if fence is not None else line[3:].strip()
+        elif fence in ("bash", "shell", "console", "text", "") and len(line) > CODE_LINE_LIMIT:
+            long.append(f"{chapter.name}, line {j}: {len(line)} characters")
+    assert not long, f"lines past {CODE_LINE_LIMIT} characters scroll sideways on the page:\n" + "\n".join(long)
+
+
+@pytest.mark.parametrize("chapter", CHAPTERS, ids=lambda p: p.name)
 def test_library_code_shown_on_the_page_fits_it(chapter):
     """The method's code a chapter shows (``literalinclude`` with ``:pyobject:``) fits the page as its cells do."""
     import importlib
