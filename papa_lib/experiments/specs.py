@@ -265,9 +265,7 @@ class GridSpec(_Strict):
     @field_validator("lambda_seed")
     @classmethod
     def _lambda_seed(cls, value):
-        if value is not None:
-            _check(value, "non_negative_int", ())
-        return value
+        return _check(value, "non_negative_int")  # None passes: λ per seed
 
     @field_validator("cache_budget")
     @classmethod
