@@ -4,6 +4,7 @@ returns. (The chapters themselves run in the slow tests.)"""
 
 from __future__ import annotations
 
+import pandas as pd
 import pytest
 import torch
 
@@ -207,3 +208,20 @@ def test_alternatives_pages_name_matrix_types_from_the_registry(local):
     premise = page.premise_use(frame, local.results_dir)
     glued = page.premise_use_values(premise)
     assert len(premise) and glued["pu_gap"].startswith(("+", "-")) and glued["pu_kinds"] != "not measured"
+
+
+def test_head_weights_draws_one_row_per_kind_with_no_empty_panel(local):
+    """Five panels in a 3-column grid left a sixth cell with a stray axis: the data-free heads now form one row and
+    the stored average heads another, each as wide as its panels."""
+    from papa_lib.book import alternatives_pages as page
+    from papa_lib.book import figures, records
+
+    tasks = ["sst2"]
+    spec = records.grid_or_empty(local)
+    chart = _spec(page.head_weights(local, local.results(run_missing=False, blocks=["fig2"]), tasks,
+                                    figures.task_lengths(spec, tasks)))
+    rows = chart["vconcat"]
+    assert [row["columns"] for row in rows] == [3, 2]
+    for row in rows:
+        shown = set(pd.DataFrame(chart["datasets"][row["data"]["name"]])["matrix"])
+        assert len(shown) == row["columns"]

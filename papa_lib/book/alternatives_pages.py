@@ -83,22 +83,29 @@ def head_weights(setup, frame: pd.DataFrame, tasks: Sequence[str], lengths: dict
         cells += [{"matrix": label, "query": names[q], "key": names[k], "weight": float(weights[q, k])}
                   for q in positions for k in positions]
     order = [names[p] for p in positions]
+    ticks = order[:-1][::4] + order[-1:]  # every 4th real token and L-1: labels that never collide
     if constants is not None:
         data = (f"average matrices from {task} text ({constants.metadata.get('num_examples', 0):,} examples), "
                 f"L = {length}")
     else:
         data = f"data-free matrices only (no stored average matrices yet), L = {length}"
     described = describe(frame, model=setup.model_label, profile=setup.profile)
-    return alt.Chart(pd.DataFrame(cells)).mark_rect().encode(
-        x=alt.X("key:O", sort=order, title="key position", axis=alt.Axis(labelAngle=0)),
-        y=alt.Y("query:O", sort=order, title="query position"),
-        color=alt.Color("weight:Q", scale=alt.Scale(scheme="blues", domain=[0, 1]), title="weight"),
-        tooltip=["matrix:N", "query:N", "key:N", alt.Tooltip("weight:Q", format=".3f")],
-    ).properties(width=125, height=125).facet(  # three panels and the legend fit the page column
-        # long panel names ("average: most diagonal: layer 1, head 1") on several lines, so no header widens the chart
-        facet=alt.Facet("matrix:N", sort=[p[0] for p in panels], title=None,
-                        header=alt.Header(labelExpr="split(datum.label, ': ')")), columns=3,
-    ).properties(title=charts.chart_title(
+    cells = pd.DataFrame(cells)
+
+    def row(labels):  # one row of panels, so no empty grid cell draws a stray axis
+        return alt.Chart(cells[cells.matrix.isin(labels)]).mark_rect().encode(
+            x=alt.X("key:O", sort=order, title="key position", axis=alt.Axis(labelAngle=0, values=ticks)),
+            y=alt.Y("query:O", sort=order, title="query position", axis=alt.Axis(values=ticks)),
+            color=alt.Color("weight:Q", scale=alt.Scale(scheme="blues", domain=[0, 1]), title="weight"),
+            tooltip=["matrix:N", "query:N", "key:N", alt.Tooltip("weight:Q", format=".3f")],
+        ).properties(width=125, height=125).facet(  # three panels and the legend fit the page column
+            # long panel names ("average: most diagonal: layer 1, head 1") on several lines: no header widens it
+            facet=alt.Facet("matrix:N", sort=labels, title=None,
+                            header=alt.Header(labelExpr="split(datum.label, ': ')")), columns=len(labels))
+
+    labels = [p[0] for p in panels]
+    rows = [row(labels[:3])] + ([row(labels[3:])] if labels[3:] else [])  # data-free, then average heads
+    return alt.vconcat(*rows).properties(title=charts.chart_title(
         f"The weights each kind of head uses on one input ({n_real} real tokens)",
         model=described["model"], data=data, profile=described["profile"]))
 
