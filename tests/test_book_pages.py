@@ -345,8 +345,13 @@ def test_alternatives_take_a_second_model_only_once_its_data_free_rows_exist(tmp
     models = records.with_models(frame, others)
     assert list(others) == [results / "local-mpnet"] and models.model.nunique() == 2
     six = ["cola", "mrpc", "sst2", "mnli", "ner", "pos"]
-    table = alternatives_pages.table1(models, six).data
+    styled = alternatives_pages.table1(models, six)
+    table = styled.data
     assert set(table.index.get_level_values(0)) == {"all-MiniLM-L6-v2", "all-mpnet-base-v2"}
+    assert "Average (PAPA)" in set(table.index.get_level_values(1))  # labelled as with one model
+    cell = table.loc[("all-MiniLM-L6-v2", "Average (PAPA)"), "cola"]
+    mean, half = cell.split(" ± ")
+    assert f"{mean}<br><small>±\u00a0{half}</small>" in styled.to_html()  # the interval under its mean
     chart = alternatives_pages.table1_chart(models, six).to_dict()
     assert '"shape"' in str(chart).replace("'", '"')
     text = alternatives_pages.verdict_text(models, six).data

@@ -112,12 +112,23 @@ def head_weights(setup, frame: pd.DataFrame, tasks: Sequence[str], lengths: dict
 
 def table1(frame: pd.DataFrame, tasks: Sequence[str]) -> Any:
     """Our Table 1 (every head replaced, per matrix type and task, ``mean ± CI`` cells; ``—`` not run yet), with a
-    caption naming the model, data and profile of the records."""
+    caption naming the model, data and profile of the records. Rows are labelled as the chapter names the matrix
+    types (one level per model when the records hold several); in HTML each cell's interval sits under its mean."""
     table = figures.matrix_type_table(frame, tasks=tasks)
-    if table.index.nlevels == 1:
-        table.index = table.index.map(lambda m: figures.MATRIX_TYPE_LABELS.get(m, m))
+    labels = [figures.MATRIX_TYPE_LABELS.get(m, m) for m in table.index.levels[-1]] \
+        if table.index.nlevels > 1 else None
+    table.index = table.index.set_levels(labels, level=-1) if labels else \
+        table.index.map(lambda m: figures.MATRIX_TYPE_LABELS.get(m, m))
     who = describe(frame)
-    return table.style.set_caption(f"Ours — model: {who['model']}, data: {who['data']}, profile: {who['profile']}")
+    return table.style.format(_interval_below).set_caption(
+        f"Ours — model: {who['model']}, data: {who['data']}, profile: {who['profile']}")
+
+
+def _interval_below(cell: str) -> str:
+    """``"0.47 ± 0.02"`` as HTML with the interval on its own line: six tasks' cells never fit the page column on
+    one line, and left to wrap they break at either space."""
+    mean, sep, half = cell.partition(" ± ")
+    return f"{mean}<br><small>±\u00a0{half}</small>" if sep else cell
 
 
 def table1_chart(frame: pd.DataFrame, tasks: Sequence[str], columns: int = 2) -> Any:
