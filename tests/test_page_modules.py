@@ -204,6 +204,13 @@ def test_alternatives_pages_name_matrix_types_from_the_registry(local):
     assert _spec(page.table1_chart(frame, tasks))
     verdicts = page.verdicts(frame, tasks)
     assert set(verdicts["best data-free"].dropna()) <= {matrices.matrix_label(m) for m in matrices.data_free_types()}
+    assert list(verdicts.columns) == ["best data-free", "average − best data-free [95% interval]", "verdict",
+                                      "enters C4"]  # four columns: the table fits the page column
+    from papa_lib.book import claims
+
+    margin = claims.data_free_margins(frame).set_index("task").loc["cola"]
+    cell = verdicts.loc[(local.model_label, "cola"), "average − best data-free [95% interval]"]
+    assert cell == f"{margin['average minus best data-free']:+.3f} [{margin.ci_low:.3f}, {margin.ci_high:.3f}]"
     assert page.verdict_text(frame, tasks).data
     premise = page.premise_use(frame, local.results_dir)
     glued = page.premise_use_values(premise)

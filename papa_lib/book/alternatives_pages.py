@@ -180,29 +180,30 @@ def table1_chart(frame: pd.DataFrame, tasks: Sequence[str], columns: int = 2) ->
 
 def verdicts(frame: pd.DataFrame, tasks: Sequence[str]) -> pd.DataFrame:
     """C4 task by task as the claims engine computes it (:func:`papa_lib.book.claims.data_free_margins`): per (model,
-    task) the best data-free matrix, the average minus it with its seed-paired 95% interval, the task's verdict and
-    whether the task enters C4; beside it the average minus each labeled matrix (means, descriptive)."""
+    task) the best data-free matrix, the average minus it with its seed-paired 95% interval (one cell), the task's
+    verdict and whether the task enters C4. The labeled matrices' gaps are in :func:`verdict_text`."""
     from . import claims
 
     shown = frame[frame["task"].isin(tasks)]
-    labeled = figures.average_vs_data_free(figures.matrix_type_summary(shown, tasks=tasks))
-    parts = []
-    for model, records in shown.groupby("model", sort=False):
-        margins = claims.data_free_margins(records).assign(model=model)
-        parts.append(margins)
+    parts = [claims.data_free_margins(records).assign(model=model)
+             for model, records in shown.groupby("model", sort=False)]
     if not parts or all(p.empty for p in parts):
         return pd.DataFrame()
     table = pd.concat(parts, ignore_index=True)
-    table["best data-free"] = table["best data-free"].map(lambda m: figures.MATRIX_TYPE_LABELS.get(m, m))
-    if not labeled.empty:
-        table = table.merge(labeled[["model", "task", "minus_trainable_toeplitz", "minus_trainable_average"]],
-                            on=["model", "task"], how="left")
-    return table.set_index(["model", "task"]).round(3)
+    return pd.DataFrame({
+        "model": table["model"], "task": table["task"],
+        "best data-free": table["best data-free"].map(lambda m: figures.MATRIX_TYPE_LABELS.get(m, m)),
+        "average − best data-free [95% interval]": [
+            f"{r.value:+.3f} [{r.low:.3f}, {r.high:.3f}]" for r in table.rename(columns={
+                "average minus best data-free": "value", "ci_low": "low", "ci_high": "high"}).itertuples()],
+        "verdict": table["verdict"],
+        "enters C4": table["enters C4"].map({True: "yes", False: "no"}),
+    }).set_index(["model", "task"])
 
 
 def verdict_text(frame: pd.DataFrame, tasks: Sequence[str]) -> Any:
     """C4 in one sentence per model: the claims engine's row (:func:`papa_lib.book.claims.verdict_sentence`, the
-    intro's verdict), then the gap to the labeled, average-initialised matrices (means, descriptive)."""
+    intro's verdict), then, per model that ran them, the gaps to the labeled matrices (means, descriptive)."""
     from . import claims
 
     shown = frame[frame["task"].isin(tasks)]
@@ -212,11 +213,17 @@ def verdict_text(frame: pd.DataFrame, tasks: Sequence[str]) -> Any:
     rows = table[table["claim"] == "C4"]
     text = "\n\n".join(f"- {claims.verdict_sentence('C4', table, r.model)}" for r in rows.itertuples())
     labeled = figures.average_vs_data_free(figures.matrix_type_summary(shown, tasks=tasks))
-    labeled = labeled.dropna(subset=["minus_trainable_average"]) if not labeled.empty else labeled
-    if not labeled.empty:
-        gaps = ", ".join(f"{r.task}: {r.minus_trainable_average:+.3f}" for r in labeled.itertuples())
-        text += (f"\n\nAgainst the labeled, average-initialised matrices the average scores {gaps} (average − "
-                 "trainable, means over seeds; not one of the book's claims).")
+    for model, gaps in (labeled.groupby("model", sort=False) if not labeled.empty else []):
+        parts = []
+        for column, name in [("minus_trainable_toeplitz", "Toeplitz-initialised"),
+                             ("minus_trainable_average", "average-initialised")]:
+            known = gaps.dropna(subset=[column])
+            if len(known):
+                parts.append(f"the {name} ones " + ", ".join(f"{r.task}: {getattr(r, column):+.3f}"
+                                                           for r in known.itertuples()))
+        if parts:
+            text += (f"\n\nAgainst the labeled matrices, {model}'s average minus the trainable matrices (means over "
+                     f"seeds; not one of the book's claims): {'; '.join(parts)}.")
     return _markdown(text)
 
 
