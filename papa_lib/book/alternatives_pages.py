@@ -156,7 +156,8 @@ def table1_chart(frame: pd.DataFrame, tasks: Sequence[str], columns: int = 2) ->
                alt.Tooltip("ci_high:Q", title="95% CI high", format=".3f"), alt.Tooltip("n:Q", title="seeds")]
     is_ours = alt.datum.source == label
     several = ours["model"].nunique() > 1 if len(ours) else False
-    shape = {"shape": alt.Shape("model:N", title="ours: model", legend=alt.Legend(orient="bottom"))} if several else {}
+    shape = {"shape": alt.Shape("model:N", title="ours: model",  # a column beside "matrix needs": both fit
+                                legend=alt.Legend(orient="bottom", direction="vertical"))} if several else {}
     layers = [
         alt.Chart().transform_filter(is_ours).mark_rule(strokeWidth=2).encode(x="ci_low:Q", x2="ci_high:Q",
                                                                               **encode),
