@@ -215,6 +215,9 @@ def test_alternatives_pages_name_matrix_types_from_the_registry(local):
     premise = page.premise_use(frame, local.results_dir)
     glued = page.premise_use_values(premise)
     assert len(premise) and glued["pu_gap"].startswith(("+", "-")) and glued["pu_kinds"] != "not measured"
+    shown = page.premise_table(premise)
+    assert list(shown.columns) == ["seeds", "accuracy, mean ± 95% half-width"]
+    assert shown.loc["pair: original"].iloc[1] == glued["pu_pair"] and shown.loc["majority class", "seeds"] == "—"
 
 
 def test_head_weights_draws_one_row_per_kind_with_no_empty_panel(local):

@@ -4,8 +4,9 @@
 * :func:`table1`, :func:`table1_chart`: Table 1, ours beside the paper's (:func:`papa_lib.book.paper.captioned`);
 * :func:`verdicts`, :func:`verdict_text`: does the average beat the data-free matrices (claim C4, as the claims
   engine decides it), task by task;
-* :func:`premise_use`, :func:`premise_use_values`: on MNLI, the pair probe beside a probe that sees the hypothesis only
-  (``data/results/mnli-hypothesis-only``), which bounds how far any constant matrix can fall below the original.
+* :func:`premise_use`, :func:`premise_table`, :func:`premise_use_values`: on MNLI, the pair probe beside a probe
+  that sees the hypothesis only (``data/results/mnli-hypothesis-only``), which bounds how far any constant matrix
+  can fall below the original.
 
 Figures are labelled from the records they plot (:func:`papa_lib.book.charts.records_title`) and fit the book's
 content column.
@@ -22,8 +23,10 @@ import pandas as pd
 from . import charts, figures, paper, prose
 from .display import markdown as _markdown
 from .records import describe, diagnostic_records, ours_label
+from .tables import MISSING
 
-__all__ = ["head_weights", "premise_use", "premise_use_values", "table1", "table1_chart", "verdict_text", "verdicts"]
+__all__ = ["head_weights", "premise_table", "premise_use", "premise_use_values", "table1", "table1_chart",
+           "verdict_text", "verdicts"]
 
 #: The diagnostic run beside a profile's results folder: MNLI's hypothesis column alone, original model.
 HYPOTHESIS_ONLY_FOLDER = "mnli-hypothesis-only"
@@ -259,6 +262,16 @@ def premise_use(frame: pd.DataFrame, results_dir: str | Path, folder: str | Path
         table.loc[len(table)] = {"probe": "majority class", "seeds": 0, "accuracy": value, "ci_low": value,
                                  "ci_high": value, "shown": f"{value:.3f}"}
     return table.reset_index(drop=True).set_index("probe").round(3)
+
+
+def premise_table(table: pd.DataFrame) -> pd.DataFrame:
+    """:func:`premise_use` as the chapter shows it: per probe the seeds and one "mean ± half-width" cell (the
+    majority class has no seeds); the full table keeps the interval's ends for the text's numbers."""
+    if table.empty:
+        return table
+    return pd.DataFrame({"seeds": [MISSING if probe == "majority class" else str(int(n))
+                                   for probe, n in zip(table.index, table["seeds"])],
+                         "accuracy, mean ± 95% half-width": table["shown"]}, index=table.index)
 
 
 @prose.values("pu_gap", "pu_pair", "pu_alone", "pu_const_min", "pu_const_max", "pu_below", "pu_kinds",
