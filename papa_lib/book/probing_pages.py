@@ -9,7 +9,8 @@
   two models have them, and what such a pair can tell, with C3's verdict from the claims engine — nothing when the
   records hold one model;
 * :func:`against_majority`: every task's original probe against its validation set's majority-class baseline, and
-  the probes that predict a single class (guide: a score is only as good as its probe); :func:`more_seeds`,
+  the probes that predict a single class (guide: a score is only as good as its probe), per model when the records
+  hold several; :func:`majority_view`: that table as the page shows it; :func:`more_seeds`,
   :func:`more_seeds_values`: the same check on a diagnostic run with more seeds (``data/results/mrpc-original-seeds``);
 * :func:`headline`, :func:`headline_text`, :func:`training_note`: Sec. 4.2's three claims, ours beside the paper's,
   and how far to trust the comparison — every number read from the records.
@@ -30,9 +31,9 @@ from . import charts, figures, paper, prose
 from .display import markdown as _markdown
 from .records import describe, diagnostic_records
 
-__all__ = ["MORE_SEEDS_FOLDERS", "against_majority", "fig2", "fig3", "headline", "headline_text",
-           "models_side_by_side", "more_seeds", "more_seeds_values", "pair_text", "pooling_at_start", "probe_sizes",
-           "relative_drops", "training_note", "two_models"]
+__all__ = ["METRIC_NAMES", "MORE_SEEDS_FOLDERS", "against_majority", "fig2", "fig3", "headline", "headline_text",
+           "majority_view", "models_side_by_side", "more_seeds", "more_seeds_values", "pair_text", "pooling_at_start",
+           "probe_sizes", "relative_drops", "training_note", "two_models"]
 
 #: Diagnostic runs beside a profile's results folder that repeat a task's original probe with more seeds.
 MORE_SEEDS_FOLDERS = ("mrpc-original-seeds",)
@@ -314,10 +315,36 @@ def against_majority(frame: pd.DataFrame, tasks: Sequence[str] | None = None) ->
     above it (*clearly above*: its low end is higher), and the runs whose validation predictions were all one class
     (records' ``single_class``), any variant. Where records carry the plain accuracy (``accuracy``, or
     ``token_accuracy`` for NER and POS) and the majority class's share (``majority_accuracy``), two more columns set the
-    original's accuracy against it: for F1 and MCC, a probe can learn the task while its metric stays near guessing."""
-    rows = [_majority_row(task, frame[frame["task"] == task]) for task in figures._ordered_tasks(frame["task"].unique())
+    original's accuracy against it: for F1 and MCC, a probe can learn the task while its metric stays near guessing.
+    Records of several models give one row per (model, task)."""
+    several = "model" in frame and frame["model"].nunique() > 1
+    groups = frame.groupby("model", sort=False) if several else [(None, frame)]
+    rows = [({"model": model} if several else {}) | _majority_row(task, mine[mine["task"] == task])
+            for model, mine in groups for task in figures._ordered_tasks(mine["task"].unique())
             if tasks is None or task in tasks]
-    return _majority_table(rows)
+    table = _majority_table(rows)
+    return table.set_index("model", append=True).swaplevel() if several and rows else table
+
+
+#: How :func:`majority_view` names the records' metrics.
+METRIC_NAMES = {"matthews_corrcoef": "MCC", "f1": "F1", "accuracy": "accuracy", "seqeval_f1": "F1 (seqeval)"}
+
+
+def majority_view(table: pd.DataFrame) -> tuple[pd.DataFrame, Any]:
+    """:func:`against_majority` (or :func:`more_seeds`) as the chapter shows it, narrow enough for the page: metrics
+    by name, the original's score as "mean ± half-width" (the interval's ends stay in ``table`` for the text), and
+    single-class probes counted, with the runs they name in a note under the table."""
+    if table.empty:
+        return table, _markdown("")
+    shown = table.drop(columns=["95% CI"], errors="ignore").copy()
+    shown["metric"] = shown["metric"].map(lambda m: METRIC_NAMES.get(m, m))
+    counts = shown["single-class probes"].str.partition(": ")
+    shown["single-class probes"] = counts[0]
+    named = [f"{' '.join(map(str, key)) if isinstance(key, tuple) else key}: {names}"
+             for key, names in zip(shown.index, counts[2]) if names]
+    note = ("Single-class probes (validation predictions all one class), by variant and seed: "
+            + "; ".join(named) + ".") if named else ""
+    return shown, _markdown(note)
 
 
 def more_seeds(frame: pd.DataFrame, results_dir: str | Path, folders: Sequence[str] = MORE_SEEDS_FOLDERS
