@@ -309,6 +309,8 @@ def test_probing_shows_every_committed_model_and_nothing_empty_without_the_secon
     points = next(d for d in fig3["datasets"].values() if any("task" in r for r in d))
     diamonds = next(d for d in fig3["datasets"].values() if any("over" in r for r in d))
     assert {r["model"] for r in diamonds} == {r["model"] for r in points}
+    for axis in ("x", "y"):  # one title per axis: a layer without its own adds its field's name to it
+        assert len({layer["encoding"][axis]["title"] for layer in fig3["layer"]}) == 1
     text = str(provenance.banner(setup, frame, also=others, live=None))
     side = probing_pages.models_side_by_side(models)
     if not has_second:

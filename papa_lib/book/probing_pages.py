@@ -196,7 +196,9 @@ def fig3(frame: pd.DataFrame, tasks: Sequence[str] | None = None) -> Any:
     averaged = figures.all_constant_drop(frame, tasks=shared).per_model() if shared else drops.per_model()
     averaged["over"] = ", ".join(shared) if shared else "each model's own tasks"
     models_layer = alt.Chart(averaged).mark_point(shape="diamond", size=260, filled=True, color="black").encode(
-        x="relative_drop:Q", y="original:Q",
+        # the same axis titles as the points': a layer without one adds its field's name to the shared axis
+        x=alt.X("relative_drop:Q", title="relative drop, every head constant"),
+        y=alt.Y("original:Q", title="original score"),
         tooltip=["model:N", alt.Tooltip("original:Q", title="original, mean over tasks", format=".3f"),
                  alt.Tooltip("relative_drop:Q", title="relative drop, mean over tasks", format=".1%"),
                  alt.Tooltip("over:N", title="tasks averaged")],
@@ -228,7 +230,9 @@ def models_side_by_side(frame: pd.DataFrame, tasks: Sequence[str] | None = None)
             cell = {f: figures.format_mean_ci(mine.loc[f, "mean"], mine.loc[f, "ci_low"], mine.loc[f, "ci_high"],
                                               int(mine.loc[f, "n"]), digits=3) for f in (1.0, 0.0)}
             drop = mine.loc[0.0, "relative_drop"]
-            rows.append({"task": task, "model": model, "metric": mine.loc[1.0, "metric"], "original": cell[1.0],
+            metric = mine.loc[1.0, "metric"]
+            rows.append({"task": task, "model": model, "metric": METRIC_NAMES.get(metric, metric),
+                         "original": cell[1.0],
                          "every head constant": cell[0.0],
                          "relative drop": "—" if pd.isna(drop) else f"{drop:.1%}"})
     return pd.DataFrame(rows).set_index(["task", "model"])
@@ -426,18 +430,20 @@ def _headline_claims(frame: pd.DataFrame, tasks: Sequence[str] | None) -> pd.Dat
 
 def headline(frame: pd.DataFrame, tasks: Sequence[str] | None = None) -> pd.DataFrame:
     """Sec. 4.2's claims (C1a, C1b, C2) as the claims engine decides them, the same rows as the intro's table and
-    ``claims.csv``: model, statistic, the paper's value, ours with its 95% interval, the tasks, the verdict, and
-    ours and the verdict with every task included (:mod:`papa_lib.book.claims`)."""
+    ``claims.csv``: model, the paper's value, ours with its 95% interval, the tasks, the verdict, and ours with its
+    verdict with every task included (:mod:`papa_lib.book.claims`). Each claim's statistic, the same for every
+    model, is in :func:`headline_text`'s sentences, not repeated on every row."""
     from . import claims
 
     table = _headline_claims(frame, tasks)
-    every = table.apply(lambda r: claims.ours_text({"ours": r.ours_all_tasks, "ci_low": r.ci_low_all_tasks,
-                                                    "ci_high": r.ci_high_all_tasks}), axis=1) if len(table) else []
-    return pd.DataFrame({"claim": table["claim"], "model": table["model"], "statistic": table["statistic"],
-                         "paper": table["paper"],
+    every = [f"{claims.ours_text(row)}, {verdict}" if pd.notna(row["ours"]) else verdict
+             for row, verdict in ((pd.Series({"ours": r.ours_all_tasks, "ci_low": r.ci_low_all_tasks,
+                                              "ci_high": r.ci_high_all_tasks}), r.verdict_all_tasks)
+                                  for r in table.itertuples())]
+    return pd.DataFrame({"claim": table["claim"], "model": table["model"], "paper": table["paper"],
                          "ours [95% interval]": [claims.ours_text(r) for _, r in table.iterrows()],
-                         "tasks": table["tasks"], "verdict": table["verdict"], "with every task": list(every),
-                         "verdict with every task": table["verdict_all_tasks"]}).set_index("claim")
+                         "tasks": table["tasks"], "verdict": table["verdict"],
+                         "with every task: ours, verdict": every}).set_index("claim")
 
 
 def headline_text(frame: pd.DataFrame, tasks: Sequence[str] | None = None) -> Any:
