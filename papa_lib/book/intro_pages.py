@@ -12,6 +12,7 @@ import pandas as pd
 
 from . import charts, claims, profiles
 from .display import markdown
+from .tables import METRIC_NAMES
 
 __all__ = ["HEADS", "claims_rules", "claims_summary", "claims_table", "findings", "glue_findings", "heads_chart",
            "settings", "task_table"]
@@ -61,7 +62,8 @@ def task_table(setup, tasks: Sequence[str]) -> Any:
     what this run uses instead."""
     from ..experiments.tasks import TASKS
 
-    rows = [{"task": name, "metric": TASKS[name].metric, "paper: dataset": TASKS[name].hub_dataset,
+    rows = [{"task": name, "metric": METRIC_NAMES.get(TASKS[name].metric, TASKS[name].metric),
+             "paper: dataset": TASKS[name].hub_dataset,
              "paper: reported split": TASKS[name].validation_split, "L (Table 3)": TASKS[name].max_length}
             for name in tasks]
     caption = (f"Paper models: {', '.join(profiles.PAPER_MODELS)}. This run: model {setup.model_label}, "

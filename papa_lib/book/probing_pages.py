@@ -30,8 +30,9 @@ import pandas as pd
 from . import charts, figures, paper, prose
 from .display import markdown as _markdown
 from .records import describe, diagnostic_records
+from .tables import METRIC_NAMES
 
-__all__ = ["METRIC_NAMES", "MORE_SEEDS_FOLDERS", "against_majority", "fig2", "fig3", "headline", "headline_text",
+__all__ = ["MORE_SEEDS_FOLDERS", "against_majority", "fig2", "fig3", "headline", "headline_text",
            "majority_view", "models_side_by_side", "more_seeds", "more_seeds_values", "pair_text", "pooling_at_start",
            "probe_sizes", "relative_drops", "training_note", "two_models"]
 
@@ -328,10 +329,6 @@ def against_majority(frame: pd.DataFrame, tasks: Sequence[str] | None = None) ->
             if tasks is None or task in tasks]
     table = _majority_table(rows)
     return table.set_index("model", append=True).swaplevel() if several and rows else table
-
-
-#: How :func:`majority_view` names the records' metrics.
-METRIC_NAMES = {"matthews_corrcoef": "MCC", "f1": "F1", "accuracy": "accuracy", "seqeval_f1": "F1 (seqeval)"}
 
 
 def majority_view(table: pd.DataFrame) -> tuple[pd.DataFrame, Any]:

@@ -15,7 +15,7 @@ from typing import Any
 
 import pandas as pd
 
-__all__ = ["FIELD_TITLES", "display_frame", "format_number", "install", "plural", "readable", "to_html"]
+__all__ = ["FIELD_TITLES", "METRIC_NAMES", "display_frame", "format_number", "install", "plural", "readable", "to_html"]
 
 #: What a missing value reads as in a table.
 MISSING = "—"
@@ -58,6 +58,9 @@ def format_number(value: Any) -> Any:
         pass
     return value
 
+
+#: How the book names the records' metrics in its tables (the records keep the raw names).
+METRIC_NAMES = {"matthews_corrcoef": "MCC", "f1": "F1", "accuracy": "accuracy", "seqeval_f1": "F1 (seqeval)"}
 
 #: Readable titles of raw field names that charts plot without a title of their own.
 FIELD_TITLES = {"ci_low": "95% interval, low", "ci_high": "95% interval, high", "relative_drop": "relative drop",
