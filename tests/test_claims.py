@@ -253,6 +253,9 @@ def test_book_table_has_no_index_no_nan_and_links_each_chapter():
     assert "(probing.html)" in text and "(norms.html)" in text and ".md)" not in text
     assert "(probing.md)" in claims.book_table(table, link_suffix=".md")
     c1a = table[(table.claim == "C1a") & (table.model == "all-MiniLM-L6-v2")].iloc[0]  # one row per model
+    c1a_rows = [line.split(" | ") for line in lines if line.startswith("| C1a |")]
+    assert len(c1a_rows) == (table.claim == "C1a").sum() == 2  # one row per model, the statement on the first
+    assert c1a_rows[0][2] == table[table.claim == "C1a"].statement.iloc[0] and c1a_rows[1][2:4] == ["", ""]
     assert f"{claims.sig3(c1a.ours)} [{claims.sig3(c1a.ci_low)}, {claims.sig3(c1a.ci_high)}]" in text
     assert claims.sig3(0.084) == "0.0840" and claims.sig3(-0.0387) == "-0.0387"
     plain = claims.summary(table)

@@ -117,7 +117,8 @@ def book_table(table: pd.DataFrame, link_suffix: str = ".html") -> str:
     The links point at the built book's pages (``probing.html``: myst-nb renders a cell's Markdown output as plain
     CommonMark, so a ``probing.md`` link would stay unresolved and the build's link check fails on it); pass
     ``link_suffix=".md"`` for links between the chapters' sources (Jupyter). A verdict's reason (``"not testable:
-    needs …"``) goes to a numbered note under the table, so the verdict cell stays one or two words tall."""
+    needs …"``) goes to a numbered note under the table, so the verdict cell stays one or two words tall. A claim
+    decided for several models states its statement and the paper's value on its first row only."""
     header = ["claim", "model", "statement", "paper", "ours [95% interval]", "verdict", "with every task", "chapter"]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     notes: list[str] = []
@@ -130,7 +131,9 @@ def book_table(table: pd.DataFrame, link_suffix: str = ".html") -> str:
             notes.append(why)
         return f"**{label}** (note {notes.index(why) + 1})"
 
+    previous = None
     for row in table.itertuples():
+        again, previous = row.claim == previous, row.claim  # a claim's next model: its statement is said above
         ours = ours_text(row._asdict())
         every = ours_text(
             {"ours": row.ours_all_tasks, "ci_low": row.ci_low_all_tasks, "ci_high": row.ci_high_all_tasks}
@@ -138,7 +141,7 @@ def book_table(table: pd.DataFrame, link_suffix: str = ".html") -> str:
         same = row.verdict_all_tasks == row.verdict and every == ours
         mixed = f" (rows made on {devices})" if (devices := mixed_devices(row)) else ""
         cells = [row.claim, row.model] + [
-            row.statement, str(row.paper), ours, f"{short(row.verdict)}{mixed}",
+            "" if again else row.statement, "" if again else str(row.paper), ours, f"{short(row.verdict)}{mixed}",
             "same" if same else f"{every} {short(row.verdict_all_tasks)}",
             f"[{row.chapter.removesuffix('.md')}]({row.chapter.removesuffix('.md')}{link_suffix})"]
         lines.append("| " + " | ".join(str(c).replace("|", "\\|").replace("\n", " ") for c in cells) + " |")
