@@ -166,7 +166,10 @@ def test_transfer_and_selection_pages_on_the_committed_records(local):
 
     tasks = ["cola", "mrpc", "sst2", "ner", "pos"]
     frame = local.results(run_missing=False, blocks=["fig2", "table2"])
-    assert len(transfer_pages.table2(frame, tasks).data)  # a Styler over the table
+    table2 = transfer_pages.table2(frame, tasks)  # a Styler over the table
+    cell = table2.data.loc["per-task", "cola"]
+    mean, half = cell.split(" ± ")
+    assert f"{mean}<br><small>±\u00a0{half}</small>" in table2.to_html()  # the interval under its mean
     assert _spec(transfer_pages.changes_chart(frame, tasks)) and transfer_pages.changes_text(frame, tasks).data
     frame = local.results(run_missing=False, blocks=["fig5"])
     assert selection_pages.lambda_maps(local, frame) is not None and selection_pages.lambda_table(local) is not None

@@ -23,7 +23,7 @@ import pandas as pd
 from . import charts, figures, paper, prose
 from .display import markdown as _markdown
 from .records import describe, diagnostic_records, ours_label
-from .tables import MISSING
+from .tables import MISSING, interval_below
 
 __all__ = ["head_weights", "premise_table", "premise_use", "premise_use_values", "table1", "table1_chart",
            "verdict_text", "verdicts"]
@@ -123,15 +123,8 @@ def table1(frame: pd.DataFrame, tasks: Sequence[str]) -> Any:
     table.index = table.index.set_levels(labels, level=-1) if labels else \
         table.index.map(lambda m: figures.MATRIX_TYPE_LABELS.get(m, m))
     who = describe(frame)
-    return table.style.format(_interval_below, na_rep="—").set_caption(
+    return table.style.format(interval_below, na_rep=MISSING).set_caption(
         f"Ours — model: {who['model']}, data: {who['data']}, profile: {who['profile']}")
-
-
-def _interval_below(cell: Any) -> Any:
-    """``"0.47 ± 0.02"`` as HTML with the interval on its own line: six tasks' cells never fit the page column on
-    one line, and left to wrap they break at either space."""
-    mean, sep, half = cell.partition(" ± ") if isinstance(cell, str) else (cell, "", "")
-    return f"{mean}<br><small>±\u00a0{half}</small>" if sep else cell
 
 
 def table1_chart(frame: pd.DataFrame, tasks: Sequence[str], columns: int = 2) -> Any:

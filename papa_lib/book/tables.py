@@ -15,7 +15,8 @@ from typing import Any
 
 import pandas as pd
 
-__all__ = ["FIELD_TITLES", "METRIC_NAMES", "display_frame", "format_number", "install", "plural", "readable", "to_html"]
+__all__ = ["FIELD_TITLES", "METRIC_NAMES", "display_frame", "format_number", "install", "interval_below", "plural",
+           "readable", "to_html"]
 
 #: What a missing value reads as in a table.
 MISSING = "—"
@@ -119,6 +120,14 @@ def to_html(frame: pd.DataFrame) -> str:
     shown = display_frame(frame)
     return shown.to_html(index=not _is_default_index(frame.index), na_rep=MISSING, escape=True,
                          classes="dataframe papa-table")
+
+
+def interval_below(cell: Any) -> Any:
+    """A ``"0.47 ± 0.02"`` cell (:func:`papa_lib.book.figures.format_mean_ci`) as HTML with the interval on a small
+    line under the mean, for a Styler's ``format``: a table of several tasks' such cells never fits the page column
+    on one line, and left to wrap the cells break at either space. Any other cell is returned unchanged."""
+    mean, sep, half = cell.partition(" ± ") if isinstance(cell, str) else (cell, "", "")
+    return f"{mean}<br><small>±\u00a0{half}</small>" if sep else cell
 
 
 def _cell(value: Any) -> Any:

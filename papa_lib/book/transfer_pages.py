@@ -20,16 +20,17 @@ import pandas as pd
 from . import charts, figures, paper, prose
 from .display import markdown as _markdown
 from .records import describe, ours_label
-from .tables import plural
+from .tables import MISSING, interval_below, plural
 
 __all__ = ["changes_chart", "changes_text", "layout_chart", "layout_overview", "layout_values", "table2"]
 
 
 def table2(frame: pd.DataFrame, tasks: Sequence[str]) -> Any:
-    """Our Table 2: rows ``per-task`` and ``mnli``, ``mean ± CI`` cells (``—``: not run yet), captioned with the
-    records' model, data and profile."""
+    """Our Table 2: rows ``per-task`` and ``mnli``, ``mean ± CI`` cells (``—``: not run yet; in HTML the interval
+    under its mean, :func:`papa_lib.book.tables.interval_below`), captioned with the records' model, data and
+    profile."""
     who = describe(frame)
-    return figures.transfer_table(frame, tasks=tasks).style.set_caption(
+    return figures.transfer_table(frame, tasks=tasks).style.format(interval_below, na_rep=MISSING).set_caption(
         f"Ours — model: {who['model']}, data: {who['data']}, profile: {who['profile']}")
 
 
