@@ -154,6 +154,17 @@ def test_lambda_learning_moves_theta(tiny, data_dir):
     assert not torch.allclose(lambdas, torch.full_like(lambdas, 0.5))
 
 
+def test_lambda_learning_shows_its_progress(tiny, data_dir, capsys):
+    """λ learning passes the model's whole training set through the backbone, forwards and backwards: on a CPU, tens
+    of minutes with MPNet. With progress on, it says so; without, it prints nothing."""
+    model, tokenizer = tiny
+    config = ExperimentConfig("sst2", data_dir=str(data_dir), max_length=16, epochs=1, lambda_epochs=1)
+    TaskExperiment(config, model, tokenizer, progress=False).learn_lambdas()
+    assert "learning λ" not in capsys.readouterr().err
+    TaskExperiment(config, model, tokenizer, progress=True).learn_lambdas()
+    assert "learning λ (sst2, seed 0)" in capsys.readouterr().err
+
+
 def test_a_shared_lambda_seed_learns_lambda_once_for_every_seed(tiny, data_dir, tmp_path, monkeypatch):
     """``lambda_seed``: every seed's λ-order run ranks heads by one λ (learned once, on that seed's rows); the runs'
     ids change (other numbers), the ids of runs that learn no λ do not."""

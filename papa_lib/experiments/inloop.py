@@ -151,14 +151,15 @@ def train_inloop(wrapper: BackboneProbe, state, encoded, labels, kind: str, trai
 
 def learn_lambdas(model, constants, probe: nn.Module, joint, batches_fn, *, seed: int, epochs: int,
                   learning_rate: float, theta_learning_rate: float | None = None, own_stream: bool = True,
-                  device="cpu") -> torch.Tensor:
+                  device="cpu", progress: bool | str = False) -> torch.Tensor:
     """λ^h = σ(θ^h) of every head (paper Sec. 3.2, Eq. 3), learned once for every task, MLM included: each head of
     ``model`` mixes ``λ A + (1-λ) C`` with ``constants`` while ``probe`` trains with it (θ at
     ``theta_learning_rate``, default the probe's rate). ``joint(state)`` builds the module that runs the backbone
     (under ``state``, applied around the whole training) and the probe, e.g. a :class:`BackboneProbe`;
     ``batches_fn(epoch)`` yields its ``(inputs, targets)``;
     ``own_stream``: dropout from a random stream of ``seed`` (else the global generator). The backbone's own weights
-    do not train (their ``requires_grad`` is switched off meanwhile). Returns λ ``[layers, heads]`` on the CPU."""
+    do not train (their ``requires_grad`` is switched off meanwhile); ``progress``: a bar over the epochs (its text
+    when a string), with the steps taken. Returns λ ``[layers, heads]`` on the CPU."""
     from ..core.override import AttentionOverride
 
     state = AttentionOverride(model, constants, "all", "mix")
@@ -176,7 +177,7 @@ def learn_lambdas(model, constants, probe: nn.Module, joint, batches_fn, *, seed
         parameter.requires_grad_(False)
     try:
         with state.applied(model):
-            fit([member], steps, epochs=epochs, learning_rate=learning_rate, device=device)
+            fit([member], steps, epochs=epochs, learning_rate=learning_rate, device=device, progress=progress)
     finally:
         for parameter, flag in flags:
             parameter.requires_grad_(flag)

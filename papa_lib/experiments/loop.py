@@ -227,6 +227,7 @@ def fit(
 
     bar = tqdm(total=int(epochs), disable=not progress, leave=False,
                desc=progress if isinstance(progress, str) else "probe epochs")
+    taken_steps = 0  # optimizer steps, shown beside the epoch bar
     try:
         for epoch in range(int(epochs)):
             active = [member for member in members if not member.stopped]
@@ -253,6 +254,9 @@ def fit(
                 for member, loss in taken:
                     member.result.updates += 1
                     member.losses.append(float(loss.detach()))
+                taken_steps += 1
+                if progress and taken_steps % 20 == 0:  # a long epoch shows that it moves
+                    bar.set_postfix_str(f"{taken_steps} steps", refresh=True)
             for member in active:
                 _end_epoch(member, epoch, evaluate, patience)
             bar.update(1)

@@ -184,7 +184,8 @@ def learn_lambdas(ws: Workspace, matrices_from: str | None = None, seed: int = 0
             inloop_batches(train.encoded, train.labels, ws.spec.kind, seed_plan(ws, seed).train, cfg.batch_size,
                            seed),
             seed=seed, epochs=cfg.lambda_epochs, learning_rate=cfg.learning_rate,
-            theta_learning_rate=cfg.lambda_learning_rate, device=cfg.device)
+            theta_learning_rate=cfg.lambda_learning_rate, device=cfg.device,
+            progress=f"learning λ ({ws.config.task}, seed {seed})" if ws.progress else False)
         if path is not None:
             write_atomic(path, lambda tmp: torch.save(lambdas, tmp))
     ws.scores[("lambda", source, seed)] = lambdas
