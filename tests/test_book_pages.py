@@ -83,6 +83,13 @@ def test_headline_renders_the_claims_engine_rows():
         assert claims.verdict_sentence(claim, engine) in text
     table = probing_pages.headline(frame)
     assert list(table.index) == ["C1a", "C1b", "C2"]
+    every = engine.set_index("claim")
+    for claim in table.index:  # "same" exactly where every task changes neither number nor verdict
+        same = (every.loc[claim, "verdict_all_tasks"] == every.loc[claim, "verdict"]
+                and claims.ours_text(every.loc[claim]) == claims.ours_text(
+                    {"ours": every.loc[claim, "ours_all_tasks"], "ci_low": every.loc[claim, "ci_low_all_tasks"],
+                     "ci_high": every.loc[claim, "ci_high_all_tasks"]}))
+        assert (table.loc[claim, "with every task"] == "same") == same
     assert list(table.verdict) == [engine.set_index("claim").loc[c, "verdict"] for c in table.index]
     assert table.loc["C1a", "ours [95% interval]"] == claims.ours_text(c1a)
     assert "No Fig. 2 runs" in probing_pages.fig2(frame.iloc[0:0]).data
@@ -189,6 +196,10 @@ def test_against_majority_sets_the_original_probe_against_guessing():
     assert shown.loc["cola", "single-class probes"] == "1 of 4" and shown.loc["sst2", "single-class probes"] == "1 of 1"
     assert "cola: zeros (seed 1)" in note.data and "sst2: original (seed 0)" in note.data
     assert probing_pages.majority_view(table[table.index == "mrpc"])[1].data == ""  # nothing single-class: no note
+    merged = probing_pages.majority_view(probing_pages.against_majority(accurate))[0]
+    assert merged.loc["mrpc", "accuracy: original vs majority class"] == \
+        f"{probing_pages.against_majority(accurate).loc['mrpc', 'original accuracy']} vs 0.684"
+    assert "majority accuracy" not in merged
 
     two = pd.concat([frame.assign(model="a"), frame[frame.task == "cola"].assign(model="b", value=0.3)])
     both = probing_pages.against_majority(two)  # several models: a row per (model, task)

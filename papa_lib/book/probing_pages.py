@@ -30,7 +30,7 @@ import pandas as pd
 from . import charts, figures, paper, prose
 from .display import markdown as _markdown
 from .records import describe, diagnostic_records
-from .tables import METRIC_NAMES
+from .tables import METRIC_NAMES, MISSING
 
 __all__ = ["MORE_SEEDS_FOLDERS", "against_majority", "fig2", "fig3", "headline", "headline_text",
            "majority_view", "models_side_by_side", "more_seeds", "more_seeds_values", "pair_text", "pooling_at_start",
@@ -333,12 +333,18 @@ def against_majority(frame: pd.DataFrame, tasks: Sequence[str] | None = None) ->
 
 def majority_view(table: pd.DataFrame) -> tuple[pd.DataFrame, Any]:
     """:func:`against_majority` (or :func:`more_seeds`) as the chapter shows it, narrow enough for the page: metrics
-    by name, the original's score as "mean ± half-width" (the interval's ends stay in ``table`` for the text), and
-    single-class probes counted, with the runs they name in a note under the table."""
+    by name, the original's score as "mean ± half-width" (the interval's ends stay in ``table`` for the text), the
+    original's plain accuracy beside the majority class's share in one cell, and single-class probes counted, with
+    the runs they name in a note under the table."""
     if table.empty:
         return table, _markdown("")
     shown = table.drop(columns=["95% CI"], errors="ignore").copy()
     shown["metric"] = shown["metric"].map(lambda m: METRIC_NAMES.get(m, m))
+    if {"original accuracy", "majority accuracy"} <= set(shown.columns):  # one column: the page has no room for two
+        pair = [f"{o} vs {m}" if o != MISSING else MISSING
+                for o, m in zip(shown.pop("original accuracy"), shown.pop("majority accuracy"))]
+        shown.insert(len(shown.columns) - ("in the grid" in shown) - ("run" in shown),
+                     "accuracy: original vs majority class", pair)
     counts = shown["single-class probes"].str.partition(": ")
     shown["single-class probes"] = counts[0]
     named = [f"{' '.join(map(str, key)) if isinstance(key, tuple) else key}: {names}"
@@ -428,19 +434,22 @@ def _headline_claims(frame: pd.DataFrame, tasks: Sequence[str] | None) -> pd.Dat
 def headline(frame: pd.DataFrame, tasks: Sequence[str] | None = None) -> pd.DataFrame:
     """Sec. 4.2's claims (C1a, C1b, C2) as the claims engine decides them, the same rows as the intro's table and
     ``claims.csv``: model, the paper's value, ours with its 95% interval, the tasks, the verdict, and ours with its
-    verdict with every task included (:mod:`papa_lib.book.claims`). Each claim's statistic, the same for every
-    model, is in :func:`headline_text`'s sentences, not repeated on every row."""
+    verdict with every task included ("same" where that changes nothing; :mod:`papa_lib.book.claims`). Each claim's
+    statistic, the same for every model, is in :func:`headline_text`'s sentences, not repeated on every row."""
     from . import claims
 
     table = _headline_claims(frame, tasks)
-    every = [f"{claims.ours_text(row)}, {verdict}" if pd.notna(row["ours"]) else verdict
-             for row, verdict in ((pd.Series({"ours": r.ours_all_tasks, "ci_low": r.ci_low_all_tasks,
-                                              "ci_high": r.ci_high_all_tasks}), r.verdict_all_tasks)
-                                  for r in table.itertuples())]
+    every = []
+    for r in table.itertuples():
+        ours = claims.ours_text({"ours": r.ours, "ci_low": r.ci_low, "ci_high": r.ci_high})
+        all_in = claims.ours_text({"ours": r.ours_all_tasks, "ci_low": r.ci_low_all_tasks,
+                                   "ci_high": r.ci_high_all_tasks})
+        every.append("same" if (all_in, r.verdict_all_tasks) == (ours, r.verdict) else
+                     f"{all_in}, {r.verdict_all_tasks}" if pd.notna(r.ours_all_tasks) else r.verdict_all_tasks)
     return pd.DataFrame({"claim": table["claim"], "model": table["model"], "paper": table["paper"],
                          "ours [95% interval]": [claims.ours_text(r) for _, r in table.iterrows()],
                          "tasks": table["tasks"], "verdict": table["verdict"],
-                         "with every task: ours, verdict": every}).set_index("claim")
+                         "with every task": every}).set_index("claim")
 
 
 def headline_text(frame: pd.DataFrame, tasks: Sequence[str] | None = None) -> Any:
