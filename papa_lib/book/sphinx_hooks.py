@@ -55,7 +55,7 @@ div.cell_output .output pre, div.cell_output .output.stream pre, div.cell_output
 div.cell_output .output.text_html { overflow-x: auto; max-width: 100%; }
 div.cell_output table td, div.cell_output table th { white-space: normal; padding: 0.2em 0.6em; }
 div.papa-provenance p { margin: 0.25em 0; }
-""" + f"div.tag_claims-table table td:nth-child({STATEMENT_COLUMN}) {{ min-width: 18em; }}\n"
+""" + f"div.tag_claims-table table td:nth-child({STATEMENT_COLUMN}) {{ min-width: 16em; }}\n"
 
 
 #: Where the offline MathJax goes inside the book's ``_static`` folder; ``mathjax_path`` in ``_config.yml`` points
