@@ -129,6 +129,8 @@ def test_norm_figures_on_the_committed_analyses(local, capsys):
     for chart in (fig.cv_chart, fig.shares_chart, fig.token_heads_chart, fig.observations_chart,
                   fig.frequency_chart, fig.types_chart):
         assert _spec(chart(tables, label)), chart.__name__
+    legend = _spec(fig.shares_chart(tables, label))["spec"]["layer"][0]["encoding"]["color"]["legend"]
+    assert all(f"\"{text}\"" in legend["labelExpr"] for text in fig.METHOD_LABELS.values())  # no raw method names
     cv, special = fig.cv_values(tables), fig.special_values(tables)
     assert float(cv["cv_min"]) <= float(cv["cv_median"]) <= float(cv["cv_max"])
     assert 0 <= int(cv["cv_excluding_zero"]) <= int(cv["cv_heads"])

@@ -31,6 +31,8 @@ __all__ = ["analysis_label", "comparison", "comparison_verdicts", "cv_chart", "c
            "shares_chart", "special_table", "special_values", "token_heads_chart", "types_chart", "weight_norm_figure"]
 
 METHODS = ["weight", "norm", "norm_heads_summed"]
+#: How the charts' legends name them (Kobayashi's measures).
+METHOD_LABELS = {"weight": "weight α", "norm": "norm ‖αf(x)‖", "norm_heads_summed": "norm of the heads' sum ‖Σ αf(x)‖"}
 
 
 @prose.values("dec_positions", "dec_layers", "dec_max_abs", "dec_max_rel")
@@ -110,7 +112,10 @@ def shares_chart(tables: Mapping, label: Mapping[str, str]) -> Any:
     pick = alt.selection_point(fields=["method"], bind="legend")
     base = alt.Chart().encode(
         x=alt.X("layer:O", title="layer"),
-        color=alt.Color("method:N", title="measured by", sort=METHODS, legend=alt.Legend(orient="bottom")),
+        color=alt.Color("method:N", title="measured by", sort=METHODS,
+                        legend=alt.Legend(orient="bottom", labelLimit=300, labelExpr=" : ".join(
+                            [f"datum.label == '{m}' ? \"{text}\"" for m, text in METHOD_LABELS.items()]
+                            + ["datum.label"]))),
         opacity=alt.condition(pick, alt.value(1.0), alt.value(0.15)),
     )
     lines = base.mark_line(point=True).encode(
