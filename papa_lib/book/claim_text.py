@@ -29,6 +29,14 @@ def ours_text(row: pd.Series | Mapping) -> str:
     return f"{sig3(row['ours'])} [{sig3(row['ci_low'])}, {sig3(row['ci_high'])}]"
 
 
+def every_task_text(row: pd.Series | Mapping) -> str | None:
+    """Ours with every task included, as :func:`ours_text` writes it; ``None`` where that changes neither the number
+    nor the verdict (a table then says "same")."""
+    every = ours_text({"ours": row["ours_all_tasks"], "ci_low": row["ci_low_all_tasks"],
+                       "ci_high": row["ci_high_all_tasks"]})
+    return None if (every, row["verdict_all_tasks"]) == (ours_text(row), row["verdict"]) else every
+
+
 def claim_row(claim_id: str, table: pd.DataFrame, model: str | None = None) -> pd.Series:
     """The row of one claim (of ``model``, default the first model that has it)."""
     rows = table[table.claim == claim_id]
@@ -134,15 +142,11 @@ def book_table(table: pd.DataFrame, link_suffix: str = ".html") -> str:
     previous = None
     for row in table.itertuples():
         again, previous = row.claim == previous, row.claim  # a claim's next model: its statement is said above
-        ours = ours_text(row._asdict())
-        every = ours_text(
-            {"ours": row.ours_all_tasks, "ci_low": row.ci_low_all_tasks, "ci_high": row.ci_high_all_tasks}
-        )
-        same = row.verdict_all_tasks == row.verdict and every == ours
+        ours, every = ours_text(row._asdict()), every_task_text(row._asdict())
         mixed = f" (rows made on {devices})" if (devices := mixed_devices(row)) else ""
         cells = [row.claim, row.model] + [
             "" if again else row.statement, "" if again else str(row.paper), ours, f"{short(row.verdict)}{mixed}",
-            "same" if same else f"{every} {short(row.verdict_all_tasks)}",
+            "same" if every is None else f"{every} {short(row.verdict_all_tasks)}",
             f"[{row.chapter.removesuffix('.md')}]({row.chapter.removesuffix('.md')}{link_suffix})"]
         lines.append("| " + " | ".join(str(c).replace("|", "\\|").replace("\n", " ") for c in cells) + " |")
     notes_text = "".join(f"\n{i}. {why[:1].upper()}{why[1:]}." for i, why in enumerate(notes, 1))

@@ -88,6 +88,7 @@ from .claim_text import (  # noqa: F401  (re-exported)
     SENTENCE_ENCODERS,
     book_table,
     claim_row,
+    every_task_text,
     ours_text,
     pair_caveat,
     sig3,

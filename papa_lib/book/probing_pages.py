@@ -439,13 +439,9 @@ def headline(frame: pd.DataFrame, tasks: Sequence[str] | None = None) -> pd.Data
     from . import claims
 
     table = _headline_claims(frame, tasks)
-    every = []
-    for r in table.itertuples():
-        ours = claims.ours_text({"ours": r.ours, "ci_low": r.ci_low, "ci_high": r.ci_high})
-        all_in = claims.ours_text({"ours": r.ours_all_tasks, "ci_low": r.ci_low_all_tasks,
-                                   "ci_high": r.ci_high_all_tasks})
-        every.append("same" if (all_in, r.verdict_all_tasks) == (ours, r.verdict) else
-                     f"{all_in}, {r.verdict_all_tasks}" if pd.notna(r.ours_all_tasks) else r.verdict_all_tasks)
+    every = ["same" if (all_in := claims.every_task_text(r)) is None else
+             f"{all_in}, {r.verdict_all_tasks}" if pd.notna(r.ours_all_tasks) else r.verdict_all_tasks
+             for _, r in table.iterrows()]
     return pd.DataFrame({"claim": table["claim"], "model": table["model"], "paper": table["paper"],
                          "ours [95% interval]": [claims.ours_text(r) for _, r in table.iterrows()],
                          "tasks": table["tasks"], "verdict": table["verdict"],
