@@ -57,10 +57,14 @@ def test_averaging_pages(smoke):
     label = dict(model=setup.model_label, data="two sentences", profile="smoke")
     assert _spec(page.counts_chart(constants.counts, label))
     assert page.stored_constants(setup, model, "sst2", 16) is None  # nothing stored in a fresh results folder
-    assert "2" in page.corpus_label(constants, "sst2")
+    # the book's task name, the sentence count, and no raw task id
+    assert page.corpus_label(constants, "sst2").startswith("SST-2 train, 2 sentences")
     assert _spec(page.gallery(constants, label, shown_positions=8))
     summary = patterns.pattern_summary(constants)
-    assert page.pattern_table(summary, label) is not None
+    table = page.pattern_table(summary, label).data
+    # the row labels say what the numbers are; the profile is not appended to the data label
+    assert table.columns.name == "share of heads"  # in the table's corner
+    assert list(table.columns)[1] == f"ours: {setup.model_label}, two sentences"
     assert _spec(page.pattern_scatter(summary, label))
     assert _spec(page.representative_heads(constants, summary, label, 8))
     assert _spec(page.sensitivity_chart(summary, label))

@@ -19,6 +19,7 @@ import pandas as pd
 
 from . import charts, paper, prose
 from .records import source_kind
+from .tables import task_name
 
 __all__ = ["corpus_label", "counts_chart", "gallery", "pattern_scatter", "pattern_table", "patterns_values",
            "representative_heads", "sensitivity_chart", "stored_constants"]
@@ -60,7 +61,7 @@ def stored_constants(setup, model, task: str, max_length: int):
 def corpus_label(constants, task: str) -> str:
     """Which text a set of matrices averages, from its own metadata: task, number of sentences, kind of data."""
     kind = source_kind(constants.metadata.get("source", ""))
-    return f"{task} train, {constants.metadata.get('num_examples', 0):,} sentences ({kind})"
+    return f"{task_name(task)} train, {constants.metadata.get('num_examples', 0):,} sentences ({kind})"
 
 
 def _positions(length: int, shown: int) -> tuple[list[int], list[str]]:
@@ -100,12 +101,12 @@ def pattern_table(summary: pd.DataFrame, label: Mapping[str, str], live_summary:
     average when the shown matrices are the stored ones."""
     columns = {"paper: RoBERTa-base, SST-2 (Sec. 5.1)":
                [paper.headline("diagonal_pattern_share"), paper.headline("cls_sep_mass_share")],
-               f"ours: {label['model']}, {label['data']} ({label['profile']})":
+               f"ours: {label['model']}, {label['data']}":
                [summary["diagonal"].mean(), summary["cls_sep"].mean()]}
     if live_summary is not None:
         columns[f"ours, live average of {live_examples} sentences"] = [live_summary["diagonal"].mean(),
                                                                        live_summary["cls_sep"].mean()]
-    table = pd.DataFrame(columns, index=["diagonal heads", "[CLS]/[SEP] heads"])
+    table = pd.DataFrame(columns, index=["diagonal heads", "[CLS]/[SEP] heads"]).rename_axis(columns="share of heads")
     return table.style.format("{:.0%}")
 
 

@@ -12,7 +12,7 @@ import pandas as pd
 
 from . import charts, claims, profiles
 from .display import markdown
-from .tables import METRIC_NAMES
+from .tables import METRIC_NAMES, task_name
 
 __all__ = ["HEADS", "claims_rules", "claims_summary", "claims_table", "findings", "glue_findings", "heads_chart",
            "settings", "task_table"]
@@ -116,14 +116,10 @@ def claims_rules(setup=None) -> Any:
                          "source": rules.source}).rename_axis("claim")
 
 
-#: Readable task names for the prose.
-TASK_NAMES = {"cola": "CoLA", "sst2": "SST-2", "mrpc": "MRPC", "mnli": "MNLI", "ner": "NER", "pos": "POS"}
-
-
 def _task_names(tasks) -> str:
     """A claim row's task list (``"cola, sst2 (left out: ...)"``) as readable names: ``"CoLA, SST-2"``."""
     names = [t.strip() for t in str(tasks).split(" (")[0].split(";")[0].split(",") if t.strip()]
-    return ", ".join(TASK_NAMES.get(t, t) for t in names)
+    return ", ".join(task_name(t) for t in names)
 
 
 def worst_task(tasks_text) -> str:
@@ -186,7 +182,7 @@ def findings(setup, frame: pd.DataFrame | None = None) -> dict[str, str]:
             "found_model": model, "found_data": who["data"], "found_records": f"{len(frame):,}",
             "found_seeds": seeds_per_setting(frame), "found_tasks": _task_names(c1a.tasks),
             "found_drop_all": interval(c1a), "found_verdict_all": str(c1a.verdict),
-            "found_drop_all_max": interval(c1b), "found_drop_all_worst": TASK_NAMES.get(worst, worst),
+            "found_drop_all_max": interval(c1b), "found_drop_all_worst": task_name(worst),
             "found_verdict_max": str(c1b.verdict), "found_drop_half": interval(c2),
             "found_verdict_half": str(c2.verdict), "found_other_models": other_text}
 

@@ -28,6 +28,8 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .tables import task_name
+
 PROFILES = ("smoke", "local", "paper")
 RESULT_FOLDERS = {"smoke": "runs/smoke/results", "local": "data/results/local-minilm", "paper": "data/results/paper"}
 PAPER_MODELS = ("bert-base-uncased", "roberta-base", "microsoft/deberta-base", "bert-large-uncased", "roberta-large",
@@ -250,8 +252,7 @@ def training_description(spec) -> str:
     if isinstance(limit, dict):
         default = limit.get("default")
         capped = {task: n for task, n in limit.items() if task != "default" and n is not None}
-        names = {"cola": "CoLA", "sst2": "SST-2", "mrpc": "MRPC", "mnli": "MNLI", "ner": "NER", "pos": "POS"}
-        parts = [f"{names.get(task, task)}: {n:,} per seed" for task, n in capped.items()]
+        parts = [f"{task_name(task)}: {n:,} per seed" for task, n in capped.items()]
         base = "the full training sets" if default is None else f"at most {default:,} training examples per task"
         training = base + (f" ({'; '.join(parts)})" if parts else "")
     elif limit is None:

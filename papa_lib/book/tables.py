@@ -15,8 +15,8 @@ from typing import Any
 
 import pandas as pd
 
-__all__ = ["FIELD_TITLES", "METRIC_NAMES", "display_frame", "format_number", "install", "interval_below", "plural",
-           "readable", "to_html"]
+__all__ = ["FIELD_TITLES", "METRIC_NAMES", "TASK_NAMES", "display_frame", "format_number", "install", "interval_below",
+           "plural", "readable", "task_name", "to_html"]
 
 #: What a missing value reads as in a table.
 MISSING = "—"
@@ -62,6 +62,15 @@ def format_number(value: Any) -> Any:
 
 #: How the book names the records' metrics in its tables (the records keep the raw names).
 METRIC_NAMES = {"matthews_corrcoef": "MCC", "f1": "F1", "accuracy": "accuracy", "seqeval_f1": "F1 (seqeval)"}
+
+#: How the book names the tasks (the records keep the raw names).
+TASK_NAMES = {"cola": "CoLA", "sst2": "SST-2", "mrpc": "MRPC", "mnli": "MNLI", "ner": "NER", "pos": "POS"}
+
+
+def task_name(task: str) -> str:
+    """A task as the book names it: ``sst2`` -> ``SST-2``; a task it does not know keeps its own name."""
+    return TASK_NAMES.get(task, task)
+
 
 #: Readable titles of raw field names that charts plot without a title of their own.
 FIELD_TITLES = {"ci_low": "95% interval, low", "ci_high": "95% interval, high", "relative_drop": "relative drop",
