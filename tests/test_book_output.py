@@ -52,6 +52,12 @@ def test_tables_show_words_three_significant_figures_and_no_row_numbers():
     html = tables.to_html(frame)
     assert page_check.html_problems(html) == []
     assert "0.084" in html and "7,696" in html and tables.MISSING in html and "95% interval, low" in html
+    assert "SST-2" in html and "CoLA" in html and "sst2" not in html  # the book's task names, not the records' ids
+    by_task = tables.display_frame(frame.set_index("task").T)
+    assert list(by_task.columns) == ["SST-2", "CoLA"]  # task ids as headers too
+    listed = tables.display_frame(pd.DataFrame({"tasks": ["cola, sst2; worst task: cola"], "x": ["positions"]}))
+    assert listed.tasks[0] == "CoLA, SST-2; worst task: CoLA" and listed.x[0] == "positions"
+    assert tables.name_tasks("inner positions of the pos task") == "inner positions of the POS task"
     raw = frame.to_html()
     assert any("raw identifier" in p for p in page_check.html_problems(raw))
     assert any("raw DataFrame index" in p for p in page_check.html_problems(raw))
@@ -60,6 +66,22 @@ def test_tables_show_words_three_significant_figures_and_no_row_numbers():
     assert page_check.html_problems("<table><tr><td>a | b</td></tr></table><p>x | y</p>") == []
     assert tables.format_number(123.6694) == "124" and tables.format_number(-0.0051634) == "-0.00516"
     assert tables.plural(1, "task") == "1 task" and tables.plural(6, "task") == "6 tasks"
+
+
+def test_charts_name_tasks_as_the_book_does_in_data_sort_orders_and_domains():
+    alt = pytest.importorskip("altair")
+    frame = pd.DataFrame({"task": ["sst2", "cola", "custom"], "value": [0.1, 0.2, 0.3]})
+    chart = alt.Chart(frame).mark_bar().encode(
+        x="value:Q", y=alt.Y("task:N", sort=["cola", "sst2", "custom"]),
+        color=alt.Color("task:N", scale=alt.Scale(domain=["sst2", "cola", "custom"])))
+    spec = charts._offline_renderer(chart.to_dict())[charts.VEGALITE_MIMETYPE]
+    (rows,) = spec["datasets"].values()
+    assert [row["task"] for row in rows] == ["SST-2", "CoLA", "custom"]  # an unknown task keeps its own name
+    assert spec["encoding"]["y"]["sort"] == ["CoLA", "SST-2", "custom"]
+    assert spec["encoding"]["color"]["scale"]["domain"] == ["SST-2", "CoLA", "custom"]
+    facet = alt.Chart(frame).mark_bar().encode(x="value:Q").facet(facet=alt.Facet("task:N", sort=["sst2", "cola"]))
+    assert charts._offline_renderer(facet.to_dict())[charts.VEGALITE_MIMETYPE]["facet"]["sort"] == ["SST-2", "CoLA"]
+    assert frame.task.tolist() == ["sst2", "cola", "custom"]  # the caller's data is not changed
 
 
 def test_offline_renderer_adds_the_vegalite_mimetype_and_exports_svg_and_pdf(tmp_path):
@@ -103,12 +125,15 @@ def test_stylers_get_readable_index_names_and_three_significant_figures():
     pd.set_option("styler.format.formatter", tables._cell)
     pd.set_option("styler.format.na_rep", tables.MISSING)
     try:
-        frame = pd.DataFrame({"x": [1.0, np.nan], "matrix_type": ["a", "b"], "task": ["s", "t"]})
+        frame = pd.DataFrame({"x": [1.0, np.nan], "matrix_type": ["a", "b"], "task": ["mrpc", "ner"]})
         html = tables._styler_html(frame.set_index(["matrix_type", "task"]).style)
+        cells = tables._styler_html(frame.style)  # a task column's cells
     finally:
         pd.set_option("styler.format.formatter", previous[0])
         pd.set_option("styler.format.na_rep", previous[1])
     assert page_check.html_problems(html) == [] and "matrix type" in html and tables.MISSING in html
+    assert ">MRPC<" in html and ">NER<" in html and ">mrpc<" not in html
+    assert ">MRPC<" in cells and ">mrpc<" not in cells
 
 
 def test_intro_findings_name_every_glued_value_with_or_without_records(tmp_path):

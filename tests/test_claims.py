@@ -266,6 +266,8 @@ def test_book_table_has_no_index_no_nan_and_links_each_chapter():
     assert plain.count("\n- **") == table.verdict.str.split(":").str[0].nunique()  # one bullet per verdict
     sentence = claims.verdict_sentence("C1a", table)
     assert f"**{c1a.verdict}**" in sentence and "\n" not in sentence
+    assert "sst2" in c1a.tasks and "SST-2" in sentence and "sst2" not in sentence  # the book's task names
+    assert "SST-2" in plain and not re.search(r"\b(cola|sst2|mrpc)\b", plain)
 
 
 # ---------------------------------------------------------------------------------------------- the chapters

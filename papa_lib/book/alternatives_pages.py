@@ -23,7 +23,7 @@ import pandas as pd
 from . import charts, figures, paper, prose
 from .display import markdown as _markdown
 from .records import describe, diagnostic_records, ours_label
-from .tables import MISSING, interval_below
+from .tables import MISSING, interval_below, task_name
 
 __all__ = ["head_weights", "premise_table", "premise_use", "premise_use_values", "table1", "table1_chart",
            "verdict_text", "verdicts"]
@@ -88,8 +88,8 @@ def head_weights(setup, frame: pd.DataFrame, tasks: Sequence[str], lengths: dict
     order = [names[p] for p in positions]
     ticks = order[:-1][::4] + order[-1:]  # every 4th real token and L-1: labels that never collide
     if constants is not None:
-        data = (f"average matrices from {task} text ({constants.metadata.get('num_examples', 0):,} examples), "
-                f"L = {length}")
+        count = constants.metadata.get("num_examples", 0)
+        data = f"average matrices from {task_name(task)} text ({count:,} examples), L = {length}"
     else:
         data = f"data-free matrices only (no stored average matrices yet), L = {length}"
     described = describe(frame, model=setup.model_label, profile=setup.profile)

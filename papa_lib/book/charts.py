@@ -46,8 +46,10 @@ __all__ = [
     "label",
     "offline_html",
     "panel_width",
+    "readable_titles",
     "records_title",
     "setup",
+    "task_names",
 ]
 
 #: Name of the altair renderer registered by :func:`setup`.
@@ -243,6 +245,45 @@ def readable_titles(spec: Any) -> Any:
     return spec
 
 
+def task_names(spec: Any) -> Any:
+    """``spec`` with the records' task ids (``sst2``) replaced by the book's names (``SST-2``;
+    :data:`papa_lib.book.tables.TASK_NAMES`) wherever a chart shows them: the ``task`` field of its data rows, and the
+    sort orders and scale domains of encodings and facets on ``task`` (in place; returned)."""
+    from .tables import task_name
+
+    def rename(values: Any) -> Any:
+        return [task_name(v) if isinstance(v, str) else v for v in values] if isinstance(values, list) else values
+
+    def rows(values: Any) -> None:
+        for row in values if isinstance(values, list) else []:
+            if isinstance(row, dict) and isinstance(row.get("task"), str):
+                row["task"] = task_name(row["task"])
+
+    def walk(node: Any) -> None:
+        if isinstance(node, list):
+            for item in node:
+                walk(item)
+            return
+        if not isinstance(node, dict):
+            return
+        if node.get("field") == "task":
+            if "sort" in node:
+                node["sort"] = rename(node["sort"])
+            if isinstance(node.get("scale"), dict) and "domain" in node["scale"]:
+                node["scale"]["domain"] = rename(node["scale"]["domain"])
+        for key, value in node.items():
+            if key == "datasets" and isinstance(value, dict):
+                for values in value.values():
+                    rows(values)
+            elif key == "data" and isinstance(value, dict):
+                rows(value.get("values"))
+            elif isinstance(value, dict | list):
+                walk(value)
+
+    walk(spec)
+    return spec
+
+
 def _export(spec: dict) -> None:
     """Write ``spec`` as SVG and PDF into the export folder (numbered in the order the page draws them)."""
     import re
@@ -265,12 +306,13 @@ def _export(spec: dict) -> None:
 def _offline_renderer(spec: dict, **metadata: Any) -> dict[str, Any]:
     """altair renderer: a ``text/html`` bundle for the book, the vega-lite mimetype (so the chart also renders in
     JupyterLab, VS Code and papermill's output notebooks, which do not load the book's bundle) and a
-    ``text/plain`` stand-in. Raw field names become readable titles (:func:`readable_titles`); with an export folder
+    ``text/plain`` stand-in. Raw field names become readable titles (:func:`readable_titles`), task ids the book's
+    task names (:func:`task_names`); with an export folder
     set (:func:`setup`), the chart is also written there as SVG and PDF."""
     import copy
 
     embed_options = metadata.pop("embed_options", None)
-    spec = readable_titles(copy.deepcopy(spec))
+    spec = task_names(readable_titles(copy.deepcopy(spec)))
     if _EXPORT["folder"]:
         _export(spec)
     return {

@@ -9,6 +9,8 @@ from collections.abc import Iterable, Mapping
 import numpy as np
 import pandas as pd
 
+from .tables import name_tasks
+
 
 # ---------------------------------------------------------------------------------------------- rendering
 def sig3(value: float) -> str:
@@ -60,7 +62,7 @@ def verdict_sentence(claim_id: str, table: pd.DataFrame, model: str | None = Non
     if str(row.verdict).startswith(("not testable", "not measured")):
         return f"{claim_id} — {row.statement} Verdict for {row.model}: **{row.verdict}**."
     text = (f"{claim_id} — {row.statement} Ours ({row.model}; {row.statistic}): {ours_text(row)}"
-            f"{f' over {row.tasks}' if row.tasks else ''}; paper: {row.paper}. Verdict: **{row.verdict}** "
+            f"{f' over {name_tasks(row.tasks)}' if row.tasks else ''}; paper: {row.paper}. Verdict: **{row.verdict}** "
             f"({row.rule}).")
     every = {"ours": row.ours_all_tasks, "ci_low": row.ci_low_all_tasks, "ci_high": row.ci_high_all_tasks}
     if row.verdict_all_tasks and (ours_text(every) != ours_text(row) or row.verdict_all_tasks != row.verdict):
@@ -104,7 +106,7 @@ def summary(table: pd.DataFrame) -> str:
     c1a = table[(table.claim == "C1a") & table.ours.notna()]
     if len(c1a):
         row = c1a.iloc[0]
-        tasks, _, seeds = str(row.tasks).split(" (")[0].partition("; ")
+        tasks, _, seeds = name_tasks(str(row.tasks)).split(" (")[0].partition("; ")
         text += (f"\n\nFor example, on {row.model}, replacing every head by its constant matrix costs {ours_text(row)} "
                  f"of the original score on average over {tasks} (C1a{'; ' + seeds if seeds else ''}; the paper: "
                  f"{row.paper}).")

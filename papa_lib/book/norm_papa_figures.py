@@ -23,7 +23,7 @@ import pandas as pd
 
 from . import charts, figures, norms_pages, prose
 from .display import markdown as _markdown
-from .tables import plural
+from .tables import plural, task_name
 
 __all__ = ["ORDER_NAMES", "agreement_table", "agreement_values", "changed_head_chart", "distance_chart",
            "distance_values", "head_scores", "matrix_chart", "matrix_values", "matrix_verdicts", "missing_runs",
@@ -78,7 +78,7 @@ def _matrix_label(setup, norm_frame, task: str, plain) -> dict:
 
     who = describe(norm_frame, model=setup.model_label, profile=setup.profile)
     return {"model": who["model"], "profile": who["profile"],
-            "data": f"{task} training text, {plain.metadata.get('num_examples')} examples (stored matrices)"}
+            "data": f"{task_name(task)} training text, {plain.metadata.get('num_examples')} examples (stored matrices)"}
 
 
 def distance_chart(setup, norm_frame, folder, task: str) -> Any:
@@ -95,7 +95,7 @@ def distance_chart(setup, norm_frame, folder, task: str) -> Any:
                         scale=alt.Scale(scheme="oranges", domain=[0, 1])),
         tooltip=["layer:O", "head:O", alt.Tooltip("total_variation:Q", format=".3f")],
     ).properties(width=420, height=alt.Step(26), title=charts.chart_title(
-        f"Norm-weighted vs plain constant matrices ({task} training text)",
+        f"Norm-weighted vs plain constant matrices ({task_name(task)} training text)",
         **_matrix_label(setup, norm_frame, task, plain)))
 
 
@@ -138,7 +138,7 @@ def changed_head_chart(setup, norm_frame, folder, task: str, min_share: float = 
         tooltip=["matrix:N", "query:O", "key:O", alt.Tooltip("weight:Q", format=".3f")],
     ).properties(width=220, height=220).facet(
         column=alt.Column("matrix:N", title=None, sort=["plain average C", "norm-weighted N"])).properties(
-        title=charts.chart_title(f"Layer {layer}, head {head}, {task} training text",
+        title=charts.chart_title(f"Layer {layer}, head {head}, {task_name(task)} training text",
                                  **_matrix_label(setup, norm_frame, task, plain)))
 
 

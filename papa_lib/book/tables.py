@@ -1,11 +1,12 @@
-"""How the book's tables look: readable headers, three significant figures, words for missing values.
+"""How the book's tables look: readable headers, task names, three significant figures, words for missing values.
 
 :func:`install` (called by :func:`papa_lib.book.charts.setup`, once per chapter) registers an HTML formatter for
 pandas DataFrames and Stylers in the running IPython kernel, so every table a chapter shows, whichever helper built
-it, follows the same rules: raw identifiers in headers become words (``ci_low`` -> ``95% interval, low``;
-:func:`papa_lib.book.charts.readable`), a default 0, 1, 2 … index is hidden, numbers show at most three
-significant figures (integers and large values as whole numbers with thousands separators), and a missing value
-reads "—". :func:`display_frame` is the DataFrame those rules give, for tests and for text output.
+it, follows the same rules: task ids in headers, index and ``task``/``tasks`` columns read as the book names the tasks
+(``sst2`` -> ``SST-2``, :data:`TASK_NAMES`), raw identifiers in headers become words (``ci_low`` ->
+``95% interval, low``; :func:`papa_lib.book.charts.readable`), a default 0, 1, 2 … index is hidden, numbers show
+at most three significant figures (integers and large values as whole numbers with thousands separators), and a
+missing value reads "—". :func:`display_frame` is the DataFrame those rules give, for tests and for text output.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from typing import Any
 import pandas as pd
 
 __all__ = ["FIELD_TITLES", "METRIC_NAMES", "TASK_NAMES", "display_frame", "format_number", "install", "interval_below",
-           "plural", "readable", "task_name", "to_html"]
+           "name_tasks", "plural", "readable", "task_name", "to_html"]
 
 #: What a missing value reads as in a table.
 MISSING = "—"
@@ -72,6 +73,16 @@ def task_name(task: str) -> str:
     return TASK_NAMES.get(task, task)
 
 
+def name_tasks(text: Any) -> Any:
+    """Every task id standing as a word in ``text`` as the book names it (``"cola, sst2; worst task: cola"`` ->
+    ``"CoLA, SST-2; worst task: CoLA"``); anything but a string is returned unchanged."""
+    import re
+
+    if not isinstance(text, str):
+        return text
+    return re.sub(r"\b(" + "|".join(TASK_NAMES) + r")\b", lambda m: TASK_NAMES[m.group(1)], text)
+
+
 #: Readable titles of raw field names that charts plot without a title of their own.
 FIELD_TITLES = {"ci_low": "95% interval, low", "ci_high": "95% interval, high", "relative_drop": "relative drop",
                 "num_examples": "examples", "matrix_type": "matrix type", "matrices_from": "matrices from"}
@@ -89,9 +100,10 @@ def readable(name: str) -> str:
 
 
 def _label(value: Any) -> Any:
-    """A header or index entry as the reader sees it: raw identifiers as words, numbers formatted."""
+    """A header or index entry as the reader sees it: task ids as the book names them (``sst2`` -> ``SST-2``), raw
+    identifiers as words, numbers formatted."""
     if isinstance(value, str):
-        return readable(value)
+        return TASK_NAMES.get(value) or readable(value)
     if isinstance(value, float) or type(value).__module__ == "numpy":
         return format_number(value)
     return value
@@ -119,8 +131,9 @@ def display_frame(frame: pd.DataFrame) -> pd.DataFrame:
                                                     names=[_label(n) for n in shown.index.names])
         else:
             shown.index = pd.Index([_label(i) for i in shown.index], name=_label(shown.index.name))
-    for column in shown.columns:
-        shown[column] = shown[column].astype(object).map(format_number)
+    for column, raw in zip(shown.columns, frame.columns):
+        values = shown[column].astype(object)
+        shown[column] = values.map(name_tasks) if raw in ("task", "tasks") else values.map(format_number)
     return shown
 
 
@@ -153,6 +166,9 @@ def _styler_html(styler: Any) -> str:
         renamed = labels.set_names([_label(n) if isinstance(n, str) else n for n in labels.names])
         setattr(styler, axis, renamed)
         setattr(styler.data, axis, renamed)
+    tasks = [c for c in styler.data.columns if c in ("task", "tasks")]
+    if tasks:  # a task column's cells name the tasks as the book does
+        styler.format(name_tasks, subset=tasks)
     styler.format_index(_label, axis=1)
     if not _is_default_index(styler.data.index):
         styler.format_index(_label, axis=0)

@@ -20,7 +20,7 @@ import pandas as pd
 from . import charts, figures, paper, prose
 from .display import markdown as _markdown
 from .records import describe, ours_label
-from .tables import MISSING, interval_below, plural
+from .tables import MISSING, interval_below, plural, task_name
 
 __all__ = ["changes_chart", "changes_text", "layout_chart", "layout_overview", "layout_values", "table2"]
 
@@ -172,7 +172,7 @@ def layout_chart(setup, frame: pd.DataFrame, tasks: Sequence[str], lengths: dict
         color="#999", strokeDash=[4, 4]).encode(x="x:Q", y="y:Q")
     pick = alt.selection_point(fields=["layer"], bind="legend")
     scatter = alt.Chart(heads).mark_point(filled=True, size=60).encode(
-        x=alt.X("mass_own:Q", title=f"weight on position {middle}, built on {task} text"),
+        x=alt.X("mass_own:Q", title=f"weight on position {middle}, built on {task_name(task)} text"),
         y=alt.Y("mass_mnli:Q", title=f"weight on position {middle}, built on MNLI text"),
         color=alt.Color("layer:O", title="layer", scale=alt.Scale(scheme="tableau10"),
                         legend=alt.Legend(symbolOpacity=1, symbolSize=80, symbolType="circle")),
@@ -181,9 +181,9 @@ def layout_chart(setup, frame: pd.DataFrame, tasks: Sequence[str], lengths: dict
                  alt.Tooltip("mass_mnli:Q", title="MNLI-built", format=".3f")],
     ).add_params(pick)
     who = describe(frame, model=setup.model_label, profile=setup.profile)
-    title = (f"Weight on key position L/2 = {middle} per head, {task} at L = {best['L']} (real in "
-             f"{best['real']:.0%} of {task} inputs, {best['real_mnli']:.0%} of MNLI inputs)")
-    data = (f"stored matrices of {task} ({best['own'].metadata.get('num_examples', 0):,} examples) and MNLI "
+    title = (f"Weight on key position L/2 = {middle} per head, {task_name(task)} at L = {best['L']} (real in "
+             f"{best['real']:.0%} of {task_name(task)} inputs, {best['real_mnli']:.0%} of MNLI inputs)")
+    data = (f"stored matrices of {task_name(task)} ({best['own'].metadata.get('num_examples', 0):,} examples) and MNLI "
             f"({best['mnli'].metadata.get('num_examples', 0):,} examples)")
     return (diagonal + scatter).properties(width=420, height=320, title=charts.chart_title(
         title, model=who["model"], data=data, profile=who["profile"]))
