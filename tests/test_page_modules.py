@@ -154,14 +154,16 @@ def test_norm_figures_on_the_committed_analyses(local, capsys):
     assert int(matrix["mat_higher"]) + int(matrix["mat_lower"]) + int(matrix["mat_same"]) == int(
         matrix["mat_tasks"].split()[0])
     assert len(aware.matrix_verdicts(norm_frame, frame, tasks))
-    assert (
-        _spec(aware.order_chart(norm_frame, frame, ranking))
-        and aware.order_table(norm_frame, frame, ranking) is not None
-    )
+    assert _spec(aware.order_chart(norm_frame, frame, ranking))
+    orders = aware.order_table(norm_frame, frame, ranking)  # the orders by name, not by their identifiers
+    assert "λ" in orders.columns and "attention variance − λ" in orders.columns
+    assert not orders["best"].str.contains("_|lambda").any()
     order = aware.order_values(norm_frame, frame, ranking)
     assert int(order["ord_comparisons"]) > 0 and " x" in order["ord_wins"] and "nan" not in order.values()
+    assert "_" not in order["ord_wins"] and "lambda" not in order["ord_wins"]
     scores = aware.head_scores(local, None, None, folder, ranking, False)
-    assert aware.agreement_table(scores) is not None
+    agreement = aware.agreement_table(scores)
+    assert set(agreement["first"]) | set(agreement["second"]) <= set(aware.SHORT_NAMES.values())
     assert "ρ = " in aware.agreement_values(scores)["agr_rho"]
     assert aware.agreement_values(None) == {"agr_rho": "not measured"}
     assert aware.rank_chart(scores, norm_frame) is not None
@@ -182,6 +184,8 @@ def test_transfer_and_selection_pages_on_the_committed_records(local):
     glued = selection_pages.lambda_values(local)
     assert glued["lam_min"] != "not measured" and float(glued["lam_min"]) <= float(glued["lam_max"])
     assert glued["lam_first"].count("layer ") == 3
+    # the λ file as a reader picks it: the task's name and the file's key, not "mnli (C from mnli, …)"
+    assert glued["lam_run"].startswith("MNLI (λ file ") and "C from" not in glued["lam_run"]
     lengths = figures.task_lengths(records.grid_or_empty(local), tasks)
     layout = transfer_pages.layout_values(local, tasks, lengths)
     assert "nan" not in layout.values() and set(layout) == set(transfer_pages.layout_values.glue_names)

@@ -31,6 +31,16 @@ __all__ = ["ORDER_NAMES", "agreement_table", "agreement_values", "changed_head_c
 
 MATRIX_NAMES = {"original": "original attention", "average": "plain averages C (PAPA)",
                 "norm_average": "norm-weighted N"}
+#: The orders' short names in tables and the chapter's text.
+SHORT_NAMES = {"lambda": "λ", "attention_variance": "attention variance", "norm_variance": "norm-weighted variance"}
+
+
+def _short(text: str) -> str:
+    """A column or cell naming orders (``"attention_variance - lambda"``, ``"lambda = norm_variance"``) in the orders'
+    short names (``"attention variance − λ"``)."""
+    return " ".join(SHORT_NAMES.get(word, "−" if word == "-" else word) for word in str(text).split(" "))
+
+
 ORDER_NAMES = {"lambda": "λ (PAPA, learned with labels)", "attention_variance": "attention variance (label-free)",
                "norm_variance": "norm-weighted variance (label-free)"}
 
@@ -273,7 +283,11 @@ def order_table(norm_frame, frame, tasks: Sequence[str]) -> Any:
     """Per (task, intermediate fraction) where every order ran: each order's score, the best, and each
     label-free order minus λ."""
     wide, _ = _order_wide(norm_frame, frame, tasks)
-    return _markdown("No intermediate fractions to compare yet.") if wide is None else wide.round(3)
+    if wide is None:
+        return _markdown("No intermediate fractions to compare yet.")
+    shown = wide.round(3).rename(columns=_short).rename_axis(columns="order")
+    shown["best"] = shown["best"].map(_short)
+    return shown
 
 
 @prose.values("ord_incomplete", "ord_comparisons", "ord_wins", "ord_attention_mean", "ord_attention_min",
@@ -287,7 +301,7 @@ def order_values(norm_frame, frame, tasks: Sequence[str]) -> dict[str, str]:
     if wide is None:
         return out
     out |= {"ord_incomplete": str(incomplete), "ord_comparisons": str(len(wide)),
-            "ord_wins": ", ".join(f"{o} x{c}" for o, c in wide["best"].value_counts().items())}
+            "ord_wins": ", ".join(f"{_short(o)} x{c}" for o, c in wide["best"].value_counts().items())}
     for order, short in (("attention_variance", "attention"), ("norm_variance", "norm")):
         column = wide[f"{order} - lambda"] if f"{order} - lambda" in wide else pd.Series(dtype=float)
         out |= {f"ord_{short}_{stat}": prose.number(getattr(column, stat)(), "+.3f") for stat in ("mean", "min", "max")}
@@ -316,7 +330,8 @@ def agreement_table(scores: pd.DataFrame | None) -> Any:
     """Spearman rho between every pair of head scores per task (:func:`papa_lib.book.norms_pages.score_agreement`)."""
     if scores is None:
         return _markdown("No head scores saved yet.")
-    return norms_pages.score_agreement(scores).round(3)
+    agreement = norms_pages.score_agreement(scores).round(3)
+    return agreement.assign(first=agreement["first"].map(_short), second=agreement["second"].map(_short))
 
 
 def rank_chart(scores: pd.DataFrame | None, norm_frame: pd.DataFrame) -> Any:

@@ -18,6 +18,7 @@ import pandas as pd
 from . import charts, prose
 from .display import markdown as _markdown
 from .records import describe
+from .tables import task_name
 
 __all__ = ["ORDER_NAMES", "fig5", "fig5_missing", "lambda_maps", "lambda_table", "lambda_values",
            "order_ranking", "order_text"]
@@ -35,15 +36,17 @@ def _lambdas(setup) -> pd.DataFrame:
     lambdas = patterns.lambda_frame(patterns.read_lambda_files(setup.results_dir / "lambdas"))
     if lambdas.empty:
         return lambdas
-    lambdas["run"] = (lambdas["task"] + " (C from " + lambdas["matrices_from"] + ", " + lambdas["key"].str[:6]
-                      + ")")
+    # a λ file as the reader picks it: its task, where its constant matrices came from when not the task itself,
+    # and the start of the file's key (one file per seed; the file does not record which)
+    lambdas["run"] = [f"{task_name(task)}{'' if source == task else ', C from ' + task_name(source)} (λ file {key[:6]})"
+                      for task, source, key in zip(lambdas["task"], lambdas["matrices_from"], lambdas["key"])]
     lambdas["survives_to"] = lambdas["kept_until"].map(_KEPT)
     return lambdas
 
 
 def _preferred(lambdas: pd.DataFrame) -> str:
     runs = sorted(lambdas["run"].unique())
-    return ([r for r in runs if r.startswith("mnli")] or runs)[0]
+    return ([r for r in runs if r.startswith(task_name("mnli"))] or runs)[0]
 
 
 def _no_lambdas(setup) -> Any:
