@@ -75,8 +75,9 @@ def test_intro_pages(smoke):
     from papa_lib.book import intro_pages as page
 
     setup, _, _ = smoke
-    settings = page.settings(setup, ["sst2"], runs_missing=False)
+    settings = page.settings(setup, ["sst2", "cola"], runs_missing=False)
     assert len(settings.data)  # a Styler (papa_lib.book.tables) over the settings frame
+    assert settings.data.set_index("setting").loc["tasks", "value"] == "SST-2, CoLA"
     assert page.task_table(setup, ["sst2"]) is not None
     assert _spec(page.heads_chart("smoke"))
     assert "No records" in page.claims_table(setup).data  # none run yet

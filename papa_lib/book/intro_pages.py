@@ -51,7 +51,7 @@ def settings(setup, tasks: Sequence[str], runs_missing: bool, frame: pd.DataFram
         "profile": setup.profile, "model (live cells)": setup.model_label, "data (live cells)": setup.data_label,
         "data folder": _shown(setup, setup.data_dir), "results folder": _shown(setup, setup.results_dir),
         "records in the results folder": f"{len(frame):,}", "seeds in the records": seeds or "no records yet",
-        "tasks": ", ".join(tasks), "device": setup.device,
+        "tasks": ", ".join(task_name(t) for t in tasks), "device": setup.device,
         "missing runs": "run now" if runs_missing else "not run: read the committed results",
     }
     return pd.DataFrame({"setting": list(values), "value": list(values.values())}).style.hide(axis="index")
