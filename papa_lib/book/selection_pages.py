@@ -11,6 +11,8 @@ Figures are labelled from the records they plot and fit the book's content colum
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import pandas as pd
@@ -30,23 +32,38 @@ _FRACTION_LABELS = {1.0: "1", 0.5: "1/2", 0.125: "1/8", 0.0625: "1/16", 0.0: "0"
 _KEPT = {1.0: "1 (replaced first)", 0.5: "1/2", 0.125: "1/8", 0.0625: "1/16"}
 
 
-def _lambdas(setup) -> pd.DataFrame:
+def _lambdas(setup, others: Mapping[Path, pd.DataFrame] | None = None) -> pd.DataFrame:
+    """The λ files of the profile's results folder and, with ``others`` (folder -> records,
+    :func:`papa_lib.book.records.other_local_models`), those of the other models' folders, one row per head; ``run``
+    names the file as a reader picks it (with its model first when there are several models)."""
     from ..analysis import patterns
 
-    lambdas = patterns.lambda_frame(patterns.read_lambda_files(setup.results_dir / "lambdas"))
-    if lambdas.empty:
-        return lambdas
+    folders = [(setup.model_label, setup.results_dir)] + [
+        (str(records["model"].iloc[0]), folder) for folder, records in (others or {}).items() if len(records)]
+    parts = []
+    for model, folder in folders:
+        part = patterns.lambda_frame(patterns.read_lambda_files(Path(folder) / "lambdas"))
+        if len(part):
+            parts.append(part.assign(model=model))
+    if not parts:
+        return pd.DataFrame()
+    lambdas = pd.concat(parts, ignore_index=True)
     # a λ file as the reader picks it: its task, where its constant matrices came from when not the task itself,
-    # and the start of the file's key (one file per seed; the file does not record which)
-    lambdas["run"] = [f"{task_name(task)}{'' if source == task else ', C from ' + task_name(source)} (λ file {key[:6]})"
-                      for task, source, key in zip(lambdas["task"], lambdas["matrices_from"], lambdas["key"])]
+    # and the start of the file's key (one file per seed, or one per task with a grid's lambda_seed; the file does
+    # not record which seed)
+    prefix = lambdas["model"] + ": " if lambdas["model"].nunique() > 1 else ""
+    lambdas["run"] = prefix + pd.Series(
+        [f"{task_name(task)}{'' if source == task else ', C from ' + task_name(source)} (λ file {key[:6]})"
+         for task, source, key in zip(lambdas["task"], lambdas["matrices_from"], lambdas["key"])])
     lambdas["survives_to"] = lambdas["kept_until"].map(_KEPT)
     return lambdas
 
 
 def _preferred(lambdas: pd.DataFrame) -> str:
-    runs = sorted(lambdas["run"].unique())
-    return ([r for r in runs if r.startswith(task_name("mnli"))] or runs)[0]
+    """The λ file shown first: the first model's MNLI file when there is one."""
+    own = lambdas[lambdas["model"] == lambdas["model"].iloc[0]]
+    runs = sorted(own["run"].unique())
+    return ([r for r in runs if task_name("mnli") in r.split(" (λ file")[0].split(": ")[-1]] or runs)[0]
 
 
 def _no_lambdas(setup) -> Any:
@@ -55,12 +72,13 @@ def _no_lambdas(setup) -> Any:
                      "(blocks `fig2` and `fig5` of its grid.yaml).")
 
 
-def lambda_maps(setup, frame: pd.DataFrame) -> Any:
+def lambda_maps(setup, frame: pd.DataFrame, others: Mapping[Path, pd.DataFrame] | None = None) -> Any:
     """Two maps per λ file, picked in a menu: λ per head, and down to which fraction of input-dependent heads each
-    head survives in the λ order (the paper's fractions 1, 1/2, 1/8, 1/16, 0)."""
+    head survives in the λ order (the paper's fractions 1, 1/2, 1/8, 1/16, 0). ``others``: the other models' records
+    by folder (:func:`papa_lib.book.records.other_local_models`), whose λ files join the menu."""
     import altair as alt
 
-    lambdas = _lambdas(setup)
+    lambdas = _lambdas(setup, others)
     if lambdas.empty:
         return _no_lambdas(setup)
     runs = sorted(lambdas["run"].unique())
@@ -81,13 +99,14 @@ def lambda_maps(setup, frame: pd.DataFrame) -> Any:
                         scale=alt.Scale(scheme="purples"))
     ).properties(width=step, height=step, title="order implied (λ order)")
     described = describe(frame, model=setup.model_label, data=setup.data_label, profile=setup.profile)
+    described["model"] = ", ".join(lambdas["model"].unique())  # the models whose λ files are in the menu
     return alt.vconcat(lambda_map, survival).resolve_scale(color="independent").add_params(choice).properties(
         title=charts.chart_title("λ per head and the replacement order it implies (Sec. 3.2)", **described))
 
 
-def lambda_table(setup) -> Any:
-    """Per λ file: how many heads, the lowest and highest λ and their spread."""
-    lambdas = _lambdas(setup)
+def lambda_table(setup, others: Mapping[Path, pd.DataFrame] | None = None) -> Any:
+    """Per λ file (of every model in ``others`` too): how many heads, the lowest and highest λ and their spread."""
+    lambdas = _lambdas(setup, others)
     if lambdas.empty:
         return None
     table = lambdas.groupby("run").agg(heads=("lambda", "size"), lowest=("lambda", "min"),
