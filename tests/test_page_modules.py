@@ -91,6 +91,23 @@ def local(tmp_path_factory):
     return profiles.resolve("local")
 
 
+def test_averaging_counts_the_other_committed_models_by_the_same_rules(local):
+    from papa_lib.analysis import patterns
+    from papa_lib.book import averaging_pages as page
+
+    others = page.other_models_constants(local, "sst2", 64)
+    assert set(others) == {"all-mpnet-base-v2"}  # local-mpnet/shown: its grid's SST-2 matrices at L = 64
+    mpnet = others["all-mpnet-base-v2"]
+    assert tuple(mpnet.matrices.shape) == (12, 12, 64, 64) and mpnet.metadata["num_examples"] == 67349
+    own = page.stored_constants(local, local.encoder()[0], "sst2", 64)
+    label = dict(model=local.model_label, data=page.corpus_label(own, "sst2"), profile="local")
+    table = page.pattern_table(patterns.pattern_summary(own), label, others=others).data
+    column = "ours: all-mpnet-base-v2, SST-2 train, 67,349 sentences (local files)"
+    summary = patterns.pattern_summary(mpnet)
+    assert table[column].tolist() == [summary["diagonal"].mean(), summary["cls_sep"].mean()]
+    assert page.other_models_constants(profiles.resolve("smoke"), "sst2", 64) == {}  # local only
+
+
 def test_mlm_figures_on_the_committed_run(local, capsys):
     from papa_lib.analysis import mlm_probe
     from papa_lib.book import mlm_figures as page

@@ -2,7 +2,7 @@
 
 * :func:`counts_chart`: how many inputs each entry of C is averaged over (the pad-aware mean of Eq. 2);
 * :func:`stored_constants`, :func:`corpus_label`: the matrices the probing runs used (when the results folder has
-  them) and the words that name a set of matrices;
+  them) and the words that name a set of matrices; :func:`other_models_constants`: the other committed models' ones;
 * :func:`gallery`, :func:`representative_heads`: every head's constant matrix, and three picked by statistics;
 * :func:`pattern_table`, :func:`pattern_scatter`, :func:`sensitivity_chart`, :func:`patterns_text`: the Sec. 5.1
   patterns counted by :func:`papa_lib.analysis.patterns.pattern_summary`, against the paper's shares.
@@ -21,8 +21,8 @@ from . import charts, paper, prose
 from .records import source_kind
 from .tables import task_name
 
-__all__ = ["corpus_label", "counts_chart", "gallery", "pattern_scatter", "pattern_table", "patterns_values",
-           "representative_heads", "sensitivity_chart", "stored_constants"]
+__all__ = ["corpus_label", "counts_chart", "gallery", "other_models_constants", "pattern_scatter", "pattern_table",
+           "patterns_values", "representative_heads", "sensitivity_chart", "stored_constants"]
 
 
 def counts_chart(counts, label: Mapping[str, str]) -> Any:
@@ -55,6 +55,34 @@ def stored_constants(setup, model, task: str, max_length: int):
             continue
         if found is None or candidate.metadata.get("num_examples", 0) > found.metadata.get("num_examples", 0):
             found = candidate
+    return found
+
+
+def other_models_constants(setup, task: str, max_length: int) -> dict[str, Any]:
+    """Under the ``local`` profile: model name -> the constant matrices of ``task`` at L = ``max_length`` that another
+    committed local results folder holds (its grid's ``matrices/`` cache or its compact ``shown/`` copy; the most
+    examples first). Other profiles, or folders without such matrices: left out."""
+    from pathlib import Path
+
+    from .claims import LOCAL_FOLDERS
+    from .figures import load_matrices, matrix_files
+
+    if getattr(setup, "profile", None) != "local" or setup.results_dir is None:
+        return {}
+    own = Path(setup.results_dir).resolve()
+    found: dict[str, Any] = {}
+    for name in LOCAL_FOLDERS:
+        folder = Path(setup.root) / "data" / "results" / name
+        if folder.resolve() == own:
+            continue
+        for path in matrix_files(folder, task, max_length):
+            candidate = load_matrices(path)
+            model = str(candidate.metadata.get("model", name))
+            if candidate.max_length != max_length or (
+                    model in found and found[model].metadata.get("num_examples", 0)
+                    >= candidate.metadata.get("num_examples", 0)):
+                continue
+            found[model] = candidate
     return found
 
 
@@ -96,9 +124,13 @@ def gallery(constants, label: Mapping[str, str], shown_positions: int = 32) -> A
 
 
 def pattern_table(summary: pd.DataFrame, label: Mapping[str, str], live_summary: pd.DataFrame | None = None,
-                  live_examples: int | None = None) -> Any:
-    """Share of diagonal and of [CLS]/[SEP] heads: the paper's (RoBERTa-base, SST-2), ours, and ours on the live
-    average when the shown matrices are the stored ones."""
+                  live_examples: int | None = None, others: Mapping[str, Any] | None = None,
+                  task: str = "sst2") -> Any:
+    """Share of diagonal and of [CLS]/[SEP] heads: the paper's (RoBERTa-base, SST-2), ours, ours on the live
+    average when the shown matrices are the stored ones, and, by the same rules, the matrices of ``task`` of every
+    other model in ``others`` (model -> constant matrices, :func:`other_models_constants`)."""
+    from ..analysis import patterns
+
     columns = {"paper: RoBERTa-base, SST-2 (Sec. 5.1)":
                [paper.headline("diagonal_pattern_share"), paper.headline("cls_sep_mass_share")],
                f"ours: {label['model']}, {label['data']}":
@@ -106,6 +138,10 @@ def pattern_table(summary: pd.DataFrame, label: Mapping[str, str], live_summary:
     if live_summary is not None:
         columns[f"ours, live average of {live_examples} sentences"] = [live_summary["diagonal"].mean(),
                                                                        live_summary["cls_sep"].mean()]
+    for model, constants in (others or {}).items():
+        other = patterns.pattern_summary(constants)
+        columns[f"ours: {model}, {corpus_label(constants, task)}"] = [other["diagonal"].mean(),
+                                                                     other["cls_sep"].mean()]
     table = pd.DataFrame(columns, index=["diagonal heads", "[CLS]/[SEP] heads"]).rename_axis(columns="share of heads")
     return table.style.format("{:.0%}")
 
