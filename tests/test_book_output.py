@@ -58,6 +58,13 @@ def test_tables_show_words_three_significant_figures_and_no_row_numbers():
     listed = tables.display_frame(pd.DataFrame({"tasks": ["cola, sst2; worst task: cola"], "x": ["positions"]}))
     assert listed.tasks[0] == "CoLA, SST-2; worst task: CoLA" and listed.x[0] == "positions"
     assert tables.name_tasks("inner positions of the pos task") == "inner positions of the POS task"
+    kept = "`papa grid --task sst2` reads results/sst2/sst2-L64-ab.safetensors and mnli.tsv"
+    assert tables.name_tasks(kept) == kept  # code spans and ids inside names are left alone
+    assert tables.name_tasks("largest change: cola, -0.008 on sst2.") == "largest change: CoLA, -0.008 on SST-2."
+    from papa_lib.book.display import markdown
+
+    assert markdown("over cola and `cola`").data == "over CoLA and `cola`"  # every page's Markdown output
+
     raw = frame.to_html()
     assert any("raw identifier" in p for p in page_check.html_problems(raw))
     assert any("raw DataFrame index" in p for p in page_check.html_problems(raw))
@@ -66,6 +73,15 @@ def test_tables_show_words_three_significant_figures_and_no_row_numbers():
     assert page_check.html_problems("<table><tr><td>a | b</td></tr></table><p>x | y</p>") == []
     assert tables.format_number(123.6694) == "124" and tables.format_number(-0.0051634) == "-0.00516"
     assert tables.plural(1, "task") == "1 task" and tables.plural(6, "task") == "6 tasks"
+
+
+def test_glued_values_name_the_tasks(monkeypatch):
+    from papa_lib.book import prose
+
+    glued = {}
+    monkeypatch.setattr(prose, "glue", lambda name, value: glued.__setitem__(name, value))
+    prose.glue_all({"worst": "largest change: cola, -0.008", "count": 3})
+    assert glued == {"worst": "largest change: CoLA, -0.008", "count": 3}
 
 
 def test_charts_name_tasks_as_the_book_does_in_data_sort_orders_and_domains():

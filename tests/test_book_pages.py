@@ -194,7 +194,7 @@ def test_against_majority_sets_the_original_probe_against_guessing():
     shown, note = probing_pages.majority_view(table)  # what the page shows: narrow, names in a note
     assert "95% CI" not in shown and shown.loc["cola", "metric"] == "MCC" and shown.loc["mrpc", "metric"] == "F1"
     assert shown.loc["cola", "single-class probes"] == "1 of 4" and shown.loc["sst2", "single-class probes"] == "1 of 1"
-    assert "cola: zeros (seed 1)" in note.data and "sst2: original (seed 0)" in note.data
+    assert "CoLA: zeros (seed 1)" in note.data and "SST-2: original (seed 0)" in note.data
     assert probing_pages.majority_view(table[table.index == "mrpc"])[1].data == ""  # nothing single-class: no note
     merged = probing_pages.majority_view(probing_pages.against_majority(accurate))[0]
     assert merged.loc["mrpc", "accuracy: original vs majority class"] == \
@@ -205,7 +205,7 @@ def test_against_majority_sets_the_original_probe_against_guessing():
     both = probing_pages.against_majority(two)  # several models: a row per (model, task)
     assert both.index.tolist() == [("a", "cola"), ("a", "mrpc"), ("a", "sst2"), ("b", "cola")]
     assert both.loc[("b", "cola"), "original"].startswith("0.300")
-    assert "b cola: zeros (seed 1)" in probing_pages.majority_view(both)[1].data
+    assert "b CoLA: zeros (seed 1)" in probing_pages.majority_view(both)[1].data
 
 
 def test_more_seeds_repeats_the_guessing_check_with_a_diagnostic_run(tmp_path):

@@ -18,6 +18,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from .display import markdown  # re-exported: the one Markdown helper of the pages
+from .tables import name_tasks
 
 __all__ = ["NOT_MEASURED", "glue", "glue_all", "markdown", "not_measured", "number", "values"]
 
@@ -35,9 +36,10 @@ def glue(name: str, value: Any) -> None:
 
 
 def glue_all(values: Mapping[str, Any]) -> None:
-    """Glue every item of ``values`` under its key (returns nothing, so a cell ending with it shows nothing)."""
+    """Glue every item of ``values`` under its key (returns nothing, so a cell ending with it shows nothing); task ids
+    in text read as the book names the tasks (:func:`papa_lib.book.tables.name_tasks`)."""
     for name, value in values.items():
-        glue(name, value)
+        glue(name, name_tasks(value))
 
 
 def number(value: Any, spec: str = ".3g") -> str:

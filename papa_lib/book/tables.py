@@ -75,12 +75,16 @@ def task_name(task: str) -> str:
 
 def name_tasks(text: Any) -> Any:
     """Every task id standing as a word in ``text`` as the book names it (``"cola, sst2; worst task: cola"`` ->
-    ``"CoLA, SST-2; worst task: CoLA"``); anything but a string is returned unchanged."""
+    ``"CoLA, SST-2; worst task: CoLA"``). Ids that are part of a name (``sst2-L64``, ``results/sst2``, ``mnli.tsv``)
+    and Markdown code spans (`` `--task sst2` ``) keep them; anything but a string is returned unchanged."""
     import re
 
     if not isinstance(text, str):
         return text
-    return re.sub(r"\b(" + "|".join(TASK_NAMES) + r")\b", lambda m: TASK_NAMES[m.group(1)], text)
+    word = re.compile(r"(?<![\w/.#=\"'-])(" + "|".join(TASK_NAMES) + r")(?![\w/-]|\.\w)")
+    parts = re.split(r"(`[^`]*`)", text)  # odd parts are code spans
+    return "".join(part if i % 2 else word.sub(lambda m: TASK_NAMES[m.group(1)], part)
+                   for i, part in enumerate(parts))
 
 
 #: Readable titles of raw field names that charts plot without a title of their own.
