@@ -182,7 +182,7 @@ def test_norm_figures_on_the_committed_analyses(local, capsys):
     scores = aware.head_scores(local, None, None, folder, ranking, False)
     agreement = aware.agreement_table(scores)
     assert set(agreement["first"]) | set(agreement["second"]) <= set(aware.SHORT_NAMES.values())
-    assert "ρ = " in aware.agreement_values(scores)["agr_rho"]
+    assert "ρ = " in aware.agreement_values(scores)["agr_rho"] and "_" not in aware.agreement_values(scores)["agr_rho"]
     assert aware.agreement_values(None) == {"agr_rho": "not measured"}
     assert aware.rank_chart(scores, norm_frame) is not None
 

@@ -373,5 +373,5 @@ def agreement_values(scores: pd.DataFrame | None) -> dict[str, str]:
     lam = agreement[agreement["first"] == "lambda"].dropna(subset=["spearman_rho"])
     if lam.empty:
         return prose.not_measured(agreement_values)
-    return {"agr_rho": "; ".join(f"{r.task}: λ vs {r.second} ρ = {r.spearman_rho:.2f} [{r.ci_low:.2f}, "
-                                 f"{r.ci_high:.2f}]" for r in lam.itertuples())}
+    return {"agr_rho": "; ".join(f"{task_name(r.task)}: λ vs {_short(r.second)} ρ = {r.spearman_rho:.2f} "
+                                 f"[{r.ci_low:.2f}, {r.ci_high:.2f}]" for r in lam.itertuples())}
