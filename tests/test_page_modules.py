@@ -206,10 +206,13 @@ def test_transfer_and_selection_pages_on_the_committed_records(local):
     assert glued["lam_run"].startswith("MNLI (λ file ") and "C from" not in glued["lam_run"]
     others = records.other_local_models(local, frame)
     if others:  # the other committed models' λ files join the menu, each run named with its model
-        runs = selection_pages.lambda_table(local, others).data.index
+        runs = selection_pages._lambdas(local, others)["run"]
         models = {str(f["model"].iloc[0]) for f in others.values()}
         assert all(run.split(": ")[0] in models | {local.model_label} for run in runs)
         assert {run.split(": ")[0] for run in runs} > {local.model_label}
+        table = selection_pages.lambda_table(local, others).data  # one row per model and task
+        assert table.index.names == ["model", "task"] and table.index.is_unique
+        assert table["λ files"].sum() == runs.nunique()
     lengths = figures.task_lengths(records.grid_or_empty(local), tasks)
     layout = transfer_pages.layout_values(local, tasks, lengths)
     assert "nan" not in layout.values() and set(layout) == set(transfer_pages.layout_values.glue_names)

@@ -105,12 +105,16 @@ def lambda_maps(setup, frame: pd.DataFrame, others: Mapping[Path, pd.DataFrame] 
 
 
 def lambda_table(setup, others: Mapping[Path, pd.DataFrame] | None = None) -> Any:
-    """Per λ file (of every model in ``others`` too): how many heads, the lowest and highest λ and their spread."""
+    """Per model and task (of every model in ``others`` too): how many λ files, heads per file, the lowest and
+    highest λ over its files, and the spread of λ over a file's heads (standard deviation, mean over the files)."""
     lambdas = _lambdas(setup, others)
     if lambdas.empty:
         return None
-    table = lambdas.groupby("run").agg(heads=("lambda", "size"), lowest=("lambda", "min"),
-                                       highest=("lambda", "max"), spread=("lambda", "std"))
+    per_file = lambdas.groupby(["model", "task", "run"]).agg(heads=("lambda", "size"), lowest=("lambda", "min"),
+                                                           highest=("lambda", "max"), spread=("lambda", "std"))
+    table = per_file.groupby(["model", "task"], sort=False).agg(
+        files=("heads", "size"), heads=("heads", "first"), lowest=("lowest", "min"), highest=("highest", "max"),
+        spread=("spread", "mean")).rename(columns={"files": "λ files", "heads": "heads per file"})
     return table.style.format({"lowest": "{:.3g}", "highest": "{:.3g}", "spread": "{:.3g}"})
 
 
