@@ -41,49 +41,44 @@ def counts_chart(counts, label: Mapping[str, str]) -> Any:
             f"How many inputs each entry of C is averaged over (L = {counts.shape[0]})", **label))
 
 
-def stored_constants(setup, model, task: str, max_length: int):
-    """The constant matrices of ``task`` at L = ``max_length`` for this model in the results folder
-    (``<results>/matrices/<task>-L<L>-*.safetensors``, else the committed compact copy under ``<results>/shown``;
-    the most examples first), or ``None``."""
-    from ..core.models import model_id
+def _most_examples(results_dir, task: str, max_length: int, model: str | None = None):
+    """Of the constant matrices of ``task`` at L = ``max_length`` in ``results_dir`` (its grid's ``matrices/`` cache,
+    else its compact ``shown/`` copy), those averaged over the most examples (of ``model`` when given), or ``None``."""
     from .figures import load_matrices, matrix_files
 
     found = None
-    for path in matrix_files(setup.results_dir, task, max_length):
+    for path in matrix_files(results_dir, task, max_length):
         candidate = load_matrices(path)
-        if candidate.metadata.get("model") != model_id(model) or candidate.max_length != max_length:
+        if (model is not None and candidate.metadata.get("model") != model) or candidate.max_length != max_length:
             continue
         if found is None or candidate.metadata.get("num_examples", 0) > found.metadata.get("num_examples", 0):
             found = candidate
     return found
 
 
+def stored_constants(setup, model, task: str, max_length: int):
+    """The constant matrices of ``task`` at L = ``max_length`` for this model in the results folder
+    (``<results>/matrices/<task>-L<L>-*.safetensors``, else the committed compact copy under ``<results>/shown``;
+    the most examples first), or ``None``."""
+    from ..core.models import model_id
+
+    return _most_examples(setup.results_dir, task, max_length, model_id(model))
+
+
 def other_models_constants(setup, task: str, max_length: int) -> dict[str, Any]:
     """Under the ``local`` profile: model name -> the constant matrices of ``task`` at L = ``max_length`` that another
     committed local results folder holds (its grid's ``matrices/`` cache or its compact ``shown/`` copy; the most
-    examples first). Other profiles, or folders without such matrices: left out."""
+    examples first; one model per folder). Other profiles, or folders without such matrices: left out."""
     from pathlib import Path
 
     from .claims import LOCAL_FOLDERS
-    from .figures import load_matrices, matrix_files
 
     if getattr(setup, "profile", None) != "local" or setup.results_dir is None:
         return {}
     own = Path(setup.results_dir).resolve()
-    found: dict[str, Any] = {}
-    for name in LOCAL_FOLDERS:
-        folder = Path(setup.root) / "data" / "results" / name
-        if folder.resolve() == own:
-            continue
-        for path in matrix_files(folder, task, max_length):
-            candidate = load_matrices(path)
-            model = str(candidate.metadata.get("model", name))
-            if candidate.max_length != max_length or (
-                    model in found and found[model].metadata.get("num_examples", 0)
-                    >= candidate.metadata.get("num_examples", 0)):
-                continue
-            found[model] = candidate
-    return found
+    folders = [Path(setup.root) / "data" / "results" / name for name in LOCAL_FOLDERS]
+    found = [_most_examples(folder, task, max_length) for folder in folders if folder.resolve() != own]
+    return {str(constants.metadata.get("model")): constants for constants in found if constants is not None}
 
 
 def corpus_label(constants, task: str) -> str:

@@ -62,8 +62,8 @@ def _lambdas(setup, others: Mapping[Path, pd.DataFrame] | None = None) -> pd.Dat
 def _preferred(lambdas: pd.DataFrame) -> str:
     """The λ file shown first: the first model's MNLI file when there is one."""
     own = lambdas[lambdas["model"] == lambdas["model"].iloc[0]]
-    runs = sorted(own["run"].unique())
-    return ([r for r in runs if task_name("mnli") in r.split(" (λ file")[0].split(": ")[-1]] or runs)[0]
+    mnli = own[own["task"] == "mnli"]
+    return sorted((mnli if len(mnli) else own)["run"].unique())[0]
 
 
 def _no_lambdas(setup) -> Any:
