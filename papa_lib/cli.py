@@ -472,8 +472,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("grid", help="grid YAML file (see data/results/local-minilm/grid.yaml)")
     p.add_argument("--plan", action="store_true",
                    help="print per task the examples, variants, backbone passes, feature bytes, cache or stream and "
-                        "an estimated time from throughput measured here, for the runs not yet in the results folder; "
-                        "run nothing")
+                        "an estimated time from throughput measured here, for the runs not yet in the results folder "
+                        "(reading the matrices and λ saved there); run nothing")
     p.add_argument("--blocks", default=None, help="run only these blocks of the file (comma-separated names)")
     p.add_argument("--only-seed", type=int, action="append", default=None,
                    help="run only this seed of the file's seeds (repeatable); training subsets stay those of the "

@@ -370,6 +370,30 @@ def test_plan_leaves_out_the_runs_already_stored(tiny, data_dir, monkeypatch, tm
     assert hours[1] <= hours[0]
 
 
+def test_a_resumed_plan_leaves_out_the_stored_matrices_and_lambdas(tiny, data_dir, monkeypatch, tmp_path):
+    """A run stopped after its matrices and λ were saved (a killed fig2half run keeps no record, only those files)
+    is planned without them: the resumed run reads them from the results folder."""
+    from papa_lib.core import models
+    from papa_lib.experiments import plan
+    from papa_lib.experiments.grid import run_grid
+
+    monkeypatch.setattr(models, "load_encoder", lambda *a, **k: tiny)
+    spec = {"data_dir": str(data_dir), "seeds": [0, 1], "max_length": 16, "epochs": 1, "limit": {"sst2": 10},
+            "blocks": [GridBlock("half", ["sst2"], fractions=[0.5])]}
+    before = plan.plan_grid(spec, {"cache_budget": 10**12}, results_dir=tmp_path).splitlines()[2].split()
+    assert before[5] == "2" and before[9] == "2"  # two runs, λ learned per seed
+    run_grid(spec, tmp_path, *tiny, progress=False, only_seeds=[1])
+    assert len(list((tmp_path / "lambdas").glob("sst2-from-sst2-*.pt"))) == 1
+    (tmp_path / "results.csv").unlink()  # as if the run was killed after λ: no record, the files stay
+    after = plan.plan_grid(spec, {"cache_budget": 10**12}, results_dir=tmp_path).splitlines()[2].split()
+    assert after[5] == "2" and after[9] == "1"  # both runs left, seed 1's λ is read from disk
+    train, per_seed = int(before[1]), int(before[2])
+    lambda_passes = (float(before[10]) - float(after[10]) - train) / (3 * per_seed)  # matrices: one pass of the text
+    assert lambda_passes == pytest.approx(1, abs=0.2)  # one λ epoch (the grid's epochs) of seed 1's rows
+    shared = plan.plan_grid({**spec, "lambda_seed": 1}, {"cache_budget": 10**12}, results_dir=tmp_path)
+    assert shared.splitlines()[2].split()[9] == "0"  # one λ for every seed: seed 1's, on disk
+
+
 def test_a_shards_plan_counts_its_own_seeds(tiny, data_dir, monkeypatch, tmp_path):
     """--only-seed plans the shard: its seeds alone, and only its stored runs count as done."""
     from papa_lib.core import models

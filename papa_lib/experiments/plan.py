@@ -12,6 +12,10 @@ counts 3):
 * trainable matrices (Sec. 5.2): ``inloop_epochs`` training passes per seed over at most ``inloop_limit`` of its
   rows (the matrices' training phase), then one frozen pass over the seed's rows and the validation set.
 
+With the grid's results folder (``papa grid`` passes it), what is stored there is left out: the runs already
+recorded, and the constant matrices and λ already saved (a run stopped after learning its λ keeps that file, and the
+resumed run reads it).
+
 The backbone passes alone give a floor no probe speed-up can lower; the plan prints it twice: as the grid declares
 it, and as it would be with λ learned once per task (and one random order) instead of once per seed, the largest
 saving a budget could buy without touching the data, the seeds or the probes.
@@ -172,11 +176,12 @@ def _task_data(task: str, config, tokenizer):
 
 def plan_task(task: str, variants, config, *, layers: int, hidden: int, tokens_per_second: float,
               step_seconds: float, budget: int, tokenizer=None, together: float = 1.0,
-              left: dict | None = None, planned: int | None = None) -> TaskPlan:
+              left: dict | None = None, planned: int | None = None, stored: tuple | None = None) -> TaskPlan:
     """The cost of one task's variants under one resolved :class:`~papa_lib.experiments.engine.ExperimentConfig`;
     ``together``: a step of all seeds together over as many separate steps (:func:`measure_seed_batching`);
     ``left``: how many seeds of each variant are still to run (default: all; :func:`pending_runs`); ``planned``: how
-    many seeds of each variant this plan covers (default: all of the config's; fewer for a shard, ``--only-seed``)."""
+    many seeds of each variant this plan covers (default: all of the config's; fewer for a shard, ``--only-seed``);
+    ``stored``: what the results folder holds already (:func:`stored_stages`), left out of the passes."""
     spec = tasks.TASKS[task]
     n_train, n_val, tokens, data = _task_data(task, config, tokenizer)
     seeds = len(config.seeds)
@@ -197,8 +202,11 @@ def plan_task(task: str, variants, config, *, layers: int, hidden: int, tokens_p
             source = v.matrices_from or task
             learned = todo[v] if config.lambda_seed is None else 1  # one λ shared by every seed
             lambda_seeds[source] = max(lambda_seeds.get(source, 0), learned)
-    sources = set(lambda_seeds)
     matrix_sources = {v.matrices_from or task for v in variants if v.matrix_type in ("average", "trainable_average")}
+    if stored is not None:  # a resumed grid reads these from its results folder
+        on_disk, lambdas_left = stored
+        matrix_sources -= set(on_disk)
+        lambda_seeds = {source: min(count, lambdas_left.get(source, 0)) for source, count in lambda_seeds.items()}
     lambda_runs = sum(lambda_seeds.values())
     epochs, inloop_epochs = config.epochs, config.inloop_epochs
     averaged = min(n_train, config.average_limit) if config.average_limit else n_train  # the matrices' text
@@ -218,7 +226,7 @@ def plan_task(task: str, variants, config, *, layers: int, hidden: int, tokens_p
     backbone_seconds = passes * tokens / tokens_per_second
     seconds = backbone_seconds + probe_seconds
     # what learning λ once per task (and drawing one random order) would leave: each seed-dependent backbone once
-    shared = passes - (lambda_runs - len(sources)) * config.lambda_epochs * per_seed * 3 \
+    shared = passes - sum(max(0, n - 1) for n in lambda_seeds.values()) * config.lambda_epochs * per_seed * 3 \
         - (backbones - len(frozen)) * per_backbone
     return TaskPlan(task, n_train, per_seed, n_val, round(tokens, 1), planned, len(variants), backbones,
                     inloop_runs, lambda_runs, passes, steps, feature_bytes, mode, seconds, data,
@@ -297,14 +305,36 @@ def _model_for_timing(name: str | None, device: str):
 
 
 def pending_runs(variants, config, model, tokenizer, done: set, only_seeds=None) -> dict:
-    """How many seeds of each variant (of ``only_seeds`` alone, when given: a shard) have a run id not in ``done``
+    """The seeds of each variant (of ``only_seeds`` alone, when given: a shard) whose run id is not in ``done``
     (the ids already stored; the same run ids as :func:`papa_lib.experiments.grid.run_grid`, which skips the stored
     ones when it resumes)."""
     from . import engine, runs
 
     experiment = engine.TaskExperiment(config, model, tokenizer, results_dir=None, progress=False)
     seeds = [s for s in config.seeds if only_seeds is None or s in only_seeds]
-    return {v: len(runs.pending_seeds(experiment, v, seeds, done)) for v in variants}
+    return {v: runs.pending_seeds(experiment, v, seeds, done) for v in variants}
+
+
+def stored_stages(variants, config, model, tokenizer, results_dir, pending: dict) -> tuple[set, dict]:
+    """What a resumed grid reads from ``results_dir`` instead of computing, for the ``pending`` runs (variant ->
+    seeds, :func:`pending_runs`): (the sources whose averaged matrices are stored, {matrices source: λ still to
+    learn}); the files are those :func:`papa_lib.experiments.stages.constants_path` and
+    :func:`~papa_lib.experiments.stages.lambda_path` name, so a run stopped after its λ was saved is planned without
+    it."""
+    from . import engine, stages
+
+    ws = engine.TaskExperiment(config, model, tokenizer, results_dir=results_dir, progress=False)
+    sources = {v.matrices_from or config.task for v, seeds in pending.items()
+               if seeds and v.matrix_type in ("average", "trainable_average")}
+    on_disk = {source for source in sources if stages.constants_path(ws, source).is_file()}
+    wanted: dict = {}  # matrices source -> the seeds whose λ the pending runs read
+    for variant, seeds in pending.items():
+        if variant.needs_lambdas:
+            wanted.setdefault(variant.matrices_from or config.task, set()).update(
+                stages.lambda_seed(ws, seed) for seed in seeds)
+    lambdas_left = {source: sum(not stages.lambda_path(ws, source, seed).is_file() for seed in seeds)
+                    for source, seeds in wanted.items()}
+    return on_disk, lambdas_left
 
 
 def plan_grid(spec: dict, overrides: dict | None = None, model_name: str | None = None, results_dir=None,
@@ -335,8 +365,11 @@ def plan_grid(spec: dict, overrides: dict | None = None, model_name: str | None 
     plans = []
     for task, variants in grid_runs(spec["blocks"]).items():
         config = task_config(settings, task, seeds).resolved()
-        left = pending_runs(variants, config, model, tokenizer, done or set(), only_seeds) \
+        pending = pending_runs(variants, config, model, tokenizer, done or set(), only_seeds) \
             if done is not None or only_seeds is not None else None
+        left = {v: len(seeds) for v, seeds in pending.items()} if pending is not None else None
+        stored = stored_stages(variants, config, model, tokenizer, results_dir, pending) \
+            if results_dir and pending is not None and tokenizer is not None else None
         plans.append(
             plan_task(
                 task,
@@ -351,6 +384,7 @@ def plan_grid(spec: dict, overrides: dict | None = None, model_name: str | None 
                 together=together,
                 left=left,
                 planned=len(planned),
+                stored=stored,
             )
         )
     label = f"{name or 'embedded all-MiniLM-L6-v2'} ({how})"

@@ -112,19 +112,27 @@ def packed_batches(model, encoded, batch_size: int, rows=None, use_packing: bool
         yield pack(part, model=model) if use_packing and supports_packing(model) else part
 
 
+def constants_path(ws: Workspace, source_task: str | None = None, kind: str = "average") -> Path | None:
+    """Where :func:`constants` keeps the matrices of ``kind`` from ``source_task``'s text: keyed by the model, L, the
+    averaged text's fingerprint and the task's provenance (None without a results folder)."""
+    source_task = source_task or ws.config.task
+    if ws.results_dir is None:
+        return None
+    text = fingerprint(averaged_split(ws, source_task).encoded["input_ids"])
+    key = results.config_hash({"model": model_id(ws.model), "source": source_task, "L": ws.config.max_length,
+                               "text": text,
+                               **({"kind": kind} if kind != "average" else {}), **task_provenance(source_task)})
+    prefix = source_task if kind == "average" else f"{source_task}-{kind}"
+    return ws.under("matrices", f"{prefix}-L{ws.config.max_length}-{key}.safetensors")
+
+
 def constants(ws: Workspace, source_task: str | None = None, kind: str = "average") -> ConstantAttention:
     """Constant matrices of ``kind`` (a registered builder; Eq. 2 for ``average``) from the training text of
     ``source_task``, labels unused; cached in memory and under ``results_dir/matrices``."""
     source_task = source_task or ws.config.task
     if (source_task, kind) in ws.constants_cache:
         return ws.constants_cache[(source_task, kind)]
-    cfg = ws.config
-    text = fingerprint(averaged_split(ws, source_task).encoded["input_ids"])
-    key = results.config_hash({"model": model_id(ws.model), "source": source_task, "L": cfg.max_length,
-                               "text": text,
-                               **({"kind": kind} if kind != "average" else {}), **task_provenance(source_task)})
-    prefix = source_task if kind == "average" else f"{source_task}-{kind}"
-    path = ws.under("matrices", f"{prefix}-L{cfg.max_length}-{key}.safetensors")
+    cfg, path = ws.config, constants_path(ws, source_task, kind)
     matrices = read_or_heal(path, ConstantAttention.load)  # None: absent, or damaged and set aside
     if matrices is None:
         text_split = averaged_split(ws, source_task)
