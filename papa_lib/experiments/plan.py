@@ -304,26 +304,26 @@ def _model_for_timing(name: str | None, device: str):
         return AutoModel.from_config(config).to(device).eval(), None, how
 
 
-def pending_runs(variants, config, model, tokenizer, done: set, only_seeds=None) -> dict:
+def pending_runs(variants, ws, done: set, only_seeds=None) -> dict:
     """The seeds of each variant (of ``only_seeds`` alone, when given: a shard) whose run id is not in ``done``
     (the ids already stored; the same run ids as :func:`papa_lib.experiments.grid.run_grid`, which skips the stored
-    ones when it resumes)."""
-    from . import engine, runs
+    ones when it resumes). ``ws``: the task's :class:`~papa_lib.experiments.engine.TaskExperiment`; nothing runs."""
+    from . import runs
 
-    experiment = engine.TaskExperiment(config, model, tokenizer, results_dir=None, progress=False)
+    config = ws.config
     seeds = [s for s in config.seeds if only_seeds is None or s in only_seeds]
-    return {v: runs.pending_seeds(experiment, v, seeds, done) for v in variants}
+    return {v: runs.pending_seeds(ws, v, seeds, done) for v in variants}
 
 
-def stored_stages(variants, config, model, tokenizer, results_dir, pending: dict) -> tuple[set, dict]:
-    """What a resumed grid reads from ``results_dir`` instead of computing, for the ``pending`` runs (variant ->
+def stored_stages(ws, pending: dict) -> tuple[set, dict]:
+    """What a resumed grid reads from ``ws.results_dir`` instead of computing, for the ``pending`` runs (variant ->
     seeds, :func:`pending_runs`): (the sources whose averaged matrices are stored, {matrices source: λ still to
     learn}); the files are those :func:`papa_lib.experiments.stages.constants_path` and
     :func:`~papa_lib.experiments.stages.lambda_path` name, so a run stopped after its λ was saved is planned without
     it."""
-    from . import engine, stages
+    from . import stages
 
-    ws = engine.TaskExperiment(config, model, tokenizer, results_dir=results_dir, progress=False)
+    config = ws.config
     sources = {v.matrices_from or config.task for v, seeds in pending.items()
                if seeds and v.matrix_type in ("average", "trainable_average")}
     on_disk = {source for source in sources if stages.constants_path(ws, source).is_file()}
@@ -343,6 +343,7 @@ def plan_grid(spec: dict, overrides: dict | None = None, model_name: str | None 
     (``papa grid`` passes the grid's folder) the runs already stored there are left out of the times; with
     ``only_seeds`` (``--only-seed``) the plan is that shard's: those of the grid's seeds alone."""
     from ..core.models import num_layers_and_heads
+    from . import engine
     from .features import default_budget
     from .grid import grid_runs, grid_settings, task_config
     from .results import ResultsStore
@@ -365,10 +366,12 @@ def plan_grid(spec: dict, overrides: dict | None = None, model_name: str | None 
     plans = []
     for task, variants in grid_runs(spec["blocks"]).items():
         config = task_config(settings, task, seeds).resolved()
-        pending = pending_runs(variants, config, model, tokenizer, done or set(), only_seeds) \
+        # one workspace per task for both questions: the run ids and the stored stages' file names
+        ws = engine.TaskExperiment(config, model, tokenizer, results_dir=results_dir or None, progress=False)
+        pending = pending_runs(variants, ws, done or set(), only_seeds) \
             if done is not None or only_seeds is not None else None
         left = {v: len(seeds) for v, seeds in pending.items()} if pending is not None else None
-        stored = stored_stages(variants, config, model, tokenizer, results_dir, pending) \
+        stored = stored_stages(ws, pending) \
             if results_dir and pending is not None and tokenizer is not None else None
         plans.append(
             plan_task(
