@@ -176,7 +176,7 @@ def findings(setup, frame: pd.DataFrame | None = None) -> dict[str, str]:
     others = [r for r in table[(table.claim == "C1a") & (table.model != model)].itertuples()
               if " vs " not in r.model and np.isfinite(r.ours)]
     other_text = " ".join(
-        f"On {r.model} (records so far: {_task_names(r.tasks)}) the same drop is {interval(r)}: "
+        f"On {r.model} (tasks: {_task_names(r.tasks)}) the same drop is {interval(r)}: "
         f"{r.verdict}." for r in others)
     return {**values,
             "found_model": model, "found_data": who["data"], "found_records": f"{len(frame):,}",
