@@ -326,3 +326,13 @@ def test_heatmap_chart_without_selectors_in_rows():
     assert svg.count("Gradient legend") == 1
     with pytest.raises(ValueError, match="columns"):
         charts.heatmap_chart(packed, {}, facet="pick", columns=0)
+
+
+def test_heatmap_chart_keeps_every_key_label_where_they_fit():
+    """At 12 px cells the -60 degree labels lie 10.4 px apart, room for 9 px text: the browser must not hide every
+    other one (the final [SEP] among them); at 6 px cells they would touch, so the browser may thin them."""
+    labels = patterns.position_labels(list(range(32)) + [63], length=64)
+    packed = patterns.packed_heatmaps(torch.rand(1, 33, 33), [{"head": 0}], labels=labels)
+    for cell, overlap in ((12, False), (11, False), (10, True), (6, True)):
+        axis = charts.heatmap_chart(packed, {}, cell=cell).to_dict()["encoding"]["x"]["axis"]
+        assert axis["labelOverlap"] is overlap, cell

@@ -26,6 +26,7 @@ import hashlib
 import html
 import itertools
 import json
+import math
 import sys
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -454,6 +455,9 @@ def heatmap_chart(packed: pd.DataFrame, selectors: Mapping[str, Any], *, facet: 
     condition = " && ".join(f"datum[{_js(field)}] == {param.name}" for field, param in selectors.items()) or "true"
     group = list(selectors) + ([facet] if facet else [])
     size = max(len(labels) for labels in packed["labels"])
+    # Labels at -60 degrees lie cell * sin(60) apart, enough for 9 px text from 11 px cells on; the browser's overlap
+    # test compares upright boxes, so it would hide every other label there, the final [SEP] among them.
+    crowded = cell * math.sin(math.radians(60)) < 9
 
     def one(value=None, subtitle=None):
         base = alt.Chart(packed).transform_filter(condition)
@@ -471,7 +475,8 @@ def heatmap_chart(packed: pd.DataFrame, selectors: Mapping[str, Any], *, facet: 
             )
             .mark_rect()
             .encode(
-                x=alt.X("key:O", title="key position (attended to)", axis=alt.Axis(labelAngle=-60, labelFontSize=9)),
+                x=alt.X("key:O", title="key position (attended to)",
+                        axis=alt.Axis(labelAngle=-60, labelFontSize=9, labelOverlap=crowded)),
                 y=alt.Y("query:O", title="query position (attending)", axis=alt.Axis(labelFontSize=9)),
                 color=alt.Color("weight:Q", title=value_title, scale=alt.Scale(type=color_type, scheme="blues")),
                 tooltip=[
