@@ -455,9 +455,10 @@ def heatmap_chart(packed: pd.DataFrame, selectors: Mapping[str, Any], *, facet: 
     condition = " && ".join(f"datum[{_js(field)}] == {param.name}" for field, param in selectors.items()) or "true"
     group = list(selectors) + ([facet] if facet else [])
     size = max(len(labels) for labels in packed["labels"])
-    # Labels at -60 degrees lie cell * sin(60) apart, enough for 9 px text from 11 px cells on; the browser's overlap
-    # test compares upright boxes, so it would hide every other label there, the final [SEP] among them.
-    crowded = cell * math.sin(math.radians(60)) < 9
+    # Key labels tilted by label_angle lie cell * sin(angle) apart, enough for 9 px text from 11 px cells on; the
+    # browser's overlap test compares upright boxes, so it would hide every other label there, the final [SEP] too.
+    label_angle, label_size = -60, 9
+    crowded = cell * math.sin(math.radians(-label_angle)) < label_size
 
     def one(value=None, subtitle=None):
         base = alt.Chart(packed).transform_filter(condition)
@@ -476,8 +477,8 @@ def heatmap_chart(packed: pd.DataFrame, selectors: Mapping[str, Any], *, facet: 
             .mark_rect()
             .encode(
                 x=alt.X("key:O", title="key position (attended to)",
-                        axis=alt.Axis(labelAngle=-60, labelFontSize=9, labelOverlap=crowded)),
-                y=alt.Y("query:O", title="query position (attending)", axis=alt.Axis(labelFontSize=9)),
+                        axis=alt.Axis(labelAngle=label_angle, labelFontSize=label_size, labelOverlap=crowded)),
+                y=alt.Y("query:O", title="query position (attending)", axis=alt.Axis(labelFontSize=label_size)),
                 color=alt.Color("weight:Q", title=value_title, scale=alt.Scale(type=color_type, scheme="blues")),
                 tooltip=[
                     alt.Tooltip("query:N", title="query"),
