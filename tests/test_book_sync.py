@@ -377,6 +377,44 @@ def test_run_chapters_injects_parameters_resumes_and_keeps_done_chapters(tmp_pat
     assert (runs / "smoke" / "bad.done").is_file()
 
 
+def test_run_chapters_bounds_each_cell(tmp_path, monkeypatch):
+    """A cell that outlives ``cell_timeout`` fails its chapter by name (a hung kernel must not block a batch run
+    for ever); without one, the book's own ``execute.timeout`` applies, as in the build."""
+    slow = _chapter(
+        """\
+        # Slow
+
+        ```{code-cell} ipython3
+        :tags: [parameters]
+
+        profile = "local"
+        ```
+
+        ```{code-cell} ipython3
+        import time
+        time.sleep(60)
+        ```
+        """
+    )
+    root = _make_book(tmp_path / "repo", chapters={"slow": slow})
+    with pytest.raises(build.ChapterExecutionError, match=r"chapter slow .*timed out.*2 seconds"):
+        build.run_chapters("smoke", tmp_path / "runs", root=root, cell_timeout=2)
+    assert not (tmp_path / "runs" / "smoke" / "slow.done").exists()
+    for bad in (0, -1, True, "60"):
+        with pytest.raises(ValueError, match="cell_timeout"):
+            build.run_chapters("smoke", tmp_path / "runs", root=root, cell_timeout=bad)
+
+    import papermill
+
+    seen = []
+    monkeypatch.setattr(papermill, "execute_notebook", lambda *a, **k: seen.append(k["execution_timeout"]))
+    build.run_chapters("smoke", tmp_path / "runs", root=root, resume=False)
+    config = root / "_config.yml"
+    config.write_text(config.read_text(encoding="utf-8") + "execute:\n  timeout: 7\n", encoding="utf-8")
+    build.run_chapters("smoke", tmp_path / "runs", root=root, resume=False)
+    assert seen == [build.DEFAULT_CELL_TIMEOUT, 7]
+
+
 def test_run_chapters_rejects_bad_arguments(tmp_path):
     root = _make_book(tmp_path, chapters={"c": _chapter("# c\n")})
     with pytest.raises(ValueError, match="profile"):

@@ -64,6 +64,7 @@ __all__ = [
     "CHAPTER_FORMAT",
     "COLAB_BADGE_IMAGE",
     "COLAB_BADGE_RE",
+    "DEFAULT_CELL_TIMEOUT",
     "INSTALL_LINE_RE",
     "INSTALL_TAG",
     "PARAMETERS_TAG",
@@ -94,6 +95,10 @@ logger = logging.getLogger(__name__)
 
 #: Environment variable papermill-free code can read to know the book is being built.
 BUILD_ENV_FLAG = "PAPA_BOOK_BUILD"
+
+#: Seconds a chapter's cell may run under :func:`run_chapters` when the book's ``_config.yml`` sets no
+#: ``execute.timeout`` (the book's own sets 1800, which the build and papermill runs share).
+DEFAULT_CELL_TIMEOUT = 1800
 
 
 class BookBuildError(RuntimeError):
@@ -263,6 +268,7 @@ def run_chapters(
     root: str | os.PathLike | None = None,
     kernel_name: str | None = None,
     log_output: bool = False,
+    cell_timeout: float | None = None,
 ) -> list[Path]:
     """Execute chapters with papermill under a run profile; return the executed notebooks.
 
@@ -276,6 +282,10 @@ def run_chapters(
     :func:`papa_lib.book.execution.fingerprint`) is skipped.  A failing chapter raises
     :class:`ChapterExecutionError`; its partial notebook and the chapters already done are kept,
     and it has no marker, so the next run executes it again.
+
+    ``cell_timeout`` bounds each cell in seconds (default: the book's own ``execute.timeout`` in ``_config.yml``,
+    :data:`DEFAULT_CELL_TIMEOUT` without one), so a kernel that stops answering fails its chapter, naming it,
+    instead of blocking a batch run for ever.
     """
     import nbformat
     import papermill
@@ -298,6 +308,10 @@ def run_chapters(
     inputs_dir = run_dir / "_inputs"
     inputs_dir.mkdir(parents=True, exist_ok=True)
 
+    if cell_timeout is None:
+        cell_timeout = (load_config(root_path).get("execute") or {}).get("timeout", DEFAULT_CELL_TIMEOUT)
+    if not isinstance(cell_timeout, int | float) or isinstance(cell_timeout, bool) or cell_timeout <= 0:
+        raise ValueError(f"cell_timeout must be a positive number of seconds, got {cell_timeout!r}")
     library = execution.fingerprint(root_path)
     executed_paths: list[Path] = []
     for chapter in chapter_paths:
@@ -330,6 +344,7 @@ def run_chapters(
                 kernel_name=kernel_name,
                 progress_bar=False,
                 log_output=log_output,
+                execution_timeout=cell_timeout,
             )
         except Exception as exc:  # papermill raises PapermillExecutionError, kernels other errors
             finished = [p.stem for p in executed_paths]
