@@ -59,3 +59,5 @@ def test_seeds_per_setting_names_the_fewest_and_most_seeds_of_a_setting():
     rows += [{"task": "cola", "matrix_type": "average", "fraction": 0.5, "seed": s} for s in range(3)]
     assert provenance.seeds_per_setting(pd.DataFrame(rows)) == "3 to 10 seeds (0-9)"
     assert provenance.seeds_per_setting(pd.DataFrame(rows[:10])) == provenance.seeds_label(range(10))
+    # the committed-run sentence of a page's banner says the same: a union of seeds would overstate the 3-seed rows
+    assert provenance.committed_facts(pd.DataFrame(rows)) == "13 records: 3 to 10 seeds (0-9)"

@@ -42,11 +42,11 @@ def _shown(setup, path) -> str:
 def settings(setup, tasks: Sequence[str], runs_missing: bool, frame: pd.DataFrame | None = None) -> pd.DataFrame:
     """What a chapter run uses: profile, model and data of the cells that compute live, the results folder and the
     seeds of its records (read from the records, never from a parameter), tasks, device, missing runs."""
-    from .provenance import seeds_label
+    from .provenance import seeds_per_setting
 
     if frame is None:
         frame = setup.results(run_missing=False)
-    seeds = seeds_label(frame["seed"]) if "seed" in frame.columns else ""
+    seeds = seeds_per_setting(frame)
     values = {
         "profile": setup.profile, "model (live cells)": setup.model_label, "data (live cells)": setup.data_label,
         "data folder": _shown(setup, setup.data_dir), "results folder": _shown(setup, setup.results_dir),

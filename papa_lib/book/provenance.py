@@ -115,7 +115,7 @@ def committed_facts(frame: pd.DataFrame | None, folder: str | os.PathLike | None
         if data:
             pieces.append(f"data {data}")
     if "seed" in frame.columns:
-        seeds = seeds_label(frame["seed"])
+        seeds = seeds_per_setting(frame)
         if seeds:
             pieces.append(seeds)
     where = where_label(frame)
