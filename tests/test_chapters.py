@@ -26,6 +26,9 @@ REPO = Path(__file__).resolve().parents[1]
 TOC_CHAPTERS = build.toc_chapters(REPO)
 #: Chapters without a figure (none: every chapter draws at least one at every profile).
 CHARTLESS_CHAPTERS: set[str] = set()
+#: Seconds a smoke-profile cell may run: a whole chapter takes 5-20 s here, so a kernel that stops answering fails
+#: its chapter in minutes instead of holding CI to its limit.
+SMOKE_CELL_TIMEOUT = 600
 
 
 def _chart_outputs(executed: Path) -> int:
@@ -70,7 +73,7 @@ def test_chapter_executes_at_smoke_profile(chapter, smoke_run):
     try:
         executed = build.run_chapters(
             "smoke", smoke_run["out"], parameters={"results_dir": str(smoke_run["results"])}, chapters=[chapter],
-            resume=False, root=REPO,
+            resume=False, root=REPO, cell_timeout=SMOKE_CELL_TIMEOUT,
         )
     except build.ChapterExecutionError as error:
         pytest.fail(f"{chapter.name} failed at the smoke profile: {error}")
