@@ -402,7 +402,8 @@ def test_run_chapters_bounds_each_cell(tmp_path, monkeypatch):
     assert not (tmp_path / "runs" / "smoke" / "slow.done").exists()
     for bad in (0, -1, True, "60"):
         with pytest.raises(ValueError, match="cell_timeout"):
-            build.run_chapters("smoke", tmp_path / "runs", root=root, cell_timeout=bad)
+            build.run_chapters("smoke", tmp_path / "refused", root=root, cell_timeout=bad)
+    assert not (tmp_path / "refused").exists()  # refused before anything is written
 
     import papermill
 

@@ -304,14 +304,14 @@ def run_chapters(
         raise ValueError(f"chapter parameters must be JSON-serialisable: {exc}") from exc
     root_path = find_repo_root(root if root is not None else Path.cwd())
     chapter_paths = _resolve_chapters(root_path, chapters)
-    run_dir = Path(out_dir).resolve() / profile
-    inputs_dir = run_dir / "_inputs"
-    inputs_dir.mkdir(parents=True, exist_ok=True)
-
     if cell_timeout is None:
         cell_timeout = (load_config(root_path).get("execute") or {}).get("timeout", DEFAULT_CELL_TIMEOUT)
     if not isinstance(cell_timeout, int | float) or isinstance(cell_timeout, bool) or cell_timeout <= 0:
         raise ValueError(f"cell_timeout must be a positive number of seconds, got {cell_timeout!r}")
+    run_dir = Path(out_dir).resolve() / profile
+    inputs_dir = run_dir / "_inputs"
+    inputs_dir.mkdir(parents=True, exist_ok=True)
+
     library = execution.fingerprint(root_path)
     executed_paths: list[Path] = []
     for chapter in chapter_paths:
