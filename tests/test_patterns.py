@@ -328,6 +328,29 @@ def test_heatmap_chart_without_selectors_in_rows():
         charts.heatmap_chart(packed, {}, facet="pick", columns=0)
 
 
+def test_heatmap_chart_shared_rows_draws_one_query_axis_per_row():
+    """``shared_rows``: only the first panel of each row draws the query axis, the legend sits below and a list
+    title is drawn one line per item, so three panels fit where two did; the drawn cells are unchanged."""
+    import vl_convert
+
+    matrices = torch.eye(3).expand(4, 3, 3) * torch.tensor([0.2, 0.5, 0.9, 0.4])[:, None, None]
+    packed = patterns.packed_heatmaps(matrices, [{"pick": p} for p in "abcd"], labels=["0", "1", "2"])
+    titles = [[f"pick {p}:", "layer 0"] for p in "abcd"]
+    spec = charts.heatmap_chart(packed, {}, facet="pick", facet_titles=titles, columns=3,
+                                shared_rows=True).to_dict()
+    rows = [row["hconcat"] for row in spec["vconcat"]]
+    assert [len(row) for row in rows] == [3, 1]
+    drawn = [[panel["encoding"]["y"].get("axis", "drawn") is not None for panel in row] for row in rows]
+    assert drawn == [[True, False, False], [True]]
+    assert rows[0][1]["title"]["text"] == ["pick b:", "layer 0"]
+    assert rows[0][0]["encoding"]["color"]["legend"]["orient"] == "bottom"
+    svg = vl_convert.vegalite_to_svg(spec)
+    assert len(re.findall(r'aria-label="[^"]*attention: ', svg)) == 36
+    assert svg.count("Gradient legend") == 1
+    plain = charts.heatmap_chart(packed, {}, facet="pick", columns=3).to_dict()
+    assert all(panel["encoding"]["y"]["axis"] is not None for row in plain["vconcat"] for panel in row["hconcat"])
+
+
 def test_heatmap_chart_keeps_every_key_label_where_they_fit():
     """At 12 px cells the -60 degree labels lie 10.4 px apart, room for 9 px text: the browser must not hide every
     other one (the final [SEP] among them); at 6 px cells they would touch, so the browser may thin them."""

@@ -178,11 +178,12 @@ def representative_heads(constants, summary: pd.DataFrame, label: Mapping[str, s
              "most [CLS]/[SEP]": summary.sort_values("special_mass").iloc[-1],
              "most spread": summary.loc[both.idxmin()]}
     titles = [f"{name}: layer {int(row.layer)}, head {int(row['head'])}" for name, row in picks.items()]
+    lines = [[f"{name}:", f"layer {int(row.layer)}, head {int(row['head'])}"] for name, row in picks.items()]
     packed = patterns.packed_heatmaps([constants.matrices[int(r.layer), int(r["head"])] for r in picks.values()],
                                       [{"pick": title} for title in titles], labels=labels, positions=positions)
     return charts.heatmap_chart(
-        packed, {}, facet="pick", facet_values=titles, columns=2, cell=min(7, 170 // len(positions)),
-        value_title="mean attention",
+        packed, {}, facet="pick", facet_values=titles, facet_titles=lines, columns=3, shared_rows=True,
+        cell=min(5, 150 // len(positions)), value_title="mean attention",
         title=charts.chart_title("Three representative constant matrices (cf. Fig. 4)", **label))
 
 

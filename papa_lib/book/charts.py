@@ -432,16 +432,20 @@ def bundle_javascript(vl_version: str | None = None) -> str:
 
 
 def heatmap_chart(packed: pd.DataFrame, selectors: Mapping[str, Any], *, facet: str | None = None,
-                  facet_values: Sequence[Any] | None = None, facet_titles: Sequence[str] | None = None,
-                  columns: int | None = None, scale: int = 1000, cell: int = 12, value_title: str = "attention",
-                  color_type: str = "sqrt", title: Any = None) -> Any:
+                  facet_values: Sequence[Any] | None = None,
+                  facet_titles: Sequence[str | Sequence[str]] | None = None, columns: int | None = None,
+                  scale: int = 1000, cell: int = 12, value_title: str = "attention",
+                  color_type: str = "sqrt", title: Any = None, shared_rows: bool = False) -> Any:
     """Heat maps of the matrices of ``packed`` (:func:`papa_lib.analysis.patterns.packed_heatmaps`) picked by altair
     parameters.
 
     ``selectors`` maps a key field to an ``alt.param`` (bound to a dropdown or slider): only rows whose field equals
     the parameter's value are drawn. With ``facet``, one heat map per value of that field, side by side (``columns``
-    per row; one shared colour scale). The matrices are unpacked in the browser (flatten + window), so the page
-    carries only the packed integers. Returns an altair chart with the parameters attached at the top level.
+    per row; one shared colour scale). ``shared_rows=True`` says every facet has the same query positions: only the
+    first panel of a row draws the query axis, the axis titles are short and the colour legend sits below, so more
+    panels fit the page column. A facet title given as a list is drawn one line per item. The matrices are unpacked
+    in the browser (flatten + window), so the page carries only the packed integers. Returns an altair chart with
+    the parameters attached at the top level.
     """
     import altair as alt
 
@@ -460,7 +464,7 @@ def heatmap_chart(packed: pd.DataFrame, selectors: Mapping[str, Any], *, facet: 
     label_angle, label_size = -60, 9
     crowded = cell * math.sin(math.radians(-label_angle)) < label_size
 
-    def one(value=None, subtitle=None):
+    def one(value=None, subtitle=None, query_axis=True):
         base = alt.Chart(packed).transform_filter(condition)
         if facet is not None:
             base = base.transform_filter(f"datum[{_js(facet)}] == {_js(value)}")
@@ -476,10 +480,13 @@ def heatmap_chart(packed: pd.DataFrame, selectors: Mapping[str, Any], *, facet: 
             )
             .mark_rect()
             .encode(
-                x=alt.X("key:O", title="key position (attended to)",
+                x=alt.X("key:O", title="key position" if shared_rows else "key position (attended to)",
                         axis=alt.Axis(labelAngle=label_angle, labelFontSize=label_size, labelOverlap=crowded)),
-                y=alt.Y("query:O", title="query position (attending)", axis=alt.Axis(labelFontSize=label_size)),
-                color=alt.Color("weight:Q", title=value_title, scale=alt.Scale(type=color_type, scheme="blues")),
+                y=alt.Y("query:O", title=(None if not query_axis else "query position" if shared_rows
+                                          else "query position (attending)"),
+                        axis=alt.Axis(labelFontSize=label_size) if query_axis else None),
+                color=alt.Color("weight:Q", title=value_title, scale=alt.Scale(type=color_type, scheme="blues"),
+                                legend=alt.Legend(orient="bottom") if shared_rows else alt.Legend()),
                 tooltip=[
                     alt.Tooltip("query:N", title="query"),
                     alt.Tooltip("key:N", title="key"),
@@ -489,7 +496,8 @@ def heatmap_chart(packed: pd.DataFrame, selectors: Mapping[str, Any], *, facet: 
             .properties(width=cell * size, height=cell * size)
         )
         if subtitle is not None:
-            chart = chart.properties(title=alt.TitleParams(str(subtitle), fontSize=12, anchor="start"))
+            text = list(map(str, subtitle)) if isinstance(subtitle, (list, tuple)) else str(subtitle)
+            chart = chart.properties(title=alt.TitleParams(text, fontSize=12, anchor="start"))
         return chart
 
     if facet is None:
@@ -499,8 +507,9 @@ def heatmap_chart(packed: pd.DataFrame, selectors: Mapping[str, Any], *, facet: 
         titles = list(facet_titles) if facet_titles is not None else [str(v) for v in values]
         if columns is not None and (isinstance(columns, bool) or not isinstance(columns, int) or columns < 1):
             raise ValueError(f"columns must be a positive integer, got {columns!r}")
-        panels = [one(v, t) for v, t in zip(values, titles)]
-        per_row = columns or len(panels)
+        per_row = columns or len(values)
+        panels = [one(v, t, query_axis=not shared_rows or i % per_row == 0)
+                  for i, (v, t) in enumerate(zip(values, titles))]
         rows = [alt.hconcat(*panels[i : i + per_row]) for i in range(0, len(panels), per_row)]
         chart = (rows[0] if len(rows) == 1 else alt.vconcat(*rows)).resolve_scale(color="shared")
     if selectors:
