@@ -7,7 +7,8 @@ opened in headless Chromium (Debian's ``chromium``) with every other host unreac
 driven through the DevTools protocol with the small stdlib websocket client below (no extra
 dependency).  Checks, per page: every chapter has at least one chart; each altair container
 (``papa_lib.book.charts``) holds a non-empty SVG with the model/data/profile caption, and is no wider
-than the content column it sits in at the book's default width (a 1280 px window); tooltips work;
+than the content column it sits in at the book's default width (a 1280 px window), nor is any table a cell
+prints (it would scroll its last columns out of sight); tooltips work;
 nothing raises or logs a console error; nothing is fetched from outside the book (the Colab badge is
 inlined by ``papa_lib.book.offline_badge``); no local asset is missing.  A screenshot of the first
 chapter is kept in ``$PAPA_TEST_ARTIFACTS`` (default: the session's pytest tmp dir; its path is
@@ -557,6 +558,13 @@ CHART_STATE_JS = f"""
         message: svg ? '' : box.textContent.slice(0, 300),
       }};
     }}),
+    tables: Array.from(document.querySelectorAll('.cell_output .output.text_html'))
+      .filter((box) => box.querySelector('table'))
+      .map((box) => ({{
+        width: box.clientWidth,
+        scroll: box.scrollWidth,
+        text: box.querySelector('table').innerText.replace(/\\s+/g, ' ').slice(0, 80),
+      }})),
   }};
 }})()
 """
@@ -648,6 +656,10 @@ def test_chapter_pages_render_their_charts_offline(built_book, book_server, chro
             assert chart["width"] <= chart["column_width"] + 1 and chart["right"] <= chart["column_right"] + 1, (
                 f"{page.name}: chart {chart['id']} ({chart['text'][:60]!r}) is {chart['width']} px wide, wider than "
                 f"its {chart['column_width']} px column (right edge {chart['right']} > {chart['column_right']})"
+            )
+        for table in state["tables"]:  # a table wider than its box hides its last columns behind a scroll bar
+            assert table["scroll"] <= table["width"] + 1, (
+                f"{page.name}: table {table['text']!r} is {table['scroll']} px wide in a {table['width']} px column"
             )
 
 

@@ -175,7 +175,7 @@ def test_against_majority_sets_the_original_probe_against_guessing():
     assert list(table.index) == ["cola", "mrpc", "sst2"]
     assert table.loc["cola", "verdict"] == "clearly above" and table.loc["mrpc", "verdict"] == "not clearly above"
     assert table.loc["sst2", "verdict"] == "one seed: no interval"
-    assert table.loc["cola", "single-class probes"] == "1 of 4: zeros (seed 1)"
+    assert table.loc["cola", "single-class probes"] == "1 of 4: Zeros (seed 1)"
     assert table.loc["mrpc", "single-class probes"] == "0 of 3" and table.loc["mrpc", "majority baseline"] == "0.812"
     assert probing_pages.against_majority(frame, tasks=["mrpc"]).index.tolist() == ["mrpc"]
     as_text = frame.assign(single_class=frame["single_class"].map(str))  # how a results CSV may hand them back
@@ -194,7 +194,7 @@ def test_against_majority_sets_the_original_probe_against_guessing():
     shown, note = probing_pages.majority_view(table)  # what the page shows: narrow, names in a note
     assert "95% CI" not in shown and shown.loc["cola", "metric"] == "MCC" and shown.loc["mrpc", "metric"] == "F1"
     assert shown.loc["cola", "single-class probes"] == "1 of 4" and shown.loc["sst2", "single-class probes"] == "1 of 1"
-    assert "CoLA: zeros (seed 1)" in note.data and "SST-2: original (seed 0)" in note.data
+    assert "CoLA: Zeros (seed 1)" in note.data and "SST-2: Original (seed 0)" in note.data
     assert probing_pages.majority_view(table[table.index == "mrpc"])[1].data == ""  # nothing single-class: no note
     merged = probing_pages.majority_view(probing_pages.against_majority(accurate))[0]
     assert merged.loc["mrpc", "accuracy: original vs majority class"] == \
@@ -205,7 +205,13 @@ def test_against_majority_sets_the_original_probe_against_guessing():
     both = probing_pages.against_majority(two)  # several models: a row per (model, task)
     assert both.index.tolist() == [("a", "cola"), ("a", "mrpc"), ("a", "sst2"), ("b", "cola")]
     assert both.loc[("b", "cola"), "original"].startswith("0.300")
-    assert "b CoLA: zeros (seed 1)" in probing_pages.majority_view(both)[1].data
+    assert "b CoLA: Zeros (seed 1)" in probing_pages.majority_view(both)[1].data
+    more = frame.copy()  # a variant's single-class seeds are listed once, by its registered label
+    for matrix_type, seed in (("zeros", 2), ("toeplitz", 0)):
+        more.loc[len(more)] = {**frame.iloc[0].to_dict(), "matrix_type": matrix_type, "seed": seed,
+                               "single_class": True}
+    assert probing_pages.against_majority(more).loc["cola", "single-class probes"] == \
+        "3 of 6: Toeplitz (seed 0), Zeros (seeds 1, 2)"
 
 
 def test_more_seeds_repeats_the_guessing_check_with_a_diagnostic_run(tmp_path):

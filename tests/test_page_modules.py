@@ -33,7 +33,15 @@ def test_attention_pages_and_inputs(smoke):
     assert len(texts) == 6 and all(isinstance(t, str) and t for t in texts) and data_label
     batch = papa_lib.encode(tokenizer, texts, max_length=24)
     first = page.first_tokens(tokenizer, batch)
-    assert first.columns[0] == 0 and first.columns[-1] == 23  # [CLS] at 0, [SEP] at L-1 (App. A)
+    lines = first.data
+    positions = [p for p in lines.loc["position"].to_numpy().ravel() if p]
+    shown = [t for t in lines.loc["token"].to_numpy().ravel() if t]
+    assert positions[0] == "0" and positions[-1] == "23"  # [CLS] at 0, [SEP] at L-1 (App. A)
+    assert shown[0] == tokenizer.cls_token and shown[-1] == tokenizer.sep_token and len(shown) == len(positions)
+    assert lines.shape[1] == 12 and list(lines.index[:2]) == ["position", "token"]  # 12 to a line, then wraps
+    assert "col_heading" not in first.to_html()  # no 0, 1, 2 … header over the lines
+    with pytest.raises(ValueError, match="per_row"):
+        page.first_tokens(tokenizer, batch, per_row=0)
     with torch.no_grad():
         attentions = torch.stack(model(**batch, output_attentions=True).attentions, dim=1)
     frame = page.variability(attentions, batch["attention_mask"])

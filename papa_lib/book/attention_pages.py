@@ -18,11 +18,23 @@ from . import charts, prose
 __all__ = ["first_tokens", "head_gallery", "variability", "variability_chart", "variability_values"]
 
 
-def first_tokens(tokenizer, batch, index: int = 0) -> pd.DataFrame:
-    """The real tokens of one encoded sentence and their positions: ``[CLS]`` at 0, the words, ``[SEP]`` at L-1."""
+def first_tokens(tokenizer, batch, index: int = 0, per_row: int = 12) -> Any:
+    """The real tokens of one encoded sentence and their positions: ``[CLS]`` at 0, the words, ``[SEP]`` at L-1.
+
+    A Styler without a header: a "position" line above a "token" line, ``per_row`` positions to a pair of lines,
+    so that a long sentence wraps onto the page instead of scrolling its final ``[SEP]`` out of sight. Its ``data``
+    holds the lines (index "position" / "token", repeated)."""
+    if isinstance(per_row, bool) or not isinstance(per_row, int) or per_row < 1:
+        raise ValueError(f"per_row must be a positive integer, got {per_row!r}")
     tokens = tokenizer.convert_ids_to_tokens(batch["input_ids"][index].tolist())
     real = batch["attention_mask"][index].nonzero().flatten().tolist()
-    return pd.DataFrame({"position": real, "token": [tokens[p] for p in real]}).set_index("position").T
+    lines, labels = [], []
+    for start in range(0, len(real), per_row):
+        chunk = real[start : start + per_row]
+        blank = [""] * (per_row - len(chunk))
+        lines += [[str(p) for p in chunk] + blank, [tokens[p] for p in chunk] + blank]
+        labels += ["position", "token"]
+    return pd.DataFrame(lines, index=pd.Index(labels)).style.hide(axis="columns")
 
 
 def variability(attentions, mask) -> pd.DataFrame:

@@ -270,7 +270,10 @@ def two_models(frame: pd.DataFrame, tasks: Sequence[str] | None, table: pd.DataF
 
 
 def _variant_name(row) -> str:
-    name = row["matrix_type"]
+    """A run's variant as tables name it: the matrix type's label (``Toeplitz``), its order and fraction, its source."""
+    from ..experiments.matrices import matrix_label
+
+    name = matrix_label(row["matrix_type"]).split(" (")[0]  # "Original", "Average", "Toeplitz"
     if row.get("selection_order") not in (None, "none") and not pd.isna(row.get("selection_order")):
         name += f" {row['selection_order']} {figures.fraction_label(float(row['fraction']))}"
     if isinstance(row.get("matrices_from"), str) and row["matrices_from"] != row["task"]:
@@ -297,7 +300,10 @@ def _majority_row(task: str, mine: pd.DataFrame) -> dict:
         from . import claims
 
         verdict = "clearly above" if task in claims.informative_tasks(mine)[0] else "not clearly above"
-    names = sorted({f"{_variant_name(r)} (seed {int(r['seed'])})" for _, r in single.iterrows()})
+    seeds: dict[str, set[int]] = {}
+    for _, r in single.iterrows():
+        seeds.setdefault(_variant_name(r), set()).add(int(r["seed"]))
+    names = [f"{name} (seed{'s' * (len(s) > 1)} {', '.join(map(str, sorted(s)))})" for name, s in sorted(seeds.items())]
     return {"task": task, "metric": mine["metric"].iloc[0], "seeds": len(original),
             "original": figures.format_mean_ci(mean, low, high, len(original), digits=3),
             "95% CI": "—" if len(original) < 2 else f"[{figures.fixed(low)}, {figures.fixed(high)}]",

@@ -50,14 +50,14 @@ def show_file(path: str | os.PathLike) -> None:
 
 
 def profiles_table(setup) -> pd.DataFrame:
-    """Per profile: model, data, results folder, grid file, runs the grid declares and runs the table holds."""
+    """Per profile: model, data, results folder with its grid file, runs the grid declares / runs the table holds.
+    The grid is named relative to the results folder (``grid.yaml`` in it), so the table fits the page column."""
     rows = []
     for name in profiles.PROFILES:
         other = profiles.resolve(name, root=setup.root) if name != setup.profile else setup
         try:
             declared = int(costs.grid_plan(other.grid())["runs"].sum())
-            grid_file = ("built in (papa_lib.book.profiles.SMOKE_GRID)" if name == "smoke"
-                         else os.path.relpath(other.results_dir / "grid.yaml", setup.root))
+            grid_file = "built in: profiles.SMOKE_GRID" if name == "smoke" else "grid.yaml in it"
         except FileNotFoundError:
             declared, grid_file = 0, "missing"
         stored = _frame(other.results_dir)
@@ -66,8 +66,8 @@ def profiles_table(setup) -> pd.DataFrame:
                      "model": other.model_label if name != "paper" else "the paper's models (one --model per run)",
                      "data of its stored runs": described["data"] if len(stored) else "no runs stored",
                      "data of live cells here": other.data_label,
-                     "results": os.path.relpath(other.results_dir, setup.root),
-                     "grid": grid_file, "runs declared": declared, "runs stored": len(stored)})
+                     "results folder": os.path.relpath(other.results_dir, setup.root),
+                     "grid": grid_file, "runs declared / stored": f"{declared} / {len(stored)}"})
     return pd.DataFrame(rows).style.hide(axis="index")
 
 

@@ -44,16 +44,20 @@ def _write_vega_bundle(app: Any) -> None:
 
 #: The book's own style sheet (written into ``_static`` next to the vega bundle).
 STYLE_FILENAME = "papa-book.css"
-#: Printed output wraps instead of running past the column's right edge (a long notice stays readable), and a wide
-#: table scrolls inside its own box instead of widening the page; the intro's claims table (its cell tagged
-#: ``claims-table``) gives the statement column room, so that its rows stay a few lines tall.
-BOOK_CSS = """/* papa_lib.book: printed output wraps; wide tables scroll inside their own box */
+#: Printed output wraps instead of running past the column's right edge (a long notice stays readable). Tables
+#: printed by cells are set at 0.8 em with narrow padding, so that a table of both models (a model column beside
+#: the task) fits the page column instead of hiding its last columns behind a scroll bar (checked in headless
+#: Chromium by tests/test_book_browser.py); a table still too wide scrolls inside its own box instead of widening
+#: the page. The intro's claims table (its cell tagged ``claims-table``) gives the statement column room, so that
+#: its rows stay a few lines tall.
+BOOK_CSS = """/* papa_lib.book: printed output wraps; tables fit the column, or scroll inside their own box */
 div.cell_output .output pre, div.cell_output .output.stream pre, div.cell_output .output.stderr pre {
   white-space: pre-wrap;
   overflow-wrap: anywhere;
 }
 div.cell_output .output.text_html { overflow-x: auto; max-width: 100%; }
-div.cell_output table td, div.cell_output table th { white-space: normal; padding: 0.2em 0.6em; }
+div.cell_output table { font-size: 0.8em; }
+div.cell_output table td, div.cell_output table th { white-space: normal; padding: 0.2em 0.45em; }
 div.papa-provenance p { margin: 0.25em 0; }
 """ + f"div.tag_claims-table table td:nth-child({STATEMENT_COLUMN}) {{ min-width: 16em; }}\n"
 
