@@ -38,7 +38,7 @@ def test_attention_pages_and_inputs(smoke):
     shown = [t for t in lines.loc["token"].to_numpy().ravel() if t]
     assert positions[0] == "0" and positions[-1] == "23"  # [CLS] at 0, [SEP] at L-1 (App. A)
     assert shown[0] == tokenizer.cls_token and shown[-1] == tokenizer.sep_token and len(shown) == len(positions)
-    assert lines.shape[1] == 12 and list(lines.index[:2]) == ["position", "token"]  # 12 to a line, then wraps
+    assert lines.shape[1] == 8 and list(lines.index[:2]) == ["position", "token"]  # 8 to a line, then wraps
     assert "col_heading" not in first.to_html()  # no 0, 1, 2 … header over the lines
     with pytest.raises(ValueError, match="per_row"):
         page.first_tokens(tokenizer, batch, per_row=0)

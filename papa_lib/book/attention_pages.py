@@ -18,7 +18,7 @@ from . import charts, prose
 __all__ = ["first_tokens", "head_gallery", "variability", "variability_chart", "variability_values"]
 
 
-def first_tokens(tokenizer, batch, index: int = 0, per_row: int = 12) -> Any:
+def first_tokens(tokenizer, batch, index: int = 0, per_row: int = 8) -> Any:
     """The real tokens of one encoded sentence and their positions: ``[CLS]`` at 0, the words, ``[SEP]`` at L-1.
 
     A Styler without a header: a "position" line above a "token" line, ``per_row`` positions to a pair of lines,

@@ -50,8 +50,9 @@ def show_file(path: str | os.PathLike) -> None:
 
 
 def profiles_table(setup) -> pd.DataFrame:
-    """Per profile: model, data, results folder with its grid file, runs the grid declares / runs the table holds.
-    The grid is named relative to the results folder (``grid.yaml`` in it), so the table fits the page column."""
+    """Per profile (a column each): model, data, results folder with its grid file, runs the grid declares / runs
+    the table holds. Profiles side by side, the grid named relative to its results folder (``grid.yaml`` in it):
+    the table fits the page column."""
     rows = []
     for name in profiles.PROFILES:
         other = profiles.resolve(name, root=setup.root) if name != setup.profile else setup
@@ -68,7 +69,7 @@ def profiles_table(setup) -> pd.DataFrame:
                      "data of live cells here": other.data_label,
                      "results folder": os.path.relpath(other.results_dir, setup.root),
                      "grid": grid_file, "runs declared / stored": f"{declared} / {len(stored)}"})
-    return pd.DataFrame(rows).style.hide(axis="index")
+    return pd.DataFrame(rows).set_index("profile").T.rename_axis(index=None, columns="profile").style
 
 
 def model_table() -> pd.DataFrame:
