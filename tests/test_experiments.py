@@ -102,6 +102,20 @@ def test_each_seed_draws_its_own_subset_and_heldout_slice(tiny, data_dir):
     assert sorted(full.seed_rows(0).tolist()) == list(range(len(full.split("train"))))
 
 
+def test_the_feature_store_covers_only_the_seeds_a_call_trains(tiny, data_dir):
+    from papa_lib.experiments.overrides import variant_feature_bytes
+    from papa_lib.experiments.stages import store_rows
+
+    model, tokenizer = tiny
+    experiment = TaskExperiment(ExperimentConfig("sst2", data_dir=str(data_dir), max_length=16, limit=12,
+                                                 seeds=(0, 1, 2)), model, tokenizer, progress=False)
+    one = set(store_rows(experiment, [2]).tolist())
+    assert one == set(experiment.seed_rows(2).tolist())
+    every = set(store_rows(experiment).tolist())
+    assert every == set().union(*(set(experiment.seed_rows(s).tolist()) for s in (0, 1, 2))) and one < every
+    assert variant_feature_bytes(experiment, [2]) < variant_feature_bytes(experiment)
+
+
 def test_records_carry_baseline_curve_and_mode(tiny, data_dir, tmp_path):
     model, tokenizer = tiny
     config = ExperimentConfig("cola", data_dir=str(data_dir), max_length=16, epochs=2, seeds=(0,), inloop_epochs=1,

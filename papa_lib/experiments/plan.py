@@ -189,7 +189,11 @@ def plan_task(task: str, variants, config, *, layers: int, hidden: int, tokens_p
     todo = {v: (planned if left is None else int(left.get(v, planned))) for v in variants}
     variants = [v for v in variants if todo[v] > 0]
     per_seed = min(config.limit, n_train) if config.limit else n_train
-    store_rows = min(n_train, per_seed * seeds) if config.limit and config.limit < n_train else n_train
+    # the store covers the union of the seeds a variant still runs (stages.store_rows): independent subsets of
+    # per_seed rows leave each row out with probability (1 - per_seed / n_train) per seed
+    running = max(todo.values(), default=0) or planned
+    store_rows = (round(n_train * (1 - (1 - per_seed / n_train) ** running))
+                  if config.limit and config.limit < n_train else n_train)
     rows_per_example = tokens if spec.kind == "sentence" else tokens * 0.6  # token tasks keep first sub-tokens only
     feature_bytes = int((store_rows + n_val) * rows_per_example * (layers + 1) * hidden * 2)
     mode = "cache" if feature_bytes <= budget else "stream"

@@ -76,9 +76,12 @@ def seed_plan(ws: Workspace, seed: int) -> SeedPlan:
     return SeedPlan(seed, train, heldout)
 
 
-def store_rows(ws: Workspace, seeds) -> torch.Tensor:
-    """Training examples the feature store covers: the union of the configured seeds' subsets."""
-    return torch.unique(torch.cat([seed_rows(ws, s) for s in sorted(set(ws.config.seeds) | set(seeds))]))
+def store_rows(ws: Workspace, seeds=()) -> torch.Tensor:
+    """Training examples the feature store covers: the union of the subsets of ``seeds``, the seeds a call trains
+    (default: the configured seeds). A resumed run that has only some seeds left extracts and keeps only their
+    rows: with ``limit`` 8,000 of SST-2's 67,349, seven seeds cover 58% of the training set, ten seeds 72%."""
+    chosen = sorted(set(seeds)) or sorted(set(ws.config.seeds))
+    return torch.unique(torch.cat([seed_rows(ws, s) for s in chosen]))
 
 
 # ---------------------------------------------------------------------- stage 2: constant matrices (Sec. 3.1, 5.3)
