@@ -49,10 +49,10 @@ def show_file(path: str | os.PathLike) -> None:
     print(path.read_text() if path.exists() else f"{path} is not here: clone the repository to get it.")
 
 
-def profiles_table(setup) -> pd.DataFrame:
+def profiles_table(setup) -> pd.io.formats.style.Styler:
     """Per profile (a column each): model, data, results folder with its grid file, runs the grid declares / runs
     the table holds. Profiles side by side, the grid named relative to its results folder (``grid.yaml`` in it):
-    the table fits the page column."""
+    the table fits the page column. Returned as a Styler (the notebook shows it without the index header row)."""
     rows = []
     for name in profiles.PROFILES:
         other = profiles.resolve(name, root=setup.root) if name != setup.profile else setup
