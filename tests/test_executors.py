@@ -67,6 +67,7 @@ def test_plan_groups_runs_into_tasks(tiny, data_dir, tmp_path):
     assert first.keep and second.keep and first.features == second.features and first.after is None
     assert plan.units[second.after] is first  # the second seed reads the features the first one caches
     assert units[("lambda", (0,))].features != units[("lambda", (1,))].features and not units[("lambda", (0,))].keep
+    assert first.store_seeds == second.store_seeds == (0, 1)  # both read one store over both seeds' rows
     # over the cache budget the seeds stream in one pass, in one task
     settings["cache_budget"] = 0
     streamed = executors.plan_grid_units(spec, tmp_path, model, tokenizer, settings, seeds)

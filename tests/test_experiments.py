@@ -116,6 +116,25 @@ def test_the_feature_store_covers_only_the_seeds_a_call_trains(tiny, data_dir):
     assert variant_feature_bytes(experiment, [2]) < variant_feature_bytes(experiment)
 
 
+def test_seeds_run_in_separate_calls_share_one_store_of_their_rows(tiny, data_dir, tmp_path, monkeypatch):
+    """What a Ray executor's one-seed units do (``store_seeds``): with a ``limit``, the second seed reads the store the
+    first one made over both seeds' rows, and makes no backbone pass of its own."""
+    from papa_lib.experiments.overrides import BackboneRunner
+
+    model, tokenizer = tiny
+    config = ExperimentConfig("sst2", data_dir=str(data_dir), max_length=16, epochs=1, limit=12, seeds=(0, 1),
+                              keep_features=True)
+    experiment = TaskExperiment(config, model, tokenizer, results_dir=tmp_path, progress=False)
+    passes = []
+    original = BackboneRunner.rows
+    monkeypatch.setattr(BackboneRunner, "rows", lambda self, *a, **k: passes.append(1) or original(self, *a, **k))
+    experiment.compute_records(Variant(), [0], store_seeds=[0, 1])
+    made = len(passes)
+    assert made > 0
+    experiment.compute_records(Variant(), [1], store_seeds=[0, 1])
+    assert len(passes) == made
+
+
 def test_records_carry_baseline_curve_and_mode(tiny, data_dir, tmp_path):
     model, tokenizer = tiny
     config = ExperimentConfig("cola", data_dir=str(data_dir), max_length=16, epochs=2, seeds=(0,), inloop_epochs=1,
@@ -191,8 +210,8 @@ def test_a_shared_lambda_seed_learns_lambda_once_for_every_seed(tiny, data_dir, 
     monkeypatch.setattr(stages, "learn_lambdas",
                         lambda ws, source=None, seed=0: learned.append(seed) or original(ws, source, seed))
     monkeypatch.setattr(runs, "train_frozen",
-                        lambda ws, variant, seeds, state=None: trained.append((variant.fraction, list(seeds)))
-                        or frozen(ws, variant, seeds, state))
+                        lambda ws, variant, seeds, state=None, **kw: trained.append((variant.fraction, list(seeds)))
+                        or frozen(ws, variant, seeds, state, **kw))
     spec = {"data_dir": str(data_dir), "profile": "smoke", "seeds": [0, 1, 2], "max_length": 16, "epochs": 1,
             "lambda_epochs": 1, "blocks": [GridBlock("fig2", ["sst2"], fractions=[1, 0.5])]}
     shared = run_grid({**spec, "lambda_seed": 1}, tmp_path / "shared", model=model, tokenizer=tokenizer,

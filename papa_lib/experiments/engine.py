@@ -153,9 +153,9 @@ class TaskExperiment(Workspace):
     def run_id(self, variant: Variant, seed: int) -> str:
         return runs.run_id(self, variant, seed)
 
-    def compute_records(self, variant: Variant, seeds) -> list[dict]:
+    def compute_records(self, variant: Variant, seeds, store_seeds=None) -> list[dict]:
         """Train and score ``variant`` for each seed (:func:`papa_lib.experiments.runs.compute_records`)."""
-        return runs.compute_records(self, variant, seeds)
+        return runs.compute_records(self, variant, seeds, store_seeds)
 
     def compute_record(self, variant: Variant, seed: int) -> dict:
         """One run's record (computed, not stored)."""

@@ -82,6 +82,7 @@ class Unit:
     features: str = ""        # folder (under results_dir/features) of its cached features
     keep: bool = False        # keep the features after the run (the other seeds' runs read them)
     after: int | None = None  # index of the unit whose cached features it reads
+    store_seeds: tuple[int, ...] = ()  # the seeds whose rows the shared feature store covers (all its units')
 
 
 @dataclass
@@ -122,7 +123,7 @@ def plan_grid_units(spec: dict, results_dir, model, tokenizer, settings: dict, s
                     needs.append(need)
             shared = variant.frozen and not variant.backbone_per_seed(experiment.config.lambda_seed) \
                 and len(pending) > 1
-            if shared and not experiment.use_cache(seeds):  # streamed: all seeds in one backbone pass
+            if shared and not experiment.use_cache(pending):  # streamed: all seeds in one backbone pass
                 plan.units.append(Unit(task, variant, tuple(pending), tuple(ids[s] for s in pending),
                                        _folder(ids[pending[0]])))
             elif shared:  # the first seed caches the features, the others read them
@@ -130,7 +131,7 @@ def plan_grid_units(spec: dict, results_dir, model, tokenizer, settings: dict, s
                 first = len(plan.units)
                 for seed in pending:
                     plan.units.append(Unit(task, variant, (seed,), (ids[seed],), folder, keep=True,
-                                           after=None if seed == pending[0] else first))
+                                           after=None if seed == pending[0] else first, store_seeds=tuple(pending)))
             else:
                 plan.units.extend(Unit(task, variant, (seed,), (ids[seed],), _folder(ids[seed])) for seed in pending)
         if needs:
@@ -247,7 +248,7 @@ def run_task(context: WorkerContext, boxed: list, unit: Unit, score_keys: list, 
     experiment = _open(context, boxed, unit.task, unit.features, unit.keep)
     # scores computed once, by their own tasks, keyed (order, matrices_from, seed)
     experiment.given_scores.update(zip(score_keys, dependencies[1:1 + len(score_keys)]))
-    return experiment.compute_records(unit.variant, list(unit.seeds))
+    return experiment.compute_records(unit.variant, list(unit.seeds), store_seeds=unit.store_seeds or None)
 
 
 def sees_folder(results_dir: str, token: str, data_dir: str | None) -> tuple[str, bool, bool]:

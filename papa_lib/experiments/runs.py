@@ -79,8 +79,8 @@ def majority_accuracy(ws: Workspace) -> float:
     return float((labels == majority).float().mean()) if labels.numel() else float("nan")
 
 
-def train_frozen(ws: Workspace, variant: Variant, seeds: list[int], state: AttentionOverride | None = None
-                 ) -> dict[int, dict]:
+def train_frozen(ws: Workspace, variant: Variant, seeds: list[int], state: AttentionOverride | None = None,
+                 store_seeds=None) -> dict[int, dict]:
     """Probes of ``seeds`` on frozen features of ``variant`` (cached or streamed; ``state`` overrides the
     variant's own override, e.g. learned matrices); per seed its outcome."""
     cfg, kind = ws.config, ws.spec.kind
@@ -88,9 +88,10 @@ def train_frozen(ws: Workspace, variant: Variant, seeds: list[int], state: Atten
     plans = [seed_plan(ws, seed) for seed in seeds]
     train, validation = split(ws, "train"), split(ws, "validation")
     all_val = torch.arange(len(validation))
-    cached = use_cache(ws, seeds)
+    shared = list(store_seeds) if store_seeds else seeds  # the seeds whose rows the feature store covers
+    cached = use_cache(ws, shared)
     if cached:
-        covered = store_rows(ws, seeds)
+        covered = store_rows(ws, shared)
         local = torch.full((len(train),), -1, dtype=torch.long)
         local[covered] = torch.arange(len(covered))
         rows = on_device(cached_rows(ws, state, "train", covered), cfg.device)
@@ -240,9 +241,10 @@ def record(ws: Workspace, variant: Variant, seed: int, outcome: dict, seconds: f
     }
 
 
-def compute_records(ws: Workspace, variant: Variant, seeds) -> list[dict]:
+def compute_records(ws: Workspace, variant: Variant, seeds, store_seeds=None) -> list[dict]:
     """Train and score ``variant`` for each seed (all seeds of a frozen, seed-independent variant in one pass);
-    the records are returned, not stored."""
+    the records are returned, not stored. ``store_seeds``: the seeds whose rows a seed-independent variant's feature
+    store covers when its seeds run in separate calls that share it (Ray units); default ``seeds``."""
     seeds = list(seeds)
     started = time.time()
     if not variant.frozen:
@@ -252,7 +254,7 @@ def compute_records(ws: Workspace, variant: Variant, seeds) -> list[dict]:
         for seed in seeds:
             outcomes.update(train_frozen(ws, variant, [seed]))
     else:
-        outcomes = train_frozen(ws, variant, seeds)
+        outcomes = train_frozen(ws, variant, seeds, store_seeds=store_seeds)
     seconds = (time.time() - started) / max(len(seeds), 1)
     return [record(ws, variant, seed, outcomes[seed], seconds) for seed in seeds]
 
