@@ -135,6 +135,50 @@ def test_seeds_run_in_separate_calls_share_one_store_of_their_rows(tiny, data_di
     assert len(passes) == made
 
 
+def test_a_seed_that_stops_early_is_stored_at_once_and_a_stopped_run_resumes_with_the_rest(tiny, data_dir, tmp_path,
+                                                                                            monkeypatch):
+    """Seeds of a variant train together; one that stops early (patience) lands in the store before the slower ones
+    finish. A run killed after that keeps it, and the resumed run trains only the others, to the same numbers."""
+    model, tokenizer = tiny
+    config = ExperimentConfig("sst2", data_dir=str(data_dir), max_length=16, epochs=12, patience=1, seeds=(0, 1, 2),
+                              learning_rate=1e-2)
+    keys = ("value", "best_epoch", "epochs_run", "updates")
+    whole = TaskExperiment(config, model, tokenizer, results_dir=tmp_path / "whole", progress=False).run_variant(
+        Variant(), [0, 1, 2])
+    first = min(whole, key=lambda r: r["epochs_run"])
+    assert first["epochs_run"] < max(r["epochs_run"] for r in whole)  # it stopped while others still trained
+
+    class Killed(Exception):
+        pass
+
+    append = results.ResultsStore.append
+
+    def append_then_die(self, record, **kw):
+        append(self, record, **kw)
+        raise Killed
+
+    monkeypatch.setattr(results.ResultsStore, "append", append_then_die)
+    killed = tmp_path / "killed"
+    with pytest.raises(Killed):
+        TaskExperiment(config, model, tokenizer, results_dir=killed, progress=False).run_variant(Variant(), [0, 1, 2])
+    monkeypatch.setattr(results.ResultsStore, "append", append)
+    kept = results.ResultsStore(killed).frame()
+    assert len(kept) == 1 and int(kept.seed[0]) == first["seed"]
+    assert float(kept.value[0]) == first["value"] and int(kept.epochs_run[0]) == first["epochs_run"]
+    assert len(list((killed / "curves").glob("*.csv"))) == 1  # killed before any other seed was scored
+
+    trained = []
+    compute = TaskExperiment.compute_records
+    monkeypatch.setattr(TaskExperiment, "compute_records",
+                        lambda self, variant, seeds, *a, **k: trained.append(list(seeds)) or compute(
+                            self, variant, seeds, *a, **k))
+    resumed = TaskExperiment(config, model, tokenizer, results_dir=killed, progress=False).run_variant(
+        Variant(), [0, 1, 2])
+    assert trained == [[s for s in (0, 1, 2) if s != first["seed"]]]
+    assert [[r[k] for k in keys] for r in resumed] == [[r[k] for k in keys] for r in whole]
+    assert len(results.ResultsStore(killed).frame()) == 3
+
+
 def test_records_carry_baseline_curve_and_mode(tiny, data_dir, tmp_path):
     model, tokenizer = tiny
     config = ExperimentConfig("cola", data_dir=str(data_dir), max_length=16, epochs=2, seeds=(0,), inloop_epochs=1,

@@ -153,9 +153,9 @@ class TaskExperiment(Workspace):
     def run_id(self, variant: Variant, seed: int) -> str:
         return runs.run_id(self, variant, seed)
 
-    def compute_records(self, variant: Variant, seeds, store_seeds=None) -> list[dict]:
+    def compute_records(self, variant: Variant, seeds, store_seeds=None, land=None) -> list[dict]:
         """Train and score ``variant`` for each seed (:func:`papa_lib.experiments.runs.compute_records`)."""
-        return runs.compute_records(self, variant, seeds, store_seeds)
+        return runs.compute_records(self, variant, seeds, store_seeds, land)
 
     def compute_record(self, variant: Variant, seed: int) -> dict:
         """One run's record (computed, not stored)."""
@@ -163,7 +163,8 @@ class TaskExperiment(Workspace):
 
     def run_variant(self, variant: Variant, seeds) -> list[dict]:
         """Probe ``variant`` for every seed not yet in the store; append and return all its records."""
-        return runs.run_variant(self, variant, seeds, compute=lambda ws, v, todo: self.compute_records(v, todo))
+        return runs.run_variant(self, variant, seeds,
+                                compute=lambda ws, v, todo, land=None: self.compute_records(v, todo, land=land))
 
     def run(self, variant: Variant, seed: int) -> dict:
         """Probe one variant with one seed; append the record to the store (skipped if already finished)."""

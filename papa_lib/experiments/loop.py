@@ -13,7 +13,10 @@ plain loop of :func:`papa_lib.experiments.probes.train_probe`. What differs betw
   at most one batch per member;
 * ``evaluate(member, epoch)`` (optional) scores a member's held-out slice after each epoch: ``(score, loss)``; a
   member stops after ``patience`` epochs without improvement (:func:`improves`) and keeps its best state
-  (``Member.snapshot`` / ``Member.restore``).
+  (``Member.snapshot`` / ``Member.restore``);
+* ``on_stop(member)`` (optional) is called as soon as a member stops early, already restored to its best epoch and
+  in ``eval()`` mode: its result is final then, so a caller can record it before the others finish (a run killed
+  later keeps it).
 
 Members that step together share one backward pass and one AdamW call (PyTorch's fused kernel updates each tensor
 on its own, and a parameter without a gradient is skipped, step count included). A member that has no batch in a
@@ -203,6 +206,7 @@ def fit(
     loss_fn: Callable[[Tensor, Tensor], Tensor] | None = None,
     device="cpu",
     progress: bool | str = False,
+    on_stop: Callable[[Member], None] | None = None,
 ) -> list[Member]:
     """Train ``members`` together for up to ``epochs`` (see the module docstring); returns them, each in ``eval()``
     mode, restored to its best held-out epoch when ``evaluate`` is given.
@@ -259,18 +263,28 @@ def fit(
                     bar.set_postfix_str(f"{taken_steps} steps", refresh=True)
             for member in active:
                 _end_epoch(member, epoch, evaluate, patience)
+                if member.stopped and on_stop is not None:  # frozen from now on: its result is final
+                    _restore_best(member)
+                    on_stop(member)
             bar.update(1)
     finally:
         bar.close()
         for member in members:
             if member.best is not None:
-                member.restore(member.best)
-                member.best = None
+                _restore_best(member)
             elif evaluate is None:
                 member.result.best_epoch = len(member.result.curve)
                 member.result.updates_at_best = member.result.updates
             member.module.eval()
     return members
+
+
+def _restore_best(member: Member) -> None:
+    """Bring ``member`` back to its best epoch (once) and put it in ``eval()`` mode."""
+    if member.best is not None:
+        member.restore(member.best)
+        member.best = None
+    member.module.eval()
 
 
 def _end_epoch(member: Member, epoch: int, evaluate, patience) -> None:

@@ -80,9 +80,13 @@ def majority_accuracy(ws: Workspace) -> float:
 
 
 def train_frozen(ws: Workspace, variant: Variant, seeds: list[int], state: AttentionOverride | None = None,
-                 store_seeds=None) -> dict[int, dict]:
+                 store_seeds=None, on_outcome=None) -> dict[int, dict]:
     """Probes of ``seeds`` on frozen features of ``variant`` (cached or streamed; ``state`` overrides the
-    variant's own override, e.g. learned matrices); per seed its outcome."""
+    variant's own override, e.g. learned matrices); per seed its outcome.
+
+    ``on_outcome(seed, outcome)``: with cached features, called as soon as a seed stops early with its final outcome
+    (the validation features are at hand then; streamed, they are computed after training, and every outcome comes
+    back at the end only)."""
     cfg, kind = ws.config, ws.spec.kind
     state = state if state is not None else override_for(ws, variant, seeds[0])
     plans = [seed_plan(ws, seed) for seed in seeds]
@@ -112,25 +116,33 @@ def train_frozen(ws: Workspace, variant: Variant, seeds: list[int], state: Atten
 
         def heldout(plan):
             return train_runner.rows(plan.heldout), torch.arange(len(plan.heldout))
+    plan_of, outcomes = {plan.seed: plan for plan in plans}, {}
+
+    def outcome(seed, result):
+        predictions = predict_rows(result.probe, val_rows, all_val, kind, cfg.device)
+        return {"result": result, "predictions": predictions, "plan": plan_of[seed],
+                "feature_mode": "cached" if cached else "streamed"}
+
+    def stopped(seed, result):
+        outcomes[seed] = outcome(seed, result)
+        on_outcome(seed, outcomes[seed])
+
     with context:
         trained = train_seeds(
             lambda seed: new_probe(ws), plans, source, heldout,
             lambda plan, predictions: score(ws, "train", plan.heldout, predictions), train.labels, kind,
             pool_size=len(train), batch_size=cfg.batch_size, learning_rate=cfg.learning_rate,
             max_epochs=cfg.epochs, patience=cfg.patience, order_seed=cfg.data_seed, device=cfg.device,
-            progress=ws.progress)
+            progress=ws.progress, on_stop=stopped if cached and on_outcome is not None else None)
         if not cached:
             val_rows = runner(ws, "validation").rows(all_val, ws.progress, "validation features")
     if cached and ws.features_store is not None and not cfg.keep_features:
         for split_name, kept_rows in (("train", covered), ("validation", all_val)):
             ws.features_store.remove(features_key(ws, state, split_name, kept_rows))
-    outcomes = {}
     for plan in plans:
-        result = trained[plan.seed]
-        predictions = predict_rows(result.probe, val_rows, all_val, kind, cfg.device)
-        outcomes[plan.seed] = {"result": result, "predictions": predictions, "plan": plan,
-                               "feature_mode": "cached" if cached else "streamed"}
-    return outcomes
+        if plan.seed not in outcomes:
+            outcomes[plan.seed] = outcome(plan.seed, trained[plan.seed])
+    return {plan.seed: outcomes[plan.seed] for plan in plans}
 
 
 def train_inside(ws: Workspace, variant: Variant, seed: int) -> dict:
@@ -241,12 +253,22 @@ def record(ws: Workspace, variant: Variant, seed: int, outcome: dict, seconds: f
     }
 
 
-def compute_records(ws: Workspace, variant: Variant, seeds, store_seeds=None) -> list[dict]:
+def compute_records(ws: Workspace, variant: Variant, seeds, store_seeds=None, land=None) -> list[dict]:
     """Train and score ``variant`` for each seed (all seeds of a frozen, seed-independent variant in one pass);
     the records are returned, not stored. ``store_seeds``: the seeds whose rows a seed-independent variant's feature
-    store covers when its seeds run in separate calls that share it (Ray units); default ``seeds``."""
+    store covers when its seeds run in separate calls that share it (Ray units); default ``seeds``.
+
+    ``land(record)``: called with a seed's record as soon as that seed stops early (seeds that train together on
+    cached features), so that a caller can store it before the slower seeds finish. Its ``wall_time_s`` is its
+    share of the time until then (elapsed / number of seeds), the others' their share of the whole call."""
     seeds = list(seeds)
     started = time.time()
+    landed = {}
+
+    def on_outcome(seed, outcome):
+        landed[seed] = record(ws, variant, seed, outcome, (time.time() - started) / max(len(seeds), 1))
+        land(landed[seed])
+
     if not variant.frozen:
         outcomes = {seed: train_inside(ws, variant, seed) for seed in seeds}
     elif variant.backbone_per_seed(ws.config.lambda_seed):
@@ -254,9 +276,10 @@ def compute_records(ws: Workspace, variant: Variant, seeds, store_seeds=None) ->
         for seed in seeds:
             outcomes.update(train_frozen(ws, variant, [seed]))
     else:
-        outcomes = train_frozen(ws, variant, seeds, store_seeds=store_seeds)
+        outcomes = train_frozen(ws, variant, seeds, store_seeds=store_seeds,
+                                on_outcome=on_outcome if land is not None else None)
     seconds = (time.time() - started) / max(len(seeds), 1)
-    return [record(ws, variant, seed, outcomes[seed], seconds) for seed in seeds]
+    return [landed[seed] if seed in landed else record(ws, variant, seed, outcomes[seed], seconds) for seed in seeds]
 
 
 def pending_seeds(ws: Workspace, variant: Variant, seeds, done, ids: dict[int, str] | None = None) -> list[int]:
@@ -268,13 +291,22 @@ def pending_seeds(ws: Workspace, variant: Variant, seeds, done, ids: dict[int, s
 
 def run_variant(ws: Workspace, variant: Variant, seeds, compute=compute_records) -> list[dict]:
     """Probe ``variant`` for every seed not yet in the store; append and return all its records (``compute``:
-    how the missing ones are computed, ``compute(ws, variant, seeds)``)."""
+    how the missing ones are computed, ``compute(ws, variant, seeds, land=...)``). A seed that stops early is
+    appended at once (``land``), so a run stopped later keeps it and resumes with the others only."""
     store = ws.store
     todo = pending_seeds(ws, variant, seeds, set(store.run_ids()) if store is not None else set())
-    fresh = {entry["seed"]: entry for entry in compute(ws, variant, todo)} if todo else {}
+    stored = set()
+
+    def land(entry):
+        if store is not None and store.append(entry, exist_ok=True):
+            stored.add(entry["seed"])
+
+    fresh = {entry["seed"]: entry for entry in compute(ws, variant, todo, land=land)} if todo else {}
     out = []
     for seed in seeds:
-        if seed in fresh:
+        if seed in stored:
+            out.append(fresh[seed])
+        elif seed in fresh:
             if store is not None and not store.append(fresh[seed], exist_ok=True):
                 out.append(store.get(fresh[seed]["run_id"]))  # a parallel lane finished it first: theirs
                 continue

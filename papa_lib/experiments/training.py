@@ -116,6 +116,7 @@ def train_seeds(
     device="cpu",
     progress: bool = False,
     batched: bool = True,
+    on_stop: Callable[[int, TrainedProbe], None] | None = None,
 ) -> dict[int, TrainedProbe]:
     """Train one probe per :class:`SeedPlan` with early stopping, all in the same passes over the data.
 
@@ -126,6 +127,9 @@ def train_seeds(
     ``batched`` (default): the seeds step together, the i-th batch of every seed in one backward pass and one AdamW
     call (:func:`papa_lib.experiments.loop.fit`); otherwise each seed takes all its batches of a chunk in turn. Both
     give the same probes bit for bit.
+
+    ``on_stop(seed, result)``: called as soon as a seed stops early, its probe already at its best epoch (final: a
+    stopped seed is frozen), so that its record can land before the slower seeds finish.
     """
     members = []
     for plan in plans:
@@ -181,5 +185,6 @@ def train_seeds(
         return float(score(plan, predictions)), held_loss
 
     fit(members, steps, epochs=max_epochs, learning_rate=learning_rate, evaluate=evaluate, patience=patience,
-        device=device, progress=progress)
+        device=device, progress=progress,
+        on_stop=None if on_stop is None else (lambda member: on_stop(member.seed, member.result)))
     return {member.seed: member.result for member in members}
