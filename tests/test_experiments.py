@@ -177,6 +177,7 @@ def test_a_seed_that_stops_early_is_stored_at_once_and_a_stopped_run_resumes_wit
     assert trained == [[s for s in (0, 1, 2) if s != first["seed"]]]
     assert [[r[k] for k in keys] for r in resumed] == [[r[k] for k in keys] for r in whole]
     assert len(results.ResultsStore(killed).frame()) == 3
+    assert 0 < first["wall_time_s"] <= min(r["wall_time_s"] for r in whole)  # its share of the time until it landed
 
 
 def test_records_carry_baseline_curve_and_mode(tiny, data_dir, tmp_path):

@@ -260,7 +260,8 @@ def compute_records(ws: Workspace, variant: Variant, seeds, store_seeds=None, la
 
     ``land(record)``: called with a seed's record as soon as that seed stops early (seeds that train together on
     cached features), so that a caller can store it before the slower seeds finish. Its ``wall_time_s`` is its
-    share of the time until then (elapsed / number of seeds), the others' their share of the whole call."""
+    share of the time until then (elapsed / number of seeds); the seeds recorded at the end share the rest, so the
+    records' times still add up to the call's."""
     seeds = list(seeds)
     started = time.time()
     landed = {}
@@ -278,7 +279,9 @@ def compute_records(ws: Workspace, variant: Variant, seeds, store_seeds=None, la
     else:
         outcomes = train_frozen(ws, variant, seeds, store_seeds=store_seeds,
                                 on_outcome=on_outcome if land is not None else None)
-    seconds = (time.time() - started) / max(len(seeds), 1)
+    rest = [seed for seed in seeds if seed not in landed]
+    spent = sum(entry["wall_time_s"] for entry in landed.values())
+    seconds = (time.time() - started - spent) / max(len(rest), 1)
     return [landed[seed] if seed in landed else record(ws, variant, seed, outcomes[seed], seconds) for seed in seeds]
 
 
