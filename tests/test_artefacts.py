@@ -54,3 +54,31 @@ def test_truncated_features_are_set_aside(tmp_path, capsys):
     assert (tmp_path / "k.damaged").is_dir() and not (tmp_path / "k").exists()
     store.save("k", "train", rows)  # computed again
     assert store.has("k", "train")
+
+
+def test_features_are_written_straight_into_the_store_file(tmp_path):
+    """FeatureStore.build hands the computation a map of the values file being written (never a second copy in
+    memory); a build stopped midway stores nothing and leaves no temporary file."""
+    store = FeatureStore(tmp_path)
+    rows = RaggedRows(torch.randn(10, 3, 4).half(), torch.tensor([0, 4, 10]), torch.arange(10))
+    seen = []
+
+    def compute(allocate):
+        values = allocate((10, 3, 4))
+        seen.extend((p.name, p.stat().st_size) for p in (tmp_path / "k").iterdir())
+        values.copy_(rows.values)
+        return RaggedRows(values, rows.offsets, rows.positions)
+
+    loaded = store.build("k", "train", compute)
+    assert len(seen) == 1 and seen[0][0].startswith(".train.values.") and seen[0][1] == 240  # the file, full size
+    assert store.has("k", "train") and torch.equal(loaded.values, rows.values)
+    assert sorted(p.name for p in (tmp_path / "k").iterdir()) == [
+        "train.json", "train.offsets.npy", "train.positions.npy", "train.values"]
+
+    def stopped(allocate):
+        allocate((10, 3, 4))
+        raise RuntimeError("stopped")
+
+    with pytest.raises(RuntimeError, match="stopped"):
+        store.build("j", "train", stopped)
+    assert not store.has("j", "train") and not list((tmp_path / "j").iterdir())

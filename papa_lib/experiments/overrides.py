@@ -109,8 +109,9 @@ def cached_rows(ws: Workspace, state, split_name: str, rows: torch.Tensor) -> Ra
     if ws.features_store is not None and ws.features_store.has(key, split_name):
         return ws.features_store.load(key, split_name)
     with state.applied(ws.model) if state is not None else nullcontext():
-        features = runner(ws, split_name).rows(rows, ws.progress, f"{split_name} features")
-    if ws.features_store is not None:
-        ws.features_store.save(key, split_name, features)
-        return ws.features_store.load(key, split_name)
-    return features
+        source = runner(ws, split_name)
+        if ws.features_store is None:
+            return source.rows(rows, ws.progress, f"{split_name} features")
+        # written straight into the store's file: the features are never held twice in memory
+        return ws.features_store.build(key, split_name, lambda allocate: source.rows(
+            rows, ws.progress, f"{split_name} features", allocate=allocate))
