@@ -1,6 +1,7 @@
 """Speed and memory benchmarks of the library (paper Sec. 3.4 "Potential Computational Gains", and our own tools).
 
-Run ``python -m papa_lib.bench [averaging|probe|seeds|constant|packing|memory|all] [--quick]`` (also ``papa bench``).
+Run ``python -m papa_lib.bench [averaging|probe|seeds|constant|packing|memory|store|all] [--quick]`` (also
+``papa bench``).
 Every figure
 is printed as one ``name: value`` line (lines starting with ``#`` are context); all are measured in one run, side by
 side, on the embedded all-MiniLM-L6-v2 unless ``--model`` (or the ``PAPA_BENCH_MODEL`` environment variable) says
@@ -52,6 +53,16 @@ Figures
     ``torch.cuda.max_memory_allocated``. Target ~= 1.0. ``averaging_peak_mem_mb_N`` and
     ``averaging_peak_growth_mb_N`` (peak minus the memory held just before averaging) give the absolute values.
 
+``feature_store_in_memory_vs_in_place_peak``
+    How much a variant's feature cache costs in memory. The peak memory growth (``VmHWM``, reset after the model is
+    loaded and warmed up; resident pages, file-backed ones included) of extracting the real-token features of 4096
+    sentences (L = 64; batch 8, so that the forward pass is small next to the store) into a
+    :class:`~papa_lib.experiments.features.FeatureStore` by filling them in memory and then saving them, divided by
+    the growth of writing them in place into the store's file
+    (:meth:`~papa_lib.experiments.features.FeatureStore.build`, what the engine does); one fresh process each.
+    Target >= 1.5 (the in-memory way holds the features twice while it saves). ``feature_store_peak_vs_size_*`` give
+    each way's growth over the stored bytes (in place: about 1; the file's pages can be written back and reclaimed).
+
 Sentences come from ``../shared/data/glue/SST-2/dev.tsv`` next to the repository (cycled when more are needed), or
 are generated from a fixed word list when that file is absent (the figure lines do not change).
 
@@ -91,7 +102,7 @@ from .bench_support import (  # noqa: F401  (re-exported: bench.flop_limit, benc
     load_bench_model,
 )
 
-BENCHMARK_NAMES = ("averaging", "probe", "seeds", "constant", "packing", "memory")
+BENCHMARK_NAMES = ("averaging", "probe", "seeds", "constant", "packing", "memory", "store")
 SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 SST2_DEV = SHARED_DATA / "glue" / "SST-2" / "dev.tsv"
 #: How time is read: wall-clock (default) or the CPU time of this process (all its threads), which is much less
@@ -105,6 +116,7 @@ QUICK = BenchSizes(
     averaging_sentences=32, averaging_batch=16, averaging_repeats=2, probe_sentences=32, probe_batch=16,
     probe_repeats=1, constant_batch=1, constant_repeats=2, memory_sentences=(32, 128), memory_batch=8,
     packing_sentences=64, packing_batch=16, packing_repeats=1, seeds_sentences=32, seeds_repeats=1,
+    store_sentences=512, store_batch=8,
 )
 
 
@@ -481,6 +493,74 @@ def bench_memory(
     return {"averaging_peak_mem_ratio": figures.pop("averaging_peak_mem_ratio"), **figures}
 
 
+def store_child(sentences: int, batch_size: int, model_spec: str | None, device: str, dtype: str,
+                in_place: bool) -> dict:
+    """Extract the real-token features of ``sentences`` sentences into a feature store (in place, or filled in memory
+    then saved) and measure the peak memory growth. Runs in a fresh process (see :func:`bench_store`)."""
+    import tempfile
+
+    from .core.layout import encode
+    from .experiments.features import BackboneRunner, FeatureStore
+
+    model, tokenizer = load_bench_model(model_spec, device, dtype)
+    texts, labels, _ = benchmark_sentences(sentences)
+    runner = BackboneRunner(model, encode(tokenizer, texts, max_length=64), torch.tensor(labels), "sentence",
+                            batch_size=batch_size)
+    runner.rows(torch.arange(min(batch_size, sentences)))  # warm-up
+    examples = torch.arange(sentences)
+    with tempfile.TemporaryDirectory() as folder:
+        store = FeatureStore(folder)
+        reset = _reset_peak_rss()
+        before = _current_rss_kb() or 0
+        if in_place:
+            rows = store.build("k", "train", lambda allocate: runner.rows(examples, allocate=allocate))
+        else:
+            store.save("k", "train", runner.rows(examples))
+            rows = store.load("k", "train")
+        peak = _peak_rss_kb()
+        stored = rows.values.numel() * rows.values.element_size()
+        del rows
+    return {"growth_mb": max(peak - before, 0) / 1024, "stored_mb": stored / 2**20,
+            "method": "VmHWM" if reset else "ru_maxrss"}
+
+
+def _child(flags: list[str], model_spec: str | None, device: str, dtype: str, threads: int | None, what: str) -> dict:
+    """Run ``python -m papa_lib.bench`` with ``flags`` in a fresh process; its last output line as JSON."""
+    command = [sys.executable, "-m", "papa_lib.bench", *flags, "--device", device, "--dtype", dtype]
+    if model_spec:
+        command += ["--model", model_spec]
+    if threads:
+        command += ["--threads", str(threads)]
+    env = dict(
+        os.environ,
+        PYTHONPATH=os.pathsep.join(
+            filter(None, [str(Path(__file__).resolve().parents[1]), os.environ.get("PYTHONPATH")])
+        ),
+    )
+    done = subprocess.run(command, capture_output=True, text=True, env=env)
+    if done.returncode != 0:
+        raise RuntimeError(f"{what} failed:\n{done.stderr[-2000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def bench_store(
+    model_spec: str | None, sizes: BenchSizes, device: str, dtype: str, threads: int | None
+) -> dict[str, float]:
+    """``feature_store_in_memory_vs_in_place_peak``: the peak memory growth of caching features filled in memory
+    then saved over that of writing them in place into the store's file; one fresh process each."""
+    growth = {}
+    for way, flag in (("in_place", "1"), ("in_memory", "0")):
+        result = _child(["--store-child", str(sizes.store_sentences), flag, "--batch", str(sizes.store_batch)],
+                        model_spec, device, dtype, threads, f"feature store benchmark child ({way})")
+        growth[way] = (result["growth_mb"], result["stored_mb"])
+    return {
+        "feature_store_in_memory_vs_in_place_peak": growth["in_memory"][0] / max(growth["in_place"][0], 1e-9),
+        "feature_store_peak_vs_size_in_place": growth["in_place"][0] / growth["in_place"][1],
+        "feature_store_peak_vs_size_in_memory": growth["in_memory"][0] / growth["in_memory"][1],
+        "feature_store_mb": growth["in_place"][1],
+    }
+
+
 # ---------------------------------------------------------------------------------------------- entry points
 def _expand(names: Iterable[str]) -> list[str]:
     selected: list[str] = []
@@ -509,7 +589,8 @@ def run_benchmarks(
     sizes: BenchSizes | None = None,
     clock: str = "wall",
 ) -> dict[str, float]:
-    """Run the named benchmarks (``averaging``, ``probe``, ``constant``, ``packing``, ``memory`` or ``all``).
+    """Run the named benchmarks (``averaging``, ``probe``, ``constant``, ``packing``, ``memory``, ``store`` or
+    ``all``).
 
     Args:
         names: which benchmarks to run.
@@ -542,8 +623,8 @@ def run_benchmarks(
     try:
         for name in selected:
             started = time.perf_counter()
-            if name == "memory":
-                result = bench_memory(model, sizes, device, dtype, threads)
+            if name in ("memory", "store"):
+                result = (bench_memory if name == "memory" else bench_store)(model, sizes, device, dtype, threads)
             else:
                 if loaded is None:
                     loaded = load_bench_model(model, device, dtype)
@@ -563,8 +644,8 @@ def run_benchmarks(
 
 
 def main(argv: list[str] | None = None, parser_class: type[argparse.ArgumentParser] = argparse.ArgumentParser) -> int:
-    """Command line: ``python -m papa_lib.bench [averaging|probe|seeds|constant|packing|memory|all] [--quick] [--device
-    cuda] ...``.
+    """Command line: ``python -m papa_lib.bench [averaging|probe|seeds|constant|packing|memory|store|all] [--quick]
+    [--device cuda] ...``.
 
     ``papa bench ...`` calls this with its own ``parser_class`` (one-line errors, exit status 2).
     """
@@ -579,12 +660,17 @@ def main(argv: list[str] | None = None, parser_class: type[argparse.ArgumentPars
     parser.add_argument("--clock", default="wall", choices=sorted(CLOCKS),
                         help="wall (default) or process: CPU time of this process, robust to a busy shared machine")
     parser.add_argument("--memory-child", type=int, default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--store-child", type=int, nargs=2, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--batch", type=int, default=32, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.memory_child is not None:
         print(json.dumps(memory_child(args.memory_child, args.batch, args.model, args.device, args.dtype)))
+        return 0
+    if args.store_child is not None:
+        sentences, in_place = args.store_child
+        print(json.dumps(store_child(sentences, args.batch, args.model, args.device, args.dtype, bool(in_place))))
         return 0
     started = time.perf_counter()
     try:

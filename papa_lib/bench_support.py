@@ -38,6 +38,8 @@ class BenchSizes:
     seeds: int = 10
     seeds_sentences: int = 256
     seeds_repeats: int = 3
+    store_sentences: int = 4096
+    store_batch: int = 8
 
 
 def format_figure(name: str, value: float) -> str:

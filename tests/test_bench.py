@@ -14,6 +14,7 @@ from papa_lib import bench
 TINY_SIZES = bench.BenchSizes(
     averaging_sentences=8, averaging_batch=4, averaging_repeats=1, probe_sentences=8, probe_batch=4, probe_repeats=1,
     constant_lengths=(16, 32), constant_batch=2, constant_repeats=1, memory_sentences=(4, 16), memory_batch=4,
+    store_sentences=16, store_batch=4,
 )
 LINE = re.compile(r"^([a-z][A-Za-z0-9_]*): (\S+)$")
 
@@ -74,6 +75,20 @@ def test_memory_benchmark_runs_in_subprocesses():
     assert figures["averaging_peak_mem_ratio"] == pytest.approx(
         figures["averaging_peak_mem_mb_16"] / figures["averaging_peak_mem_mb_4"]
     )
+
+
+@pytest.mark.slow
+def test_feature_store_benchmark_runs_in_subprocesses():
+    lines = []
+    figures = bench.run_benchmarks(["store"], model="tiny", sizes=TINY_SIZES, emit=lines.append)
+    assert set(figures) == {"feature_store_in_memory_vs_in_place_peak", "feature_store_peak_vs_size_in_place",
+                            "feature_store_peak_vs_size_in_memory", "feature_store_mb"}
+    printed = parse(lines)
+    assert all(math.isfinite(value) and value >= 0 for value in printed.values())  # tiny sizes: growth may be 0
+    assert figures["feature_store_mb"] > 0
+    if figures["feature_store_peak_vs_size_in_place"] > 0:
+        assert figures["feature_store_in_memory_vs_in_place_peak"] == pytest.approx(
+            figures["feature_store_peak_vs_size_in_memory"] / figures["feature_store_peak_vs_size_in_place"], rel=1e-6)
 
 
 def test_main_command_line(capsys, monkeypatch):
