@@ -75,10 +75,8 @@ from __future__ import annotations
 import argparse
 import csv
 import json
-import os
 import random
 import statistics
-import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterable
@@ -86,6 +84,7 @@ from pathlib import Path
 
 import torch
 
+from .bench_memory import bench_memory, bench_store, memory_child, store_child  # noqa: F401  (bench.bench_memory ...)
 from .bench_support import (  # noqa: F401  (re-exported: bench.flop_limit, bench.load_bench_model, ...)
     DTYPES,
     MODEL_ENV,
@@ -432,135 +431,6 @@ def bench_constant(model, tokenizer, sizes: BenchSizes, device) -> dict[str, flo
     return figures
 
 
-def memory_child(sentences: int, batch_size: int, model_spec: str | None, device: str, dtype: str) -> dict:
-    """Average attention over ``sentences`` sentences (streamed, batch by batch) and measure the peak memory.
-
-    Runs in a fresh process (see :func:`bench_memory`); returns ``peak_mb``, ``before_mb`` and the method used.
-    """
-    from .core.averaging import average_attention
-    from .core.layout import encode
-
-    model, tokenizer = load_bench_model(model_spec, device, dtype)
-    texts, _, _ = benchmark_sentences(sentences)
-
-    def batches():
-        for start in range(0, len(texts), batch_size):
-            yield encode(tokenizer, texts[start : start + batch_size], max_length=64)
-
-    average_attention(model, [encode(tokenizer, texts[:batch_size], max_length=64)], progress=False)  # warm-up
-    if torch.device(device).type == "cuda":
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats()
-        before = torch.cuda.memory_allocated()
-        average_attention(model, batches(), progress=False)
-        torch.cuda.synchronize()
-        return {"peak_mb": torch.cuda.max_memory_allocated() / 2**20, "before_mb": before / 2**20, "method": "cuda"}
-    reset = _reset_peak_rss()
-    before = _current_rss_kb() or 0
-    average_attention(model, batches(), progress=False)
-    return {"peak_mb": _peak_rss_kb() / 1024, "before_mb": before / 1024, "method": "VmHWM" if reset else "ru_maxrss"}
-
-
-def bench_memory(
-    model_spec: str | None, sizes: BenchSizes, device: str, dtype: str, threads: int | None
-) -> dict[str, float]:
-    """``averaging_peak_mem_ratio``: peak memory of averaging at two corpus sizes 4x apart, one fresh process each."""
-    figures: dict[str, float] = {}
-    peaks = []
-    for count in sizes.memory_sentences:
-        command = [
-            sys.executable, "-m", "papa_lib.bench", "--memory-child", str(count), "--batch", str(sizes.memory_batch),
-            "--device", device, "--dtype", dtype,
-        ]
-        if model_spec:
-            command += ["--model", model_spec]
-        if threads:
-            command += ["--threads", str(threads)]
-        env = dict(
-            os.environ,
-            PYTHONPATH=os.pathsep.join(
-                filter(None, [str(Path(__file__).resolve().parents[1]), os.environ.get("PYTHONPATH")])
-            ),
-        )
-        done = subprocess.run(command, capture_output=True, text=True, env=env)
-        if done.returncode != 0:
-            raise RuntimeError(f"memory benchmark child for {count} sentences failed:\n{done.stderr[-2000:]}")
-        result = json.loads(done.stdout.strip().splitlines()[-1])
-        peaks.append(result["peak_mb"])
-        figures[f"averaging_peak_mem_mb_{count}"] = result["peak_mb"]
-        figures[f"averaging_peak_growth_mb_{count}"] = max(result["peak_mb"] - result["before_mb"], 0.0)
-    figures["averaging_peak_mem_ratio"] = peaks[1] / peaks[0]
-    return {"averaging_peak_mem_ratio": figures.pop("averaging_peak_mem_ratio"), **figures}
-
-
-def store_child(sentences: int, batch_size: int, model_spec: str | None, device: str, dtype: str,
-                in_place: bool) -> dict:
-    """Extract the real-token features of ``sentences`` sentences into a feature store (in place, or filled in memory
-    then saved) and measure the peak memory growth. Runs in a fresh process (see :func:`bench_store`)."""
-    import tempfile
-
-    from .core.layout import encode
-    from .experiments.features import BackboneRunner, FeatureStore
-
-    model, tokenizer = load_bench_model(model_spec, device, dtype)
-    texts, labels, _ = benchmark_sentences(sentences)
-    runner = BackboneRunner(model, encode(tokenizer, texts, max_length=64), torch.tensor(labels), "sentence",
-                            batch_size=batch_size)
-    runner.rows(torch.arange(min(batch_size, sentences)))  # warm-up
-    examples = torch.arange(sentences)
-    with tempfile.TemporaryDirectory() as folder:
-        store = FeatureStore(folder)
-        reset = _reset_peak_rss()
-        before = _current_rss_kb() or 0
-        if in_place:
-            rows = store.build("k", "train", lambda allocate: runner.rows(examples, allocate=allocate))
-        else:
-            store.save("k", "train", runner.rows(examples))
-            rows = store.load("k", "train")
-        peak = _peak_rss_kb()
-        stored = rows.values.numel() * rows.values.element_size()
-        del rows
-    return {"growth_mb": max(peak - before, 0) / 1024, "stored_mb": stored / 2**20,
-            "method": "VmHWM" if reset else "ru_maxrss"}
-
-
-def _child(flags: list[str], model_spec: str | None, device: str, dtype: str, threads: int | None, what: str) -> dict:
-    """Run ``python -m papa_lib.bench`` with ``flags`` in a fresh process; its last output line as JSON."""
-    command = [sys.executable, "-m", "papa_lib.bench", *flags, "--device", device, "--dtype", dtype]
-    if model_spec:
-        command += ["--model", model_spec]
-    if threads:
-        command += ["--threads", str(threads)]
-    env = dict(
-        os.environ,
-        PYTHONPATH=os.pathsep.join(
-            filter(None, [str(Path(__file__).resolve().parents[1]), os.environ.get("PYTHONPATH")])
-        ),
-    )
-    done = subprocess.run(command, capture_output=True, text=True, env=env)
-    if done.returncode != 0:
-        raise RuntimeError(f"{what} failed:\n{done.stderr[-2000:]}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
-
-
-def bench_store(
-    model_spec: str | None, sizes: BenchSizes, device: str, dtype: str, threads: int | None
-) -> dict[str, float]:
-    """``feature_store_in_memory_vs_in_place_peak``: the peak memory growth of caching features filled in memory
-    then saved over that of writing them in place into the store's file; one fresh process each."""
-    growth = {}
-    for way, flag in (("in_place", "1"), ("in_memory", "0")):
-        result = _child(["--store-child", str(sizes.store_sentences), flag, "--batch", str(sizes.store_batch)],
-                        model_spec, device, dtype, threads, f"feature store benchmark child ({way})")
-        growth[way] = (result["growth_mb"], result["stored_mb"])
-    return {
-        "feature_store_in_memory_vs_in_place_peak": growth["in_memory"][0] / max(growth["in_place"][0], 1e-9),
-        "feature_store_peak_vs_size_in_place": growth["in_place"][0] / growth["in_place"][1],
-        "feature_store_peak_vs_size_in_memory": growth["in_memory"][0] / growth["in_memory"][1],
-        "feature_store_mb": growth["in_place"][1],
-    }
-
-
 # ---------------------------------------------------------------------------------------------- entry points
 def _expand(names: Iterable[str]) -> list[str]:
     selected: list[str] = []
@@ -666,11 +536,13 @@ def main(argv: list[str] | None = None, parser_class: type[argparse.ArgumentPars
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.memory_child is not None:
-        print(json.dumps(memory_child(args.memory_child, args.batch, args.model, args.device, args.dtype)))
+        texts = benchmark_sentences(args.memory_child)[0]
+        print(json.dumps(memory_child(texts, args.batch, args.model, args.device, args.dtype)))
         return 0
     if args.store_child is not None:
-        sentences, in_place = args.store_child
-        print(json.dumps(store_child(sentences, args.batch, args.model, args.device, args.dtype, bool(in_place))))
+        texts, labels, _ = benchmark_sentences(args.store_child[0])
+        print(json.dumps(store_child(texts, labels, args.batch, args.model, args.device, args.dtype,
+                                     bool(args.store_child[1]))))
         return 0
     started = time.perf_counter()
     try:
