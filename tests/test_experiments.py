@@ -166,6 +166,9 @@ def test_a_seed_that_stops_early_is_stored_at_once_and_a_stopped_run_resumes_wit
     assert len(kept) == 1 and int(kept.seed[0]) == first["seed"]
     assert float(kept.value[0]) == first["value"] and int(kept.epochs_run[0]) == first["epochs_run"]
     assert len(list((killed / "curves").glob("*.csv"))) == 1  # killed before any other seed was scored
+    # every seed's state after the epoch it stopped in (papa_lib.experiments.loop.EpochCheckpoint)
+    saved = {int(torch.load(path, weights_only=True)["epochs"]) for path in (killed / "checkpoints").glob("*.pt")}
+    assert len(list((killed / "checkpoints").glob("*.pt"))) == 3 and saved == {first["epochs_run"]}
 
     trained = []
     compute = TaskExperiment.compute_records
@@ -175,6 +178,7 @@ def test_a_seed_that_stops_early_is_stored_at_once_and_a_stopped_run_resumes_wit
     resumed = TaskExperiment(config, model, tokenizer, results_dir=killed, progress=False).run_variant(
         Variant(), [0, 1, 2])
     assert trained == [[s for s in (0, 1, 2) if s != first["seed"]]]
+    assert not list((killed / "checkpoints").glob("*.pt"))  # deleted once the records are stored
     assert [[r[k] for k in keys] for r in resumed] == [[r[k] for k in keys] for r in whole]
     assert len(results.ResultsStore(killed).frame()) == 3
     assert 0 < first["wall_time_s"] <= min(r["wall_time_s"] for r in whole)  # its share of the time until it landed

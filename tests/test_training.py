@@ -30,17 +30,60 @@ def _rows(kind: str):
     return RaggedRows(values, offsets, positions), labels
 
 
-def _train(kind: str, seeds, batched: bool = True):
+class Killed(Exception):
+    pass
+
+
+def _train(kind: str, seeds, batched: bool = True, checkpoint=None, stop_at=None, scored=None):
     rows, labels = _rows(kind)
     plans = [training.SeedPlan(s, *training.heldout_split(torch.arange(N), 0.1, s)) for s in seeds]
+    scored = [] if scored is None else scored
 
     def score(plan, predictions):  # a noisy held-out score, so the seeds stop at different epochs
+        scored.append(plan.seed)
+        if stop_at is not None and len(scored) == stop_at:
+            raise Killed  # the process is killed mid-training
         return float(torch.rand(1, generator=torch.Generator().manual_seed(int(predictions.sum()) + plan.seed)))
 
     return training.train_seeds(
         lambda seed: probes.make_probe(kind, LAYERS, 16, HIDDEN, 3 if kind == "token" else 2, dropout=0.3), plans,
         lambda chunk: (rows, chunk), lambda plan: (rows, plan.heldout), score, labels, kind, pool_size=N,
-        batch_size=8, learning_rate=1e-2, max_epochs=8, patience=2, chunk_size=50, batched=batched)
+        batch_size=8, learning_rate=1e-2, max_epochs=8, patience=2, chunk_size=50, batched=batched,
+        checkpoint=checkpoint)
+
+
+def _same(a, b):
+    assert a.curve == b.curve  # losses and held-out scores, exact float equality
+    assert (a.best_epoch, a.updates, a.updates_at_best) == (b.best_epoch, b.updates, b.updates_at_best)
+    for x, y in zip(a.probe.state_dict().values(), b.probe.state_dict().values(), strict=True):
+        assert torch.equal(x, y)
+
+
+@pytest.mark.parametrize("kind", ["sentence", "token"])
+def test_a_run_stopped_mid_training_resumes_from_its_last_epoch_to_the_same_probes(kind, tmp_path):
+    seeds = [0, 1, 2, 3]
+    whole_scored, again_scored = [], []
+    whole = _train(kind, seeds, scored=whole_scored)
+    names = {seed: f"run-{seed}" for seed in seeds}
+    # killed while scoring the 10th held-out slice: seeds 0-3 finished epochs 1 and 2, seed 0 finished epoch 3 too
+    with pytest.raises(Killed):
+        _train(kind, seeds, checkpoint=training.EpochCheckpoint(tmp_path, names), stop_at=10)
+    saved = {seed: torch.load(tmp_path / f"run-{seed}.pt", weights_only=True)["epochs"] for seed in seeds}
+    assert saved == {0: 2, 1: 2, 2: 2, 3: 2}  # an epoch is saved once every member has finished it
+    # a member saved one epoch ahead of the others (its file was written just before a kill) waits for them
+    ahead = training.EpochCheckpoint(tmp_path / "ahead", names)
+    with pytest.raises(Killed):
+        _train(kind, [0], checkpoint=ahead, stop_at=4)  # seed 0 alone, killed scoring epoch 4: 3 epochs saved
+    (tmp_path / "ahead" / "run-0.pt").replace(tmp_path / "run-0.pt")
+    (tmp_path / "ahead" / "run-0.pt.sha256").replace(tmp_path / "run-0.pt.sha256")
+    resumed = training.EpochCheckpoint(tmp_path, names)
+    again = _train(kind, seeds, checkpoint=resumed, scored=again_scored)
+    # the resumed run trained only the epochs after the saved ones (seed 0: after its 3)
+    assert len(again_scored) == len(whole_scored) - 2 * len(seeds) - 1
+    for seed in seeds:
+        _same(again[seed], whole[seed])
+        assert resumed.seconds(seed) > 0
+    assert min(len(whole[s].curve) for s in seeds) >= 3 < max(len(whole[s].curve) for s in seeds)  # past the kill
 
 
 @pytest.mark.parametrize("kind", ["sentence", "token"])

@@ -432,3 +432,4 @@ class RayExecutor:
                                    "papa_lib?")
             if not store.has(record["run_id"]):
                 store.append(record)
+            runs.drop_checkpoint(store.root, record["run_id"])

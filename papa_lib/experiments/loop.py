@@ -16,7 +16,11 @@ plain loop of :func:`papa_lib.experiments.probes.train_probe`. What differs betw
   (``Member.snapshot`` / ``Member.restore``);
 * ``on_stop(member)`` (optional) is called as soon as a member stops early, already restored to its best epoch and
   in ``eval()`` mode: its result is final then, so a caller can record it before the others finish (a run killed
-  later keeps it).
+  later keeps it);
+* ``checkpoint`` (optional, :class:`EpochCheckpoint`) saves each member's whole training state after every epoch
+  (weights, AdamW moments, random stream, best snapshot, curve, early-stopping count), one file per member, and
+  brings it back at the start: a run stopped mid-training goes on from its last finished epoch, to the numbers it
+  would have reached unstopped (a member restored at epoch k sits out the epochs before k while the others catch up).
 
 Members that step together share one backward pass and one AdamW call (PyTorch's fused kernel updates each tensor
 on its own, and a parameter without a gradient is skipped, step count included). A member that has no batch in a
@@ -29,9 +33,11 @@ from __future__ import annotations
 
 import copy
 import random
+import time
 from collections.abc import Callable, Iterable
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -39,8 +45,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ..core.artefacts import read_or_heal, write_atomic
+
 __all__ = [
     "IGNORE_INDEX",
+    "EpochCheckpoint",
     "Member",
     "RandomStream",
     "TrainedProbe",
@@ -153,6 +162,7 @@ class Member:
     best: Any = None
     losses: list[float] = field(default_factory=list)
     epoch_losses: list[list[float]] = field(default_factory=list)
+    epochs_done: int = 0
 
     def __post_init__(self):
         if self.result is None:
@@ -164,6 +174,78 @@ class Member:
 
     def random(self):
         return self.stream.active() if self.stream is not None else nullcontext()
+
+
+class EpochCheckpoint:
+    """Each member's training state after its last finished epoch, in ``folder/<name>.pt`` (``names``: member seed
+    -> file stem, e.g. the run id), written atomically with a checksum (:func:`~papa_lib.core.artefacts.write_atomic`).
+
+    :func:`fit` calls :meth:`restore` before its first epoch and :meth:`save` after each; :meth:`remove` deletes a
+    member's file once its result is stored. ``seconds(seed)``: the wall time a member's earlier processes had spent
+    (their share of it), so that a record's time covers every process that trained it.
+    """
+
+    def __init__(self, folder: str | Path, names: dict[int, str]):
+        self.folder, self.names = Path(folder), dict(names)
+        self.opened = time.time()
+        self.prior: dict[int, float] = {}
+        self._members = 1
+
+    def path(self, seed: int) -> Path:
+        return self.folder / f"{self.names[seed]}.pt"
+
+    def seconds(self, seed: int) -> float:
+        return self.prior.get(seed, 0.0)
+
+    def remove(self, seed: int) -> None:
+        for path in (self.path(seed), self.path(seed).with_name(self.path(seed).name + ".sha256")):
+            path.unlink(missing_ok=True)
+
+    def restore(self, members: list[Member], optimizer: torch.optim.Optimizer) -> int:
+        """Bring back every member that has a whole file; the first epoch still to run (the smallest restored)."""
+        self._members = max(len(members), 1)
+        for member in members:
+            state = read_or_heal(self.path(member.seed), lambda path: torch.load(path, weights_only=True))
+            if state is None or state.get("name") != self.names[member.seed]:
+                continue
+            member.module.load_state_dict(state["module"])
+            for param, saved in zip(_params(member), state["optimizer"]):
+                if saved:
+                    optimizer.state[param] = dict(saved)
+            if member.stream is not None and state["stream"] is not None:
+                member.stream.cpu, member.stream.cuda = state["stream"]
+            elif state["global_rng"] is not None:
+                torch.set_rng_state(state["global_rng"])
+            for key, value in state["result"].items():
+                setattr(member.result, key, value)
+            member.stale, member.stopped, member.best = state["stale"], state["stopped"], state["best"]
+            member.epoch_losses, member.epochs_done = state["epoch_losses"], state["epochs"]
+            self.prior[member.seed] = state["seconds"]
+        return min((m.epochs_done for m in members if not m.stopped), default=0)
+
+    def save(self, members: list[Member], optimizer: torch.optim.Optimizer) -> None:
+        """Write the state of ``members`` (those that have just finished an epoch)."""
+        share = (time.time() - self.opened) / self._members
+        for member in members:
+            result = member.result
+            state = {
+                "name": self.names[member.seed],
+                "epochs": member.epochs_done,
+                "module": member.module.state_dict(),
+                "optimizer": [dict(optimizer.state.get(param, {})) for param in _params(member)],
+                "stream": None if member.stream is None else [member.stream.cpu, member.stream.cuda],
+                "global_rng": torch.get_rng_state() if member.stream is None else None,
+                "result": {key: getattr(result, key) for key in
+                           ("best_epoch", "best_score", "best_loss", "updates", "updates_at_best", "curve")},
+                "stale": member.stale, "stopped": member.stopped, "best": member.best,
+                "epoch_losses": member.epoch_losses,
+                "seconds": self.prior.get(member.seed, 0.0) + share,
+            }
+            write_atomic(self.path(member.seed), lambda tmp, state=state: torch.save(state, tmp))
+
+
+def _params(member: Member) -> list[Tensor]:
+    return [param for group in member.groups for param in group["params"]]
 
 
 def improves(score: float, loss: float | None, best: TrainedProbe) -> bool:
@@ -207,6 +289,7 @@ def fit(
     device="cpu",
     progress: bool | str = False,
     on_stop: Callable[[Member], None] | None = None,
+    checkpoint: EpochCheckpoint | None = None,
 ) -> list[Member]:
     """Train ``members`` together for up to ``epochs`` (see the module docstring); returns them, each in ``eval()``
     mode, restored to its best held-out epoch when ``evaluate`` is given.
@@ -232,11 +315,21 @@ def fit(
     bar = tqdm(total=int(epochs), disable=not progress, leave=False,
                desc=progress if isinstance(progress, str) else "probe epochs")
     taken_steps = 0  # optimizer steps, shown beside the epoch bar
+    start = checkpoint.restore(members, optimizer) if checkpoint is not None else 0
+    bar.update(min(start, int(epochs)))
+    if on_stop is not None:  # restored stopped but not yet handed up (saved after its last epoch, before on_stop)
+        for member in members:
+            if member.stopped and member.epochs_done:
+                _restore_best(member)
+                on_stop(member)
     try:
-        for epoch in range(int(epochs)):
-            active = [member for member in members if not member.stopped]
-            if not active:
+        for epoch in range(start, int(epochs)):
+            if all(member.stopped for member in members):
                 break
+            active = [member for member in members if not member.stopped and member.epochs_done <= epoch]
+            if not active:  # restored members ahead of this epoch wait for the others
+                bar.update(1)
+                continue
             for member in active:
                 member.module.train()
                 member.losses = []
@@ -263,9 +356,15 @@ def fit(
                     bar.set_postfix_str(f"{taken_steps} steps", refresh=True)
             for member in active:
                 _end_epoch(member, epoch, evaluate, patience)
+                member.epochs_done = epoch + 1
                 if member.stopped and on_stop is not None:  # frozen from now on: its result is final
                     _restore_best(member)
-                    on_stop(member)
+            if checkpoint is not None:
+                checkpoint.save(active, optimizer)
+            if on_stop is not None:
+                for member in active:
+                    if member.stopped:
+                        on_stop(member)
             bar.update(1)
     finally:
         bar.close()

@@ -12,6 +12,7 @@ from __future__ import annotations
 import time
 from contextlib import nullcontext
 from dataclasses import asdict
+from pathlib import Path
 
 import torch
 
@@ -19,7 +20,7 @@ from ..core.models import model_id
 from ..core.override import AttentionOverride
 from . import metrics, probes, results
 from .features import on_device
-from .loop import optimizer_for
+from .loop import EpochCheckpoint, optimizer_for
 from .matrices import matrix_type
 from .overrides import cached_rows, features_key, override_for, runner, use_cache
 from .provenance import run_provenance
@@ -80,13 +81,13 @@ def majority_accuracy(ws: Workspace) -> float:
 
 
 def train_frozen(ws: Workspace, variant: Variant, seeds: list[int], state: AttentionOverride | None = None,
-                 store_seeds=None, on_outcome=None) -> dict[int, dict]:
+                 store_seeds=None, on_outcome=None, checkpoint: EpochCheckpoint | None = None) -> dict[int, dict]:
     """Probes of ``seeds`` on frozen features of ``variant`` (cached or streamed; ``state`` overrides the
     variant's own override, e.g. learned matrices); per seed its outcome.
 
     ``on_outcome(seed, outcome)``: with cached features, called as soon as a seed stops early with its final outcome
     (the validation features are at hand then; streamed, they are computed after training, and every outcome comes
-    back at the end only)."""
+    back at the end only). ``checkpoint``: the probes' state after each epoch (:func:`epoch_checkpoint`)."""
     cfg, kind = ws.config, ws.spec.kind
     state = state if state is not None else override_for(ws, variant, seeds[0])
     plans = [seed_plan(ws, seed) for seed in seeds]
@@ -133,7 +134,8 @@ def train_frozen(ws: Workspace, variant: Variant, seeds: list[int], state: Atten
             lambda plan, predictions: score(ws, "train", plan.heldout, predictions), train.labels, kind,
             pool_size=len(train), batch_size=cfg.batch_size, learning_rate=cfg.learning_rate,
             max_epochs=cfg.epochs, patience=cfg.patience, order_seed=cfg.data_seed, device=cfg.device,
-            progress=ws.progress, on_stop=stopped if cached and on_outcome is not None else None)
+            progress=ws.progress, on_stop=stopped if cached and on_outcome is not None else None,
+            checkpoint=checkpoint)
         if not cached:
             val_rows = runner(ws, "validation").rows(all_val, ws.progress, "validation features")
     if cached and ws.features_store is not None and not cfg.keep_features:
@@ -265,9 +267,15 @@ def compute_records(ws: Workspace, variant: Variant, seeds, store_seeds=None, la
     seeds = list(seeds)
     started = time.time()
     landed = {}
+    checkpoint = None
+    if variant.frozen and not variant.backbone_per_seed(ws.config.lambda_seed):
+        checkpoint = epoch_checkpoint(ws, variant, seeds)
+
+    def before(seed):  # a seed's time in the processes that trained it before this one
+        return checkpoint.seconds(seed) if checkpoint is not None else 0.0
 
     def on_outcome(seed, outcome):
-        landed[seed] = record(ws, variant, seed, outcome, (time.time() - started) / max(len(seeds), 1))
+        landed[seed] = record(ws, variant, seed, outcome, (time.time() - started) / max(len(seeds), 1) + before(seed))
         land(landed[seed])
 
     if not variant.frozen:
@@ -278,11 +286,30 @@ def compute_records(ws: Workspace, variant: Variant, seeds, store_seeds=None, la
             outcomes.update(train_frozen(ws, variant, [seed]))
     else:
         outcomes = train_frozen(ws, variant, seeds, store_seeds=store_seeds,
-                                on_outcome=on_outcome if land is not None else None)
+                                on_outcome=on_outcome if land is not None else None, checkpoint=checkpoint)
     rest = [seed for seed in seeds if seed not in landed]
-    spent = sum(entry["wall_time_s"] for entry in landed.values())
+    spent = sum(entry["wall_time_s"] - before(seed) for seed, entry in landed.items())
     seconds = (time.time() - started - spent) / max(len(rest), 1)
-    return [landed[seed] if seed in landed else record(ws, variant, seed, outcomes[seed], seconds) for seed in seeds]
+    return [landed[seed] if seed in landed else record(ws, variant, seed, outcomes[seed], seconds + before(seed))
+            for seed in seeds]
+
+
+#: Folder of a results folder that holds the probes' training state between epochs (never committed).
+CHECKPOINTS = "checkpoints"
+
+
+def epoch_checkpoint(ws: Workspace, variant: Variant, seeds) -> EpochCheckpoint | None:
+    """Where the probes of ``variant``'s seeds keep their state after each epoch: ``checkpoints/<run id>.pt`` in the
+    results folder (None without one). A run stopped mid-training (a session's end, a killed job) goes on from
+    there; a seed's file is deleted once its record is stored (:func:`drop_checkpoint`)."""
+    if ws.results_dir is None:
+        return None
+    return EpochCheckpoint(ws.results_dir / CHECKPOINTS, {seed: run_id(ws, variant, seed) for seed in seeds})
+
+
+def drop_checkpoint(results_dir, identity: str) -> None:
+    """Delete a stored run's training state (:func:`epoch_checkpoint`), if any."""
+    EpochCheckpoint(Path(results_dir) / CHECKPOINTS, {0: identity}).remove(0)
 
 
 def pending_seeds(ws: Workspace, variant: Variant, seeds, done, ids: dict[int, str] | None = None) -> list[int]:
@@ -303,6 +330,7 @@ def run_variant(ws: Workspace, variant: Variant, seeds, compute=compute_records)
     def land(entry):
         if store is not None and store.append(entry, exist_ok=True):
             stored.add(entry["seed"])
+            drop_checkpoint(ws.results_dir, entry["run_id"])
 
     fresh = {entry["seed"]: entry for entry in compute(ws, variant, todo, land=land)} if todo else {}
     out = []
@@ -313,7 +341,11 @@ def run_variant(ws: Workspace, variant: Variant, seeds, compute=compute_records)
             if store is not None and not store.append(fresh[seed], exist_ok=True):
                 out.append(store.get(fresh[seed]["run_id"]))  # a parallel lane finished it first: theirs
                 continue
+            if store is not None:
+                drop_checkpoint(ws.results_dir, fresh[seed]["run_id"])
             out.append(fresh[seed])
         else:
-            out.append(store.get(run_id(ws, variant, seed)))
+            identity = run_id(ws, variant, seed)
+            drop_checkpoint(ws.results_dir, identity)  # stored by a run killed before it could delete its state
+            out.append(store.get(identity))
     return out

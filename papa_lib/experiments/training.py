@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 
 from .features import RaggedRows
-from .loop import IGNORE_INDEX, Member, RandomStream, TrainedProbe, fit, improves  # noqa: F401 (re-exported)
+from .loop import IGNORE_INDEX, EpochCheckpoint, Member, RandomStream, TrainedProbe, fit, improves  # noqa: F401
 from .probes import set_seed
 
 #: Share of each seed's training rows held out for early stopping.
@@ -117,6 +117,7 @@ def train_seeds(
     progress: bool = False,
     batched: bool = True,
     on_stop: Callable[[int, TrainedProbe], None] | None = None,
+    checkpoint: EpochCheckpoint | None = None,
 ) -> dict[int, TrainedProbe]:
     """Train one probe per :class:`SeedPlan` with early stopping, all in the same passes over the data.
 
@@ -185,6 +186,6 @@ def train_seeds(
         return float(score(plan, predictions)), held_loss
 
     fit(members, steps, epochs=max_epochs, learning_rate=learning_rate, evaluate=evaluate, patience=patience,
-        device=device, progress=progress,
+        device=device, progress=progress, checkpoint=checkpoint,
         on_stop=None if on_stop is None else (lambda member: on_stop(member.seed, member.result)))
     return {member.seed: member.result for member in members}
