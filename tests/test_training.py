@@ -178,3 +178,15 @@ def test_measured_seed_batching_is_a_positive_factor():
     model, _ = smoke.tiny_encoder("bert")
     factor = plan.measure_seed_batching(model, seeds=3, tokens=8, steps=3)
     assert 0 < factor < float("inf")  # a timing ratio (its size depends on the machine and its load)
+
+
+def test_a_saved_state_that_does_not_fit_is_set_aside_and_the_member_trains_from_the_start(tmp_path, capsys):
+    whole = _train("token", [0])
+    (tmp_path / "run-0.pt").write_bytes(b"not a checkpoint")
+    torch.save({"name": "run-0", "module": {}}, tmp_path / "run-1.pt")
+    checkpoint = training.EpochCheckpoint(tmp_path, {0: "run-0", 1: "run-1"})
+    _same(_train("token", [0], checkpoint=checkpoint)[0], whole[0])
+    assert (tmp_path / "run-0.pt.damaged").exists()
+    _train("token", [1], checkpoint=checkpoint)
+    assert (tmp_path / "run-1.pt.damaged").exists()
+    assert "not a training state" in capsys.readouterr().err

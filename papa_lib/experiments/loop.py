@@ -45,7 +45,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..core.artefacts import read_or_heal, write_atomic
+from ..core.artefacts import read_or_heal, set_aside, write_atomic
 
 __all__ = [
     "IGNORE_INDEX",
@@ -205,8 +205,13 @@ class EpochCheckpoint:
         """Bring back every member that has a whole file; the first epoch still to run (the smallest restored)."""
         self._members = max(len(members), 1)
         for member in members:
-            state = read_or_heal(self.path(member.seed), lambda path: torch.load(path, weights_only=True))
-            if state is None or state.get("name") != self.names[member.seed]:
+            path = self.path(member.seed)
+            state = read_or_heal(path, lambda path: torch.load(path, weights_only=True))
+            if state is None:
+                continue
+            why = _misfit(state, member, self.names[member.seed])
+            if why is not None:  # another run's or another version's state: train this member from the start
+                set_aside(path, why)
                 continue
             member.module.load_state_dict(state["module"])
             for param, saved in zip(_params(member), state["optimizer"]):
@@ -246,6 +251,25 @@ class EpochCheckpoint:
 
 def _params(member: Member) -> list[Tensor]:
     return [param for group in member.groups for param in group["params"]]
+
+
+_STATE_KEYS = {"name", "epochs", "module", "optimizer", "stream", "global_rng", "result", "stale", "stopped", "best",
+               "epoch_losses", "seconds"}
+
+
+def _misfit(state: Any, member: Member, name: str) -> str | None:
+    """Why a saved state cannot be ``member``'s (None when it can): checked before anything is applied."""
+    if not isinstance(state, dict) or not _STATE_KEYS <= set(state):
+        return "it is not a training state of this version of papa_lib"
+    if state["name"] != name:
+        return f"it holds run {state['name']}, not {name}"
+    mine = member.module.state_dict()
+    saved = state["module"]
+    if set(saved) != set(mine) or any(tuple(saved[k].shape) != tuple(mine[k].shape) for k in mine):
+        return "its weights do not fit the probe"
+    if len(state["optimizer"]) != len(_params(member)):
+        return "its optimiser state does not fit the probe"
+    return None
 
 
 def improves(score: float, loss: float | None, best: TrainedProbe) -> bool:
