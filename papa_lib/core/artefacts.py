@@ -22,7 +22,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
-__all__ = ["DAMAGED_SUFFIX", "checksum", "notice", "read_or_heal", "set_aside", "write_atomic"]
+__all__ = ["DAMAGED_SUFFIX", "checksum", "notice", "read_or_heal", "remove", "set_aside", "write_atomic"]
 
 T = TypeVar("T")
 
@@ -96,6 +96,13 @@ def _mismatch(path: Path) -> str | None:
     if checksum(path) != expected:
         return "its checksum differs from the one written"
     return None
+
+
+def remove(path: str | Path) -> None:
+    """Delete an artefact and its checksum file (:func:`write_atomic`), whichever exist."""
+    path = Path(path)
+    path.unlink(missing_ok=True)
+    _sum_path(path).unlink(missing_ok=True)
 
 
 def set_aside(path: str | Path, why: str, stream=None) -> Path:

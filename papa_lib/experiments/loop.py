@@ -180,9 +180,10 @@ class EpochCheckpoint:
     """Each member's training state after its last finished epoch, in ``folder/<name>.pt`` (``names``: member seed
     -> file stem, e.g. the run id), written atomically with a checksum (:func:`~papa_lib.core.artefacts.write_atomic`).
 
-    :func:`fit` calls :meth:`restore` before its first epoch and :meth:`save` after each; :meth:`remove` deletes a
-    member's file once its result is stored. ``seconds(seed)``: the wall time a member's earlier processes had spent
-    (their share of it), so that a record's time covers every process that trained it.
+    :func:`fit` calls :meth:`restore` before its first epoch and :meth:`save` after each; whoever stores a member's
+    result deletes its file (:meth:`file`, :func:`~papa_lib.core.artefacts.remove`). ``seconds(seed)``: the wall time
+    a member's earlier processes had spent (their share of it), so that a record's time covers every process that
+    trained it.
     """
 
     def __init__(self, folder: str | Path, names: dict[int, str]):
@@ -191,15 +192,16 @@ class EpochCheckpoint:
         self.prior: dict[int, float] = {}
         self._members = 1
 
+    @staticmethod
+    def file(folder: str | Path, name: str) -> Path:
+        """The file of the member named ``name`` in ``folder``."""
+        return Path(folder) / f"{name}.pt"
+
     def path(self, seed: int) -> Path:
-        return self.folder / f"{self.names[seed]}.pt"
+        return self.file(self.folder, self.names[seed])
 
     def seconds(self, seed: int) -> float:
         return self.prior.get(seed, 0.0)
-
-    def remove(self, seed: int) -> None:
-        for path in (self.path(seed), self.path(seed).with_name(self.path(seed).name + ".sha256")):
-            path.unlink(missing_ok=True)
 
     def restore(self, members: list[Member], optimizer: torch.optim.Optimizer) -> int:
         """Bring back every member that has a whole file; the first epoch still to run (the smallest restored)."""

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import torch
 
+from ..core import artefacts
 from ..core.models import model_id
 from ..core.override import AttentionOverride
 from . import metrics, probes, results
@@ -309,7 +310,7 @@ def epoch_checkpoint(ws: Workspace, variant: Variant, seeds) -> EpochCheckpoint 
 
 def drop_checkpoint(results_dir, identity: str) -> None:
     """Delete a stored run's training state (:func:`epoch_checkpoint`), if any."""
-    EpochCheckpoint(Path(results_dir) / CHECKPOINTS, {0: identity}).remove(0)
+    artefacts.remove(EpochCheckpoint.file(Path(results_dir) / CHECKPOINTS, identity))
 
 
 def pending_seeds(ws: Workspace, variant: Variant, seeds, done, ids: dict[int, str] | None = None) -> list[int]:
