@@ -476,6 +476,53 @@ def test_a_resumed_plan_leaves_out_the_stored_matrices_and_lambdas(tiny, data_di
     assert shared.splitlines()[2].split()[9] == "0"  # one λ for every seed: seed 1's, on disk
 
 
+def test_a_resumed_plan_leaves_out_the_saved_epochs_and_the_stored_features(tiny, data_dir, monkeypatch, tmp_path):
+    """A run killed mid-training leaves its cached features and each seed's state after its last epoch; the resumed
+    run reads both, so its plan counts neither that variant's backbone pass nor those epochs."""
+    from papa_lib.core import models
+    from papa_lib.experiments import plan
+    from papa_lib.experiments.loop import EpochCheckpoint
+
+    monkeypatch.setattr(models, "load_encoder", lambda *a, **k: tiny)
+    monkeypatch.setattr(plan, "measure_throughput", lambda *a, **k: (1e4, 3600.0))  # steps of an hour: read in hours
+    monkeypatch.setattr(plan, "measure_seed_batching", lambda *a, **k: 1.0)
+    spec = {"data_dir": str(data_dir), "seeds": [0, 1], "max_length": 16, "epochs": 3, "patience": 5,
+            "limit": {"sst2": 10}, "blocks": [GridBlock("ends", ["sst2"], fractions=[1, 0])]}
+
+    def probe_hours(text):
+        return float(text.splitlines()[-1].split("probes ")[1].split(" h")[0])
+
+    before = plan.plan_grid(spec, {"cache_budget": 10**12}, results_dir=tmp_path)
+    assert before.splitlines()[2].split()[7] == "2" and ", 0 probe epochs of the rest and 0 variants" in before
+
+    class Killed(Exception):
+        pass
+
+    save = EpochCheckpoint.save
+
+    def save_then_die(self, members, optimizer):
+        save(self, members, optimizer)
+        raise Killed  # after the first epoch of the first variant (the original model)
+
+    monkeypatch.setattr(EpochCheckpoint, "save", save_then_die)
+    with pytest.raises(Killed):
+        run_grid(spec, tmp_path, *tiny, progress=False)
+    monkeypatch.setattr(EpochCheckpoint, "save", save)
+    assert not (tmp_path / "results.csv").is_file() or results.ResultsStore(tmp_path).frame().empty
+    after = plan.plan_grid(spec, {"cache_budget": 10**12}, results_dir=tmp_path)
+    assert after.splitlines()[2].split()[7] == "1"  # the original's features are read back, not computed
+    assert "2 probe epochs of the rest and 1 variants' features are saved" in after
+    # 4 runs x 3 epochs, of which the two seeds' first epochs are saved
+    assert probe_hours(before) > 1 and probe_hours(after) == pytest.approx(probe_hours(before) * 10 / 12, rel=0.02)
+    monkeypatch.setattr(plan, "measure_throughput", lambda *a, **k: (0.5, 0.0))  # the backbone passes read in hours
+    parts = plan.plan_grid(spec, {"cache_budget": 10**12}, results_dir=tmp_path).splitlines()[-1].split(";")
+    at_least, shared = (float(parts[i].split(" h")[0].split()[-1]) for i in (2, 3))
+    assert 0 < shared == at_least  # no λ, no random order: nothing for once-per-task to save, stored features or not
+    for path in (tmp_path / "checkpoints").glob("*.pt"):  # damaged states are not counted (the run sets them aside)
+        path.write_bytes(b"not a state")
+    assert ", 0 probe epochs" in plan.plan_grid(spec, {"cache_budget": 10**12}, results_dir=tmp_path)
+
+
 def test_a_shards_plan_counts_its_own_seeds(tiny, data_dir, monkeypatch, tmp_path):
     """--only-seed plans the shard: its seeds alone, and only its stored runs count as done."""
     from papa_lib.core import models

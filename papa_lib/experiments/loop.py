@@ -197,6 +197,20 @@ class EpochCheckpoint:
         """The file of the member named ``name`` in ``folder``."""
         return Path(folder) / f"{name}.pt"
 
+    @staticmethod
+    def saved_epochs(folder: str | Path, name: str) -> int:
+        """How many epochs the state of the member named ``name`` in ``folder`` holds (0 when there is none, or it is
+        not that member's): what a resumed run skips. Read only, the weights mapped and never loaded (``papa grid
+        --plan``)."""
+        path = EpochCheckpoint.file(folder, name)
+        try:
+            state = torch.load(path, weights_only=True, mmap=True, map_location="cpu")
+        except (OSError, RuntimeError, ValueError, EOFError):  # absent, or damaged: the run sets it aside
+            return 0
+        if not isinstance(state, dict) or not _STATE_KEYS <= set(state) or state["name"] != name:
+            return 0
+        return int(state["epochs"])
+
     def path(self, seed: int) -> Path:
         return self.file(self.folder, self.names[seed])
 

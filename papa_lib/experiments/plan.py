@@ -13,8 +13,9 @@ counts 3):
   rows (the matrices' training phase), then one frozen pass over the seed's rows and the validation set.
 
 With the grid's results folder (``papa grid`` passes it), what is stored there is left out: the runs already
-recorded, and the constant matrices and λ already saved (a run stopped after learning its λ keeps that file, and the
-resumed run reads it).
+recorded, the constant matrices and λ already saved (a run stopped after learning its λ keeps that file, and the
+resumed run reads it), and, for the variants whose seeds train together, their cached features when whole and the
+probe epochs their seeds' states hold (``checkpoints/``: a run stopped mid-training goes on from there).
 
 The backbone passes alone give a floor no probe speed-up can lower; the plan prints it twice: as the grid declares
 it, and as it would be with λ learned once per task (and one random order) instead of once per seed, the largest
@@ -35,7 +36,7 @@ does not depend on the weights).
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -72,6 +73,18 @@ class TaskPlan:
     shared_seconds: float = 0.0  # the same floor with λ and random orders drawn once per task, not once per seed
     runs: int = 0  # runs still to do (variant x seed), the ones the times count
     finished: int = 0  # runs of the grid already in its results folder (skipped when it resumes)
+    saved_epochs: int = 0  # probe epochs held by the pending seeds' saved states (skipped when it resumes)
+    stored_features: int = 0  # variants whose cached features are whole in the results folder
+
+
+@dataclass
+class Stored:
+    """What a resumed grid reads from its results folder instead of computing (:func:`stored_stages`)."""
+
+    matrices: set  # matrices sources whose averaged matrices are stored
+    lambdas_left: dict  # matrices source -> λ still to learn
+    features: set = field(default_factory=set)  # variants whose cached features (train and validation) are whole
+    epochs: dict = field(default_factory=dict)  # variant -> probe epochs its pending seeds' saved states hold
 
 
 def measure_throughput(model, device="cpu", tokens: int = 24, batch: int = 64, repeats: int = 3) -> tuple[float, float]:
@@ -176,7 +189,7 @@ def _task_data(task: str, config, tokenizer):
 
 def plan_task(task: str, variants, config, *, layers: int, hidden: int, tokens_per_second: float,
               step_seconds: float, budget: int, tokenizer=None, together: float = 1.0,
-              left: dict | None = None, planned: int | None = None, stored: tuple | None = None) -> TaskPlan:
+              left: dict | None = None, planned: int | None = None, stored: Stored | None = None) -> TaskPlan:
     """The cost of one task's variants under one resolved :class:`~papa_lib.experiments.engine.ExperimentConfig`;
     ``together``: a step of all seeds together over as many separate steps (:func:`measure_seed_batching`);
     ``left``: how many seeds of each variant are still to run (default: all; :func:`pending_runs`); ``planned``: how
@@ -199,7 +212,11 @@ def plan_task(task: str, variants, config, *, layers: int, hidden: int, tokens_p
     mode = "cache" if feature_bytes <= budget else "stream"
     frozen = [v for v in variants if v.frozen]
     inloop = [v for v in variants if not v.frozen]
-    backbones = sum(todo[v] if v.backbone_per_seed(config.lambda_seed) else 1 for v in frozen)
+    together_variants = [v for v in frozen if not v.backbone_per_seed(config.lambda_seed)]
+    features_stored = set(stored.features) & set(together_variants) if stored is not None else set()
+    saved = {v: stored.epochs.get(v, 0) for v in together_variants} if stored is not None else {}
+    backbones = sum(todo[v] if v.backbone_per_seed(config.lambda_seed) else int(v not in features_stored)
+                    for v in frozen)
     lambda_seeds: dict = {}  # λ per source and seed, learned once for every variant that mixes with it
     for v in variants:
         if v.needs_lambdas:
@@ -208,9 +225,9 @@ def plan_task(task: str, variants, config, *, layers: int, hidden: int, tokens_p
             lambda_seeds[source] = max(lambda_seeds.get(source, 0), learned)
     matrix_sources = {v.matrices_from or task for v in variants if v.matrix_type in ("average", "trainable_average")}
     if stored is not None:  # a resumed grid reads these from its results folder
-        on_disk, lambdas_left = stored
-        matrix_sources -= set(on_disk)
-        lambda_seeds = {source: min(count, lambdas_left.get(source, 0)) for source, count in lambda_seeds.items()}
+        matrix_sources -= set(stored.matrices)
+        lambda_seeds = {source: min(count, stored.lambdas_left.get(source, 0))
+                        for source, count in lambda_seeds.items()}
     lambda_runs = sum(lambda_seeds.values())
     epochs, inloop_epochs = config.epochs, config.inloop_epochs
     averaged = min(n_train, config.average_limit) if config.average_limit else n_train  # the matrices' text
@@ -223,19 +240,20 @@ def plan_task(task: str, variants, config, *, layers: int, hidden: int, tokens_p
     passes += inloop_runs * (inloop_epochs * inloop_rows * 3 + per_seed + n_val)
     batch = config.batch_size
     runs = sum(todo.values())
-    steps = runs * epochs * per_seed / batch
-    together_runs = sum(todo[v] for v in frozen if not v.backbone_per_seed(config.lambda_seed))
-    shared_steps = together_runs * epochs * per_seed / batch  # the seeds of one backbone step together
+    skipped = min(sum(saved.values()), runs * epochs)  # epochs the seeds' saved states hold: not trained again
+    steps = (runs * epochs - skipped) * per_seed / batch
+    together_runs = sum(todo[v] for v in together_variants)
+    shared_steps = (together_runs * epochs - skipped) * per_seed / batch  # the seeds of one backbone step together
     probe_seconds = (steps - shared_steps + shared_steps * together) * step_seconds
     backbone_seconds = passes * tokens / tokens_per_second
     seconds = backbone_seconds + probe_seconds
     # what learning λ once per task (and drawing one random order) would leave: each seed-dependent backbone once
     shared = passes - sum(max(0, n - 1) for n in lambda_seeds.values()) * config.lambda_epochs * per_seed * 3 \
-        - (backbones - len(frozen)) * per_backbone
+        - sum(todo[v] - 1 for v in frozen if v.backbone_per_seed(config.lambda_seed)) * per_backbone
     return TaskPlan(task, n_train, per_seed, n_val, round(tokens, 1), planned, len(variants), backbones,
                     inloop_runs, lambda_runs, passes, steps, feature_bytes, mode, seconds, data,
                     backbone_seconds, probe_seconds, shared * tokens / tokens_per_second, runs=runs,
-                    finished=planned * len(todo) - runs)
+                    finished=planned * len(todo) - runs, saved_epochs=skipped, stored_features=len(features_stored))
 
 
 def format_plan(plans: list[TaskPlan], *, model: str, device: str, tokens_per_second: float, step_seconds: float,
@@ -259,7 +277,9 @@ def format_plan(plans: list[TaskPlan], *, model: str, device: str, tokens_per_se
     floor = sum(p.backbone_seconds for p in plans)
     shared = sum(p.shared_seconds for p in plans)
     finished = sum(p.finished for p in plans)
-    done = f" still to run ({finished} already in {results_dir}/results.csv are skipped)" if results_dir else ""
+    resumed = sum(p.saved_epochs for p in plans), sum(p.stored_features for p in plans)
+    done = (f" still to run ({finished} already in {results_dir}/results.csv are skipped, {resumed[0]} probe epochs "
+            f"of the rest and {resumed[1]} variants' features are saved there)") if results_dir else ""
     lines.append(f"total: {sum(p.runs for p in plans)} runs{done}, at most {total / 3600:.2f} h "
                  f"(every probe to its epoch cap; early stopping ends most sooner); at least {floor / 3600:.2f} h "
                  f"(the backbone passes alone, at the measured throughput); at least {shared / 3600:.2f} h if λ and "
@@ -319,12 +339,12 @@ def pending_runs(variants, ws, done: set, only_seeds=None) -> dict:
     return {v: runs.pending_seeds(ws, v, seeds, done) for v in variants}
 
 
-def stored_stages(ws, pending: dict) -> tuple[set, dict]:
+def stored_stages(ws, pending: dict) -> Stored:
     """What a resumed grid reads from ``ws.results_dir`` instead of computing, for the ``pending`` runs (variant ->
-    seeds, :func:`pending_runs`): (the sources whose averaged matrices are stored, {matrices source: λ still to
-    learn}); the files are those :func:`papa_lib.experiments.stages.constants_path` and
-    :func:`~papa_lib.experiments.stages.lambda_path` name, so a run stopped after its λ was saved is planned without
-    it."""
+    seeds, :func:`pending_runs`): the files :func:`papa_lib.experiments.stages.constants_path` and
+    :func:`~papa_lib.experiments.stages.lambda_path` name (a run stopped after its λ was saved is planned without
+    it) and, for the variants whose seeds train together, their cached features and their seeds' saved probe
+    epochs (:func:`saved_work`)."""
     from . import stages
 
     config = ws.config
@@ -338,7 +358,38 @@ def stored_stages(ws, pending: dict) -> tuple[set, dict]:
                 stages.lambda_seed(ws, seed) for seed in seeds)
     lambdas_left = {source: sum(not stages.lambda_path(ws, source, seed).is_file() for seed in seeds)
                     for source, seeds in wanted.items()}
-    return on_disk, lambdas_left
+    features, epochs = saved_work(ws, pending)
+    return Stored(on_disk, lambdas_left, features, epochs)
+
+
+def saved_work(ws, pending: dict) -> tuple[set, dict]:
+    """(the variants whose cached features are whole in the store, {variant: probe epochs its pending seeds' saved
+    states hold}), for the frozen variants whose seeds train together (a run killed mid-training leaves both). The
+    feature keys are the run's own (:func:`papa_lib.experiments.overrides.features_key`); a variant whose override
+    needs work first (matrices not yet stored, head scores) has none stored."""
+    from . import stages
+    from .loop import EpochCheckpoint
+    from .matrices import matrix_type
+    from .overrides import features_key, override_for, use_cache
+    from .runs import CHECKPOINTS, run_id
+
+    config, features, epochs = ws.config, set(), {}
+    for variant, seeds in pending.items():
+        if not seeds or not variant.frozen or variant.backbone_per_seed(config.lambda_seed):
+            continue
+        folder = ws.results_dir / CHECKPOINTS
+        epochs[variant] = sum(EpochCheckpoint.saved_epochs(folder, run_id(ws, variant, seed)) for seed in seeds)
+        entry = matrix_type(variant.matrix_type) if variant.matrix_type != "original" else None
+        needs_work = variant.needs_scores or (
+            entry is not None and entry.constants
+            and not stages.constants_path(ws, variant.matrices_from, entry.constants).is_file())
+        if ws.features_store is None or needs_work or not use_cache(ws, seeds):
+            continue
+        state = override_for(ws, variant, seeds[0])
+        keys = {"train": stages.store_rows(ws, seeds), "validation": torch.arange(len(stages.split(ws, "validation")))}
+        if all(ws.features_store.has(features_key(ws, state, name, rows), name) for name, rows in keys.items()):
+            features.add(variant)
+    return features, epochs
 
 
 def plan_grid(spec: dict, overrides: dict | None = None, model_name: str | None = None, results_dir=None,
