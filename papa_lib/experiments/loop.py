@@ -32,6 +32,7 @@ alone: same initialisation, same batches in the same order, same dropout draws, 
 from __future__ import annotations
 
 import copy
+import pickle
 import random
 import time
 from collections.abc import Callable, Iterable
@@ -205,7 +206,7 @@ class EpochCheckpoint:
         path = EpochCheckpoint.file(folder, name)
         try:
             state = torch.load(path, weights_only=True, mmap=True, map_location="cpu")
-        except (OSError, RuntimeError, ValueError, EOFError):  # absent, or damaged: the run sets it aside
+        except (OSError, RuntimeError, ValueError, EOFError, pickle.UnpicklingError):  # absent or damaged (set aside)
             return 0
         if not isinstance(state, dict) or not _STATE_KEYS <= set(state) or state["name"] != name:
             return 0
