@@ -198,22 +198,17 @@ class EpochCheckpoint:
         """The file of the member named ``name`` in ``folder``."""
         return Path(folder) / f"{name}.pt"
 
-    @staticmethod
-    def saved_epochs(folder: str | Path, name: str) -> int:
-        """How many epochs the state of the member named ``name`` in ``folder`` holds (0 when there is none, or it is
-        not that member's): what a resumed run skips. Read only, the weights mapped and never loaded (``papa grid
-        --plan``)."""
-        path = EpochCheckpoint.file(folder, name)
-        try:
-            state = torch.load(path, weights_only=True, mmap=True, map_location="cpu")
-        except (OSError, RuntimeError, ValueError, EOFError, pickle.UnpicklingError):  # absent or damaged (set aside)
-            return 0
-        if not isinstance(state, dict) or not _STATE_KEYS <= set(state) or state["name"] != name:
-            return 0
-        return int(state["epochs"])
-
     def path(self, seed: int) -> Path:
         return self.file(self.folder, self.names[seed])
+
+    def saved_epochs(self, seed: int) -> int:
+        """How many epochs the member's saved state holds (0 when there is none, or it is not that member's): what a
+        resumed run skips. Read only, the weights mapped and never loaded (``papa grid --plan``)."""
+        try:
+            state = torch.load(self.path(seed), weights_only=True, mmap=True, map_location="cpu")
+        except (OSError, RuntimeError, ValueError, EOFError, pickle.UnpicklingError):  # absent or damaged (set aside)
+            return 0
+        return 0 if _foreign(state, self.names[seed]) is not None else int(state["epochs"])
 
     def seconds(self, seed: int) -> float:
         return self.prior.get(seed, 0.0)
@@ -274,12 +269,20 @@ _STATE_KEYS = {"name", "epochs", "module", "optimizer", "stream", "global_rng", 
                "epoch_losses", "seconds"}
 
 
-def _misfit(state: Any, member: Member, name: str) -> str | None:
-    """Why a saved state cannot be ``member``'s (None when it can): checked before anything is applied."""
+def _foreign(state: Any, name: str) -> str | None:
+    """Why a saved state is not the training state named ``name`` of this version (None when it is)."""
     if not isinstance(state, dict) or not _STATE_KEYS <= set(state):
         return "it is not a training state of this version of papa_lib"
     if state["name"] != name:
         return f"it holds run {state['name']}, not {name}"
+    return None
+
+
+def _misfit(state: Any, member: Member, name: str) -> str | None:
+    """Why a saved state cannot be ``member``'s (None when it can): checked before anything is applied."""
+    foreign = _foreign(state, name)
+    if foreign is not None:
+        return foreign
     mine = member.module.state_dict()
     saved = state["module"]
     if set(saved) != set(mine) or any(tuple(saved[k].shape) != tuple(mine[k].shape) for k in mine):

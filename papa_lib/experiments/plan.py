@@ -368,17 +368,16 @@ def saved_work(ws, pending: dict) -> tuple[set, dict]:
     feature keys are the run's own (:func:`papa_lib.experiments.overrides.features_key`); a variant whose override
     needs work first (matrices not yet stored, head scores) has none stored."""
     from . import stages
-    from .loop import EpochCheckpoint
     from .matrices import matrix_type
     from .overrides import features_key, override_for, use_cache
-    from .runs import CHECKPOINTS, run_id
+    from .runs import epoch_checkpoint
 
     config, features, epochs = ws.config, set(), {}
     for variant, seeds in pending.items():
         if not seeds or not variant.frozen or variant.backbone_per_seed(config.lambda_seed):
             continue
-        folder = ws.results_dir / CHECKPOINTS
-        epochs[variant] = sum(EpochCheckpoint.saved_epochs(folder, run_id(ws, variant, seed)) for seed in seeds)
+        checkpoint = epoch_checkpoint(ws, variant, seeds)  # where the run keeps its seeds' states
+        epochs[variant] = sum(checkpoint.saved_epochs(seed) for seed in seeds)
         entry = matrix_type(variant.matrix_type) if variant.matrix_type != "original" else None
         needs_work = variant.needs_scores or (
             entry is not None and entry.constants
