@@ -354,8 +354,26 @@ def cmd_bench(args) -> int:  # reached only through build_parser(); main() hands
     return bench.main(args.rest, parser_class=_Parser) or 0
 
 
+def _book_tools():
+    """The book's build tooling (``book/_ext/papa_book`` of the checkout this runs in; it is not installed)."""
+    import importlib
+
+    from .book.profiles import find_repo_root
+
+    root = find_repo_root()
+    tools = root / "book" / "_ext"
+    if not (tools / "papa_book" / "__init__.py").is_file():
+        raise UsageError(f"no book here: run this inside a clone of the book's repository ({root} has no "
+                         "book/_ext/papa_book)")
+    if str(tools) not in sys.path:
+        sys.path.insert(0, str(tools))
+    return importlib.import_module("papa_book.build")
+
+
 def cmd_reproduce(args) -> int:
-    from .book.build import ChapterExecutionError, failure_line, run_chapters
+    tools = _book_tools()
+    ChapterExecutionError, failure_line, run_chapters = (tools.ChapterExecutionError, tools.failure_line,
+                                                         tools.run_chapters)
 
     parameters = {}
     if args.model:
@@ -376,7 +394,9 @@ def cmd_reproduce(args) -> int:
 
 
 def cmd_book(args) -> int:
-    from .book.build import BookBuildError, build_book, failure_line, sync_notebooks
+    tools = _book_tools()
+    BookBuildError, build_book, failure_line, sync_notebooks = (tools.BookBuildError, tools.build_book,
+                                                                tools.failure_line, tools.sync_notebooks)
 
     sync_notebooks("book")
     try:

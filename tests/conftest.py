@@ -4,8 +4,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import sys
+
 import pytest
 import torch
+
+#: The book's build tooling lives beside the book (book/_ext/papa_book), not in the installed library.
+BOOK_TOOLS = Path(__file__).resolve().parents[1] / "book" / "_ext"
+if str(BOOK_TOOLS) not in sys.path:
+    sys.path.insert(0, str(BOOK_TOOLS))
 
 torch.set_num_threads(1)  # tiny models: one thread is fastest and avoids contention
 

@@ -10,7 +10,7 @@ dependency).  Checks, per page: every chapter has at least one chart; each altai
 than the content column it sits in at the book's default width (a 1280 px window), nor is any table a cell
 prints (it would scroll its last columns out of sight); tooltips work;
 nothing raises or logs a console error; nothing is fetched from outside the book (the Colab badge is
-inlined by ``papa_lib.book.offline_badge``); no local asset is missing.  A screenshot of the first
+inlined by ``papa_book.offline_badge``); no local asset is missing.  A screenshot of the first
 chapter is kept in ``$PAPA_TEST_ARTIFACTS`` (default: the session's pytest tmp dir; its path is
 printed).
 
@@ -40,13 +40,14 @@ from pathlib import Path
 import pytest
 
 from conftest import JUPYTEXT_HEADER
-from papa_lib.book import build, charts, page_check, sphinx_hooks
+from papa_lib.book import charts
+from papa_book import build, page_check, sphinx_hooks
 
 REPO = Path(__file__).resolve().parents[1]
 BUNDLE = charts.BUNDLE_FILENAME
 # Resources a reader's browser may fetch from the internet: none. Charts use the bundled vega, equations the
 # bundled MathJax 2 (_static/mathjax, copied by papa_lib.book from jupyter-server-mathjax), and the Colab badge
-# image is inlined (papa_lib.book.offline_badge).
+# image is inlined (papa_book.offline_badge).
 ALLOWED_EXTERNAL: tuple[str, ...] = ()
 MATHJAX_SCRIPT = "_static/mathjax/MathJax.js"
 # A page with every kind of math the chapters use, added to the minimal test build (intro has none).
@@ -201,7 +202,8 @@ def executed_book(root: Path, notebooks: list[Path], extra_pages: dict[str, str]
     toc = yaml.safe_load((REPO / "_toc.yml").read_text(encoding="utf-8"))
     for name, text in (extra_pages or {}).items():
         (root / "book" / f"{name}.md").write_text(text, encoding="utf-8")
-        toc["chapters"].append({"file": f"book/{name}"})
+        # _toc.yml groups the chapters in parts (chapters, appendix): an extra page joins the first part
+        (toc["parts"][0] if "parts" in toc else toc)["chapters"].append({"file": f"book/{name}"})
     (root / "_toc.yml").write_text(yaml.safe_dump(toc, sort_keys=False), encoding="utf-8")
     return root
 
@@ -251,7 +253,7 @@ def test_built_pages_load_the_local_vega_bundle(built_book):
 
 def test_built_pages_show_no_raw_output_and_no_broken_link(built_book):
     """Every executed page, as built: no object repr, warning, machine path, traceback, raw index or identifier,
-    NaN, template grammar or over-long number in its article (papa_lib.book.page_check), and no internal link
+    NaN, template grammar or over-long number in its article (papa_book.page_check), and no internal link
     that leads nowhere (build_book also fails on one)."""
     problems = {}
     for page in _chapter_pages(built_book):

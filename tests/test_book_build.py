@@ -1,7 +1,7 @@
 """`papa book` never reports success while a page shows a failure, and no page shows output of older library code.
 
 Sphinx reads (and MyST-NB executes) only the pages whose source changed since the last build, so before
-:mod:`papa_lib.book.execution` a second build after a failed one reported success while the failed page still
+:mod:`papa_book.execution` a second build after a failed one reported success while the failed page still
 showed its traceback, and a change to papa_lib left every page with the old library's output. Here: a tiny book
 built for real with ``jupyter-book`` (the repository's ``_config.yml``, a copy of papa_lib inside it), and fast
 checks of the fingerprint, the execution report, ``papa book``'s exit status and ``papa reproduce``'s markers.
@@ -19,7 +19,7 @@ import pytest
 
 from conftest import JUPYTEXT_HEADER
 from papa_lib import cli
-from papa_lib.book import build, execution
+from papa_book import build, execution
 
 REPO = Path(__file__).resolve().parents[1]
 

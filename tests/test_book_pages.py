@@ -11,7 +11,8 @@ import pandas as pd
 import pytest
 from test_figures import example_frame
 
-from papa_lib.book import charts, offline_badge, probing_pages, records, scale_pages
+from papa_lib.book import charts, probing_pages, records, scale_pages
+from papa_book import offline_badge
 
 ROOT = Path(__file__).resolve().parents[1]
 LOCAL_SOURCE = ("train: /tmp/x/data/glue/SST-2/train.tsv [subsample of 8000/67349, seed 0]; "

@@ -18,13 +18,13 @@ import nbformat
 import pytest
 
 from conftest import JUPYTEXT_HEADER
-from papa_lib.book import build, chapters
+from papa_book import build, chapters
 
 REPO = Path(__file__).resolve().parents[1]
 BOOK_DIR = REPO / "book"
 CONFIG = REPO / "_config.yml"
 CHAPTERS = sorted(BOOK_DIR.glob("*.md"))
-HINT = "run `python -m papa_lib.book sync`"
+HINT = "run `PYTHONPATH=book/_ext python -m papa_book sync`"
 
 
 def _cells(notebook) -> list[tuple[str, str, tuple[str, ...]]]:
@@ -307,7 +307,7 @@ def test_sync_is_deterministic_and_refreshes_links(tmp_path):
     spaced = md.read_text(encoding="utf-8").replace("repository, version", "repository, version  ")
     md.write_text(spaced, encoding="utf-8")
     problems = build.check_notebooks(tmp_path / "book")
-    assert len(problems) == 1 and problems[0].startswith("ch.md:") and "python -m papa_lib.book sync" in problems[0]
+    assert len(problems) == 1 and problems[0].startswith("ch.md:") and "python -m papa_book sync" in problems[0]
     (tmp_path / "book" / "gone.ipynb").write_text(first.decode(), encoding="utf-8")
     assert any(p.startswith("gone.ipynb") for p in build.check_notebooks(tmp_path / "book"))
 

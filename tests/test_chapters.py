@@ -18,7 +18,8 @@ import nbformat
 import pytest
 import yaml
 
-from papa_lib.book import build, charts
+from papa_lib.book import charts
+from papa_book import build
 from papa_lib.book.profiles import PAPER_MODELS
 from papa_lib.experiments.grid import load_grid
 

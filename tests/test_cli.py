@@ -491,7 +491,7 @@ def _options(parser):
 
 
 def test_every_option_has_help():
-    from papa_lib.book import build
+    from papa_book import build
 
     parsers = [cli.build_parser(), build._build_parser()]
 
@@ -526,7 +526,7 @@ def test_version_is_defined_once(capsys):
 
 
 def test_reproduce_fails_in_one_line_naming_chapter_and_cell(monkeypatch, capsys):
-    from papa_lib.book import build
+    from papa_book import build
 
     def failing(*args, **kwargs):
         raise build.ChapterExecutionError("chapter probing (book/probing.md) failed under profile 'smoke': "

@@ -1,4 +1,5 @@
-"""Concepts kept once: the repository root, the Markdown helper the pages share, Eq. 2."""
+"""Concepts kept once: the repository root, the Markdown helper the chapters share, Eq. 2; build tooling outside the
+library."""
 
 from __future__ import annotations
 
@@ -6,7 +7,8 @@ from pathlib import Path
 
 import torch
 
-from papa_lib.book import build, display, profiles
+from papa_lib.book import display, profiles
+from papa_book import build
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -28,8 +30,6 @@ def test_one_find_repo_root_for_the_build_and_the_profiles(tmp_path):
 
 
 def test_pages_share_one_markdown_helper():
-    from papa_lib.book import alternatives_pages, probing_pages, selection_pages, transfer_pages
-
     shown = display.markdown("**bold**")
     from IPython.display import Markdown
 
@@ -40,8 +40,6 @@ def test_pages_share_one_markdown_helper():
     # ... and publishes no output at all: a page shows no empty output box where a note had nothing to say
     assert DisplayFormatter().format(display.markdown("")) == ({}, {})
     assert set(DisplayFormatter().format(shown)[0]) == {"text/plain", "text/markdown"}
-    for module in (alternatives_pages, probing_pages, selection_pages, transfer_pages):
-        assert module._markdown is display.markdown
     for path in (REPO / "papa_lib").rglob("*.py"):
         assert "def _markdown" not in path.read_text(), f"{path.name} defines its own Markdown helper"
 
@@ -72,4 +70,18 @@ def test_linting_is_configured():
              for hook in repo["hooks"]]
     assert "ruff" in {hook["id"] for hook in hooks}
     sync = next(hook for hook in hooks if hook["id"] == "chapters-in-sync")
-    assert sync["entry"] == "python -m papa_lib.book check"
+    assert sync["entry"] == "env PYTHONPATH=book/_ext python -m papa_book check"
+
+
+def test_the_library_imports_no_build_tooling():
+    """Sphinx, docutils, MyST and Jupyter Book belong to the book's build (book/_ext/papa_book), not to papa_lib."""
+    import ast
+
+    tooling = ("sphinx", "docutils", "myst_parser", "myst_nb", "jupyter_book", "papa_book")
+    found = []
+    for path in (REPO / "papa_lib").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else (
+                [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            found += [f"{path.relative_to(REPO)}: {n}" for n in names if n.split(".")[0] in tooling]
+    assert not found, found

@@ -9,27 +9,11 @@ from collections.abc import Iterable, Mapping
 import numpy as np
 import pandas as pd
 
+from ..analysis.claims import ours_text, sig3  # noqa: F401  (used below)
 from .tables import name_tasks
 
 
 # ---------------------------------------------------------------------------------------------- rendering
-def sig3(value: float) -> str:
-    """Three significant figures (``—`` for NaN)."""
-    if value is None or not np.isfinite(value):
-        return "—"
-    if value == 0:
-        return "0"
-    return f"{value:#.3g}".rstrip(".") if abs(value) >= 1e-3 else f"{value:.2e}"
-
-
-def ours_text(row: pd.Series | Mapping) -> str:
-    """``value [low, high]`` at three significant figures, or ``—``."""
-    if not np.isfinite(row["ours"]):
-        return "—"
-    if not (np.isfinite(row["ci_low"]) and np.isfinite(row["ci_high"])):
-        return f"{sig3(row['ours'])} (no interval: a configuration it reads has one seed)"
-    return f"{sig3(row['ours'])} [{sig3(row['ci_low'])}, {sig3(row['ci_high'])}]"
-
 
 def every_task_text(row: pd.Series | Mapping) -> str | None:
     """Ours with every task included, as :func:`ours_text` writes it; ``None`` where that changes neither the number

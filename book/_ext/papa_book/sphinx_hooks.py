@@ -1,10 +1,10 @@
-"""The Sphinx side of the book (``papa_lib.book`` is the extension named in ``_config.yml``): the offline vega bundle
+"""The Sphinx side of the book (``papa_book`` is the extension named in ``_config.yml``): the offline vega bundle
 every chart page loads, MathJax served from the book itself (no CDN), one copy of each page script, and honest
 execution: pages re-execute when papa_lib or ``data/`` changed or when they failed last time, and every build writes
-its pages' execution status (:mod:`papa_lib.book.execution`).
+its pages' execution status (:mod:`papa_book.execution`).
 
-:func:`setup` is what Sphinx calls; the chapters and their twins live in :mod:`papa_lib.book.chapters`, the build
-and the command line in :mod:`papa_lib.book.build`.
+:func:`setup` is what Sphinx calls; the chapters and their twins live in :mod:`papa_book.chapters`, the build
+and the command line in :mod:`papa_book.build`.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import Any
 
 from . import execution
 from .build import BUILD_ENV_FLAG, _with_pythonpath
-from .claim_text import STATEMENT_COLUMN
+from papa_lib.book.claim_text import STATEMENT_COLUMN
 
 # --------------------------------------------------------------------------------------------
 # Sphinx extension: the offline vega bundle
@@ -219,7 +219,7 @@ def _write_execution_report(app: Any, exception: Exception | None) -> None:
 
 
 def setup(app: Any) -> dict[str, Any]:
-    """Sphinx extension entry point (``sphinx.local_extensions: {papa_lib.book: ./}``).
+    """Sphinx extension entry point (``sphinx.local_extensions: {papa_book: ./book/_ext}``).
 
     Writes the offline vega bundle into the HTML output and adds it to every page, copies MathJax 2 into the
     output so that equations render offline (:func:`_install_offline_mathjax`), removes

@@ -5,20 +5,20 @@ norm-based attention analysis (Kobayashi et al. 2020) as executable chapters.  C
 ``book/*.md`` as jupytext MyST markdown (the text is the source of truth); a paired ``.ipynb``
 next to each one is generated for Google Colab.  The chapters, their twins
 (:func:`sync_notebooks`, :func:`check_notebooks`) and their Colab badges (:func:`colab_badge`) live in
-:mod:`papa_lib.book.chapters` and are re-exported here.  This module
+:mod:`papa_book.chapters` and are re-exported here.  This module
 
 * builds the book with Jupyter Book 1.x (:func:`build_book`), failing when any page failed to
-  execute, in this build or in an earlier one it did not redo (:mod:`papa_lib.book.execution`),
+  execute, in this build or in an earlier one it did not redo (:mod:`papa_book.execution`),
   or when a page links, inside the book, to a file that does not exist (:func:`check_links`),
 * executes every chapter under a run profile with papermill (:func:`run_chapters`), which backs
   ``papa reproduce --profile P``,
-* and, with :mod:`papa_lib.book.sphinx_hooks`, makes up the tiny Sphinx extension (``setup``,
+* and, with :mod:`papa_book.sphinx_hooks`, makes up the tiny Sphinx extension (``setup``,
   loaded through ``sphinx.local_extensions`` in ``_config.yml``) that writes the offline vega
   bundle of :mod:`papa_lib.book.charts` into the book's ``_static`` folder and adds it to every
   page, copies MathJax 2 (from the ``jupyter-server-mathjax`` package) next to it so that
-  equations need no CDN either, and keeps executed pages honest (:mod:`papa_lib.book.execution`).
+  equations need no CDN either, and keeps executed pages honest (:mod:`papa_book.execution`).
 
-Command line: ``python -m papa_lib.book {sync,check,build,badge,run} ...`` (see :func:`main`).
+Command line: ``python -m papa_book {sync,check,build,badge,run} ...`` (see :func:`main`).
 """
 
 from __future__ import annotations
@@ -57,7 +57,7 @@ from .chapters import (
     sync_notebooks,
     toc_chapters,
 )
-from .profiles import find_repo_root
+from papa_lib.book.profiles import find_repo_root
 
 __all__ = [
     "BUILD_ENV_FLAG",
@@ -158,7 +158,7 @@ def build_book(
 
     A page whose execution failed fails the build even when warnings are allowed, and also on a
     later build that did not execute it again: the book's Sphinx extension writes every page's
-    execution status to ``_build/papa-execution.json`` (:mod:`papa_lib.book.execution`), which is
+    execution status to ``_build/papa-execution.json`` (:mod:`papa_book.execution`), which is
     checked here, and it executes failed pages again on the next build (and every page when
     papa_lib or ``data/`` changed), so a page never shows an old failure or older library code.
     """
@@ -201,7 +201,7 @@ def build_book(
 
 def check_links(html_dir: str | os.PathLike) -> None:
     """Raise :class:`BookBuildError` when a built page links, inside the book, to a file that does not exist
-    (:func:`papa_lib.book.page_check.broken_links`): a chapter linking a page that is not in ``_toc.yml``."""
+    (:func:`papa_book.page_check.broken_links`): a chapter linking a page that is not in ``_toc.yml``."""
     from .page_check import broken_links
 
     broken = broken_links(html_dir)
@@ -218,7 +218,7 @@ def _check_execution_report(root: Path, build_dir: Path, out_dir: Path) -> None:
     report = execution.read_report(build_dir)
     if report is None:
         extensions = ((load_config(root).get("sphinx") or {}).get("local_extensions") or {})
-        if "papa_lib.book" in extensions:
+        if "papa_book" in extensions:
             raise BookBuildError(f"the build of {root} wrote no execution report ({build_dir / execution.REPORT_NAME})")
         return
     failed = execution.failed_pages(report)
@@ -279,7 +279,7 @@ def run_chapters(
     notebook goes to ``out_dir/<profile>/<chapter>.ipynb`` and a JSON done-marker to
     ``<chapter>.done``.  With ``resume`` a chapter whose notebook and marker exist (with the
     same parameters, chapter source and library fingerprint: papa_lib's files and ``data/``,
-    :func:`papa_lib.book.execution.fingerprint`) is skipped.  A failing chapter raises
+    :func:`papa_book.execution.fingerprint`) is skipped.  A failing chapter raises
     :class:`ChapterExecutionError`; its partial notebook and the chapters already done are kept,
     and it has no marker, so the next run executes it again.
 
@@ -397,7 +397,7 @@ def _parse_parameter(text: str) -> tuple[str, Any]:
 
 
 def _build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m papa_lib.book", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m papa_book", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("sync", help="regenerate the paired .ipynb of every book/*.md chapter")

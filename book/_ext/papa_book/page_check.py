@@ -10,7 +10,7 @@ the field's name). :func:`html_problems` applies both to a built HTML page (plus
 headers and raw integer DataFrame indexes), :func:`notebook_problems` to an executed notebook.
 
 :func:`broken_links` lists the internal links of a built HTML folder whose target file does not exist;
-:func:`papa_lib.book.build.build_book` fails on any.
+:func:`papa_book.build.build_book` fails on any.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The "Open in Colab" badge, shipped with the book (a Sphinx extension listed in ``_config.yml``).
 
-Every chapter starts with the badge markdown of :func:`papa_lib.book.chapters.colab_badge`, whose image lives on
+Every chapter starts with the badge markdown of :func:`papa_book.chapters.colab_badge`, whose image lives on
 colab.research.google.com: right for the ``.ipynb`` twins opened on GitHub or in Colab, but in the built book it would
 be the one resource a page fetches from the network (and a console error for a reader offline). This extension
 swaps that image, in every built page, for :data:`BADGE_SVG` — a small badge drawn here — inlined as a ``data:``
@@ -44,6 +44,6 @@ def _local_badge(app: Any, doctree: Any, docname: str) -> None:
 
 
 def setup(app: Any) -> dict[str, Any]:
-    """Sphinx extension entry point (``sphinx.extra_extensions: [papa_lib.book.offline_badge]``)."""
+    """Sphinx extension entry point (``sphinx.extra_extensions: [papa_book.offline_badge]``)."""
     app.connect("doctree-resolved", _local_badge)
     return {"version": "1.0", "parallel_read_safe": True, "parallel_write_safe": True}

@@ -4,14 +4,14 @@ MyST-NB executes a chapter when Sphinx reads it, and Sphinx reads only the pages
 last build (its saved environment is the book's execution cache; with ``execute_notebooks: cache`` there is a
 jupyter-cache as well, keyed on the cells' code). Neither knows that a page's output also depends on the library
 it imports and on the committed results it reads, nor that a page failed last time. So the book's Sphinx extension
-(:mod:`papa_lib.book.sphinx_hooks`) uses this module to
+(:mod:`papa_book.sphinx_hooks`) uses this module to
 
 * re-execute every page when :func:`fingerprint` (papa_lib's files, the book's ``data/`` folder) changed since the
   last build, and point a jupyter-cache at a folder named after the fingerprint,
 * re-execute every page whose execution failed in an earlier build, and
 * write :data:`REPORT_NAME` next to the build output at the end of every build: each page's execution status as
   the built HTML shows it (including pages this build did not re-execute). :func:`failed_pages` reads it;
-  :func:`papa_lib.book.build.build_book` fails when any page failed.
+  :func:`papa_book.build.build_book` fails when any page failed.
 """
 
 from __future__ import annotations
@@ -41,6 +41,13 @@ def _files(folder: Path):
             yield relative.as_posix(), path
 
 
+def _package_dir() -> Path:
+    """The folder of the ``papa_lib`` package the kernels import (this checkout's, or the installed one)."""
+    import papa_lib
+
+    return Path(papa_lib.__file__).resolve().parent
+
+
 def fingerprint(root: str | os.PathLike | None = None, package: str | os.PathLike | None = None) -> str:
     """16 hex digits of what the chapters' outputs depend on besides their cells: every file of the ``papa_lib``
     package (``package``, default the one this module belongs to: code and packaged data) and of ``root/data``
@@ -48,7 +55,7 @@ def fingerprint(root: str | os.PathLike | None = None, package: str | os.PathLik
     :data:`LARGE_FILE_BYTES`, which count by size and modification time.
     """
     digest = hashlib.sha256()
-    folders = [("papa_lib", Path(package) if package is not None else Path(__file__).resolve().parents[1])]
+    folders = [("papa_lib", Path(package) if package is not None else _package_dir())]
     if root is not None:
         folders.append(("data", Path(root) / "data"))
     for name, folder in folders:

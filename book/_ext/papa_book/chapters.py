@@ -10,7 +10,7 @@ next to each one is generated for Google Colab.  This module
 * and regenerates and checks their twins (:func:`notebook_from_chapter`, :func:`sync_notebooks`,
   :func:`check_notebooks`).
 
-:mod:`papa_lib.book.build` builds the book and runs the chapters; it re-exports these names.
+:mod:`papa_book.build` builds the book and runs the chapters; it re-exports these names.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from .profiles import find_repo_root
+from papa_lib.book.profiles import find_repo_root
 
 __all__ = [
     "chapter_files",
@@ -343,7 +343,7 @@ def check_notebooks(book_dir: str | os.PathLike = "book") -> list[str]:
     folder = Path(book_dir)
     problems: list[str] = []
     chapters = chapter_files(folder)
-    hint = "run `python -m papa_lib.book sync`"
+    hint = "run `PYTHONPATH=book/_ext python -m papa_book sync`"
     for chapter in chapters:
         twin = chapter.with_suffix(".ipynb")
         if not twin.is_file():

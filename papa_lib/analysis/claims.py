@@ -1,0 +1,771 @@
+"""The paper's claims, checked against our records: ONE engine that decides every verdict the book prints.
+
+Every chapter renders a row of :func:`claims_table` (:func:`verdict_sentence`, :func:`book_table`); no page helper
+decides a verdict on its own. ``claims.csv`` beside a results folder is :func:`write_claims`' output.
+
+**The rules** are declared in ``data/paper/claims_rules.csv`` (:func:`rules`; declared before the verdicts were
+recomputed with them): per claim, its full statement, the paper's value, the statistic, the test and the band
+``[low, high]``. On the statistic's 95% interval ``[lo, hi]``:
+
+* ``band``: **agrees** when ``[lo, hi]`` lies inside the band (an equivalence test), **differs** when it lies
+  entirely outside, **inconclusive** otherwise;
+* ``band_every`` (a claim "on every task" / "at every fraction"): the band test per task (fraction); agrees when
+  every one agrees, differs when any one differs, inconclusive otherwise (and never agrees when one is unmeasured);
+* ``direction`` (C3, which of two models drops more): the band test, reported as **direction agrees** /
+  **direction differs** / **inconclusive** — only the direction is tested, never the size;
+* ``correlation`` (C8): the band test on Spearman's ρ with a minimum effect |ρ| = 0.1: an interval inside
+  ``(-0.1, 0.1)`` is **negligible** and cannot agree;
+* ``not_testable``: the verdict reads ``not testable: <why>``.
+
+**Sign convention** (stated once, used everywhere): a difference is *variant minus reference*,
+``s_variant - s_reference``; a relative drop is ``(s_orig - s_variant) / |s_orig|`` (positive: the variant scores
+lower); a relative change is ``(s_variant - s_reference) / |s_reference|`` (C5: MNLI-built minus per-task, the sign
+of the transfer chapter's changes).
+
+**One interval method.** A single configuration: the Student-t 95% interval over its seeds
+(:func:`papa_lib.experiments.results.mean_ci`). A comparison of two configurations of one task: seed-paired — runs
+are paired by their seed id (the same probe initialisation and training subset), and the per-seed values of the
+statistic's linearisation give a Student-t interval with ``n - 1`` degrees of freedom (a plain difference is paired
+directly; a relative drop, a ratio of means, is linearised by the delta method, ``z_s = (a_s - d·b_s) / |mean b|``
+with ``a = orig - variant`` and ``b = orig``). A statistic over tasks (a task average, C3's difference of two
+models' averages) adds the per-task variances and takes Welch–Satterthwaite degrees of freedom,
+``df = (Σ v_t)² / Σ (v_t² / df_t)``. Why this and not a hierarchical bootstrap: with three seeds a bootstrap
+interval is about ``[min, max]`` of three values (about 39% as wide as Student-t), while the t quantile with few
+degrees of freedom widens the interval as it should; pairing by seed removes the variance the two configurations
+share; and the tasks are the paper's fixed six, not a sample, so only the seed-to-seed variance within each task is
+noise (a bootstrap over tasks would treat the task mix as random). The computation is deterministic.
+A comparison uses only the seed ids both configurations have; the ``tasks`` column says when they differ.
+
+**Task inclusion**, by one declared rule for every task (MRPC included): a task enters C1–C6 when its original
+probe's Student-t 95% interval over seeds lies above the majority-class baseline of its validation set (records'
+``majority_baseline``; a task whose records carry none enters); one seed gives no interval, so it does not enter.
+Each claim is also computed with every measured task (``ours_all_tasks``, ``verdict_all_tasks``: a sensitivity
+column).
+
+**Devices**: each row names the devices that made the records it reads (``devices``; the book's table flags two).
+
+**C8** (Kobayashi et al.'s norm findings) is a correlation over a corpus of one deterministic model: there are no
+seeds, and its interval is the norm analysis' cluster bootstrap over sequences
+(:mod:`papa_lib.analysis.norm_findings`), the only statistic not on seeds.
+
+Claims: C1a/C1b the 20% bound read on the task average / on the worst task, C2 half of the heads, C3 larger models
+drop more (cross-model), C4 average beats data-free matrices, C5 MNLI-built matrices, C6a λ best / C6b reversed
+worst at every fraction, C7 MLM-pretrained models (needs their MLM heads), C8a-c the norm findings.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from ..experiments.summaries import seeds_per_config
+from . import paper
+
+RULES_PATH = paper.PAPER_DIR / "claims_rules.csv"
+CONFIDENCE = 0.95
+
+
+# ---------------------------------------------------------------------------------------------- the rules
+#: The paper's six tasks in its tables' order (the order claims list tasks in).
+TASK_ORDER = ("cola", "mrpc", "sst2", "mnli", "ner", "pos")
+#: C4's data-free matrices, the three its statement names (Sec. 5.2); a type registered later as data-free
+#: (:func:`papa_lib.experiments.matrices.register_matrix_type`) is shown by the figures, not added to the claim.
+DATA_FREE = ("identity", "toeplitz", "zeros")
+
+
+def rules() -> pd.DataFrame:
+    """The declared rules (``data/paper/claims_rules.csv``), indexed by claim id; ``low``/``high`` as floats."""
+    table = pd.read_csv(RULES_PATH, keep_default_na=False)
+    for column in ("low", "high", "min_effect"):
+        table[column] = [_number(v, column, i) for i, v in enumerate(table[column], start=2)]
+    return table.set_index("id")
+
+
+def _number(value: str, column: str, line: int) -> float:
+    try:
+        return float(value) if str(value).strip() else float("nan")
+    except ValueError:
+        raise ValueError(f"{RULES_PATH}:{line}: column {column} is not a number: {value!r}") from None
+
+
+def rule_text(rule: pd.Series) -> str:
+    """The rule of one claim in words."""
+    def show(v):
+        return "-inf" if v == -math.inf else "inf" if v == math.inf else f"{v:g}"
+
+    band = f"[{show(rule.low)}, {show(rule.high)}]"
+    if rule.test == "band":
+        return f"agrees if the 95% interval lies inside {band}, differs if entirely outside, else inconclusive"
+    if rule.test == "band_every":
+        return (f"per task (fraction): inside {band} agrees, entirely outside differs; agrees if every one agrees, "
+                "differs if any one differs, else inconclusive")
+    if rule.test == "direction":
+        return (f"direction agrees if the 95% interval lies inside {band}, direction differs if entirely outside, "
+                "else inconclusive")
+    if rule.test == "correlation":
+        return (f"agrees if the 95% interval lies inside {band}; negligible if inside (-{rule.min_effect:g}, "
+                f"{rule.min_effect:g}); differs if entirely outside {band} and not negligible; else inconclusive")
+    return "the records cannot decide it"
+
+
+def decide(test: str, low: float, high: float, band_low: float, band_high: float,
+           min_effect: float | None = None) -> str:
+    """The verdict of an interval ``[low, high]`` under one test (module docstring). A NaN interval (one seed)
+    is inconclusive."""
+    if test == "not_testable":
+        return "not testable"
+    if not (np.isfinite(low) and np.isfinite(high)):
+        return "inconclusive"
+    if test == "correlation" and min_effect is not None and -min_effect < low and high < min_effect:
+        return "negligible"
+    if band_low <= low and high <= band_high:
+        verdict = "agrees"
+    elif high < band_low or low > band_high:
+        verdict = "differs"
+    else:
+        verdict = "inconclusive"
+    return f"direction {verdict}" if test == "direction" and verdict != "inconclusive" else verdict
+
+
+def decide_every(verdicts: Iterable[str], complete: bool = True) -> str:
+    """``band_every``: agrees when every unit agrees (and none is missing), differs when any one differs."""
+    verdicts = list(verdicts)
+    if any(v == "differs" for v in verdicts):
+        return "differs"
+    return "agrees" if verdicts and complete and all(v == "agrees" for v in verdicts) else "inconclusive"
+
+
+# ---------------------------------------------------------------------------------------------- intervals
+@dataclass(frozen=True)
+class Estimate:
+    """A statistic, its standard error and degrees of freedom; ``parts`` are the (variance, df) components that
+    Welch–Satterthwaite combines. ``se`` NaN: no interval (one seed)."""
+
+    value: float
+    se: float
+    df: float
+    parts: tuple = ()
+
+    @property
+    def half_width(self) -> float:
+        from scipy import stats
+
+        if not np.isfinite(self.se) or not np.isfinite(self.value):
+            return float("nan")
+        if self.se == 0:
+            return 0.0
+        return float(stats.t.ppf((1 + CONFIDENCE) / 2, self.df)) * self.se
+
+    @property
+    def low(self) -> float:
+        return self.value - self.half_width
+
+    @property
+    def high(self) -> float:
+        return self.value + self.half_width
+
+
+def _from_parts(value: float, parts: Sequence[tuple[float, float]]) -> Estimate:
+    if not parts or any(not np.isfinite(v) for v, _ in parts):
+        return Estimate(value, float("nan"), float("nan"), tuple(parts))
+    variance = sum(v for v, _ in parts)
+    if variance == 0:
+        return Estimate(value, 0.0, math.inf, tuple(parts))
+    df = variance ** 2 / sum(v ** 2 / d for v, d in parts if v > 0)
+    return Estimate(value, math.sqrt(variance), df, tuple(parts))
+
+
+def one_sample(values: np.ndarray) -> Estimate:
+    """Mean of per-seed values with its Student-t standard error (n - 1 degrees of freedom)."""
+    values = np.asarray(values, float)
+    n = len(values)
+    if n < 2:
+        return Estimate(float(values.mean()) if n else float("nan"), float("nan"), float("nan"))
+    variance = float(values.var(ddof=1)) / n
+    return _from_parts(float(values.mean()), [(variance, n - 1)])
+
+
+def paired(reference: pd.Series, variant: pd.Series, kind: str) -> Estimate:
+    """Seed-paired statistic of two configurations (Series of values indexed by seed id), on their common seeds.
+
+    ``kind``: ``difference`` (variant - reference), ``drop`` ((ref - variant) / |ref|) or ``change``
+    ((variant - ref) / |ref|); the ratios are linearised by the delta method (module docstring)."""
+    seeds = sorted(set(reference.index) & set(variant.index))
+    ref, var = reference.loc[seeds].to_numpy(float), variant.loc[seeds].to_numpy(float)
+    if not seeds:
+        return Estimate(float("nan"), float("nan"), float("nan"))
+    if kind == "difference":
+        return one_sample(var - ref)
+    base = float(ref.mean())
+    if base == 0:
+        return Estimate(float("nan"), float("nan"), float("nan"))
+    a, b = ref - var, np.sign(base) * ref
+    drop = float(a.mean()) / abs(base)
+    z = (a - drop * b) / abs(base)
+    linear = one_sample(z)
+    estimate = Estimate(drop, linear.se, linear.df, linear.parts)
+    if kind == "drop":
+        return estimate
+    if kind == "change":
+        return Estimate(-drop, linear.se, linear.df, linear.parts)
+    raise ValueError(f"paired: unknown kind {kind!r} (difference, drop, change)")
+
+
+def average(estimates: Sequence[Estimate]) -> Estimate:
+    """The mean of per-task estimates: variances summed (scaled by 1/T²), Welch–Satterthwaite df."""
+    if not estimates:
+        return Estimate(float("nan"), float("nan"), float("nan"))
+    t = len(estimates)
+    parts = [(v / t ** 2, d) for e in estimates for v, d in (e.parts or [(float("nan"), float("nan"))])]
+    return _from_parts(float(np.mean([e.value for e in estimates])), parts)
+
+
+def difference(larger: Estimate, smaller: Estimate) -> Estimate:
+    """``larger - smaller`` of two independent estimates (two models): variances summed, Welch–Satterthwaite df."""
+    return _from_parts(larger.value - smaller.value, list(larger.parts) + list(smaller.parts))
+
+
+# ---------------------------------------------------------------------------------------------- formatting
+def sig3(value: float) -> str:
+    """Three significant figures (``—`` for NaN)."""
+    if value is None or not np.isfinite(value):
+        return "—"
+    if value == 0:
+        return "0"
+    return f"{value:#.3g}".rstrip(".") if abs(value) >= 1e-3 else f"{value:.2e}"
+
+
+def ours_text(row: pd.Series | Mapping) -> str:
+    """``value [low, high]`` at three significant figures, or ``—``."""
+    if not np.isfinite(row["ours"]):
+        return "—"
+    if not (np.isfinite(row["ci_low"]) and np.isfinite(row["ci_high"])):
+        return f"{sig3(row['ours'])} (no interval: a configuration it reads has one seed)"
+    return f"{sig3(row['ours'])} [{sig3(row['ci_low'])}, {sig3(row['ci_high'])}]"
+
+
+# ---------------------------------------------------------------------------------------------- the paper under the rules
+def paper_model_drops() -> pd.DataFrame:
+    """Per model of Tables 1 and 4: the all-constant relative drop per task, its task mean and its maximum."""
+    rows = []
+    for name in ("table1", "table4"):
+        table = paper.table(name).set_index("matrix_type")
+        tasks = [c for c in table.columns if c in TASK_ORDER]
+        drops = (table.loc["original", tasks] - table.loc["average", tasks]) / table.loc["original", tasks].abs()
+        rows.append({"model": table.attrs["model"], "source": table.attrs["source"], **drops.to_dict(),
+                     "mean_drop": float(drops.mean()), "max_drop": float(drops.max())})
+    return pd.DataFrame(rows)
+
+
+def paper_verdicts() -> pd.DataFrame:
+    """The paper's own printed numbers (Tables 1, 2, 4, 5; no intervals, so each interval is the point) under the
+    declared rules: C1a, C1b, C4, C5 per model and C3 across the two models. Columns: model, claim, value, verdict."""
+    table = rules()
+    rows = []
+    drops = paper_model_drops().set_index("model")
+    for model, (types, transfer) in {"RoBERTa-base": ("table1", "table2"),
+                                     "RoBERTa-large": ("table4", "table5")}.items():
+        mean, worst = drops.loc[model, "mean_drop"], drops.loc[model, "max_drop"]
+        for claim, value in (("C1a", mean), ("C1b", worst)):
+            rule = table.loc[claim]
+            rows.append((model, claim, value, decide(rule.test, value, value, rule.low, rule.high)))
+        reported = paper.table(types).set_index("matrix_type")
+        tasks = [c for c in reported.columns if c in TASK_ORDER]
+        margins = reported.loc["average", tasks] - reported.loc[list(DATA_FREE), tasks].max()
+        rule = table.loc["C4"]
+        rows.append((model, "C4", float(margins.min()),
+                     decide_every(decide("band", m, m, rule.low, rule.high) for m in margins)))
+        moved = paper.table(transfer).set_index("matrices_from")
+        change = float(((moved.loc["mnli"] - moved.loc["per-task"]) / moved.loc["per-task"].abs()).mean())
+        rule = table.loc["C5"]
+        rows.append((model, "C5", change, decide(rule.test, change, change, rule.low, rule.high)))
+    rule = table.loc["C3"]
+    gap = drops.loc["RoBERTa-large", "mean_drop"] - drops.loc["RoBERTa-base", "mean_drop"]
+    rows.append(("RoBERTa-base vs RoBERTa-large", "C3", gap, decide(rule.test, gap, gap, rule.low, rule.high)))
+    return pd.DataFrame(rows, columns=["model", "claim", "value", "verdict"])
+
+
+# ---------------------------------------------------------------------------------------------- the engine
+COLUMNS = ["model", "claim", "statement", "statistic", "tasks", "paper", "ours", "ci_low", "ci_high", "df", "verdict",
+           "ours_all_tasks", "ci_low_all_tasks", "ci_high_all_tasks", "verdict_all_tasks", "rule", "chapter", "devices"]
+FIG5_FRACTIONS = (0.5, 0.125, 0.0625)
+ORDERS = ("lambda", "reversed", "first_to_last", "last_to_first", "random")
+#: parameters of the models whose records may meet in C3 (the larger one is expected to drop more)
+MODEL_PARAMETERS = {"all-MiniLM-L6-v2": 22.7e6, "all-mpnet-base-v2": 109.5e6, "bert-base-uncased": 110e6,
+                    "roberta-base": 125e6, "electra-base-discriminator": 110e6, "deberta-base": 139e6,
+                    "bert-large-uncased": 335e6, "roberta-large": 355e6, "electra-large-discriminator": 335e6,
+                    "deberta-v3-large": 435e6, "RoBERTa-base": 125e6, "RoBERTa-large": 355e6}
+#: C8's rows, by claim id: the finding of ``kobayashi_findings.csv`` that measures it
+NORM_FINDINGS = {"C8a": "sep_weight_vs_norm", "C8b": "cls_weight_vs_norm", "C8c": "frequency_rank_vs_norm"}
+NOT_TESTABLE = {"C7": "needs MLM-pretrained models with their pretrained MLM heads beside ELECTRA; the records hold "
+                      "{models} with a trained MLM probe only"}
+
+
+# ---------------------------------------------------------------------------------------------- selections
+def _order(tasks: Iterable[str]) -> list[str]:
+    rank = {task: i for i, task in enumerate(TASK_ORDER)}
+    return sorted(tasks, key=lambda t: (rank.get(t, 99), t))
+
+
+_READ: list[pd.DataFrame] | None = None  # while a claim is computed (:func:`_devices_read`): the rows it selects
+
+
+def _seen(rows: pd.DataFrame) -> pd.DataFrame:
+    if _READ is not None:
+        _READ.append(rows)
+    return rows
+
+
+@contextmanager
+def _reading():
+    """Collect the records the claim computed inside the block selects (:func:`devices_of` names their devices)."""
+    global _READ
+    outer, _READ = _READ, []
+    try:
+        yield _READ
+    finally:
+        _READ = outer
+
+
+def _rows_read(read: Sequence[pd.DataFrame], tasks: Iterable[str]) -> pd.DataFrame:
+    """The records a claim read (:func:`_reading`) on ``tasks``."""
+    rows = pd.concat(read) if read else pd.DataFrame(columns=["task", "device", "seed"])
+    return rows[rows.task.isin(list(tasks))]
+
+
+def devices_of(read: Sequence[pd.DataFrame], tasks: Iterable[str]) -> str:
+    """The devices (``cpu``, ``cuda``, ...) that made the records ``read`` of ``tasks``: a claim resting on two
+    says so (issue 21: no claim should compare rows made on different devices)."""
+    rows = _rows_read(read, tasks)
+    kinds = rows["device"].dropna().astype(str).str.split(":").str[0] if "device" in rows else []
+    return ", ".join(sorted(set(kinds)))
+
+
+def _select(frame: pd.DataFrame, matrix_type: str, fraction: float, order: str = "none",
+            source: str | None = "own") -> pd.DataFrame:
+    """Rows of one configuration; ``source`` ``'own'``: matrices from the row's task, else a task name or None."""
+    rows = frame[(frame.matrix_type == matrix_type) & np.isclose(frame.fraction.astype(float), fraction)
+                 & (frame.selection_order.fillna("none") == order)]
+    if source == "own":
+        rows = rows[rows.matrices_from.fillna(rows.task) == rows.task]
+    elif source is not None:
+        rows = rows[rows.matrices_from == source]
+    return _seen(rows)
+
+
+def original_rows(frame: pd.DataFrame) -> pd.DataFrame:
+    return _seen(frame[frame.matrix_type == "original"])
+
+
+def _by_seed(rows: pd.DataFrame) -> dict[str, pd.Series]:
+    """Per task: values indexed by seed id (duplicate seeds are an error in the records)."""
+    out = {}
+    for task, group in rows.groupby("task"):
+        if group.seed.duplicated().any():
+            raise ValueError(f"claims: task {task} has two records for seed(s) "
+                             f"{sorted(group.seed[group.seed.duplicated()].tolist())} of one configuration")
+        out[task] = group.set_index("seed").value.astype(float).sort_index()
+    return out
+
+
+def seed_mismatches(frame: pd.DataFrame) -> list[str]:
+    """Configurations with a seed id their task's original runs lack (pairing would drop that run). A variant with
+    fewer seeds than the original (λ at 5 seeds beside 10) pairs on the seeds it has: not a mismatch."""
+    keys = ["task", "matrix_type", "matrices_from", "selection_order", "fraction"]
+    originals = {t: set(s.index) for t, s in _by_seed(original_rows(frame)).items()}
+    out = []
+    for key, group in frame.fillna({"matrices_from": "", "selection_order": "none"}).groupby(keys):
+        if key[1] != "original" and key[0] in originals and not set(group.seed) <= originals[key[0]]:
+            out.append(f"{key[0]}/{key[1]}/{key[2] or '-'}/{key[3]}/{key[4]:g}: seeds {sorted(set(group.seed))}")
+    return out
+
+
+def _seed_note(read: Sequence[pd.DataFrame], tasks: Iterable[str]) -> str:
+    """``''``, or what the seed counts of the configurations a claim read on ``tasks`` were when they differ."""
+    counts = seeds_per_config(_rows_read(read, tasks))
+    if counts.empty or counts.min() == counts.max():
+        return ""
+    return f"{counts.min()} to {counts.max()} seeds per configuration, each comparison on the seeds both have"
+
+
+def informative_tasks(frame: pd.DataFrame) -> tuple[list[str], list[str]]:
+    """``(included, left_out)``: the tasks whose original probe's Student-t 95% interval over seeds lies above the
+    majority-class baseline (records' ``majority_baseline``), and the others (one seed: no interval, left out).
+    A task whose records carry no baseline is included."""
+    included, left_out = [], []
+    for task, values in _by_seed(original_rows(frame)).items():
+        baseline = frame.loc[frame.task == task, "majority_baseline"].dropna() if "majority_baseline" in frame \
+            else pd.Series(dtype=float)
+        low = one_sample(values.to_numpy()).low
+        (included if baseline.empty or (np.isfinite(low) and low > float(baseline.iloc[0])) else left_out).append(task)
+    return _order(included), _order(left_out)
+
+
+# ---------------------------------------------------------------------------------------------- statistics
+@dataclass
+class Measured:
+    """One claim's statistic on one task set: the estimate, the verdict, the tasks it used and what was missing."""
+
+    estimate: Estimate
+    verdict: str
+    tasks: list
+    missing: list
+    note: str = ""
+
+
+def _task_drops(frame, variant_rows, tasks, kind="drop", reference=None):
+    reference = _by_seed(original_rows(frame)) if reference is None else reference
+    variant = _by_seed(variant_rows)
+    used = [t for t in tasks if t in reference and t in variant]
+    per_task = {t: paired(reference[t], variant[t], kind) for t in used}
+    per_task = {t: e for t, e in per_task.items() if np.isfinite(e.value)}  # a reference score of 0: undefined
+    return per_task, [t for t in tasks if t not in per_task]
+
+
+def _band_measure(per_task: dict, missing: list, rule, combine="average") -> Measured:
+    if not per_task:
+        return Measured(Estimate(float("nan"), float("nan"), float("nan")), "not measured", [], missing)
+    if combine == "average":
+        estimate = average(list(per_task.values()))
+        note = ""
+    else:  # the worst task (largest drop)
+        worst = max(per_task, key=lambda t: per_task[t].value)
+        estimate, note = per_task[worst], f"worst task: {worst}"
+    verdict = decide(rule.test, estimate.low, estimate.high, rule.low, rule.high)
+    return Measured(estimate, verdict, list(per_task), missing, note)
+
+
+def _every_measure(per_unit: dict, missing: list, rule, unit_name=str) -> Measured:
+    if not per_unit:
+        return Measured(Estimate(float("nan"), float("nan"), float("nan")), "not measured", [], missing)
+    verdicts = {u: decide("band", e.low, e.high, rule.low, rule.high) for u, e in per_unit.items()}
+    smallest = min(per_unit, key=lambda u: per_unit[u].value)
+    parts = "; ".join(f"{unit_name(u)}: {ours_text({'ours': e.value, 'ci_low': e.low, 'ci_high': e.high})} "
+                      f"{verdicts[u]}" for u, e in per_unit.items())
+    return Measured(per_unit[smallest], decide_every(verdicts.values(), complete=not missing), list(per_unit),
+                    missing, f"smallest: {unit_name(smallest)}; {parts}")
+
+
+def _c1(frame, tasks, rule, combine):
+    per_task, missing = _task_drops(frame, _select(frame, "average", 0.0), tasks)
+    return _band_measure(per_task, missing, rule, combine)
+
+
+def _c2(frame, tasks, rule):
+    per_task, missing = _task_drops(frame, _select(frame, "average", 0.5, "lambda"), tasks)
+    return _band_measure(per_task, missing, rule)
+
+
+def _c4_units(frame, tasks) -> tuple[dict, dict, list]:
+    """Per task: the best data-free type (by mean) and average minus it, seed-paired; the tasks not measured."""
+    average_rows = _by_seed(_select(frame, "average", 0.0))
+    free = {kind: _by_seed(_select(frame, kind, 0.0, source=None)) for kind in DATA_FREE}
+    per_task, best_of, missing = {}, {}, []
+    for task in tasks:
+        if task not in average_rows or not all(task in free[k] for k in DATA_FREE):
+            missing.append(task)
+            continue
+        best_of[task] = max(DATA_FREE, key=lambda k: free[k][task].mean())
+        per_task[task] = paired(free[best_of[task]][task], average_rows[task], "difference")
+    return per_task, best_of, missing
+
+
+def _c4(frame, tasks, rule):
+    per_task, _, missing = _c4_units(frame, tasks)
+    return _every_measure(per_task, missing, rule)
+
+
+def data_free_margins(frame: pd.DataFrame) -> pd.DataFrame:
+    """C4 task by task, for one model's records: the best data-free type, average minus it (seed-paired) with its
+    Student-t 95% interval, the task's verdict under C4's band, and whether the task enters C4 (the inclusion rule).
+    The claim's verdict is C4's row of :func:`claims_table`."""
+    rule = rules().loc["C4"]
+    included = informative_tasks(frame)[0]
+    per_task, best_of, _ = _c4_units(frame, _order(set(frame.task)))
+    return pd.DataFrame([{"task": t, "best data-free": best_of[t], "average minus best data-free": e.value,
+                          "ci_low": e.low, "ci_high": e.high,
+                          "verdict": decide("band", e.low, e.high, rule.low, rule.high),
+                          "enters C4": t in included} for t, e in per_task.items()],
+                        columns=["task", "best data-free", "average minus best data-free", "ci_low", "ci_high",
+                                 "verdict", "enters C4"])
+
+
+def _c5(frame, tasks, rule):
+    own = _by_seed(_select(frame, "average", 0.0))
+    per_task, missing = _task_drops(frame, _select(frame, "average", 0.0, source="mnli"),
+                                    [t for t in tasks if t != "mnli"], kind="change", reference=own)
+    return _band_measure(per_task, missing, rule)
+
+
+FRACTION_LABELS = {0.5: "½", 0.125: "⅛", 0.0625: "1/16"}
+
+
+def _c6(frame, tasks, rule, which):
+    if "mnli" not in tasks:
+        return Measured(Estimate(float("nan"), float("nan"), float("nan")), "not measured", [], ["mnli"],
+                        "MNLI is not among the included tasks")
+    mnli = frame[(frame.task == "mnli") & (frame.matrices_from.fillna("mnli") == "mnli")]
+    per_fraction, missing = {}, []
+    for fraction in FIG5_FRACTIONS:
+        runs = {o: _by_seed(_select(mnli, "average", fraction, o, source=None)).get("mnli") for o in ORDERS}
+        if any(v is None for v in runs.values()):
+            missing.append(fraction)
+            continue
+        means = {o: v.mean() for o, v in runs.items()}
+        if which == "lambda":
+            best = max((o for o in ORDERS if o != "lambda"), key=means.get)
+            per_fraction[fraction] = paired(runs[best], runs["lambda"], "difference")
+        else:
+            worst = min((o for o in ORDERS if o != "reversed"), key=means.get)
+            per_fraction[fraction] = paired(runs["reversed"], runs[worst], "difference")
+    return _every_measure(per_fraction, missing, rule, unit_name=lambda f: FRACTION_LABELS.get(f, f"{f:g}"))
+
+
+PER_MODEL = {
+    "C1a": lambda frame, tasks, rule: _c1(frame, tasks, rule, "average"),
+    "C1b": lambda frame, tasks, rule: _c1(frame, tasks, rule, "worst"),
+    "C2": _c2,
+    "C4": _c4,
+    "C5": _c5,
+    "C6a": lambda frame, tasks, rule: _c6(frame, tasks, rule, "lambda"),
+    "C6b": lambda frame, tasks, rule: _c6(frame, tasks, rule, "reversed"),
+}
+
+
+def _fmt_tasks(measured: Measured, left_out: Sequence[str], all_tasks: bool = False) -> str:
+    text = ", ".join(str(FRACTION_LABELS.get(t, t)) for t in measured.tasks) if measured.tasks else "none"
+    if left_out and not all_tasks:
+        text += (f" (left out: {', '.join(left_out)} — original probe's 95% interval not above its majority "
+                 "baseline)")
+    if measured.missing:
+        text += f" (not measured: {', '.join(str(FRACTION_LABELS.get(m, m)) for m in measured.missing)})"
+    if measured.note:
+        text += f"; {measured.note}"
+    return text
+
+
+def _row(model, claim, rule, measured: Measured | None, tasks_text: str, sensitivity: Measured | None,
+         verdict: str | None = None) -> dict:
+    estimate = measured.estimate if measured else Estimate(float("nan"), float("nan"), float("nan"))
+    other = sensitivity.estimate if sensitivity else Estimate(float("nan"), float("nan"), float("nan"))
+    return {
+        "model": model,
+        "claim": claim,
+        "statement": rule.statement,
+        "statistic": rule.statistic,
+        "tasks": tasks_text,
+        "paper": rule.paper_value,
+        "ours": estimate.value,
+        "ci_low": estimate.low,
+        "ci_high": estimate.high,
+        "df": estimate.df,
+        "verdict": verdict or measured.verdict,
+        "ours_all_tasks": other.value,
+        "ci_low_all_tasks": other.low,
+        "ci_high_all_tasks": other.high,
+        "verdict_all_tasks": (sensitivity.verdict if sensitivity else (verdict or "")),
+        "rule": rule_text(rule),
+        "chapter": rule.chapter,
+        "devices": "",
+    }
+
+
+def model_claims(frame: pd.DataFrame, model: str | None = None) -> list[dict]:
+    """C1a-C6b for one model's records (the rows' ``model``), each on the included tasks and on every task."""
+    table = rules()
+    model = model or (str(frame.model.iloc[0]) if len(frame) else "this model")
+    included, left_out = informative_tasks(frame)
+    every = _order(set(frame.task))
+    rows = []
+    for claim, compute in PER_MODEL.items():
+        rule = table.loc[claim]
+        sensitivity = compute(frame, every, rule)
+        with _reading() as read:
+            measured = compute(frame, included, rule)
+        shown = left_out if not claim.startswith("C6") else [t for t in left_out if t == "mnli"]
+        row = _row(model, claim, rule, measured, _fmt_tasks(measured, shown), sensitivity)
+        if measured.tasks:
+            used = ["mnli"] if claim.startswith("C6") else measured.tasks
+            row["devices"] = devices_of(read, used)
+            row["tasks"] += f"; {note}" if (note := _seed_note(read, used)) else ""
+        rows.append(row)
+    return rows
+
+
+def cross_model_claims(frames: Mapping[str, pd.DataFrame]) -> list[dict]:
+    """C3 when the records hold two models of known size: the larger's task-averaged all-constant drop minus the
+    smaller's, over the tasks included for both; else one row ``not testable: <why>``."""
+    rule = rules().loc["C3"]
+    known = sorted((m for m in frames if m in MODEL_PARAMETERS), key=MODEL_PARAMETERS.get)
+    if len(known) < 2:
+        why = (f"needs the records of two models of different size; these hold {', '.join(frames) or 'none'}")
+        return [_row(" vs ".join(frames) or "—", "C3", rule, None, "", None, f"not testable: {why}")]
+    rows = []
+    for small, large in itertools.pairwise(known):
+        per, devices = {}, ""
+        for kind, restrict in (("included", True), ("every", False)):
+            shared = sorted(set.intersection(*[set(informative_tasks(frames[m])[0] if restrict else frames[m].task)
+                                               for m in (small, large)]))
+            with _reading() as read:
+                drops = {m: _task_drops(frames[m], _select(frames[m], "average", 0.0), _order(shared))[0]
+                         for m in (small, large)}
+            common = [t for t in _order(shared) if all(t in drops[m] for m in (small, large))]
+            if not common:
+                per[kind] = Measured(Estimate(float("nan"), float("nan"), float("nan")), "not measured", [], shared)
+                continue
+            estimate = difference(average([drops[large][t] for t in common]),
+                                  average([drops[small][t] for t in common]))
+            per[kind] = Measured(estimate, decide("direction", estimate.low, estimate.high, rule.low, rule.high),
+                                 common, [], f"{large} minus {small}")
+            if kind == "included":  # the verdict's rows; "every" is the sensitivity column
+                devices = devices_of(read, common)
+        row = _row(f"{small} vs {large}", "C3", rule, per["included"], _fmt_tasks(per["included"], []),
+                   per["every"])
+        rows.append({**row, "devices": devices})
+    return rows
+
+
+def norm_claims(analysis_dir: str | Path, model: str = "") -> list[dict]:
+    """C8a-c from the norm analyses' ``kobayashi_findings.csv`` in ``analysis_dir``
+    (:mod:`papa_lib.analysis.norm_findings`); see :func:`norm_claims_from`."""
+    path = Path(analysis_dir) / "kobayashi_findings.csv"
+    return norm_claims_from(pd.read_csv(path) if path.exists() else None, model, str(path))
+
+
+def norm_claims_from(findings: pd.DataFrame | None, model: str = "", source: str = "kobayashi_findings.csv") \
+        -> list[dict]:
+    """C8a-c from a ``kobayashi_findings`` table: Spearman ρ with its cluster-bootstrap interval over sequences,
+    decided by the ``correlation`` test (minimum |ρ| 0.1); ``not measured`` rows for findings it lacks."""
+    table = rules()
+    found = findings.set_index("finding") if findings is not None and len(findings) else pd.DataFrame()
+    rows = []
+    for claim, finding in NORM_FINDINGS.items():
+        rule = table.loc[claim]
+        if finding not in found.index:
+            rows.append(_row(model, claim, rule, None, "", None, f"not measured: needs {source} with a {finding} row"))
+            continue
+        found_row = found.loc[finding]
+        estimate = Estimate(float(found_row.spearman_rho), float("nan"), float("nan"))
+        low, high = float(found_row.ci_low), float(found_row.ci_high)
+        verdict = decide("correlation", low, high, rule.low, rule.high, rule.min_effect)
+        sampled = f", {int(found_row.n)} sampled" if int(found_row.n) < int(found_row.n_seen) else ""
+        unit = "occurrences" if finding.startswith("frequency") else "pairs"
+        text = (f"{int(found_row.n_seen)} {unit}{sampled}; {int(found_row.n_clusters)} sequences; 95% interval: "
+                "cluster bootstrap over sequences")
+        row = _row(model, claim, rule, Measured(estimate, verdict, [], []), text, None)
+        row.update(ci_low=low, ci_high=high, df=float("nan"), ours_all_tasks=estimate.value, ci_low_all_tasks=low,
+                   ci_high_all_tasks=high, verdict_all_tasks=verdict)
+        rows.append(row)
+    return rows
+
+
+def _analysis_model(analysis_dir: Path) -> str | None:
+    meta = Path(analysis_dir) / "metadata.json"
+    if not meta.exists():
+        return None
+    name = str(json.loads(meta.read_text()).get("model", ""))
+    return next((m for m in MODEL_PARAMETERS if m.lower() in name.lower()), None)
+
+
+def claims_table(frame: pd.DataFrame | Mapping[str, pd.DataFrame],
+                 analysis_dir: str | Path | Mapping[str, str | Path] | None = None) -> pd.DataFrame:
+    """Every claim's verdict: per model (``frame`` may hold several models' records, or map model -> records),
+    the cross-model C3, C7, and C8 from each model's norm analyses (``analysis_dir``: one folder, for the first
+    model, or model -> folder)."""
+    if isinstance(frame, Mapping):
+        frames = {m: f for m, f in frame.items() if len(f)}
+    else:
+        frames = {str(m): g for m, g in frame.groupby("model", sort=False)} if len(frame) else {}
+    if isinstance(analysis_dir, (str, Path)):
+        analysis_dir = {next(iter(frames), _analysis_model(Path(analysis_dir)) or ""): analysis_dir}
+    analysis_dir = analysis_dir or {}
+    table = rules()
+    rows = []
+    for model, records in frames.items():
+        rows += model_claims(records, model)
+    rows += cross_model_claims(frames)
+    names = ", ".join(frames) or "no model"
+    for claim, why in NOT_TESTABLE.items():
+        rows.append(_row(" vs ".join(frames) or "—", claim, table.loc[claim], None, "", None,
+                         f"not testable: {why.format(models=names)}"))
+    for model in frames:
+        if model in analysis_dir:
+            rows += norm_claims(analysis_dir[model], model)
+    order = {c: i for i, c in enumerate(table.index)}
+    return (pd.DataFrame(rows, columns=COLUMNS).sort_values("claim", key=lambda c: c.map(order), kind="stable")
+            .reset_index(drop=True))
+
+
+# ---------------------------------------------------------------------------------------------- files
+#: the committed local results folders whose records meet in one claims table (one per model)
+LOCAL_FOLDERS = ("local-minilm", "local-mpnet")
+NORMS_FOLDERS = {"all-MiniLM-L6-v2": "norms-minilm/analysis"}
+
+
+def read_folders(folders: Sequence[str | Path]) -> dict[str, pd.DataFrame]:
+    """model -> records of the ``results.csv`` of each folder that has one (a folder may hold several models)."""
+    frames: dict[str, pd.DataFrame] = {}
+    for folder in folders:
+        path = Path(folder) / "results.csv"
+        if path.exists():
+            records = pd.read_csv(path)
+            for model, group in records.groupby("model", sort=False):
+                frames[str(model)] = pd.concat([frames[str(model)], group]) if str(model) in frames else group
+    return frames
+
+
+def local_claims(root: str | Path) -> pd.DataFrame:
+    """The claims of the committed local records under ``root/data/results`` (every model of
+    :data:`LOCAL_FOLDERS`; C8 from :data:`NORMS_FOLDERS`)."""
+    results = Path(root) / "data" / "results"
+    frames = read_folders([results / f for f in LOCAL_FOLDERS])
+    return claims_table(frames, {m: results / f for m, f in NORMS_FOLDERS.items() if m in frames})
+
+
+def write_claims(results_dir: str | Path, analysis_dir: str | Path | Mapping | None = None,
+                 also: Sequence[str | Path] = ()) -> Path:
+    """:func:`claims_table` of ``results_dir/results.csv`` (and of the folders ``also``), written to
+    ``results_dir/claims.csv``."""
+    results_dir = Path(results_dir)
+    table = claims_table(read_folders([results_dir, *also]), analysis_dir)
+    path = results_dir / "claims.csv"
+    table.to_csv(path, index=False, float_format="%.4g")
+    return path
+
+
+def write_local_claims(root: str | Path) -> list[Path]:
+    """Regenerate ``claims.csv`` in every committed local results folder that has records."""
+    table = local_claims(root)
+    paths = []
+    for folder in LOCAL_FOLDERS:
+        path = Path(root) / "data" / "results" / folder
+        if (path / "results.csv").exists():
+            table.to_csv(path / "claims.csv", index=False, float_format="%.4g")
+            paths.append(path / "claims.csv")
+    return paths
+
+
+def for_setup(setup) -> pd.DataFrame | None:
+    """The claims table of a chapter's setup (:func:`papa_lib.book.profiles.resolve`): its results folder's records;
+    under the ``local`` profile also every other committed local model (:data:`LOCAL_FOLDERS`) and C8 from the
+    committed norm analyses (:data:`NORMS_FOLDERS`). None without records."""
+    if setup.results_dir is None:
+        return None
+    folders = [Path(setup.results_dir)]
+    norms = {}
+    if setup.profile == "local":
+        results = Path(setup.root) / "data" / "results"
+        folders += [results / f for f in LOCAL_FOLDERS if (results / f).resolve() != folders[0].resolve()]
+        norms = {m: results / f for m, f in NORMS_FOLDERS.items()}
+    frames = read_folders(folders)
+    if not frames:
+        return None
+    return claims_table(frames, {m: f for m, f in norms.items() if m in frames})

@@ -1,0 +1,61 @@
+"""The paper's reported numbers (Hassid et al. 2022), transcribed under ``data/paper/`` with their sources.
+
+Used by the book to show the paper's figures beside ours, always labelled as the paper's (model, data).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+
+PAPER_DIR = Path(__file__).resolve().parents[2] / "data" / "paper"
+TABLES = {
+    "table1": ("table1_roberta_base.csv", "RoBERTa-base", "Table 1"),
+    "table2": ("table2_roberta_base.csv", "RoBERTa-base", "Table 2"),
+    "table3": ("table3_hyperparameters.csv", "all models", "Table 3"),
+    "table4": ("table4_roberta_large.csv", "RoBERTa-large", "Table 4"),
+    "table5": ("table5_roberta_large.csv", "RoBERTa-large", "Table 5"),
+}
+
+
+def table(name: str) -> pd.DataFrame:
+    """One of the paper's tables (``table1`` ... ``table5``) as a DataFrame; ``.attrs`` holds model and source."""
+    if name not in TABLES:
+        raise ValueError(f"unknown paper table {name!r}; choose one of {sorted(TABLES)}")
+    filename, model, source = TABLES[name]
+    frame = pd.read_csv(PAPER_DIR / filename)
+    frame.attrs.update(model=model, source=f"Hassid et al. 2022, {source}")
+    return frame
+
+
+def headline(key: str | None = None):
+    """Numbers stated in the paper's text; one value for ``key``, else the whole table (key, value, claim, source)."""
+    frame = pd.read_csv(PAPER_DIR / "headline.csv")
+    if key is None:
+        return frame
+    row = frame[frame.key == key]
+    if row.empty:
+        raise KeyError(f"no headline number {key!r}; known: {', '.join(frame.key)}")
+    return float(row.value.iloc[0])
+
+
+def table_long(name: str) -> pd.DataFrame:
+    """A task table in long form: one row per (row label, task) with ``value`` (for plotting beside ours)."""
+    frame = table(name)
+    id_columns = [c for c in frame.columns if c in ("construction", "matrix_type", "matrices_from", "task")]
+    long = frame.melt(id_vars=id_columns, var_name="task", value_name="value")
+    long["source"] = frame.attrs["source"]
+    long["model"] = frame.attrs["model"]
+    return long
+
+
+def captioned(name: str):
+    """One of the paper's tables as the book shows it: indexed by its row labels, two decimals, and a caption that
+    names its source, model and data (a pandas Styler)."""
+    reported = table(name)
+    index = [c for c in ("construction", "matrix_type", "matrices_from", "task") if c in reported.columns]
+    data = "" if name == "table3" else ", data: GLUE / CoNLL-2003 validation"
+    caption = f"{reported.attrs['source']} — model: {reported.attrs['model']}{data}"
+    shown = reported.set_index(index) if index else reported
+    return shown.style.set_caption(caption).format(precision=2)
