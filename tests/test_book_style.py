@@ -9,8 +9,8 @@ The rule, checked on every ``book/*.md`` chapter (jupytext MyST, the source of t
   cells per chapter may be longer, up to :data:`MAX_LONG_CELL_LINES` (30) lines, for code that is the subject of
   the chapter (the override seam, a probe, a computation done by hand). The ``parameters`` cell (papermill) is
   exempt from the cell-length rule, not from the line width;
-* plotting and bookkeeping live in the library (``papa_lib.book``): chapters call it, they do not build altair
-  specifications themselves.
+* a chapter owns its presentation: its chart specifications (altair) live in the chapter, in cells tagged
+  ``hide-input`` so the built book shows the figure and Jupyter shows the code; visible code is about the method.
 
 :func:`visible_code_lines` is the count reported for issue 12 (non-blank lines of visible code cells, the
 ``parameters`` cell included).
@@ -78,10 +78,10 @@ def test_visible_code_cells_are_short(chapter):
 
 
 @pytest.mark.parametrize("chapter", CHAPTERS, ids=lambda p: p.stem)
-def test_chapters_leave_chart_specifications_to_the_library(chapter):
+def test_chart_specifications_sit_in_hidden_input_cells(chapter):
     found = [line.strip() for lines, _ in visible_cells(chapter.read_text(encoding="utf-8")) for line in lines
              if ALTAIR_CODE.search(line)]
-    assert not found, f"{chapter.name}: altair specification in the chapter (move it to papa_lib.book): {found[:3]}"
+    assert not found, f"{chapter.name}: a chart specification in a visible cell (tag the cell hide-input): {found[:3]}"
 
 
 def test_visible_code_lines_counts_only_what_a_reader_sees():

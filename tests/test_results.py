@@ -7,6 +7,7 @@ import math
 import os
 import platform
 from datetime import datetime
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -606,3 +607,24 @@ def test_records_from_before_average_limit_read_as_all(tmp_path):
     store.append(make_record("new", seed=1, average_limit=5000))
     store.append(make_record("full", seed=2, average_limit="all"))
     assert list(store.frame()["average_limit"]) == ["all", 5000, "all"]
+
+
+@pytest.mark.parametrize("folder", ["local-minilm", "norms-minilm"])
+def test_grid_headers_say_what_their_records_hold(folder):
+    """A grid file's "What results.csv holds" line states the record count and devices its records have."""
+    import re
+
+    import pandas as pd
+
+    root = Path(__file__).resolve().parents[1] / "data" / "results" / folder
+    header = " ".join(line.lstrip("# ") for line in (root / "grid.yaml").read_text().splitlines()
+                      if line.startswith("#"))
+    stated = re.search(r"What results\.csv holds \([^)]*\)[^:]*: (\d+) records", header)
+    assert stated, f"{folder}/grid.yaml: no 'What results.csv holds' line"
+    records = pd.read_csv(root / "results.csv")
+    assert int(stated.group(1)) == len(records)
+    if set(records.device) == {"cpu"}:
+        assert "CPU" in header[stated.end():stated.end() + 400]
+    if folder == "norms-minilm":
+        assert f"{records.train_size.iloc[0]:,} training rows" in header
+        assert "seeds 0 and 1 only" in header and sorted(records.seed.unique()) == [0, 1]
