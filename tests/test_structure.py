@@ -6,9 +6,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
+from papa_book import build
 
 from papa_lib.book import display, profiles
-from papa_book import build
 
 REPO = Path(__file__).resolve().parents[1]
 

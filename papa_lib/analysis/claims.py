@@ -252,7 +252,7 @@ def ours_text(row: pd.Series | Mapping) -> str:
     return f"{sig3(row['ours'])} [{sig3(row['ci_low'])}, {sig3(row['ci_high'])}]"
 
 
-# ---------------------------------------------------------------------------------------------- the paper under the rules
+# ------------------------------------------------------------------------------------------- the paper under the rules
 def paper_model_drops() -> pd.DataFrame:
     """Per model of Tables 1 and 4: the all-constant relative drop per task, its task mean and its maximum."""
     rows = []
