@@ -587,7 +587,8 @@ def main(argv=None) -> int:
     debug = "--debug" in argv
     argv = [arg for arg in argv if arg != "--debug"]
     if "--data-dir" in argv or "--train" in argv:
-        os.environ.setdefault("HF_HUB_OFFLINE", "1")  # local files given: do not wait on an unreachable hub
+        # local data given: the datasets library stays offline; the model hub does not (a hub model still downloads)
+        os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
     if not debug:  # the hub client's own warnings would repeat our one-line error about an unreachable hub
         os.environ.setdefault("HF_HUB_VERBOSITY", "error")
     try:

@@ -210,7 +210,7 @@ class Setup:
 
 
 def resolve(profile: str = "local", model_name: str | None = None, data_dir: str | Path | None = None,
-            results_dir: str | Path | None = None, device: str = "cpu", root: str | Path | None = None) -> Setup:
+            results_dir: str | Path | None = None, device: str = "auto", root: str | Path | None = None) -> Setup:
     """Resolve a chapter's parameters into a :class:`Setup`.
 
     ``model_name=None`` means the embedded MiniLM (smoke: a tiny random BERT; paper: ``roberta-base``).
@@ -218,8 +218,12 @@ def resolve(profile: str = "local", model_name: str | None = None, data_dir: str
     to the repository; paper — the hub. Relative paths are taken from the repository root. At ``local``, when the
     folder does not hold the files the chapters compute on, the packaged sample is used instead and a one-line
     notice says so (:func:`papa_lib.experiments.sample_data.data_or_sample`) when a cell first reads the data
-    (:attr:`Setup.data_dir`): a page that computes nothing on data prints no notice.
+    (:attr:`Setup.data_dir`): a page that computes nothing on data prints no notice. ``device="auto"`` (the
+    chapters' default) is CUDA when torch sees a GPU, else the CPU, at every profile.
     """
+    from ..core.models import resolve_device
+
+    device = resolve_device(device)
     if profile not in PROFILES:
         raise ValueError(f"unknown profile {profile!r}; choose one of {PROFILES}")
     root = find_repo_root(root, fallback="package")
