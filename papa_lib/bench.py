@@ -89,16 +89,16 @@ from .bench_support import (  # noqa: F401  (re-exported: bench.flop_limit, benc
     DTYPES,
     MODEL_ENV,
     BenchSizes,
-    _current_rss_kb,
-    _frozen,
-    _median_ratio,
-    _peak_rss_kb,
-    _reset_peak_rss,
-    _synchronise,
+    current_rss_kb,
     flop_limit,
     format_figure,
+    frozen_parameters,
     layer_flops,
     load_bench_model,
+    median_ratio,
+    peak_rss_kb,
+    reset_peak_rss,
+    synchronize_device,
 )
 
 BENCHMARK_NAMES = ("averaging", "probe", "seeds", "constant", "packing", "memory", "store")
@@ -145,10 +145,10 @@ def benchmark_sentences(count: int, seed: int = 0) -> tuple[list[str], list[int]
 
 
 def _timed(function: Callable[[], object], device) -> float:
-    _synchronise(device)
+    synchronize_device(device)
     start = _clock()
     function()
-    _synchronise(device)
+    synchronize_device(device)
     return _clock() - start
 
 
@@ -200,7 +200,7 @@ def bench_averaging(model, tokenizer, sizes: BenchSizes, device) -> dict[str, fl
     times = _interleaved({"averaging": averaging, "forward": forward}, sizes.averaging_repeats, device, [warmup])
     count = len(texts)
     return {
-        "averaging_vs_forward": _median_ratio(times["forward"], times["averaging"]),
+        "averaging_vs_forward": median_ratio(times["forward"], times["averaging"]),
         "averaging_sentences_per_s": count / statistics.median(times["averaging"]),
         "forward_with_attentions_sentences_per_s": count / statistics.median(times["forward"]),
     }
@@ -249,7 +249,7 @@ def bench_probe(model, tokenizer, sizes: BenchSizes, device) -> dict[str, float]
 
     def recomputed_epoch():
         wrapper = BackboneProbe(model, new_probe(), "sentence")
-        with _frozen(model):
+        with frozen_parameters(model):
             train_inloop(wrapper, None, encoded, labels, "sentence", rows, seed=seed, epochs=1,
                          learning_rate=learning_rate, batch_size=sizes.probe_batch, device=device)
 
@@ -271,9 +271,9 @@ def bench_probe(model, tokenizer, sizes: BenchSizes, device) -> dict[str, float]
                           "padded_steps": lambda: probe_steps(False), "ragged_steps": lambda: probe_steps(True)},
                          sizes.probe_repeats, device, [])
     return {
-        "ragged_vs_padded_probe_steps": _median_ratio(times["padded_steps"], times["ragged_steps"]),
+        "ragged_vs_padded_probe_steps": median_ratio(times["padded_steps"], times["ragged_steps"]),
         "probe_step_ms": 1000 * statistics.median(times["ragged_steps"]) / len(batches),
-        "cached_vs_recomputed_epoch": _median_ratio(times["recomputed"], times["cached"]),
+        "cached_vs_recomputed_epoch": median_ratio(times["recomputed"], times["cached"]),
         "cached_epoch_s": statistics.median(times["cached"]),
         "recomputed_epoch_s": statistics.median(times["recomputed"]),
         "feature_extraction_s": extract_s,
@@ -323,8 +323,8 @@ def bench_seeds(model, tokenizer, sizes: BenchSizes, device) -> dict[str, float]
 
         times = _interleaved({"sequential": sequential, "together": together, "interleaved": interleaved},
                              sizes.seeds_repeats, device, [lambda train=train: train(plans[:1])])
-        figures[f"probe_seeds_batched_vs_sequential_{kind}"] = _median_ratio(times["sequential"], times["together"])
-        figures[f"probe_seeds_interleaved_vs_sequential_{kind}"] = _median_ratio(times["sequential"],
+        figures[f"probe_seeds_batched_vs_sequential_{kind}"] = median_ratio(times["sequential"], times["together"])
+        figures[f"probe_seeds_interleaved_vs_sequential_{kind}"] = median_ratio(times["sequential"],
                                                                                   times["interleaved"])
         figures[f"probe_seeds_together_s_{kind}"] = statistics.median(times["together"])
         figures[f"probe_seeds_max_abs_diff_{kind}"] = max(
@@ -365,7 +365,7 @@ def bench_packing(model, tokenizer, sizes: BenchSizes, device, data_dir: Path | 
             return lambda: outputs.__setitem__(mode, runners[mode].rows(rows))
 
         times = _interleaved({mode: extract(mode) for mode in runners}, sizes.packing_repeats, device)
-        figures[f"packed_vs_padded_{task}_L64"] = _median_ratio(times["padded"], times["packed"])
+        figures[f"packed_vs_padded_{task}_L64"] = median_ratio(times["padded"], times["packed"])
         figures[f"real_tokens_per_example_{task}_L64"] = float(split.encoded["attention_mask"].sum()) / len(split)
         figures[f"packed_vs_padded_max_abs_diff_{task}"] = float(
             (outputs["packed"].values.float() - outputs["padded"].values.float()).abs().max())
@@ -422,12 +422,12 @@ def bench_constant(model, tokenizer, sizes: BenchSizes, device) -> dict[str, flo
             sizes.constant_repeats,
             device,
         )
-        speedup = _median_ratio(times["original"], times["constant"])
+        speedup = median_ratio(times["original"], times["constant"])
         limit = flop_limit(length, hidden, intermediate)
         figures[f"constant_vs_original_L{length}"] = speedup
         figures[f"flop_limit_L{length}"] = limit
         figures[f"constant_speedup_over_limit_L{length}"] = speedup / limit
-        figures[f"constant_reference_vs_original_L{length}"] = _median_ratio(times["original"], times["reference"])
+        figures[f"constant_reference_vs_original_L{length}"] = median_ratio(times["original"], times["reference"])
     return figures
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from .bench_support import BenchSizes, _current_rss_kb, _peak_rss_kb, _reset_peak_rss, load_bench_model
+from .bench_support import BenchSizes, current_rss_kb, load_bench_model, peak_rss_kb, reset_peak_rss
 
 __all__ = ["bench_memory", "bench_store", "memory_child", "store_child"]
 
@@ -38,10 +38,10 @@ def memory_child(texts: list[str], batch_size: int, model_spec: str | None, devi
         average_attention(model, batches(), progress=False)
         torch.cuda.synchronize()
         return {"peak_mb": torch.cuda.max_memory_allocated() / 2**20, "before_mb": before / 2**20, "method": "cuda"}
-    reset = _reset_peak_rss()
-    before = _current_rss_kb() or 0
+    reset = reset_peak_rss()
+    before = current_rss_kb() or 0
     average_attention(model, batches(), progress=False)
-    return {"peak_mb": _peak_rss_kb() / 1024, "before_mb": before / 1024, "method": "VmHWM" if reset else "ru_maxrss"}
+    return {"peak_mb": peak_rss_kb() / 1024, "before_mb": before / 1024, "method": "VmHWM" if reset else "ru_maxrss"}
 
 
 def store_child(texts: list[str], labels: list[int], batch_size: int, model_spec: str | None, device: str,
@@ -59,14 +59,14 @@ def store_child(texts: list[str], labels: list[int], batch_size: int, model_spec
     examples = torch.arange(len(texts))
     with tempfile.TemporaryDirectory() as folder:
         store = FeatureStore(folder)
-        reset = _reset_peak_rss()
-        before = _current_rss_kb() or 0
+        reset = reset_peak_rss()
+        before = current_rss_kb() or 0
         if in_place:
             rows = store.build("k", "train", lambda allocate: runner.rows(examples, allocate=allocate))
         else:
             store.save("k", "train", runner.rows(examples))
             rows = store.load("k", "train")
-        peak = _peak_rss_kb()
+        peak = peak_rss_kb()
         stored = rows.values.numel() * rows.values.element_size()
         del rows
     return {"growth_mb": max(peak - before, 0) / 1024, "stored_mb": stored / 2**20,

@@ -103,17 +103,17 @@ def load_bench_model(spec: str | None, device: str = "cpu", dtype: str = "fp32")
     return load_encoder(None if spec == "minilm" else spec, device=device, dtype=DTYPES[dtype])
 
 
-def _synchronise(device) -> None:
+def synchronize_device(device) -> None:
     if torch.device(device).type == "cuda":
         torch.cuda.synchronize()
 
 
-def _median_ratio(numerators: list[float], denominators: list[float]) -> float:
+def median_ratio(numerators: list[float], denominators: list[float]) -> float:
     return statistics.median(a / b for a, b in zip(numerators, denominators))
 
 
 @contextmanager
-def _frozen(model):
+def frozen_parameters(model):
     """Temporarily stop ``model``'s parameters from requiring gradients (restored exactly on exit)."""
     flags = [(p, p.requires_grad) for p in model.parameters()]
     try:
@@ -125,7 +125,7 @@ def _frozen(model):
             p.requires_grad_(flag)
 
 
-def _current_rss_kb() -> int | None:
+def current_rss_kb() -> int | None:
     try:
         for line in Path("/proc/self/status").read_text().splitlines():
             if line.startswith("VmRSS:"):
@@ -135,7 +135,7 @@ def _current_rss_kb() -> int | None:
     return None
 
 
-def _peak_rss_kb() -> int:
+def peak_rss_kb() -> int:
     try:
         for line in Path("/proc/self/status").read_text().splitlines():
             if line.startswith("VmHWM:"):
@@ -147,7 +147,7 @@ def _peak_rss_kb() -> int:
     return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
 
 
-def _reset_peak_rss() -> bool:
+def reset_peak_rss() -> bool:
     """Reset the process's peak RSS (Linux ``/proc/self/clear_refs``); False where that is not possible."""
     try:
         Path("/proc/self/clear_refs").write_text("5")

@@ -11,8 +11,8 @@ from collections.abc import Iterable, Mapping, Sequence
 import pandas as pd
 
 from ..experiments import matrices
-from .figures import _empty, _sort_by_task
-from .grid_views import _block_variants, _check_frame, _grid_seeds
+from .figures import empty_frame, sort_by_task
+from .grid_views import _grid_seeds, block_variants, check_frame
 
 #: Training-set sizes of the paper's data (GLUE train splits; CoNLL-2003 eng.train sentences), for estimates.
 PAPER_TRAIN_SIZES = {"cola": 8551, "sst2": 67349, "mrpc": 3668, "mnli": 392702, "ner": 14041, "pos": 14041}
@@ -84,7 +84,7 @@ def grid_plan(spec: Mapping, blocks: Iterable[str] | None = None) -> pd.DataFram
     seen: set = set()
     counts: dict[tuple[str, str, str], int] = {}
     for block in spec["blocks"]:
-        for name, task, variant in _block_variants(block):
+        for name, task, variant in block_variants(block):
             if (wanted is not None and name not in wanted) or (task, variant) in seen:
                 continue
             seen.add((task, variant))
@@ -103,13 +103,13 @@ def run_costs(frame: pd.DataFrame, lengths: Mapping[str, int] | int, device: str
     Columns: task, kind, runs, wall_hours (total), mean_wall_s (per run), train_size (mean), seconds_per_token
     (mean over runs of ``wall_time_s / (train_size * L)``, the unit :func:`estimate_compute` scales).
     """
-    _check_frame(frame, "run_costs", extra=("wall_time_s", "train_size"))
+    check_frame(frame, "run_costs", extra=("wall_time_s", "train_size"))
     columns = ["task", "kind", "runs", "wall_hours", "mean_wall_s", "train_size", "seconds_per_token"]
     rows = frame[frame["wall_time_s"].notna() & frame["train_size"].notna()].copy()
     if device is not None and "device" in rows.columns:
         rows = rows[rows["device"].astype(str).str.startswith(device)]
     if rows.empty:
-        return _empty(columns)
+        return empty_frame(columns)
 
     def length(task: str) -> int:
         if isinstance(lengths, Mapping):
@@ -128,7 +128,7 @@ def run_costs(frame: pd.DataFrame, lengths: Mapping[str, int] | int, device: str
                       mean_wall_s=("wall_time_s", "mean"), train_size=("train_size", "mean"),
                       seconds_per_token=("seconds_per_token", "mean")).reset_index()
     out["wall_hours"] = out["wall_hours"] / 3600.0
-    return _sort_by_task(out, before=(), after=["kind"])[columns]
+    return sort_by_task(out, before=(), after=["kind"])[columns]
 
 
 def estimate_compute(costs: pd.DataFrame, plan: pd.DataFrame, lengths: Mapping[str, int],

@@ -42,8 +42,8 @@ from ..experiments import matrices
 from ..experiments.results import relative_drop, summarize
 from .grid_views import (  # re-exported: the constant matrices on disk and grid coverage live there
     SHOWN_FOLDER,
-    _check_frame,
-    _check_tasks,
+    check_frame,
+    check_tasks,
     column_mass,
     diagonal_mass,
     grid_coverage,
@@ -129,7 +129,7 @@ def _ordered_tasks(tasks: Iterable[str]) -> list[str]:
     return sorted(dict.fromkeys(tasks), key=lambda t: (_task_rank(t), str(t)))
 
 
-def _sort_by_task(frame: pd.DataFrame, before: Sequence[str] = ("model",), after: Sequence[str] = (),
+def sort_by_task(frame: pd.DataFrame, before: Sequence[str] = ("model",), after: Sequence[str] = (),
                   ascending_after: bool = True) -> pd.DataFrame:
     """Sort by ``before`` columns, then the paper's task order, then ``after`` columns."""
     out = frame.assign(_rank=frame["task"].map(_task_rank))
@@ -184,7 +184,7 @@ def fixed(value: float, digits: int = 3) -> str:
     return f"{value:.{min(digits, max(0, 3 - magnitude)) if magnitude > 0 else digits}f}"
 
 
-def _empty(columns: Sequence[str]) -> pd.DataFrame:
+def empty_frame(columns: Sequence[str]) -> pd.DataFrame:
     return pd.DataFrame({c: pd.Series(dtype="float64" if c in ("mean", "ci_low", "ci_high", "fraction", "relative_drop",
                                                                   "original", "constant", "baseline") else "object")
                          for c in columns})
@@ -200,7 +200,7 @@ def _drops_where_defined(rows: pd.DataFrame, by: Sequence[str]) -> tuple[pd.Data
     if rows.empty:
         return pd.DataFrame(), []
     originals = rows[_is_close(rows["fraction"], 1.0)]
-    base = summarize(originals, keys) if not originals.empty else _empty([*keys, "mean"])
+    base = summarize(originals, keys) if not originals.empty else empty_frame([*keys, "mean"])
     notes = []
     groups = rows[keys].drop_duplicates()
     ok = groups.merge(base[[*keys, "mean"]], on=keys, how="left")
@@ -243,12 +243,12 @@ def fraction_curves(frame: pd.DataFrame, tasks: Iterable[str] | None = None, ord
     matrices built on each task's own text. Columns: model, task, metric, fraction, fraction_label, mean, ci_low,
     ci_high, n, relative_drop (from the original; NaN where undefined). Sorted by model, task, decreasing fraction.
     """
-    _check_frame(frame, "fraction_curves")
-    tasks = _check_tasks(tasks, "fraction_curves")
+    check_frame(frame, "fraction_curves")
+    tasks = check_tasks(tasks, "fraction_curves")
     columns = ["model", "task", "metric", "fraction", "fraction_label", *_SUMMARY_COLUMNS, "relative_drop"]
     rows = _curve_rows(_restrict_tasks(frame, tasks), order, matrix_type, matrices_from)
     if rows.empty:
-        return _empty(columns)
+        return empty_frame(columns)
     keys = ["model", "task", "metric", "fraction"]
     curves = summarize(rows, keys)
     drops, _ = _drops_where_defined(rows, ("model", "task"))
@@ -257,7 +257,7 @@ def fraction_curves(frame: pd.DataFrame, tasks: Iterable[str] | None = None, ord
     else:
         curves = curves.merge(drops[[*keys, "relative_drop"]], on=keys, how="left")
     curves["fraction_label"] = curves["fraction"].map(fraction_label)
-    return _sort_by_task(curves, after=["fraction"], ascending_after=False)[columns]
+    return sort_by_task(curves, after=["fraction"], ascending_after=False)[columns]
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -290,7 +290,7 @@ class DropSummary:
     def per_model(self) -> pd.DataFrame:
         """Fig. 3: per model, the original score and the relative drop, each averaged over its tasks."""
         if self.per_task.empty:
-            return _empty(["model", "original", "relative_drop", "tasks"])
+            return empty_frame(["model", "original", "relative_drop", "tasks"])
         grouped = self.per_task.groupby("model", sort=True)
         return pd.DataFrame({
             "original": grouped["original"].mean(),
@@ -305,7 +305,7 @@ def _drop_at(frame: pd.DataFrame, fraction: float, order: str, matrix_type: str,
     rows = rows[_is_close(rows["fraction"], 1.0) | _is_close(rows["fraction"], fraction)]
     columns = ["model", "task", "metric", "original", "n_original", "replaced", "n_replaced", "relative_drop"]
     drops, notes = _drops_where_defined(rows, ("model", "task"))
-    per_task = _empty(columns)
+    per_task = empty_frame(columns)
     if not drops.empty:
         at = drops[_is_close(drops["fraction"], fraction)]
         base_n = drops[_is_close(drops["fraction"], 1.0)][["model", "task", "metric", "n"]].rename(
@@ -315,7 +315,7 @@ def _drop_at(frame: pd.DataFrame, fraction: float, order: str, matrix_type: str,
         lacking = drops[["model", "task"]].drop_duplicates().merge(at[["model", "task"]], how="left", indicator=True)
         for row in lacking[lacking["_merge"] == "left_only"].itertuples(index=False):
             notes.append(f"{row.model}/{row.task}: no rows at fraction {fraction_label(fraction)}")
-        per_task = _sort_by_task(per_task)
+        per_task = sort_by_task(per_task)
     if per_task.empty:
         return DropSummary(fraction, per_task, float("nan"), float("nan"), None, tuple(notes))
     worst_row = per_task.loc[per_task["relative_drop"].idxmax()]
@@ -331,17 +331,17 @@ def all_constant_drop(frame: pd.DataFrame, tasks: Iterable[str] | None = None, m
 
     The paper: an 8% relative drop on average, never more than 20% (:func:`papa_lib.book.paper.headline`).
     """
-    _check_frame(frame, "all_constant_drop")
-    return _drop_at(frame, 0.0, "none", matrix_type, matrices_from, _check_tasks(tasks, "all_constant_drop"))
+    check_frame(frame, "all_constant_drop")
+    return _drop_at(frame, 0.0, "none", matrix_type, matrices_from, check_tasks(tasks, "all_constant_drop"))
 
 
 def half_heads_drop(frame: pd.DataFrame, tasks: Iterable[str] | None = None, order: str = "lambda",
                     matrix_type: str = "average", fraction: float = 0.5) -> DropSummary:
     """Relative drop with half of the heads replaced (those of ``order``; Sec. 4.2: "no major drop")."""
-    _check_frame(frame, "half_heads_drop")
+    check_frame(frame, "half_heads_drop")
     if not 0.0 < float(fraction) < 1.0:
         raise ValueError(f"half_heads_drop: fraction must be strictly between 0 and 1, got {fraction}")
-    return _drop_at(frame, float(fraction), order, matrix_type, None, _check_tasks(tasks, "half_heads_drop"))
+    return _drop_at(frame, float(fraction), order, matrix_type, None, check_tasks(tasks, "half_heads_drop"))
 
 
 def wide_table(summary: pd.DataFrame, row: str, column: str = "task", row_order: Sequence[str] | None = None,
@@ -385,26 +385,26 @@ def matrix_type_summary(frame: pd.DataFrame, tasks: Iterable[str] | None = None)
     task's own text. Columns: model, matrix_type, construction, task, metric, mean, ci_low, ci_high, n; sorted in
     Table 1's row order and the paper's task order.
     """
-    _check_frame(frame, "matrix_type_summary")
-    tasks = _check_tasks(tasks, "matrix_type_summary")
+    check_frame(frame, "matrix_type_summary")
+    tasks = check_tasks(tasks, "matrix_type_summary")
     columns = ["model", "matrix_type", "construction", "task", "metric", *_SUMMARY_COLUMNS]
     frame = _restrict_tasks(frame, tasks)
     original = frame["matrix_type"] == "original"
     replaced = (frame["matrix_type"] != "original") & _is_close(frame["fraction"], 0.0) & _own_matrices(frame)
     rows = frame[original | replaced]
     if rows.empty:
-        return _empty(columns)
+        return empty_frame(columns)
     summary = summarize(rows, ["model", "matrix_type", "task", "metric"])
     construction = {n: e.construction for n, e in matrices.MATRIX_TYPES.items()}
     summary["construction"] = summary["matrix_type"].map(construction).fillna("other")
     order = {name: i for i, name in enumerate(matrices.table_order())}
     summary["_row"] = summary["matrix_type"].map(lambda m: order.get(m, len(order)))
-    return _sort_by_task(summary, before=("model", "_row", "matrix_type"))[columns]
+    return sort_by_task(summary, before=("model", "_row", "matrix_type"))[columns]
 
 
 def matrix_type_table(frame: pd.DataFrame, tasks: Iterable[str] | None = None, digits: int = 2) -> pd.DataFrame:
     """Table 1 layout: rows matrix types (Table 1 order, ``original`` first), columns tasks, ``mean ± CI`` cells."""
-    tasks = _check_tasks(tasks, "matrix_type_table")
+    tasks = check_tasks(tasks, "matrix_type_table")
     summary = matrix_type_summary(frame, tasks)
     present = list(dict.fromkeys(summary["matrix_type"]))
     known = matrices.table_order()
@@ -442,7 +442,7 @@ def average_vs_data_free(summary: pd.DataFrame) -> pd.DataFrame:
     out = pd.DataFrame(records, columns=columns)
     if out.empty:
         return out
-    return _sort_by_task(out)
+    return sort_by_task(out)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -457,24 +457,24 @@ def transfer_summary(frame: pd.DataFrame, tasks: Iterable[str] | None = None, so
     ``per-task``) or to ``source`` (labelled with the source name); the source task itself is left out.
     Columns: model, task, matrices_from, metric, mean, ci_low, ci_high, n.
     """
-    _check_frame(frame, "transfer_summary")
-    tasks = _check_tasks(tasks, "transfer_summary")
+    check_frame(frame, "transfer_summary")
+    tasks = check_tasks(tasks, "transfer_summary")
     columns = ["model", "task", "matrices_from", "metric", *_SUMMARY_COLUMNS]
     frame = _restrict_tasks(frame, tasks)
     base = (frame["matrix_type"] == "average") & _is_close(frame["fraction"], 0.0) & (frame["task"] != source)
     rows = frame[base & ((frame["matrices_from"] == frame["task"]) | (frame["matrices_from"] == source))].copy()
     if rows.empty:
-        return _empty(columns)
+        return empty_frame(columns)
     rows["matrices_from"] = np.where(rows["matrices_from"] == rows["task"], "per-task", source)
     summary = summarize(rows, ["model", "task", "matrices_from", "metric"])
     summary["_row"] = (summary["matrices_from"] != "per-task").astype(int)
-    return _sort_by_task(summary, before=("model", "_row"))[columns]
+    return sort_by_task(summary, before=("model", "_row"))[columns]
 
 
 def transfer_table(frame: pd.DataFrame, tasks: Iterable[str] | None = None, source: str = "mnli",
                    digits: int = 2) -> pd.DataFrame:
     """Table 2 layout: rows ``per-task`` and ``source``, columns tasks, ``mean ± CI`` cells."""
-    tasks = _check_tasks(tasks, "transfer_table")
+    tasks = check_tasks(tasks, "transfer_table")
     summary = transfer_summary(frame, tasks, source)
     columns = [t for t in tasks if t != source] if tasks is not None else _ordered_tasks(summary["task"])
     return wide_table(summary, "matrices_from", "task", row_order=["per-task", source], column_order=columns,
@@ -488,7 +488,7 @@ def transfer_differences(frame: pd.DataFrame, tasks: Iterable[str] | None = None
     summary = transfer_summary(frame, tasks, source)
     columns = ["model", "task", "per_task", source, "difference", "per_task_ci_half_width", "within_ci"]
     if summary.empty:
-        return _empty(columns)
+        return empty_frame(columns)
     wide = summary.pivot_table(index=["model", "task"], columns="matrices_from", values="mean", aggfunc="first")
     own = summary[summary["matrices_from"] == "per-task"].set_index(["model", "task"])
     half = ((own["ci_high"] - own["ci_low"]) / 2).where(own["n"] > 1)
@@ -500,7 +500,7 @@ def transfer_differences(frame: pd.DataFrame, tasks: Iterable[str] | None = None
     known = out["difference"].notna() & out["per_task_ci_half_width"].notna()
     out["within_ci"] = [bool(abs(d) <= h + _EPS) if k else None
                         for d, h, k in zip(out["difference"], out["per_task_ci_half_width"], known)]
-    return _sort_by_task(out.reset_index())[columns]
+    return sort_by_task(out.reset_index())[columns]
 
 
 # ----------------------------------------------------------------------------------------------------------------

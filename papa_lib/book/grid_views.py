@@ -42,7 +42,7 @@ _FRAME_COLUMNS = ("model", "task", "matrix_type", "matrices_from", "selection_or
                   "value")
 
 
-def _check_frame(frame: pd.DataFrame, what: str, extra: Sequence[str] = ()) -> pd.DataFrame:
+def check_frame(frame: pd.DataFrame, what: str, extra: Sequence[str] = ()) -> pd.DataFrame:
     """Raise ValueError unless ``frame`` is a results table with the columns these helpers and figures read."""
     if not isinstance(frame, pd.DataFrame):
         raise ValueError(f"{what}: expected a results DataFrame (ResultsStore(...).frame()), "
@@ -54,7 +54,7 @@ def _check_frame(frame: pd.DataFrame, what: str, extra: Sequence[str] = ()) -> p
     return frame
 
 
-def _check_tasks(tasks: Iterable[str] | None, what: str) -> list[str] | None:
+def check_tasks(tasks: Iterable[str] | None, what: str) -> list[str] | None:
     """Validate task names against :data:`papa_lib.experiments.tasks.TASKS` (a typo is an error; an absent task is
     not)."""
     if tasks is None:
@@ -79,7 +79,7 @@ def per_task_setting(spec: Mapping, key: str, tasks: Iterable[str],
                      fallback: Mapping[str, object] | None = None) -> dict:
     """A grid setting per task: ``spec[key]`` is one value or a mapping by task with a ``default``
     (as :func:`papa_lib.experiments.grid.run_grid` reads it); unset values come from ``fallback`` (or are None)."""
-    tasks = _check_tasks(tasks, "per_task_setting") or []
+    tasks = check_tasks(tasks, "per_task_setting") or []
     value = spec.get(key) if isinstance(spec, Mapping) else None
     settings = {}
     for task in tasks:
@@ -93,7 +93,7 @@ def task_lengths(spec: Mapping, tasks: Iterable[str]) -> dict[str, int]:
     a ``default``), else Table 3's length for the task (:data:`papa_lib.experiments.tasks.TASKS`)."""
     from ..experiments.tasks import TASKS
 
-    tasks = _check_tasks(tasks, "task_lengths") or []
+    tasks = check_tasks(tasks, "task_lengths") or []
     table3 = {task: TASKS[task].max_length for task in tasks}
     return {task: int(value) for task, value in per_task_setting(spec, "max_length", tasks, table3).items()}
 
@@ -210,7 +210,7 @@ def position_coverage(constants, position: int) -> float:
 # ----------------------------------------------------------------------------------------------------------------
 
 
-def _block_variants(block) -> Iterable[tuple[str, str, object]]:
+def block_variants(block) -> Iterable[tuple[str, str, object]]:
     """(block name, task, canonical :class:`~papa_lib.experiments.engine.Variant`) for every run of a grid block,
     without repeats inside the block (blocks are GridBlock objects or plain mappings with the same keys)."""
     from ..experiments.engine import Variant
@@ -242,7 +242,7 @@ def grid_coverage(frame: pd.DataFrame, spec: Mapping, blocks: Iterable[str] | No
     ``model`` only when given) and ``missing`` = expected - done. A run counts as done when a row has its task,
     matrix type, order, fraction, matrices source and seed.
     """
-    _check_frame(frame, "grid_coverage")
+    check_frame(frame, "grid_coverage")
     if not isinstance(spec, Mapping) or "blocks" not in spec:
         raise ValueError("grid_coverage: spec must be a grid mapping with 'blocks' "
                          "(papa_lib.experiments.grid.load_grid)")
@@ -256,7 +256,7 @@ def grid_coverage(frame: pd.DataFrame, spec: Mapping, blocks: Iterable[str] | No
                        row.matrices_from if isinstance(row.matrices_from, str) else None, int(row.seed)))
     counts: dict[tuple[str, str], list[int]] = {}
     for block in spec["blocks"]:
-        for name, task, variant in _block_variants(block):
+        for name, task, variant in block_variants(block):
             if wanted is not None and name not in wanted:
                 continue
             source = variant.matrices_from or (task if matrices.matrix_type(variant.matrix_type).from_text else None)

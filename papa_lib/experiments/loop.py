@@ -305,15 +305,15 @@ def default_loss(logits: Tensor, targets: Tensor) -> Tensor:
     return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1).long(), ignore_index=IGNORE_INDEX)
 
 
-def _to_device(value: Any, device) -> Any:
+def to_device(value: Any, device) -> Any:
     if isinstance(value, Tensor):
         return value.to(device)
     if isinstance(value, (tuple, list)):
-        return type(value)(_to_device(v, device) for v in value)
+        return type(value)(to_device(v, device) for v in value)
     return value
 
 
-def _as_inputs(inputs: Any) -> tuple:
+def as_inputs(inputs: Any) -> tuple:
     """A module's positional inputs: a tuple/list as is, a single tensor wrapped in a 1-tuple."""
     if isinstance(inputs, (tuple, list)):
         return tuple(inputs)
@@ -384,7 +384,7 @@ def fit(
                     if skip_empty and not bool((targets != IGNORE_INDEX).any()):
                         continue  # every target ignored: the loss would be NaN
                     with member.random():
-                        logits = member.module(*_to_device(_as_inputs(inputs), device))
+                        logits = member.module(*to_device(as_inputs(inputs), device))
                     taken.append((member, loss_fn(logits, targets)))
                 if not taken:
                     continue

@@ -10,7 +10,7 @@ from __future__ import annotations
 import operator
 from typing import Any
 
-from .tasks import _task_spec
+from .tasks import task_spec
 
 __all__ = ["compute_metric"]
 
@@ -88,7 +88,7 @@ def compute_metric(task: str, predictions: Any, references: Any, *, ner_mode: st
         * pos: seqeval's micro F1 over the POS tags, as the authors' released code computes it (footnote 10: "F1
           score for MRPC, NER and POS"); records keep token accuracy as a second column.
     """
-    spec = _task_spec(task)
+    spec = task_spec(task)
     predictions = list(predictions)
     references = list(references)
     if len(predictions) != len(references):

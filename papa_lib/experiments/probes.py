@@ -55,7 +55,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from .loop import IGNORE_INDEX, Member, _as_inputs, _to_device, adamw, fit, set_seed
+from .loop import IGNORE_INDEX, Member, adamw, as_inputs, fit, set_seed, to_device
 
 __all__ = [
     "SentenceProbe",
@@ -381,7 +381,7 @@ def predict(probe: nn.Module, batches: Iterable[Any], device: torch.device | str
                 inputs = item[0]
             else:
                 inputs = item
-            logits = probe(*_to_device(_as_inputs(inputs), device))
+            logits = probe(*to_device(as_inputs(inputs), device))
             outputs.append(logits.argmax(dim=-1).reshape(-1).cpu())
     finally:
         probe.train(was_training)

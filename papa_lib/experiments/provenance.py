@@ -83,8 +83,8 @@ def run_provenance(device: str, data_files: Mapping[str, str | Path] | Iterable[
         "git_commit": git_commit(),
         "data_sha256": json.dumps({name: file_sha256(path) for name, path in named.items() if Path(path).is_file()},
                                   sort_keys=True),
-        "torch_version": _distribution_version("torch"),
-        "transformers_version": _distribution_version("transformers"),
+        "torch_version": distribution_version("torch"),
+        "transformers_version": distribution_version("transformers"),
         "processor": processor_name(device),
         "threads": int(torch.get_num_threads()),
         "optimizer": optimizer,
@@ -150,7 +150,7 @@ def config_hash(config: dict) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()[:_CONFIG_HASH_LENGTH]
 
 
-def _distribution_version(name: str) -> str:
+def distribution_version(name: str) -> str:
     """Version of an installed distribution, or ``'unknown'`` when it is not installed."""
     from importlib import metadata
 
@@ -166,7 +166,7 @@ def _papa_lib_version() -> str:
     version = getattr(package, "__version__", None)
     if isinstance(version, str) and version:
         return version
-    return _distribution_version("papa_lib")
+    return distribution_version("papa_lib")
 
 
 def package_versions() -> str:
@@ -177,8 +177,8 @@ def package_versions() -> str:
     """
     versions = {
         "python": platform.python_version(),
-        "torch": _distribution_version("torch"),
-        "transformers": _distribution_version("transformers"),
+        "torch": distribution_version("torch"),
+        "transformers": distribution_version("transformers"),
         "papa_lib": _papa_lib_version(),
     }
     return json.dumps(versions, sort_keys=True)

@@ -53,7 +53,7 @@ import pandas as pd
 
 from ..core.artefacts import notice, write_atomic
 from .damage import Damage, DamagedStoreError, row_problem, scan_table, side_file
-from .provenance import _distribution_version, config_hash, package_versions  # noqa: F401  (re-exported)
+from .provenance import config_hash, distribution_version, package_versions  # noqa: F401  (re-exported)
 from .summaries import CONFIG_COLUMNS, mean_ci, relative_drop, summarize  # noqa: F401  (re-exported)
 
 __all__ = [

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from . import sample_data
 from .task_specs import (
-    _NER_ENTITY_TYPES,
+    NER_ENTITY_TYPES,
     NER_TAG_NAMES,
     POS_TAG_NAMES,
     SentenceExamples,
@@ -26,7 +26,7 @@ _GLUE_FOLDERS = {"cola": "CoLA", "sst2": "SST-2", "mrpc": "MRPC"}
 _GLUE_FILES = {"train": "train.tsv", "validation": "dev.tsv"}
 
 
-def _load_local(spec: TaskSpec, split: str, data_dir: Path) -> SentenceExamples | TokenExamples:
+def load_local(spec: TaskSpec, split: str, data_dir: Path) -> SentenceExamples | TokenExamples:
     examples = _read_local(spec, split, data_dir)
     prefix = str(data_dir)
     if sample_data.is_sample(data_dir) and examples.source.startswith(prefix):
@@ -59,7 +59,7 @@ def _require_file(path: Path, spec: TaskSpec) -> None:
         raise FileNotFoundError(f"{spec.name}: data file not found: {path}")
 
 
-def _iter_lines(path: Path) -> Iterator[tuple[int, str]]:
+def iter_lines(path: Path) -> Iterator[tuple[int, str]]:
     """Yield (1-based line number, line without its end-of-line) for a UTF-8 file.
 
     A leading byte-order mark is dropped; only ``\\n`` ends a line (``\\r`` before it is
@@ -78,7 +78,7 @@ def _iter_tsv_rows(path: Path, has_header: bool) -> Iterator[tuple[int, list[str
     Empty lines are skipped.  With a header, every row must have as many fields as it.
     """
     header: list[str] | None = None
-    for lineno, line in _iter_lines(path):
+    for lineno, line in iter_lines(path):
         if line == "":
             continue
         fields = line.split("\t")
@@ -196,11 +196,11 @@ def _read_mnli_tsv(path: Path, spec: TaskSpec) -> SentenceExamples:
 def _check_ner_tag(tag: str, path: Path, lineno: int) -> None:
     if tag == "O":
         return
-    if len(tag) > 2 and tag[:2] in ("B-", "I-") and tag[2:] in _NER_ENTITY_TYPES:
+    if len(tag) > 2 and tag[:2] in ("B-", "I-") and tag[2:] in NER_ENTITY_TYPES:
         return
     raise ValueError(
         f"{path}:{lineno}: unknown NER tag {tag!r}; expected O or B-/I- with one of "
-        f"{sorted(_NER_ENTITY_TYPES)}"
+        f"{sorted(NER_ENTITY_TYPES)}"
     )
 
 
@@ -229,7 +229,7 @@ def _read_conll(path: Path, spec: TaskSpec) -> TokenExamples:
         cur_pos.clear()
         cur_ner.clear()
 
-    for lineno, line in _iter_lines(path):
+    for lineno, line in iter_lines(path):
         fields = line.split()
         if not fields:
             finish_sentence()

@@ -26,7 +26,7 @@ POS_TAG_NAMES: tuple[str, ...] = (
     "VBG", "VBN", "VBP", "VBZ", "WDT", "WP", "WP$", "WRB",
 )
 
-_NER_ENTITY_TYPES = frozenset(tag[2:] for tag in NER_TAG_NAMES if tag != "O")
+NER_ENTITY_TYPES = frozenset(tag[2:] for tag in NER_TAG_NAMES if tag != "O")
 
 
 @dataclass(frozen=True)
@@ -118,12 +118,12 @@ TASKS: Registry = Registry("task", {
 #: Hyperparameters of the masked-language-modelling probe (App. B, Table 3, "MLM" row).
 MLM_HPARAMS: dict[str, float | int] = dict(learning_rate=5e-4, batch_size=8, epochs=2, max_length=128)
 
-_SPLITS = ("train", "validation")
+SPLITS = ("train", "validation")
 
 
 
 
-def _task_spec(name: str) -> TaskSpec:
+def task_spec(name: str) -> TaskSpec:
     try:
         return TASKS[name]
     except (KeyError, TypeError):

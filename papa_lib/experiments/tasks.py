@@ -52,20 +52,20 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from .task_files import _iter_lines, _load_local
+from .task_files import iter_lines, load_local
 from .task_specs import (  # noqa: F401  (re-exported: every caller imports them from here)
-    _NER_ENTITY_TYPES,
-    _SPLITS,
     MLM_HPARAMS,
+    NER_ENTITY_TYPES,
     NER_TAG_NAMES,
     POS_TAG_NAMES,
+    SPLITS,
     TASKS,
     HubUnavailableError,
     SentenceExamples,
     TaskSpec,
     TokenExamples,
-    _task_spec,
     convert_iob1_to_iob2,
+    task_spec,
 )
 
 __all__ = [
@@ -123,16 +123,16 @@ def load_task(
     A task with its own ``loader`` (a registered custom task) ignores ``data_dir``.  An empty
     split raises ``ValueError`` naming its file, before anything is computed on it.
     """
-    spec = _task_spec(name)
-    if split not in _SPLITS:
-        raise ValueError(f"unknown split {split!r} for task {name!r}; expected one of {list(_SPLITS)}")
+    spec = task_spec(name)
+    if split not in SPLITS:
+        raise ValueError(f"unknown split {split!r} for task {name!r}; expected one of {list(SPLITS)}")
     _check_limit(limit)
     if spec.loader is not None:
         examples = spec.loader(split)
     elif data_dir is None:
         examples = _load_from_hub(spec, split)
     else:
-        examples = _load_local(spec, split, Path(data_dir))
+        examples = load_local(spec, split, Path(data_dir))
     if len(examples) == 0:
         what = "training" if split == "train" else "validation"
         raise ValueError(f"{examples.source}: the {what} set of {name} is empty: the file has no examples")
@@ -200,7 +200,7 @@ def load_wikitext(
                 f"WikiText file not found: {path} (expected {root}/{name}/{_WIKITEXT_FILES[split]}"
                 + (" or the wikitext-2 folder" if name == "wikitext-103" else "") + ")"
             )
-        raw_lines = (line for _, line in _iter_lines(path))
+        raw_lines = (line for _, line in iter_lines(path))
     lines = []
     for line in raw_lines:
         text = line.strip()
