@@ -382,6 +382,12 @@ def cmd_reproduce(args) -> int:
         parameters["data_dir"] = args.data_dir
     if args.device:
         parameters["device"] = resolve_device(args.device)
+    for name, text in args.parameter or []:  # -p NAME VALUE, as papermill takes them (VALUE as YAML: 3, [a, b], x)
+        import yaml
+
+        if not name.isidentifier():
+            raise UsageError(f"-p: parameter name {name!r} is not a Python identifier")
+        parameters[name] = yaml.safe_load(text)
     try:
         paths = run_chapters(args.profile, args.out, parameters=parameters or None, chapters=args.chapter or None,
                              resume=not args.no_resume)
@@ -541,6 +547,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="local data folder laid out like ../shared/data; default: the profile's")
     p.add_argument("--device", default=None,
                    help="cpu, cuda, cuda:1, ... or auto (CUDA when torch sees a GPU); default: the profile's")
+    p.add_argument("-p", "--parameter", nargs=2, action="append", metavar=("NAME", "VALUE"),
+                   help="a chapter parameter, as papermill's -p (VALUE read as YAML: 512, [sst2, cola], text); "
+                        "repeatable")
     p.add_argument("--no-resume", action="store_true", help="re-run chapters that already finished")
     p.set_defaults(func=cmd_reproduce)
 

@@ -542,6 +542,19 @@ def test_reproduce_fails_in_one_line_naming_chapter_and_cell(monkeypatch, capsys
     assert build.failure_line("x", build.BookBuildError("first line\nlog tail")) == "papa: error: x: first line"
 
 
+def test_reproduce_passes_chapter_parameters_as_papermill_does(monkeypatch, capsys):
+    from papa_book import build
+
+    seen = {}
+    monkeypatch.setattr(build, "run_chapters", lambda profile, out, parameters=None, **kw: seen.update(parameters)
+                        or [])
+    assert cli.main(["reproduce", "--profile", "smoke", "-p", "n_sentences", "64", "-p", "tasks", "[sst2, cola]",
+                     "-p", "figures_dir", "figs"]) == 0
+    assert seen == {"n_sentences": 64, "tasks": ["sst2", "cola"], "figures_dir": "figs"}
+    assert cli.main(["reproduce", "--profile", "smoke", "-p", "not-a-name", "1"]) == 2
+    assert "not a Python identifier" in capsys.readouterr().err
+
+
 def test_device_auto_picks_cuda_when_present(monkeypatch):
     import torch
 
