@@ -9,9 +9,10 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+from papa_book import sphinx_hooks
 from scipy import stats
 
-from papa_lib.book import claim_text, claims, sphinx_hooks
+from papa_lib.book import claim_text, claims
 
 TASKS = ["cola", "mrpc", "sst2", "mnli", "ner", "pos"]
 ROOT = Path(__file__).resolve().parents[1]
@@ -374,7 +375,8 @@ def test_a_claim_names_the_devices_of_the_records_it_reads():
     frame = _records(drop=0.08, free=0.3).assign(device="cpu")
     half = (frame.fraction == 0.5) & (frame.task == "cola")
     frame.loc[half, "device"] = "cuda:0"
-    frame.loc[(frame.task == "mnli") & (frame.matrix_type == "identity"), "device"] = "cuda"  # read by C4 only
+    # data-free rows: C4 alone reads them (the best type, which it compares; R3 reads what the statistic compares)
+    frame.loc[(frame.task == "mnli") & frame.matrix_type.isin(["identity", "toeplitz", "zeros"]), "device"] = "cuda"
     table = claims.claims_table(frame).set_index("claim")
     assert table.loc["C2", "devices"] == "cpu, cuda"
     assert table.loc["C1a", "devices"] == table.loc["C1b", "devices"] == table.loc["C6a", "devices"] == "cpu"
@@ -401,3 +403,67 @@ def test_more_seeds_for_seed_independent_configurations_pair_on_the_seeds_both_h
     extra = pd.concat([frame, frame[(frame.fraction == 0.5) & (frame.seed == 0)].assign(seed=7)])
     mismatches = claims.seed_mismatches(extra)  # a seed 7 at ½ that no original has: pairing would drop it
     assert len(mismatches) == 10 and all(m.endswith("0.5: seeds [0, 1, 2, 7]") for m in mismatches)
+
+
+# ---------------------------------------------------------------------------------------------- decision rules
+def test_every_deciding_rule_is_declared_with_its_date_and_whether_it_came_after_the_data():
+    table = claims.decision_rules()
+    assert {"R3", "R4", "R5", "R6", "R7"} <= set(table.index)
+    assert all(str(v)[:4] == "2026" for v in table.declared)
+    assert all(str(v).startswith(("before", "after")) for v in table.relative_to_data)
+    assert table.loc["R2", "relative_to_data"].startswith("after")  # the old inclusion rule came after MRPC
+    rules = claims.rules()
+    assert set(rules.columns) >= {"agrees_as", "differs_as", "declared", "relative_to_data"}
+    assert (rules.loc[["C4", "C6a", "C6b"], "min_effect"] == 0.01).all()
+
+
+def test_inclusion_reads_every_row_the_claim_compares():
+    """A task whose all-constant probe falls to guessing leaves C1 (R3), though its original is above guessing."""
+    frame = _records(drop=0.08, free=0.3)
+    frame["majority_baseline"] = 0.5
+    low = (frame.task == "mrpc") & (frame.matrix_type == "average") & (frame.fraction == 0)
+    frame.loc[low, "value"] = 0.45 + 0.001 * frame.loc[low, "seed"]
+    row = claims.claims_table(frame).set_index("claim").loc["C1a"]
+    assert "left out: mrpc — average at 0 not above its majority baseline" in row.tasks
+    assert "mrpc" not in row.tasks.split(" (")[0]
+
+
+def test_holm_and_a_minimum_effect_keep_a_tiny_gap_from_deciding_every_task():
+    """C4 on six tasks: five margins clearly positive, one of -0.003 with a tight interval. Without δ it would
+    differ; with δ = 0.01 it cannot, and the verdict names the task that decided it."""
+    rule = claims.rules().loc["C4"]
+    clear = {t: claims.Estimate(0.05, 0.005, 9) for t in ["cola", "sst2", "mnli", "ner", "pos"]}
+    tiny = {**clear, "mrpc": claims.Estimate(-0.003, 0.0005, 9)}
+    verdicts, p_agree, p_differ = claims.every_unit_verdicts(tiny, rule)
+    assert verdicts["mrpc"] == "inconclusive" and all(verdicts[t] == "agrees" for t in clear)
+    assert claims.decide("band", -0.0042, -0.0018, 0, float("inf")) == "differs"  # the bare band would differ
+    far = {**clear, "mrpc": claims.Estimate(-0.05, 0.005, 9)}
+    assert claims.every_unit_verdicts(far, rule)[0]["mrpc"] == "differs"
+    from papa_lib.analysis import claims as engine
+
+    measured = engine._every_measure(tiny, [], rule)
+    assert measured.verdict == "inconclusive" and measured.decided_by == "mrpc"
+    adjusted = claims.holm({"a": 0.01, "b": 0.04, "c": 0.03})
+    assert adjusted == pytest.approx({"a": 0.03, "b": 0.06, "c": 0.06})
+
+
+def test_unit_sensitivity_columns_and_unit_dependence():
+    """CoLA-like task: a small MCC margin over guessing makes the chance-corrected drop large."""
+    frame = _records(drop=0.08, free=0.3)
+    frame["majority_baseline"] = 0.0
+    table = claims.claims_table(frame).set_index("claim")
+    for claim in ["C1a", "C1b", "C2", "C4", "C5", "C6a", "C6b"]:
+        assert table.loc[claim, "verdict_absolute"] and table.loc[claim, "verdict_chance_corrected"]
+        assert table.loc[claim, "unit_dependent"] in {"yes", "no"}
+    # with a majority score of 0 the chance-corrected drop is the relative drop
+    assert table.loc["C1a", "verdict_chance_corrected"] == table.loc["C1a", "verdict"]
+    e = claims.paired(pd.Series([0.5, 0.52, 0.48]), pd.Series([0.4, 0.41, 0.39]), "drop", floor=0.3)
+    assert e.value == pytest.approx((0.5 - 0.4) / (0.5 - 0.3))
+
+
+def test_verdict_words_say_what_was_tested():
+    rules = claims.rules()
+    assert claims.verdict_words(rules.loc["C1a"], "agrees").startswith("within the paper's 20% bound")
+    assert claims.verdict_words(rules.loc["C1a"], "inconclusive") == "inconclusive"
+    committed = pd.read_csv(ROOT / "data" / "results" / "local-minilm" / "claims.csv")
+    assert not (committed.verdict_text == "agrees").any()

@@ -9,8 +9,10 @@ recomputed with them): per claim, its full statement, the paper's value, the sta
 
 * ``band``: **agrees** when ``[lo, hi]`` lies inside the band (an equivalence test), **differs** when it lies
   entirely outside, **inconclusive** otherwise;
-* ``band_every`` (a claim "on every task" / "at every fraction"): the band test per task (fraction); agrees when
-  every one agrees, differs when any one differs, inconclusive otherwise (and never agrees when one is unmeasured);
+* ``band_every`` (a claim "on every task" / "at every fraction", band ``[low, inf]``): per unit, one-sided
+  Student-t tests of ``value > low`` (agrees) and ``value < low - δ`` (differs), Holm-adjusted over the units at
+  α = 0.05; the claim agrees when every unit agrees, differs when any one differs, inconclusive otherwise (and
+  never agrees when one is unmeasured);
 * ``direction`` (C3, which of two models drops more): the band test, reported as **direction agrees** /
   **direction differs** / **inconclusive** — only the direction is tested, never the size;
 * ``correlation`` (C8): the band test on Spearman's ρ with a minimum effect |ρ| = 0.1: an interval inside
@@ -36,11 +38,16 @@ share; and the tasks are the paper's fixed six, not a sample, so only the seed-t
 noise (a bootstrap over tasks would treat the task mix as random). The computation is deterministic.
 A comparison uses only the seed ids both configurations have; the ``tasks`` column says when they differ.
 
-**Task inclusion**, by one declared rule for every task (MRPC included): a task enters C1–C6 when its original
-probe's Student-t 95% interval over seeds lies above the majority-class baseline of its validation set (records'
-``majority_baseline``; a task whose records carry none enters); one seed gives no interval, so it does not enter.
-Each claim is also computed with every measured task (``ours_all_tasks``, ``verdict_all_tasks``: a sensitivity
-column).
+**Every rule beside the bands** is declared in ``data/paper/decision_rules.csv`` (:func:`decision_rules`), with
+the date it was declared and whether that was before or after the data it decides were seen: the interval method
+(R1), task inclusion (R2, replaced by R3 on 2026-12-01: a task enters a claim only when every configuration the
+claim compares on it has its 95% interval above the majority-class baseline; every measured task is kept as the
+``*_all_tasks`` sensitivity columns), the minimum effect δ and Holm's family-wise correction of every-task /
+every-fraction claims (R4, R5: the verdict names the unit that decided it, ``decided_by``), the sensitivity units
+(R6: ``verdict_absolute``, ``verdict_chance_corrected``, and for C8c ``verdict_per_type``; ``unit_dependent`` says
+when they disagree with the declared unit, which alone decides), C2's threshold relative to the all-constant drop
+(R7) and the devices (R8). ``verdict_text`` says each verdict in the words of what was tested (the rules'
+``agrees_as`` / ``differs_as``).
 
 **Devices**: each row names the devices that made the records it reads (``devices``; the book's table flags two).
 
@@ -59,7 +66,7 @@ import itertools
 import json
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -70,7 +77,15 @@ from ..experiments.summaries import seeds_per_config
 from . import paper
 
 RULES_PATH = paper.PAPER_DIR / "claims_rules.csv"
+#: Every rule that decides a verdict besides a claim's own band (task inclusion, δ, Holm, units, devices), with the
+#: date it was declared and whether that was before or after the data it decides were seen.
+DECISION_RULES_PATH = paper.PAPER_DIR / "decision_rules.csv"
 CONFIDENCE = 0.95
+#: Family-wise error rate of an every-task / every-fraction claim (Holm over its units).
+FAMILY_ALPHA = 0.05
+#: The units a claim is also decided in (sensitivity): the declared one, the absolute difference of the scores and
+#: the chance-corrected one ((s_orig - s) / (s_orig - s_majority): the share of what the probe scores above guessing).
+UNITS = ("declared", "absolute", "chance")
 
 
 # ---------------------------------------------------------------------------------------------- the rules
@@ -86,7 +101,29 @@ def rules() -> pd.DataFrame:
     table = pd.read_csv(RULES_PATH, keep_default_na=False)
     for column in ("low", "high", "min_effect"):
         table[column] = [_number(v, column, i) for i, v in enumerate(table[column], start=2)]
+    for i, value in enumerate(table["relative_to_data"], start=2):
+        if not str(value).startswith(("before", "after")):
+            raise ValueError(f"{RULES_PATH}:{i}: relative_to_data must say 'before' or 'after', not {value!r}")
     return table.set_index("id")
+
+
+def decision_rules() -> pd.DataFrame:
+    """The rules beside the bands (``data/paper/decision_rules.csv``): id, rule, what it applies to, the date it was
+    declared, and whether before or after the data it decides were seen. The book tells this history from here."""
+    table = pd.read_csv(DECISION_RULES_PATH, keep_default_na=False)
+    for i, value in enumerate(table["relative_to_data"], start=2):
+        if not str(value).startswith(("before", "after")):
+            raise ValueError(f"{DECISION_RULES_PATH}:{i}: relative_to_data must say 'before' or 'after', not "
+                             f"{value!r}")
+    return table.set_index("id")
+
+
+def verdict_words(rule: pd.Series, verdict: str) -> str:
+    """A verdict in the words of what was tested (the rule's ``agrees_as`` / ``differs_as``): "within the paper's
+    20% bound", never a bare "agrees" with a number the test did not test."""
+    kind = verdict.removeprefix("direction ")
+    words = {"agrees": rule.get("agrees_as", ""), "differs": rule.get("differs_as", "")}.get(kind, "")
+    return words or verdict
 
 
 def _number(value: str, column: str, line: int) -> float:
@@ -193,21 +230,22 @@ def one_sample(values: np.ndarray) -> Estimate:
     return _from_parts(float(values.mean()), [(variance, n - 1)])
 
 
-def paired(reference: pd.Series, variant: pd.Series, kind: str) -> Estimate:
+def paired(reference: pd.Series, variant: pd.Series, kind: str, floor: float = 0.0) -> Estimate:
     """Seed-paired statistic of two configurations (Series of values indexed by seed id), on their common seeds.
 
     ``kind``: ``difference`` (variant - reference), ``drop`` ((ref - variant) / |ref|) or ``change``
-    ((variant - ref) / |ref|); the ratios are linearised by the delta method (module docstring)."""
+    ((variant - ref) / |ref|); the ratios are linearised by the delta method (module docstring). With ``floor`` (the
+    task's majority-class score) ``drop``/``change`` are chance-corrected: divided by ``ref - floor`` instead."""
     seeds = sorted(set(reference.index) & set(variant.index))
     ref, var = reference.loc[seeds].to_numpy(float), variant.loc[seeds].to_numpy(float)
     if not seeds:
         return Estimate(float("nan"), float("nan"), float("nan"))
     if kind == "difference":
         return one_sample(var - ref)
-    base = float(ref.mean())
+    base = float(ref.mean()) - floor
     if base == 0:
         return Estimate(float("nan"), float("nan"), float("nan"))
-    a, b = ref - var, np.sign(base) * ref
+    a, b = ref - var, np.sign(base) * (ref - floor)
     drop = float(a.mean()) / abs(base)
     z = (a - drop * b) / abs(base)
     linear = one_sample(z)
@@ -217,6 +255,26 @@ def paired(reference: pd.Series, variant: pd.Series, kind: str) -> Estimate:
     if kind == "change":
         return Estimate(-drop, linear.se, linear.df, linear.parts)
     raise ValueError(f"paired: unknown kind {kind!r} (difference, drop, change)")
+
+
+def holm(p_values: Mapping) -> dict:
+    """Holm's step-down adjusted p-values (family-wise error control) of ``{unit: p}``; NaN stays NaN."""
+    finite = sorted(((p, u) for u, p in p_values.items() if np.isfinite(p)), key=lambda x: x[0])
+    m, running, adjusted = len(finite), 0.0, {u: float("nan") for u in p_values}
+    for i, (p, unit) in enumerate(finite):
+        running = max(running, min(1.0, (m - i) * p))
+        adjusted[unit] = running
+    return adjusted
+
+
+def one_sided_p(estimate: Estimate, null: float, greater: bool) -> float:
+    """The one-sided Student-t p-value of H0 ``value <= null`` (``greater``) or ``value >= null``."""
+    from scipy import stats
+
+    if not (np.isfinite(estimate.se) and estimate.se > 0 and np.isfinite(estimate.df)):
+        return float("nan")
+    t = (estimate.value - null) / estimate.se
+    return float(stats.t.sf(t, estimate.df) if greater else stats.t.cdf(t, estimate.df))
 
 
 def average(estimates: Sequence[Estimate]) -> Estimate:
@@ -295,7 +353,9 @@ def paper_verdicts() -> pd.DataFrame:
 
 # ---------------------------------------------------------------------------------------------- the engine
 COLUMNS = ["model", "claim", "statement", "statistic", "tasks", "paper", "ours", "ci_low", "ci_high", "df", "verdict",
-           "ours_all_tasks", "ci_low_all_tasks", "ci_high_all_tasks", "verdict_all_tasks", "rule", "chapter", "devices"]
+           "ours_all_tasks", "ci_low_all_tasks", "ci_high_all_tasks", "verdict_all_tasks", "rule", "chapter", "devices",
+           "verdict_text", "decided_by", "absolute", "verdict_absolute", "chance_corrected", "verdict_chance_corrected",
+           "verdict_per_type", "unit_dependent"]
 FIG5_FRACTIONS = (0.5, 0.125, 0.0625)
 ORDERS = ("lambda", "reversed", "first_to_last", "last_to_first", "random")
 #: parameters of the models whose records may meet in C3 (the larger one is expected to drop more)
@@ -350,15 +410,67 @@ def devices_of(read: Sequence[pd.DataFrame], tasks: Iterable[str]) -> str:
 
 
 def _select(frame: pd.DataFrame, matrix_type: str, fraction: float, order: str = "none",
-            source: str | None = "own") -> pd.DataFrame:
-    """Rows of one configuration; ``source`` ``'own'``: matrices from the row's task, else a task name or None."""
+            source: str | None = "own", record: bool = True) -> pd.DataFrame:
+    """Rows of one configuration; ``source`` ``'own'``: matrices from the row's task, else a task name or None.
+    ``record=False``: rows looked at only to choose a comparison (the best data-free type, the best other order),
+    which the claim then reads with :func:`_seen`."""
     rows = frame[(frame.matrix_type == matrix_type) & np.isclose(frame.fraction.astype(float), fraction)
                  & (frame.selection_order.fillna("none") == order)]
     if source == "own":
         rows = rows[rows.matrices_from.fillna(rows.task) == rows.task]
     elif source is not None:
         rows = rows[rows.matrices_from == source]
-    return _seen(rows)
+    return _seen(rows) if record else rows
+
+
+_UNIT = "declared"  # the unit claims are computed in (:func:`_in_unit`); the declared one unless a sensitivity
+_FLOORS: dict[str, float] = {}  # task -> majority-class score (chance-corrected units)
+_MARGINS: dict[str, float] = {}  # task -> mean original score minus the majority-class score
+
+
+def majority_floor(frame: pd.DataFrame, task: str) -> float:
+    """The task's majority-class score in the records (``majority_baseline``), NaN when they carry none."""
+    if "majority_baseline" not in frame:
+        return float("nan")
+    values = frame.loc[frame.task == task, "majority_baseline"].dropna()
+    return float(values.iloc[0]) if len(values) else float("nan")
+
+
+@contextmanager
+def _in_unit(unit: str, frame: pd.DataFrame):
+    """Compute the claims inside the block in another unit (:data:`UNITS`): ``absolute`` (score differences) or
+    ``chance`` (divided by the original's margin over the majority class)."""
+    global _UNIT, _FLOORS, _MARGINS
+    saved = _UNIT, _FLOORS, _MARGINS
+    originals = frame[frame.matrix_type == "original"]
+    _FLOORS = {t: majority_floor(frame, t) for t in set(frame.task)}
+    _MARGINS = {t: float(g.value.mean()) - _FLOORS[t] for t, g in originals.groupby("task")}
+    _UNIT = unit
+    try:
+        yield
+    finally:
+        _UNIT, _FLOORS, _MARGINS = saved
+
+
+def _scaled(estimate: Estimate, scale: float) -> Estimate:
+    if not np.isfinite(scale) or scale == 0:
+        return Estimate(float("nan"), float("nan"), float("nan"))
+    return Estimate(estimate.value / scale, estimate.se / abs(scale), estimate.df,
+                    tuple((v / scale ** 2, d) for v, d in estimate.parts))
+
+
+def _pair(reference: pd.Series, variant: pd.Series, kind: str, task: str) -> Estimate:
+    """:func:`paired` in the unit claims are being computed in (the declared one, or a sensitivity's)."""
+    if _UNIT == "declared":
+        return paired(reference, variant, kind)
+    if _UNIT == "absolute":
+        d = paired(reference, variant, "difference")
+        return Estimate(-d.value, d.se, d.df, d.parts) if kind == "drop" else d
+    if kind == "difference":  # already absolute: as a share of the original's margin over guessing
+        return _scaled(paired(reference, variant, "difference"), _MARGINS.get(task, float("nan")))
+    floor = _FLOORS.get(task, float("nan"))
+    return paired(reference, variant, kind, floor=floor) if np.isfinite(floor) else \
+        Estimate(float("nan"), float("nan"), float("nan"))
 
 
 def original_rows(frame: pd.DataFrame) -> pd.DataFrame:
@@ -396,6 +508,25 @@ def _seed_note(read: Sequence[pd.DataFrame], tasks: Iterable[str]) -> str:
     return f"{counts.min()} to {counts.max()} seeds per configuration, each comparison on the seeds both have"
 
 
+def below_floor(frame: pd.DataFrame, read: Sequence[pd.DataFrame], task: str) -> list[str]:
+    """The configurations a claim read on ``task`` whose Student-t 95% interval over seeds does not lie above the
+    task's majority-class score (one seed: no interval, so not above); empty when the task enters the claim
+    (decision rule R3, ``data/paper/decision_rules.csv``). A task whose records carry no baseline enters."""
+    floor = majority_floor(frame, task)
+    rows = _rows_read(read, [task])
+    if not np.isfinite(floor) or rows.empty:
+        return []
+    keys = ["matrix_type", "matrices_from", "selection_order", "fraction"]
+    out = []
+    for key, group in rows.drop_duplicates("run_id" if "run_id" in rows else None).fillna(
+            {"matrices_from": "", "selection_order": "none"}).groupby(keys):
+        low = one_sample(group.value.to_numpy(float)).low
+        if not (np.isfinite(low) and low > floor):
+            out.append(key[0] if key[0] == "original" else f"{key[0]} at {key[3]:g}" + (
+                f" ({key[2]})" if key[2] not in ("none", "") else ""))
+    return out
+
+
 def informative_tasks(frame: pd.DataFrame) -> tuple[list[str], list[str]]:
     """``(included, left_out)``: the tasks whose original probe's Student-t 95% interval over seeds lies above the
     majority-class baseline (records' ``majority_baseline``), and the others (one seed: no interval, left out).
@@ -419,13 +550,14 @@ class Measured:
     tasks: list
     missing: list
     note: str = ""
+    decided_by: str = ""
 
 
-def _task_drops(frame, variant_rows, tasks, kind="drop", reference=None):
+def _task_drops(frame, variant_rows, tasks, kind="drop", reference=None, variant=None):
     reference = _by_seed(original_rows(frame)) if reference is None else reference
-    variant = _by_seed(variant_rows)
+    variant = _by_seed(variant_rows) if variant is None else variant
     used = [t for t in tasks if t in reference and t in variant]
-    per_task = {t: paired(reference[t], variant[t], kind) for t in used}
+    per_task = {t: _pair(reference[t], variant[t], kind, t) for t in used}
     per_task = {t: e for t, e in per_task.items() if np.isfinite(e.value)}  # a reference score of 0: undefined
     return per_task, [t for t in tasks if t not in per_task]
 
@@ -443,15 +575,37 @@ def _band_measure(per_task: dict, missing: list, rule, combine="average") -> Mea
     return Measured(estimate, verdict, list(per_task), missing, note)
 
 
+def every_unit_verdicts(per_unit: Mapping, rule) -> tuple[dict, dict, dict]:
+    """An every-task / every-fraction claim unit by unit (decision rules R4, R5): a unit agrees when H0
+    ``value <= low`` is rejected, and differs when H0 ``value >= low - δ`` is rejected (δ: the rule's
+    ``min_effect``), each by Holm's step-down over the claim's units at family-wise α = 0.05 (one-sided Student-t
+    p-values). Returns (verdicts, Holm-adjusted p of agreeing, of differing)."""
+    delta = float(rule.min_effect) if np.isfinite(rule.min_effect) else 0.0
+    p_agree = holm({u: one_sided_p(e, rule.low, greater=True) for u, e in per_unit.items()})
+    p_differ = holm({u: one_sided_p(e, rule.low - delta, greater=False) for u, e in per_unit.items()})
+    verdicts = {u: "differs" if p_differ[u] <= FAMILY_ALPHA else "agrees" if p_agree[u] <= FAMILY_ALPHA
+                else "inconclusive" for u in per_unit}
+    return verdicts, p_agree, p_differ
+
+
 def _every_measure(per_unit: dict, missing: list, rule, unit_name=str) -> Measured:
     if not per_unit:
         return Measured(Estimate(float("nan"), float("nan"), float("nan")), "not measured", [], missing)
-    verdicts = {u: decide("band", e.low, e.high, rule.low, rule.high) for u, e in per_unit.items()}
-    smallest = min(per_unit, key=lambda u: per_unit[u].value)
+    verdicts, p_agree, p_differ = every_unit_verdicts(per_unit, rule)
+    verdict = decide_every(verdicts.values(), complete=not missing)
+    if verdict == "differs":  # the unit that differs most clearly
+        decided = min((u for u in per_unit if verdicts[u] == "differs"), key=lambda u: p_differ[u])
+    else:  # the weakest unit: the one furthest from agreeing
+        decided = max(per_unit, key=lambda u: p_agree[u] if np.isfinite(p_agree[u]) else 2.0)
+
+    def p_text(p):
+        return "—" if not np.isfinite(p) else f"{p:.2g}"
+
     parts = "; ".join(f"{unit_name(u)}: {ours_text({'ours': e.value, 'ci_low': e.low, 'ci_high': e.high})} "
-                      f"{verdicts[u]}" for u, e in per_unit.items())
-    return Measured(per_unit[smallest], decide_every(verdicts.values(), complete=not missing), list(per_unit),
-                    missing, f"smallest: {unit_name(smallest)}; {parts}")
+                      f"{verdicts[u]} (Holm p: {p_text(p_agree[u])} above {rule.low:g}, {p_text(p_differ[u])} "
+                      f"below -δ)" for u, e in per_unit.items())
+    return Measured(per_unit[decided], verdict, list(per_unit), missing,
+                    f"decided by {unit_name(decided)}; {parts}", decided_by=str(unit_name(decided)))
 
 
 def _c1(frame, tasks, rule, combine):
@@ -459,22 +613,38 @@ def _c1(frame, tasks, rule, combine):
     return _band_measure(per_task, missing, rule, combine)
 
 
+#: C2 (declared 2026-12-01, after the data, decision rule R7): half of the heads constant may lose at most this
+#: share of what every head constant loses.
+C2_SHARE = 0.25
+
+
 def _c2(frame, tasks, rule):
-    per_task, missing = _task_drops(frame, _select(frame, "average", 0.5, "lambda"), tasks)
+    """C2: drop(½, λ order) - ¼ · drop(all constant), seed-paired (the combination is one relative drop of the
+    per-seed score ``s_½ + ¼ (s_orig - s_0)``); at most 0 keeps three quarters of what constant heads lose."""
+    half = _by_seed(_select(frame, "average", 0.5, "lambda"))
+    zero = _by_seed(_select(frame, "average", 0.0))
+    orig = _by_seed(original_rows(frame))
+    combined = {}
+    for task in set(half) & set(zero) & set(orig):
+        seeds = sorted(set(half[task].index) & set(zero[task].index) & set(orig[task].index))
+        combined[task] = half[task].loc[seeds] + C2_SHARE * (orig[task].loc[seeds] - zero[task].loc[seeds])
+    per_task, missing = _task_drops(frame, None, tasks, reference=orig, variant=combined)
     return _band_measure(per_task, missing, rule)
 
 
 def _c4_units(frame, tasks) -> tuple[dict, dict, list]:
     """Per task: the best data-free type (by mean) and average minus it, seed-paired; the tasks not measured."""
     average_rows = _by_seed(_select(frame, "average", 0.0))
-    free = {kind: _by_seed(_select(frame, kind, 0.0, source=None)) for kind in DATA_FREE}
+    free_rows = {kind: _select(frame, kind, 0.0, source=None, record=False) for kind in DATA_FREE}
+    free = {kind: _by_seed(rows) for kind, rows in free_rows.items()}
     per_task, best_of, missing = {}, {}, []
     for task in tasks:
         if task not in average_rows or not all(task in free[k] for k in DATA_FREE):
             missing.append(task)
             continue
         best_of[task] = max(DATA_FREE, key=lambda k: free[k][task].mean())
-        per_task[task] = paired(free[best_of[task]][task], average_rows[task], "difference")
+        _seen(free_rows[best_of[task]][free_rows[best_of[task]].task == task])
+        per_task[task] = _pair(free[best_of[task]][task], average_rows[task], "difference", task)
     return per_task, best_of, missing
 
 
@@ -488,14 +658,14 @@ def data_free_margins(frame: pd.DataFrame) -> pd.DataFrame:
     Student-t 95% interval, the task's verdict under C4's band, and whether the task enters C4 (the inclusion rule).
     The claim's verdict is C4's row of :func:`claims_table`."""
     rule = rules().loc["C4"]
-    included = informative_tasks(frame)[0]
-    per_task, best_of, _ = _c4_units(frame, _order(set(frame.task)))
+    with _reading() as read:
+        per_task, best_of, _ = _c4_units(frame, _order(set(frame.task)))
+    verdicts, p_agree, _ = every_unit_verdicts(per_task, rule)
     return pd.DataFrame([{"task": t, "best data-free": best_of[t], "average minus best data-free": e.value,
-                          "ci_low": e.low, "ci_high": e.high,
-                          "verdict": decide("band", e.low, e.high, rule.low, rule.high),
-                          "enters C4": t in included} for t, e in per_task.items()],
+                          "ci_low": e.low, "ci_high": e.high, "verdict": verdicts[t], "holm_p": p_agree[t],
+                          "enters C4": not below_floor(frame, read, t)} for t, e in per_task.items()],
                         columns=["task", "best data-free", "average minus best data-free", "ci_low", "ci_high",
-                                 "verdict", "enters C4"])
+                                 "verdict", "holm_p", "enters C4"])
 
 
 def _c5(frame, tasks, rule):
@@ -515,17 +685,21 @@ def _c6(frame, tasks, rule, which):
     mnli = frame[(frame.task == "mnli") & (frame.matrices_from.fillna("mnli") == "mnli")]
     per_fraction, missing = {}, []
     for fraction in FIG5_FRACTIONS:
-        runs = {o: _by_seed(_select(mnli, "average", fraction, o, source=None)).get("mnli") for o in ORDERS}
+        rows = {o: _select(mnli, "average", fraction, o, source=None, record=False) for o in ORDERS}
+        runs = {o: _by_seed(r).get("mnli") for o, r in rows.items()}
         if any(v is None for v in runs.values()):
             missing.append(fraction)
             continue
         means = {o: v.mean() for o, v in runs.items()}
         if which == "lambda":
             best = max((o for o in ORDERS if o != "lambda"), key=means.get)
-            per_fraction[fraction] = paired(runs[best], runs["lambda"], "difference")
+            compared = (best, "lambda")
         else:
             worst = min((o for o in ORDERS if o != "reversed"), key=means.get)
-            per_fraction[fraction] = paired(runs["reversed"], runs[worst], "difference")
+            compared = ("reversed", worst)
+        for order in compared:
+            _seen(rows[order])
+        per_fraction[fraction] = _pair(runs[compared[0]], runs[compared[1]], "difference", "mnli")
     return _every_measure(per_fraction, missing, rule, unit_name=lambda f: FRACTION_LABELS.get(f, f"{f:g}"))
 
 
@@ -540,11 +714,12 @@ PER_MODEL = {
 }
 
 
-def _fmt_tasks(measured: Measured, left_out: Sequence[str], all_tasks: bool = False) -> str:
+def _fmt_tasks(measured: Measured, left_out: Mapping[str, list] | Sequence[str], all_tasks: bool = False) -> str:
     text = ", ".join(str(FRACTION_LABELS.get(t, t)) for t in measured.tasks) if measured.tasks else "none"
     if left_out and not all_tasks:
-        text += (f" (left out: {', '.join(left_out)} — original probe's 95% interval not above its majority "
-                 "baseline)")
+        why = left_out if isinstance(left_out, Mapping) else {t: ["original"] for t in left_out}
+        text += " (left out: " + "; ".join(f"{t} — {', '.join(c)} not above its majority baseline"
+                                           for t, c in why.items()) + ")"
     if measured.missing:
         text += f" (not measured: {', '.join(str(FRACTION_LABELS.get(m, m)) for m in measured.missing)})"
     if measured.note:
@@ -575,23 +750,49 @@ def _row(model, claim, rule, measured: Measured | None, tasks_text: str, sensiti
         "rule": rule_text(rule),
         "chapter": rule.chapter,
         "devices": "",
+        "verdict_text": verdict_words(rule, verdict or measured.verdict),
+        "decided_by": measured.decided_by if measured else "",
+        "absolute": "", "verdict_absolute": "", "chance_corrected": "", "verdict_chance_corrected": "",
+        "verdict_per_type": "", "unit_dependent": "",
     }
+
+
+def _with_units(row: dict, alternatives: Mapping[str, Measured]) -> dict:
+    """A row's verdicts in the sensitivity units (decision rule R6) and whether the verdict depends on the unit."""
+    for unit, column in (("absolute", "absolute"), ("chance", "chance_corrected")):
+        m = alternatives.get(unit)
+        if m is None:
+            continue
+        e = m.estimate
+        row[column] = ours_text({"ours": e.value, "ci_low": e.low, "ci_high": e.high})
+        row[f"verdict_{column}"] = m.verdict
+    seen = {row["verdict"]} | {row[f"verdict_{c}"] for c in ("absolute", "chance_corrected", "per_type")
+                               if row[f"verdict_{c}"]}
+    row["unit_dependent"] = "yes" if len(seen) > 1 else "no"
+    return row
 
 
 def model_claims(frame: pd.DataFrame, model: str | None = None) -> list[dict]:
     """C1a-C6b for one model's records (the rows' ``model``), each on the included tasks and on every task."""
     table = rules()
     model = model or (str(frame.model.iloc[0]) if len(frame) else "this model")
-    included, left_out = informative_tasks(frame)
     every = _order(set(frame.task))
     rows = []
     for claim, compute in PER_MODEL.items():
         rule = table.loc[claim]
-        sensitivity = compute(frame, every, rule)
+        with _reading() as read_every:
+            sensitivity = compute(frame, every, rule)
+        # decision rule R3: a task enters when every configuration the claim reads on it is above guessing
+        left_out = {t: why for t in every if (why := below_floor(frame, read_every, t))}
+        included = [t for t in every if t not in left_out]
         with _reading() as read:
             measured = compute(frame, included, rule)
-        shown = left_out if not claim.startswith("C6") else [t for t in left_out if t == "mnli"]
-        row = _row(model, claim, rule, measured, _fmt_tasks(measured, shown), sensitivity)
+        alternatives = {}
+        for unit in UNITS[1:]:
+            with _in_unit(unit, frame):
+                alternatives[unit] = compute(frame, included, rule)
+        shown = left_out if not claim.startswith("C6") else {t: w for t, w in left_out.items() if t == "mnli"}
+        row = _with_units(_row(model, claim, rule, measured, _fmt_tasks(measured, shown), sensitivity), alternatives)
         if measured.tasks:
             used = ["mnli"] if claim.startswith("C6") else measured.tasks
             row["devices"] = devices_of(read, used)
@@ -608,15 +809,23 @@ def cross_model_claims(frames: Mapping[str, pd.DataFrame]) -> list[dict]:
     if len(known) < 2:
         why = (f"needs the records of two models of different size; these hold {', '.join(frames) or 'none'}")
         return [_row(" vs ".join(frames) or "—", "C3", rule, None, "", None, f"not testable: {why}")]
+    def entering(frame):  # decision rule R3 on C3's rows (the original and every head constant)
+        with _reading() as read:
+            _task_drops(frame, _select(frame, "average", 0.0), _order(set(frame.task)))
+        return {t for t in set(frame.task) if not below_floor(frame, read, t)}
+
     rows = []
     for small, large in itertools.pairwise(known):
         per, devices = {}, ""
-        for kind, restrict in (("included", True), ("every", False)):
-            shared = sorted(set.intersection(*[set(informative_tasks(frames[m])[0] if restrict else frames[m].task)
+        for kind, restrict in (("included", True), ("every", False), ("absolute", True), ("chance", True)):
+            shared = sorted(set.intersection(*[entering(frames[m]) if restrict else set(frames[m].task)
                                                for m in (small, large)]))
+            drops = {}
             with _reading() as read:
-                drops = {m: _task_drops(frames[m], _select(frames[m], "average", 0.0), _order(shared))[0]
-                         for m in (small, large)}
+                for m in (small, large):
+                    unit = kind if kind in UNITS else "declared"
+                    with _in_unit(unit, frames[m]) if unit != "declared" else nullcontext():
+                        drops[m] = _task_drops(frames[m], _select(frames[m], "average", 0.0), _order(shared))[0]
             common = [t for t in _order(shared) if all(t in drops[m] for m in (small, large))]
             if not common:
                 per[kind] = Measured(Estimate(float("nan"), float("nan"), float("nan")), "not measured", [], shared)
@@ -629,6 +838,7 @@ def cross_model_claims(frames: Mapping[str, pd.DataFrame]) -> list[dict]:
                 devices = devices_of(read, common)
         row = _row(f"{small} vs {large}", "C3", rule, per["included"], _fmt_tasks(per["included"], []),
                    per["every"])
+        row = _with_units(row, {u: per[u] for u in ("absolute", "chance")})
         rows.append({**row, "devices": devices})
     return rows
 
@@ -637,11 +847,13 @@ def norm_claims(analysis_dir: str | Path, model: str = "") -> list[dict]:
     """C8a-c from the norm analyses' ``kobayashi_findings.csv`` in ``analysis_dir``
     (:mod:`papa_lib.analysis.norm_findings`); see :func:`norm_claims_from`."""
     path = Path(analysis_dir) / "kobayashi_findings.csv"
-    return norm_claims_from(pd.read_csv(path) if path.exists() else None, model, str(path))
+    types = Path(analysis_dir) / "corpus_frequency.csv"
+    return norm_claims_from(pd.read_csv(path) if path.exists() else None, model, str(path),
+                            per_type_correlation(pd.read_csv(types)) if types.exists() else None)
 
 
-def norm_claims_from(findings: pd.DataFrame | None, model: str = "", source: str = "kobayashi_findings.csv") \
-        -> list[dict]:
+def norm_claims_from(findings: pd.DataFrame | None, model: str = "", source: str = "kobayashi_findings.csv",
+                     per_type: tuple | None = None) -> list[dict]:
     """C8a-c from a ``kobayashi_findings`` table: Spearman ρ with its cluster-bootstrap interval over sequences,
     decided by the ``correlation`` test (minimum |ρ| 0.1); ``not measured`` rows for findings it lacks."""
     table = rules()
@@ -663,8 +875,27 @@ def norm_claims_from(findings: pd.DataFrame | None, model: str = "", source: str
         row = _row(model, claim, rule, Measured(estimate, verdict, [], []), text, None)
         row.update(ci_low=low, ci_high=high, df=float("nan"), ours_all_tasks=estimate.value, ci_low_all_tasks=low,
                    ci_high_all_tasks=high, verdict_all_tasks=verdict)
+        if claim == "C8c" and per_type is not None:  # decision rule R6: the same correlation over token types
+            rho, t_low, t_high, n_types = per_type
+            row["verdict_per_type"] = decide("correlation", t_low, t_high, rule.low, rule.high, rule.min_effect)
+            row["tasks"] += (f"; over {n_types} token types: ρ {sig3(rho)} [{sig3(t_low)}, {sig3(t_high)}] "
+                             "(Fisher z interval)")
+        row["unit_dependent"] = "yes" if row["verdict_per_type"] and row["verdict_per_type"] != verdict else "no"
         rows.append(row)
     return rows
+
+
+def per_type_correlation(types: pd.DataFrame | None) -> tuple[float, float, float, int] | None:
+    """C8c over token types instead of occurrences: Spearman ρ of each type's corpus frequency rank and its mean
+    ‖f(x)‖ (``corpus_frequency.csv`` of the norm analyses), with a Fisher z 95% interval (se 1.06 / √(n - 3))."""
+    from scipy import stats
+
+    if types is None or len(types) < 4 or not {"corpus_rank", "mean_fx_norm"} <= set(types):
+        return None
+    rho = float(stats.spearmanr(types.corpus_rank, types.mean_fx_norm).statistic)
+    half = float(stats.norm.ppf((1 + CONFIDENCE) / 2)) * 1.06 / math.sqrt(len(types) - 3)
+    z = math.atanh(max(min(rho, 0.999999), -0.999999))
+    return rho, math.tanh(z - half), math.tanh(z + half), len(types)
 
 
 def _analysis_model(analysis_dir: Path) -> str | None:
