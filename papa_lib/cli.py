@@ -6,7 +6,7 @@ Subcommands::
     papa select     learn λ per head (Sec. 3.2) and print/save the replacement order
     papa probe      probe variants (matrix type x order x fraction) for a task, append records (Sec. 3.3, 4, 5)
     papa grid       run a declared grid of runs from a YAML file, resuming where it stopped (--executor ray: on a
-                    Ray cluster, :mod:`papa_lib.experiments.executors`)
+                    Ray cluster, :mod:`papa_lib.ops.executors`)
     papa bench      speed and memory benchmarks (see BENCHMARKS.md)
     papa reproduce  execute every book chapter through papermill for a profile (smoke, local, paper)
     papa book       sync the chapter notebooks and build the HTML book
@@ -283,7 +283,7 @@ def cmd_grid(args) -> int:
             raise UsageError(f"{args.grid}: no block named {', '.join(unknown)}")
         spec["blocks"] = [b for b in spec["blocks"] if b.name in names]
     if args.plan:
-        from .experiments.plan import plan_grid
+        from .ops.plan import plan_grid
 
         print(plan_grid(spec, overrides, model_name=args.model,
                         results_dir=args.results_dir or str(Path(args.grid).parent), only_seeds=args.only_seed))
@@ -339,7 +339,7 @@ def _repair(grid, results_dir) -> int:
 
 def _executor(args):
     """The grid's executor: ``local`` (default) or ``ray`` with its options."""
-    from .experiments.executors import make_executor
+    from .ops.executors import make_executor
 
     options = {"address": args.address, "cpus_per_run": args.cpus_per_run, "gpus_per_run": args.gpus_per_run}
     if args.executor == "local" and any(value is not None for value in options.values()):
@@ -349,7 +349,7 @@ def _executor(args):
 
 
 def cmd_bench(args) -> int:  # reached only through build_parser(); main() hands 'bench ...' to bench.main directly
-    from . import bench
+    from .ops import bench
 
     return bench.main(args.rest, parser_class=_Parser) or 0
 
@@ -527,8 +527,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_grid, results_dir=None)
 
     p = sub.add_parser("bench", help="speed and memory benchmarks ('papa bench --help')", add_help=False,
-                       description="Forwarded to python -m papa_lib.bench.")
-    p.add_argument("rest", nargs=argparse.REMAINDER, help="options of python -m papa_lib.bench ('papa bench --help')")
+                       description="Forwarded to python -m papa_lib.ops.bench.")
+    p.add_argument("rest", nargs=argparse.REMAINDER,
+                   help="options of python -m papa_lib.ops.bench ('papa bench --help')")
     p.set_defaults(func=cmd_bench)
 
     p = sub.add_parser(
@@ -602,7 +603,7 @@ def main(argv=None) -> int:
         os.environ.setdefault("HF_HUB_VERBOSITY", "error")
     try:
         if argv[:1] == ["bench"]:  # bench has its own parser (options such as --quick, --help pass straight through)
-            from . import bench
+            from .ops import bench
 
             return int(bench.main(argv[1:], parser_class=_Parser) or 0)
         args = build_parser().parse_args(argv)

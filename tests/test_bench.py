@@ -1,4 +1,4 @@
-"""Benchmarks (papa_lib.bench): output format, figures finite and positive, the FLOP model. Not timed: no ratio is
+"""Benchmarks (papa_lib.ops.bench): output format, figures finite and positive, the FLOP model. Not timed: no ratio is
 asserted."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import re
 import pytest
 import torch
 
-from papa_lib import bench
+from papa_lib.ops import bench
 
 TINY_SIZES = bench.BenchSizes(
     averaging_sentences=8, averaging_batch=4, averaging_repeats=1, probe_sentences=8, probe_batch=4, probe_repeats=1,

@@ -14,11 +14,12 @@ from pathlib import Path
 
 import pytest
 
-from papa_lib import bench, cli, smoke
+from papa_lib import cli, smoke
 from papa_lib.core import models
 from papa_lib.experiments import engine, metrics, results, tasks
 from papa_lib.experiments.custom import CustomTask, register_custom_task
 from papa_lib.experiments.grid import load_grid
+from papa_lib.ops import bench
 
 ROOT = Path(__file__).resolve().parents[1]
 

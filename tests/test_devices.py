@@ -1,4 +1,4 @@
-"""GPU-made records against their CPU reruns (papa_lib.book.devices): synthetic frames and the committed folders."""
+"""GPU-made records against their CPU reruns (papa_lib.ops.devices): synthetic frames and the committed folders."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 from scipy import stats
 
-from papa_lib.book.devices import config_label, device_check, device_summary
+from papa_lib.ops.devices import config_label, device_check, device_summary
 
 ROOT = Path(__file__).resolve().parents[1]
 LOCAL = ROOT / "data" / "results" / "local-minilm"
@@ -20,7 +20,7 @@ GPU = ROOT / "data" / "results" / "local-minilm-gpu"  # the GPU-made records the
 
 def _committed():
     """local-minilm as the check saw it: the GPU-made records back in place, seeds 0-2."""
-    from papa_lib.book.devices import as_committed
+    from papa_lib.ops.devices import as_committed
 
     return as_committed(LOCAL, GPU, seeds=(0, 1, 2))
 

@@ -1,4 +1,4 @@
-"""Grids on a Ray cluster (papa_lib.experiments.executors): a real local Ray instance with two CPUs, a tiny random
+"""Grids on a Ray cluster (papa_lib.ops.executors): a real local Ray instance with two CPUs, a tiny random
 model and generated data. The Ray executor gives the local executor's records run for run (same run ids, same
 values for the same seeds with one torch thread on both sides), computes shared work (constant matrices, head
 scores, a variant's features) once, survives a killed worker and resumes after a stopped driver."""
@@ -17,9 +17,10 @@ import torch
 from papa_lib import cli, smoke
 from papa_lib.core import models
 from papa_lib.core.averaging import average_attention
-from papa_lib.experiments import engine, executors, matrices, rankings, results
+from papa_lib.experiments import engine, matrices, rankings, results
 from papa_lib.experiments.engine import Variant
 from papa_lib.experiments.grid import GridBlock, grid_settings, task_config
+from papa_lib.ops import executors
 
 _skip = pytest.mark.skipif(
     importlib.util.find_spec("ray") is None, reason="ray is not installed (pip install -e '.[ray]')"

@@ -400,7 +400,7 @@ def test_cli_probe_runs_on_local_files(tmp_path, data_dir, monkeypatch):
 
 def test_plan_counts_work_without_running_anything(tiny, data_dir, monkeypatch):
     from papa_lib.core import models
-    from papa_lib.experiments import plan
+    from papa_lib.ops import plan
 
     monkeypatch.setattr(models, "load_encoder", lambda *a, **k: tiny)
     spec = {"data_dir": str(data_dir), "seeds": [0, 1], "max_length": 16, "epochs": 2, "limit": {"sst2": 10},
@@ -435,8 +435,8 @@ def test_plan_counts_work_without_running_anything(tiny, data_dir, monkeypatch):
 def test_plan_leaves_out_the_runs_already_stored(tiny, data_dir, monkeypatch, tmp_path):
     """A resumed grid's plan counts only what is left: the run ids are those the runner stores."""
     from papa_lib.core import models
-    from papa_lib.experiments import plan
     from papa_lib.experiments.grid import run_grid
+    from papa_lib.ops import plan
 
     monkeypatch.setattr(models, "load_encoder", lambda *a, **k: tiny)
     spec = {"data_dir": str(data_dir), "seeds": [0, 1], "max_length": 16, "epochs": 1, "limit": {"sst2": 10},
@@ -456,8 +456,8 @@ def test_a_resumed_plan_leaves_out_the_stored_matrices_and_lambdas(tiny, data_di
     """A run stopped after its matrices and λ were saved (a killed fig2half run keeps no record, only those files)
     is planned without them: the resumed run reads them from the results folder."""
     from papa_lib.core import models
-    from papa_lib.experiments import plan
     from papa_lib.experiments.grid import run_grid
+    from papa_lib.ops import plan
 
     monkeypatch.setattr(models, "load_encoder", lambda *a, **k: tiny)
     spec = {"data_dir": str(data_dir), "seeds": [0, 1], "max_length": 16, "epochs": 1, "limit": {"sst2": 10},
@@ -480,8 +480,8 @@ def test_a_resumed_plan_leaves_out_the_saved_epochs_and_the_stored_features(tiny
     """A run killed mid-training leaves its cached features and each seed's state after its last epoch; the resumed
     run reads both, so its plan counts neither that variant's backbone pass nor those epochs."""
     from papa_lib.core import models
-    from papa_lib.experiments import plan
     from papa_lib.experiments.loop import EpochCheckpoint
+    from papa_lib.ops import plan
 
     monkeypatch.setattr(models, "load_encoder", lambda *a, **k: tiny)
     monkeypatch.setattr(plan, "measure_throughput", lambda *a, **k: (1e4, 3600.0))  # steps of an hour: read in hours
@@ -526,8 +526,8 @@ def test_a_resumed_plan_leaves_out_the_saved_epochs_and_the_stored_features(tiny
 def test_a_shards_plan_counts_its_own_seeds(tiny, data_dir, monkeypatch, tmp_path):
     """--only-seed plans the shard: its seeds alone, and only its stored runs count as done."""
     from papa_lib.core import models
-    from papa_lib.experiments import plan
     from papa_lib.experiments.grid import run_grid
+    from papa_lib.ops import plan
 
     monkeypatch.setattr(models, "load_encoder", lambda *a, **k: tiny)
     spec = {"data_dir": str(data_dir), "seeds": [0, 1, 2], "max_length": 16, "epochs": 1, "limit": {"sst2": 10},

@@ -12,9 +12,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from papa_lib.book import costs, figures, paper
+from papa_lib.book import figures, paper
 from papa_lib.experiments.grid import GridBlock
 from papa_lib.experiments.results import ResultsStore
+from papa_lib.ops import costs
 
 T1 = 12.706204736174698  # Student t, 97.5% quantile, 1 degree of freedom
 

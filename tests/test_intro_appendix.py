@@ -6,7 +6,7 @@ these tests execute the twins with papermill and read what the cells printed.
   its verdict; the C3 sentence is said once, with two models.
 * intro, at ``smoke`` (no records): the findings say that nothing is measured.
 * appendix, at ``smoke``: the records' devices and seeds are read from the committed records, the by-hand cost
-  of one plan line equals :func:`papa_lib.book.costs.estimate_compute`, and the coverage table is there.
+  of one plan line equals :func:`papa_lib.ops.costs.estimate_compute`, and the coverage table is there.
 """
 
 from __future__ import annotations

@@ -152,8 +152,8 @@ def test_records_carry_provenance_and_old_records_read_it_as_empty(tmp_path):
 
 
 def test_plan_counts_the_seeds_of_a_seed_independent_variant_stepping_together():
-    from papa_lib.experiments import plan
     from papa_lib.experiments.engine import ExperimentConfig, Variant
+    from papa_lib.ops import plan
 
     config = ExperimentConfig("cola", seeds=tuple(range(10)), epochs=2).resolved()
     kwargs = {"layers": 6, "hidden": 384, "tokens_per_second": 1e4, "step_seconds": 1e-3, "budget": 10**12}
@@ -173,7 +173,7 @@ def test_plan_counts_the_seeds_of_a_seed_independent_variant_stepping_together()
 
 def test_measured_seed_batching_is_a_positive_factor():
     from papa_lib import smoke
-    from papa_lib.experiments import plan
+    from papa_lib.ops import plan
 
     model, _ = smoke.tiny_encoder("bert")
     factor = plan.measure_seed_batching(model, seeds=3, tokens=8, steps=3)

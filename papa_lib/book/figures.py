@@ -17,7 +17,7 @@ only chooses *which rows* feed them:
   stored constant matrices put their weight (Sec. 5.1, 5.3), how often a position holds a real token (App. A);
   :func:`grid_coverage`, :func:`task_lengths`, :func:`per_task_setting` -- what a declared grid asks for and which
   of its runs are in the table. These live in :mod:`papa_lib.book.grid_views` and are re-exported here.
-* compute estimates (run costs, encoder shapes, cache bytes) live in :mod:`papa_lib.book.costs`.
+* compute estimates (run costs, encoder shapes, cache bytes) live in :mod:`papa_lib.ops.costs`.
 
 Canonical rows (see :mod:`papa_lib.experiments.engine`): the model with every head input-dependent (fraction 1) is
 stored once as ``matrix_type="original"``, ``selection_order="none"``; with every head replaced (fraction 0) the order

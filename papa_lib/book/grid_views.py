@@ -229,7 +229,7 @@ def block_variants(block) -> Iterable[tuple[str, str, object]]:
                         yield get("name"), task, variant
 
 
-def _grid_seeds(spec: Mapping) -> list[int]:
+def grid_seeds(spec: Mapping) -> list[int]:
     seeds = spec.get("seeds", 3)
     return list(range(seeds)) if isinstance(seeds, int) else [int(s) for s in seeds]
 
@@ -246,7 +246,7 @@ def grid_coverage(frame: pd.DataFrame, spec: Mapping, blocks: Iterable[str] | No
     if not isinstance(spec, Mapping) or "blocks" not in spec:
         raise ValueError("grid_coverage: spec must be a grid mapping with 'blocks' "
                          "(papa_lib.experiments.grid.load_grid)")
-    seeds = _grid_seeds(spec)
+    seeds = grid_seeds(spec)
     wanted = None if blocks is None else set(blocks)
     if model is not None:
         frame = frame[frame["model"] == model]

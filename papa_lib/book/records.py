@@ -161,7 +161,7 @@ def coverage(frame: pd.DataFrame, spec: Mapping, blocks: Iterable[str], tasks: I
     (:func:`papa_lib.book.figures.grid_coverage`), and one sentence that says it, naming the tasks the grid does not
     declare. Without a grid file (``spec["blocks"]`` empty) the sentence says so and the table is empty."""
     from .figures import grid_coverage
-    from .grid_views import _grid_seeds
+    from .grid_views import grid_seeds
 
     tasks = list(tasks) if tasks is not None else None
     if not spec.get("blocks"):
@@ -174,7 +174,7 @@ def coverage(frame: pd.DataFrame, spec: Mapping, blocks: Iterable[str], tasks: I
     done, expected = int(table["done"].sum()), int(table["expected"].sum())
     text = f"{done} of {expected} {what} are in the table"
     text += "." if done == expected else "; the figures and tables below show what is there (— = not run yet)."
-    declared = set(_grid_seeds(spec))
+    declared = set(grid_seeds(spec))
     more = sorted({int(s) for s in frame["seed"].dropna()} - declared) if "seed" in frame else []
     if more:  # seeds the grid file does not list (a seed file beside it, grid-seeds*.yaml): counted, not hidden
         every = grid_coverage(frame, {**spec, "seeds": sorted(declared | set(more))}, blocks=list(blocks))

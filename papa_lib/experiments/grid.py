@@ -5,7 +5,7 @@ them) and ``blocks``: each :class:`GridBlock` is the cross product of its matrix
 each of its tasks (the paper's Fig. 2, Tables 1-2, Fig. 5). :func:`grid_runs` turns blocks into each task's
 deduplicated canonical :class:`~papa_lib.experiments.engine.Variant` list; :func:`run_grid` runs them one after
 another with :class:`~papa_lib.experiments.engine.TaskExperiment`, resuming (finished run ids are skipped). The
-Ray executor (:mod:`papa_lib.experiments.executors`) runs the same runs elsewhere.
+Ray executor (:mod:`papa_lib.ops.executors`) runs the same runs elsewhere.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Speed and memory benchmarks of the library (paper Sec. 3.4 "Potential Computational Gains", and our own tools).
 
-Run ``python -m papa_lib.bench [averaging|probe|seeds|constant|packing|memory|store|all] [--quick]`` (also
+Run ``python -m papa_lib.ops.bench [averaging|probe|seeds|constant|packing|memory|store|all] [--quick]`` (also
 ``papa bench``).
 Every figure
 is printed as one ``name: value`` line (lines starting with ``#`` are context); all are measured in one run, side by
@@ -175,9 +175,9 @@ def _interleaved(
 # ---------------------------------------------------------------------------------------------- benchmarks
 def bench_averaging(model, tokenizer, sizes: BenchSizes, device) -> dict[str, float]:
     """``averaging_vs_forward``: averaging throughput / plain forward (``output_attentions=True``) throughput."""
-    from .core.averaging import average_attention
-    from .core.layout import batched, encode
-    from .core.models import model_inputs
+    from ..core.averaging import average_attention
+    from ..core.layout import batched, encode
+    from ..core.models import model_inputs
 
     texts, _, _ = benchmark_sentences(sizes.averaging_sentences)
     encoded = encode(tokenizer, texts, max_length=sizes.averaging_length)
@@ -214,11 +214,11 @@ def bench_probe(model, tokenizer, sizes: BenchSizes, device) -> dict[str, float]
     :class:`~papa_lib.experiments.inloop.BackboneProbe`, with the SST-2 probing settings of Table 3
     (batch 32, lr 1e-4, L = 64).
     """
-    from .core.layout import encode
-    from .experiments import probes
-    from .experiments.features import BackboneRunner
-    from .experiments.inloop import BackboneProbe, train_inloop
-    from .experiments.training import SeedPlan, train_seeds
+    from ..core.layout import encode
+    from ..experiments import probes
+    from ..experiments.features import BackboneRunner
+    from ..experiments.inloop import BackboneProbe, train_inloop
+    from ..experiments.training import SeedPlan, train_seeds
 
     length, learning_rate, seed = 64, 1e-4, 0
     texts, labels, _ = benchmark_sentences(sizes.probe_sentences)
@@ -283,10 +283,10 @@ def bench_probe(model, tokenizer, sizes: BenchSizes, device) -> dict[str, float]
 def bench_seeds(model, tokenizer, sizes: BenchSizes, device) -> dict[str, float]:
     """``probe_seeds_batched_vs_sequential_{sentence,token}``: the probes of ``sizes.seeds`` seeds trained one after
     another / trained together (see the module docstring), on the same cached features; and how far apart they end."""
-    from .core.layout import encode
-    from .experiments import probes
-    from .experiments.features import BackboneRunner
-    from .experiments.training import HELDOUT_FRACTION, SeedPlan, heldout_split, train_seeds
+    from ..core.layout import encode
+    from ..experiments import probes
+    from ..experiments.features import BackboneRunner
+    from ..experiments.training import HELDOUT_FRACTION, SeedPlan, heldout_split, train_seeds
 
     length = 64
     texts, labels, _ = benchmark_sentences(sizes.seeds_sentences)
@@ -343,9 +343,9 @@ def bench_packing(model, tokenizer, sizes: BenchSizes, device, data_dir: Path | 
     example (fp16 real-token rows of every layer) and the padded equivalent, and the largest difference between the
     two runs' hidden states.
     """
-    from .experiments import tasks
-    from .experiments.engine import encode_split
-    from .experiments.features import BackboneRunner
+    from ..experiments import tasks
+    from ..experiments.engine import encode_split
+    from ..experiments.features import BackboneRunner
 
     data_dir = Path(data_dir) if data_dir is not None else SHARED_DATA
     figures: dict[str, float] = {}
@@ -381,8 +381,8 @@ def bench_packing(model, tokenizer, sizes: BenchSizes, device, data_dir: Path | 
 
 def bench_constant(model, tokenizer, sizes: BenchSizes, device) -> dict[str, float]:
     """``constant_vs_original_L*``, ``flop_limit_L*``: all-constant forward (fast path) vs the original forward."""
-    from .core.models import model_inputs, num_layers_and_heads
-    from .core.override import AttentionOverride
+    from ..core.models import model_inputs, num_layers_and_heads
+    from ..core.override import AttentionOverride
 
     layers, heads = num_layers_and_heads(model)
     hidden, intermediate = int(model.config.hidden_size), int(model.config.intermediate_size)
@@ -514,7 +514,7 @@ def run_benchmarks(
 
 
 def main(argv: list[str] | None = None, parser_class: type[argparse.ArgumentParser] = argparse.ArgumentParser) -> int:
-    """Command line: ``python -m papa_lib.bench [averaging|probe|seeds|constant|packing|memory|store|all] [--quick]
+    """Command line: ``python -m papa_lib.ops.bench [averaging|probe|seeds|constant|packing|memory|store|all] [--quick]
     [--device cuda] ...``.
 
     ``papa bench ...`` calls this with its own ``parser_class`` (one-line errors, exit status 2).

@@ -10,9 +10,9 @@ from collections.abc import Iterable, Mapping, Sequence
 
 import pandas as pd
 
+from ..book.figures import empty_frame, sort_by_task
+from ..book.grid_views import block_variants, check_frame, grid_seeds
 from ..experiments import matrices
-from .figures import empty_frame, sort_by_task
-from .grid_views import _grid_seeds, block_variants, check_frame
 
 #: Training-set sizes of the paper's data (GLUE train splits; CoNLL-2003 eng.train sentences), for estimates.
 PAPER_TRAIN_SIZES = {"cola": 8551, "sst2": 67349, "mrpc": 3668, "mnli": 392702, "ner": 14041, "pos": 14041}
@@ -79,7 +79,7 @@ def grid_plan(spec: Mapping, blocks: Iterable[str] | None = None) -> pd.DataFram
     """
     if not isinstance(spec, Mapping) or "blocks" not in spec:
         raise ValueError("grid_plan: spec must be a grid mapping with 'blocks' (papa_lib.experiments.grid.load_grid)")
-    n_seeds = len(_grid_seeds(spec))
+    n_seeds = len(grid_seeds(spec))
     wanted = None if blocks is None else set(blocks)
     seen: set = set()
     counts: dict[tuple[str, str, str], int] = {}

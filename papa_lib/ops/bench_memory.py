@@ -1,6 +1,6 @@
-"""The memory benchmarks of :mod:`papa_lib.bench` (``memory``, ``store``): each size or way measured in a fresh
-process (``python -m papa_lib.bench --memory-child`` / ``--store-child``), so that one measurement's peak cannot
-hide in another's. The figures are described in :mod:`papa_lib.bench`'s docstring."""
+"""The memory benchmarks of :mod:`papa_lib.ops.bench` (``memory``, ``store``): each size or way measured in a fresh
+process (``python -m papa_lib.ops.bench --memory-child`` / ``--store-child``), so that one measurement's peak cannot
+hide in another's. The figures are described in :mod:`papa_lib.ops.bench`'s docstring."""
 
 from __future__ import annotations
 
@@ -21,8 +21,8 @@ __all__ = ["bench_memory", "bench_store", "memory_child", "store_child"]
 def memory_child(texts: list[str], batch_size: int, model_spec: str | None, device: str, dtype: str) -> dict:
     """Average attention over ``texts`` (streamed, batch by batch) and measure the peak memory: ``peak_mb``,
     ``before_mb`` and the method used."""
-    from .core.averaging import average_attention
-    from .core.layout import encode
+    from ..core.averaging import average_attention
+    from ..core.layout import encode
 
     model, tokenizer = load_bench_model(model_spec, device, dtype)
 
@@ -49,8 +49,8 @@ def store_child(texts: list[str], labels: list[int], batch_size: int, model_spec
     """Extract the real-token features of ``texts`` into a feature store, in place
     (:meth:`~papa_lib.experiments.features.FeatureStore.build`) or filled in memory then saved, and measure the peak
     memory growth: ``growth_mb``, ``stored_mb`` and the method used."""
-    from .core.layout import encode
-    from .experiments.features import BackboneRunner, FeatureStore
+    from ..core.layout import encode
+    from ..experiments.features import BackboneRunner, FeatureStore
 
     model, tokenizer = load_bench_model(model_spec, device, dtype)
     runner = BackboneRunner(model, encode(tokenizer, texts, max_length=64), torch.tensor(labels), "sentence",
@@ -74,8 +74,8 @@ def store_child(texts: list[str], labels: list[int], batch_size: int, model_spec
 
 
 def _child(flags: list[str], model_spec: str | None, device: str, dtype: str, threads: int | None, what: str) -> dict:
-    """Run ``python -m papa_lib.bench`` with ``flags`` in a fresh process; its last output line as JSON."""
-    command = [sys.executable, "-m", "papa_lib.bench", *flags, "--device", device, "--dtype", dtype]
+    """Run ``python -m papa_lib.ops.bench`` with ``flags`` in a fresh process; its last output line as JSON."""
+    command = [sys.executable, "-m", "papa_lib.ops.bench", *flags, "--device", device, "--dtype", dtype]
     if model_spec:
         command += ["--model", model_spec]
     if threads:

@@ -40,8 +40,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from . import tasks
-from .features import DEFAULT_BUDGET_FRACTION  # noqa: F401  (the default budget the plan compares against)
+from ..experiments import tasks
+from ..experiments.features import DEFAULT_BUDGET_FRACTION  # noqa: F401  (the default budget the plan compares against)
 
 #: Training-set sizes of the paper's data (GLUE train, CoNLL-2003 eng.train), used when the data is not at hand.
 PAPER_TRAIN_SIZES = {"cola": 8551, "sst2": 67349, "mrpc": 3668, "mnli": 392702, "ner": 14041, "pos": 14041}
@@ -89,7 +89,7 @@ class Stored:
 
 def measure_throughput(model, device="cpu", tokens: int = 24, batch: int = 64, repeats: int = 3) -> tuple[float, float]:
     """(real tokens per second of a packed forward with all hidden states, seconds per probe step) on ``device``."""
-    from .probes import adamw, make_probe
+    from ..experiments.probes import adamw, make_probe
 
     model = model.to(device).eval()
     vocab = int(model.config.vocab_size)
@@ -129,8 +129,8 @@ def measure_seed_batching(model, device="cpu", seeds: int = 10, tokens: int = 24
     measurements."""
     import statistics
 
-    from .loop import Member, fit
-    from .probes import make_probe
+    from ..experiments.loop import Member, fit
+    from ..experiments.probes import make_probe
 
     layers, hidden = int(model.config.num_hidden_layers) + 1, int(model.config.hidden_size)
     features = torch.randn(16, layers, tokens, hidden, device=device)
@@ -332,7 +332,7 @@ def pending_runs(variants, ws, done: set, only_seeds=None) -> dict:
     """The seeds of each variant (of ``only_seeds`` alone, when given: a shard) whose run id is not in ``done``
     (the ids already stored; the same run ids as :func:`papa_lib.experiments.grid.run_grid`, which skips the stored
     ones when it resumes). ``ws``: the task's :class:`~papa_lib.experiments.engine.TaskExperiment`; nothing runs."""
-    from . import runs
+    from ..experiments import runs
 
     config = ws.config
     seeds = [s for s in config.seeds if only_seeds is None or s in only_seeds]
@@ -345,7 +345,7 @@ def stored_stages(ws, pending: dict) -> Stored:
     :func:`~papa_lib.experiments.stages.lambda_path` name (a run stopped after its λ was saved is planned without
     it) and, for the variants whose seeds train together, their cached features and their seeds' saved probe
     epochs (:func:`saved_work`)."""
-    from . import stages
+    from ..experiments import stages
 
     config = ws.config
     sources = {v.matrices_from or config.task for v, seeds in pending.items()
@@ -367,10 +367,10 @@ def saved_work(ws, pending: dict) -> tuple[set, dict]:
     states hold}), for the frozen variants whose seeds train together (a run killed mid-training leaves both). The
     feature keys are the run's own (:func:`papa_lib.experiments.overrides.features_key`); a variant whose override
     needs work first (matrices not yet stored, head scores) has none stored."""
-    from . import stages
-    from .matrices import matrix_type
-    from .overrides import features_key, override_for, use_cache
-    from .runs import epoch_checkpoint
+    from ..experiments import stages
+    from ..experiments.matrices import matrix_type
+    from ..experiments.overrides import features_key, override_for, use_cache
+    from ..experiments.runs import epoch_checkpoint
 
     config, features, epochs = ws.config, set(), {}
     for variant, seeds in pending.items():
@@ -397,10 +397,10 @@ def plan_grid(spec: dict, overrides: dict | None = None, model_name: str | None 
     (``papa grid`` passes the grid's folder) the runs already stored there are left out of the times; with
     ``only_seeds`` (``--only-seed``) the plan is that shard's: those of the grid's seeds alone."""
     from ..core.models import num_layers_and_heads
-    from . import engine
-    from .features import default_budget
-    from .grid import grid_runs, grid_settings, task_config
-    from .results import ResultsStore
+    from ..experiments import engine
+    from ..experiments.features import default_budget
+    from ..experiments.grid import grid_runs, grid_settings, task_config
+    from ..experiments.results import ResultsStore
 
     settings, seeds = grid_settings(spec, overrides)
     name = model_name or settings.get("model")

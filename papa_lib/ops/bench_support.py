@@ -1,6 +1,6 @@
-"""What :mod:`papa_lib.bench` builds on: the FLOP model of the all-constant speed-up (paper Sec. 3.4), the problem
+"""What :mod:`papa_lib.ops.bench` builds on: the FLOP model of the all-constant speed-up (paper Sec. 3.4), the problem
 sizes, the benchmark models, device synchronisation and the process's resident memory. Re-exported by
-:mod:`papa_lib.bench`."""
+:mod:`papa_lib.ops.bench`."""
 
 from __future__ import annotations
 
@@ -83,7 +83,7 @@ def load_bench_model(spec: str | None, device: str = "cpu", dtype: str = "fp32")
     """
     from transformers import AutoModel, AutoTokenizer, BertConfig
 
-    from .core.models import embedded_model_path, load_encoder
+    from ..core.models import embedded_model_path, load_encoder
 
     if dtype not in DTYPES:
         raise ValueError(f"unknown dtype {dtype!r}; choose one of {sorted(DTYPES)}")

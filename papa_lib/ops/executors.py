@@ -38,9 +38,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..core import registry
-from . import engine, matrices, rankings, results, runs
-from .features import FeatureStore
-from .grid import grid_runs, grid_settings, run_grid, task_config
+from ..experiments import engine, matrices, rankings, results, runs
+from ..experiments.features import FeatureStore
+from ..experiments.grid import grid_runs, grid_settings, run_grid, task_config
 
 #: Hidden file through which workers prove that they see the driver's results folder.
 _TOKEN_PREFIX = ".papa-ray-check-"
@@ -293,7 +293,7 @@ class RayExecutor:
             import ray
         except ImportError:
             raise ImportError("the ray executor needs Ray: pip install -e \".[ray]\" (or pip install ray)") from None
-        from . import custom
+        from ..experiments import custom
 
         custom.register_custom_tasks(spec.get("custom_tasks"))
         results_dir = Path(results_dir).resolve()
