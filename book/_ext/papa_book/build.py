@@ -36,6 +36,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from papa_lib.book.profiles import find_repo_root
+
 from .chapters import (
     CHAPTER_FORMAT,
     COLAB_BADGE_IMAGE,
@@ -57,7 +59,6 @@ from .chapters import (
     sync_notebooks,
     toc_chapters,
 )
-from papa_lib.book.profiles import find_repo_root
 
 __all__ = [
     "BUILD_ENV_FLAG",

@@ -13,9 +13,10 @@ import os
 from pathlib import Path
 from typing import Any
 
+from papa_lib.book.claim_text import STATEMENT_COLUMN
+
 from . import execution
 from .build import BUILD_ENV_FLAG, _with_pythonpath
-from papa_lib.book.claim_text import STATEMENT_COLUMN
 
 # --------------------------------------------------------------------------------------------
 # Sphinx extension: the offline vega bundle
