@@ -1,5 +1,6 @@
 """Tests for the MLM probing experiment of paper Sec. 5.5 (Fig. 6a): papa_lib.analysis.mlm_probe (data, masking,
-probe, score), papa_lib.analysis.mlm (λ, the curve) and papa_lib.book.mlm_pages (reading the results)."""
+probe, score), papa_lib.analysis.mlm (λ, the curve), the committed run, and the MLM chapter's by-hand score
+(book/mlm.md, which reads and draws the results itself)."""
 
 from __future__ import annotations
 
@@ -26,7 +27,6 @@ from papa_lib.analysis.mlm_probe import (
     sequence_log_probs,
     train_mlm_probe,
 )
-from papa_lib.book import mlm_pages
 from papa_lib.experiments.probes import set_seed
 from papa_lib.experiments.results import ResultsStore
 
@@ -308,128 +308,59 @@ def test_run_mlm_curve_electra_without_head_and_missing_data(tiny_tokenizer, tmp
         run_mlm_curve(model, tiny_tokenizer, data_dir=tmp_path / "nowhere", progress=False)
 
 
-# ------------------------------------------------------------------------------------------------ reading results
-
-
-def _mlm_row(model, fraction, seed, value, half=0.1, **extra):
-    return {"model": model, "task": "mlm", "matrix_type": "average", "selection_order": "lambda",
-            "fraction": fraction, "seed": seed, "value": value, "ci_low": value - half, "ci_high": value + half,
-            "masked_accuracy": 0.2, "num_replaced_heads": round((1 - fraction) * 8), **extra}
-
-
-def test_mlm_curves_and_drops_from_a_partial_table():
-    import pandas as pd
-
-    rows = [
-        _mlm_row("roberta-base", 1.0, 0, -2.0), _mlm_row("roberta-base", 1.0, 1, -2.2, half=0.3),
-        _mlm_row("roberta-base", 0.5, 0, -2.5), _mlm_row("roberta-base", 0.0, 0, -3.4),
-        _mlm_row("google/electra-base-discriminator", 1.0, 0, -3.5),
-        _mlm_row("google/electra-base-discriminator", 0.125, 0, -3.9),
-        {**_mlm_row("roberta-base", 1.0, 0, -1.0), "matrix_type": "pretrained_head", "selection_order": None},
-        {**_mlm_row("roberta-base", 1.0, 0, 0.9), "task": "mnli"},
-    ]
-    frame = pd.DataFrame(rows)
-    curves = mlm_pages.mlm_curves(frame)
-    roberta = curves[curves["model"] == "roberta-base"].set_index("fraction_label")
-    assert list(roberta.index) == ["1", "1/2", "0"]  # decreasing fraction; the head and MNLI rows are left out
-    assert roberta.loc["1", "mean"] == pytest.approx(-2.1) and roberta.loc["1", "n"] == 2
-    assert roberta.loc["1", "seeds"] == "0, 1"
-    # the sequence-level interval, averaged over the seeds: half-widths 0.1 and 0.3 -> 0.2
-    assert roberta.loc["1", "ci_high"] - roberta.loc["1", "ci_low"] == pytest.approx(0.4)
-    assert roberta.loc["0", "drop"] == pytest.approx(-2.1 + 3.4)
-    assert roberta.loc["1", "objective"] == "MLM"
-
-    drops = mlm_pages.mlm_drops(curves).set_index("model")
-    assert drops.loc["roberta-base", "drop"] == pytest.approx(1.3)
-    assert drops.loc["roberta-base", "largest_drop"] == pytest.approx(1.3)
-    assert drops.loc["roberta-base", "missing"] == "1/8, 1/16"
-    electra = drops.loc["google/electra-base-discriminator"]
-    assert math.isnan(electra["all_constant"]) and math.isnan(electra["drop"])
-    assert electra["largest_drop"] == pytest.approx(0.4) and electra["fractions"] == 2
-    assert electra["objective"] == "replaced-token detection"
-
-    heads = mlm_pages.mlm_reference_scores(frame)
-    assert list(heads["model"]) == ["roberta-base"] and heads["value"].item() == pytest.approx(-1.0)
-
-    # empty tables give empty frames with the documented columns; a frame without the needed columns is an error
-    empty = mlm_pages.mlm_curves(frame[frame["task"] == "nothing"])
-    assert empty.empty and "fraction_label" in empty.columns
-    assert mlm_pages.mlm_drops(empty).empty and mlm_pages.mlm_reference_scores(frame.iloc[:0]).empty
-    with pytest.raises(ValueError, match="selection_order"):
-        mlm_pages.mlm_curves(frame.drop(columns="selection_order"))
-
-
-def test_load_mlm_results_and_lambdas(tmp_path):
-    missing = mlm_pages.load_mlm_results(tmp_path / "nothing-yet")
-    assert missing.empty and "value" in missing.columns and not (tmp_path / "nothing-yet").exists()
-    assert mlm_pages.load_mlm_lambdas(tmp_path / "nothing-yet").empty
-    (tmp_path / "mlm_lambdas.json").write_text(
-        '{"k": {"model": "m", "seed": 0, "corpus": "c", "lambdas": [[0.4, 0.6]]}}'
-    )
-    lambdas = mlm_pages.load_mlm_lambdas(tmp_path)
-    assert list(lambdas["head"]) == [0, 1] and list(lambdas["lambda"]) == pytest.approx([0.4, 0.6])
-    (tmp_path / "mlm_lambdas.json").write_text('{"k": {"model": "m"}}')
-    with pytest.raises(ValueError, match="mlm_lambdas.json.*'lambdas'"):
-        mlm_pages.load_mlm_lambdas(tmp_path)
-    (tmp_path / "mlm_lambdas.json").write_text("{\n oops")
-    with pytest.raises(ValueError, match="mlm_lambdas.json:2: invalid JSON"):
-        mlm_pages.load_mlm_lambdas(tmp_path)
+# ------------------------------------------------------------------------------------------------ the records
 
 
 def test_committed_minilm_run_is_a_complete_curve():
+    """The committed run the MLM chapter (book/mlm.md) shows at the local profile: five fractions, one λ order."""
     from pathlib import Path
+
+    from papa_lib.analysis.mlm import lambda_file
 
     folder = Path(__file__).resolve().parents[1] / "data" / "results" / "mlm"
     if not (folder / "results.csv").is_file():
         pytest.skip("no committed MLM run")
-    curves = mlm_pages.mlm_curves(mlm_pages.load_mlm_results(folder))
-    minilm = curves[curves["model"] == "all-MiniLM-L6-v2"]
-    assert list(minilm["fraction_label"]) == ["1", "1/2", "1/8", "1/16", "0"]
-    assert bool((minilm["ci_low"] <= minilm["mean"]).all()) and bool((minilm["mean"] <= minilm["ci_high"]).all())
+    frame = ResultsStore(folder).frame()
+    minilm = frame[(frame["model"] == "all-MiniLM-L6-v2") & (frame["matrix_type"] == "average")]
+    minilm = minilm.sort_values("fraction", ascending=False)
+    assert list(minilm["fraction"]) == [1.0, 0.5, 0.125, 0.0625, 0.0]
+    assert bool((minilm["ci_low"] <= minilm["value"]).all()) and bool((minilm["value"] <= minilm["ci_high"]).all())
     assert list(minilm["num_replaced_heads"]) == [0, 36, 63, 67, 72]
+    assert lambda_file(folder).is_file()
 
 
-def test_paper_reference_and_model_names():
-    paper = mlm_pages.paper_mlm_reference().set_index("model")
-    assert paper.loc["ELECTRA-base", "original"] == pytest.approx(-3.51)
-    assert paper.loc["ELECTRA-base", "drop_low"] == paper.loc["ELECTRA-base", "drop_high"] == pytest.approx(0.44)
-    assert (paper.loc["BERT-, RoBERTa-, DeBERTa-base", ["drop_low", "drop_high"]].tolist() == pytest.approx([1.0, 1.5]))
-    assert mlm_pages.short_model_name("microsoft/deberta-base") == "DeBERTa-base"
-    assert mlm_pages.short_model_name("my/model") == "my/model"
-    assert mlm_pages.pretraining_objective("tiny-random-bert") == "none (random weights)"
-    assert mlm_pages.pretraining_objective("someone/electra-small-discriminator") == "replaced-token detection"
-    assert mlm_pages.pretraining_objective("unheard-of") == "unknown"
-    assert set(mlm_pages.FIG6_MODELS) <= set(mlm_pages.PRETRAINING_OBJECTIVES)
+def test_paper_mlm_numbers():
+    """Sec. 5.5's numbers the MLM chapter puts beside ours."""
+    from papa_lib.analysis.paper import headline
+
+    assert headline("electra_mlm_original") == pytest.approx(-3.51)
+    assert headline("electra_mlm_drop") == pytest.approx(0.44)
+    assert [headline("mlm_models_mlm_drop_low"), headline("mlm_models_mlm_drop_high")] == pytest.approx([1.0, 1.5])
 
 
-def test_mnli_curve_spec_keeps_fig2_mnli_only():
-    from papa_lib.book import profiles
+@pytest.mark.slow
+def test_mlm_chapter_builds_the_score_by_hand_at_smoke(tmp_path):
+    """book/mlm.ipynb at the smoke profile in a plain kernel: its by-hand features, logits, score, interval,
+    accuracy and cross-entropy equal the library's (the check cells print the largest differences)."""
+    import re
+    from pathlib import Path
 
-    spec = mlm_pages.mnli_curve_spec(profiles.resolve("smoke").grid())
-    assert [(b.name, b.tasks) for b in spec["blocks"]] == [("fig2", ["mnli"])]
-    assert spec["blocks"][0].fractions == [1, 0.5, 0.125, 0.0625, 0] and spec["seeds"] == [0, 1]
-    with pytest.raises(ValueError, match="no block 'fig9'"):
-        mlm_pages.mnli_curve_spec(profiles.resolve("smoke").grid(), block="fig9")
-    with pytest.raises(ValueError, match="does not run task 'mrpc'"):
-        mlm_pages.mnli_curve_spec(profiles.resolve("smoke").grid(), task="mrpc")
+    import nbformat
+    import papermill
 
-
-def test_profile_runners_at_smoke_size(tmp_path):
-    from papa_lib.book import profiles
-
-    setup = profiles.resolve("smoke", results_dir=tmp_path / "grid")
-    frame = mlm_pages.run_profile_mlm_curve(setup, seeds=(0,), results_dir=tmp_path / "mlm", eval_sequences=4)
-    assert sorted(frame["fraction"]) == [0.0, 0.0625, 0.125, 0.5, 1.0]
-    assert set(frame["train_size"]) == {24} and set(frame["eval_size"]) == {4}
-    assert len(mlm_pages.load_mlm_results(tmp_path / "mlm")) == 5
-    with pytest.raises(ValueError, match="unknown size setting"):
-        mlm_pages.run_profile_mlm_curve(setup, results_dir=tmp_path / "mlm", seqs=3)
-    with pytest.raises(ValueError, match="tiny random BERT only"):
-        mlm_pages.run_profile_mlm_curve(setup, model_name="roberta-base", results_dir=tmp_path / "mlm")
-    paper = profiles.resolve("paper", results_dir=tmp_path / "paper")
-    assert paper.model_name == "roberta-base"  # the paper profile defaults to the model of Sec. 5
-    with pytest.raises(FileNotFoundError, match="no grid file"):
-        mlm_pages.run_mnli_curve(paper)
-    store = mlm_pages.run_mnli_curve(setup)
-    stored = store.frame()
-    assert set(stored["task"]) == {"mnli"} and len(stored) == 10  # 5 fractions x 2 seeds
+    book = Path(__file__).resolve().parents[1] / "book"
+    executed = tmp_path / "mlm.ipynb"
+    papermill.execute_notebook(
+        str(book / "mlm.ipynb"), str(executed), cwd=str(book), kernel_name="python3", progress_bar=False,
+        parameters={"profile": "smoke", "results_dir": str(tmp_path / "results"),
+                    "mlm_results_dir": str(tmp_path / "mlm")},
+    )
+    text = "".join(o.get("text", "") for c in nbformat.read(executed, as_version=4).cells if c.cell_type == "code"
+                   for o in c.get("outputs", []) if o.get("output_type") == "stream")
+    features = re.search(r"features; largest difference \S+ \(float16 rounding\), (\S+) once ours", text)
+    assert features and float(features.group(1)) == 0.0
+    assert "same targets, same sequences: True" in text
+    checks = re.search(r"largest differences: (.*)", text).group(1)
+    differences = [float(v) for v in re.findall(r"(\d\.\de[-+]\d+)", checks)]
+    assert len(differences) == 6 and max(differences) < 1e-4, checks
+    assert "the records' targets: True" in text  # the guessing level is scored on the records' masked tokens

@@ -11,7 +11,7 @@ decoder) and states where it departs from it; the data, masking and scoring choi
 
 The data, masking, probe and score are :mod:`papa_lib.analysis.mlm_probe` (each design choice is stated there);
 this module learns λ for MLM, scores a pretrained MLM head as a reference, and runs the curve. Reading a
-profile's results into Fig. 6 and the numbers of Sec. 5.5 is :mod:`papa_lib.book.mlm_pages`.
+profile's results into Fig. 6 and the numbers of Sec. 5.5 is the MLM chapter's own work (``book/mlm.md``).
 
 Curve (:func:`run_mlm_curve`)
     1. Constant matrices C^h are averaged (Sec. 3.1, :func:`papa_lib.average_attention`) over the masked
