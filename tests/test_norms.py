@@ -1,5 +1,5 @@
 """Tests for the norm-based attention analysis (Kobayashi et al. 2020): papa_lib.analysis.norms, norm_statistics,
-norm_rankings, and the chapter plumbing in papa_lib.book.norms_pages."""
+norm_rankings, and the chapter's data functions (norm_findings.run_analyses, norm_rankings' comparisons)."""
 
 from __future__ import annotations
 
@@ -23,8 +23,7 @@ from transformers import (
     RobertaConfig,
 )
 
-from papa_lib.analysis import norm_rankings, norm_statistics, norms
-from papa_lib.book import norms_pages
+from papa_lib.analysis import norm_findings, norm_rankings, norm_statistics, norms
 
 LAYERS, HEADS, HIDDEN = 2, 4, 32
 _COMMON = dict(
@@ -917,7 +916,7 @@ def test_norm_aware_blocks_and_the_committed_grid():
     spec = norm_rankings.norm_aware_grid({"seeds": [0], "limit": 5, "blocks": ["ignored"]}, matrix_tasks=[])
     assert spec["seeds"] == [0] and spec["limit"] == 5 and [b.name for b in spec["blocks"]] == ["label_free"]
 
-    grid_file = REPO / norms_pages.NORM_RESULT_FOLDERS["local"] / "grid.yaml"
+    grid_file = REPO / norm_rankings.NORM_RESULT_FOLDERS["local"] / "grid.yaml"
     main_file = REPO / "data" / "results" / "local-minilm" / "grid.yaml"
     if not grid_file.exists() or not main_file.exists():
         pytest.skip("the committed grid files are not there")
@@ -974,10 +973,10 @@ def test_norm_aware_grid_runs_through_the_experiments(smoke_setup, tmp_path):
 
 def test_run_analyses_writes_and_reads_the_tables(smoke_setup, tmp_path):
     model, tokenizer, data_dir = smoke_setup
-    tables = norms_pages.run_analyses(model, tokenizer, data_dir, tmp_path, n_sequences=10, max_length=32,
+    tables = norm_findings.run_analyses(model, tokenizer, data_dir, tmp_path, n_sequences=10, max_length=32,
                                 bootstrap_replicates=10, max_sep_per_head=5, min_token_count=2)
-    assert set(tables) == set(norms_pages.ANALYSIS_FILES)
-    read = norms_pages.read_analyses(tmp_path)
+    assert set(tables) == set(norm_findings.ANALYSIS_FILES)
+    read = norm_findings.read_analyses(tmp_path)
     assert read["metadata"]["n_sequences"] == 10 and read["metadata"]["max_length"] == 32
     assert "WikiText-2 validation" in read["metadata"]["data"]
     shares = read["attention_share"]
@@ -996,20 +995,20 @@ def test_run_analyses_writes_and_reads_the_tables(smoke_setup, tmp_path):
     assert int(types["sample_count"].sum()) == read["metadata"]["n_tokens"]
     assert (types["corpus_count"] >= types["sample_count"]).all()  # the sample is part of the counted corpus
     assert len(read["sep_pairs"]) <= 5000 and {"layer", "head", "alpha", "fx_norm"} <= set(read["sep_pairs"].columns)
-    verdicts = norms_pages.kobayashi_table(tmp_path)
-    assert len(verdicts) == 3 and list(verdicts.columns[:2]) == ["finding", "paper"]
-    assert norms_pages.frequency_figure(read).to_dict()["mark"]["type"] == "circle"
-    assert "[CLS]" in str(norms_pages.weight_norm_figure(read, "cls").to_dict()["title"])
-    counts, description = norms_pages.wikitext_token_counts(tokenizer, data_dir, vocab_size=model.config.vocab_size)
+    from papa_lib.analysis import claims
+
+    verdicts = [row["claim"] for row in claims.norm_claims(tmp_path)]
+    assert verdicts == ["C8a", "C8b", "C8c"]
+    counts, description = norm_findings.wikitext_token_counts(tokenizer, data_dir, vocab_size=model.config.vocab_size)
     assert counts.sum() > read["metadata"]["n_tokens"] and "validation" in description
     assert {"alpha_to_cls", "fx_norm_cls"} <= set(read["cls_observations"].columns)
     for name, table in tables.items():
         assert len(read[name]) == len(table), name
     (tmp_path / "sep_correlation.csv").unlink()
     with pytest.raises(FileNotFoundError, match="sep_correlation"):
-        norms_pages.read_analyses(tmp_path)
+        norm_findings.read_analyses(tmp_path)
     with pytest.raises(ValueError, match="n_sequences"):
-        norms_pages.wikitext_pairs(tokenizer, data_dir, 0)
+        norm_findings.wikitext_pairs(tokenizer, data_dir, 0)
 
 
 def _record(task, matrix_type, order, fraction, seed, value, matrices_from=None):
@@ -1041,7 +1040,7 @@ def test_label_free_and_matrix_comparisons():
         [_record("sst2", "average", "norm_variance", 0.5, s, 0.8) for s in (0, 1)]
         + [_record("sst2", "norm_average", "none", 0.0, s, 0.75 + 0.01 * s) for s in (0, 1)]
     )
-    curves = norms_pages.label_free_comparison(norm, reference, ["sst2"])
+    curves = norm_rankings.label_free_comparison(norm, reference, ["sst2"])
     assert set(curves["order"]) == {"lambda", "attention_variance", "norm_variance"}
     lam = curves[(curves["order"] == "lambda")].set_index("fraction")
     assert (
@@ -1054,15 +1053,15 @@ def test_label_free_and_matrix_comparisons():
     assert list(nv.index) == [0.0, 0.5, 1.0] and nv.loc[0.5, "ci_low"] == pytest.approx(0.8)
     assert len(curves[curves["order"] == "attention_variance"]) == 2  # only the shared end points
     assert "cola" not in set(curves["task"])
-    assert norms_pages.label_free_comparison(norm.iloc[:0], reference.iloc[:0], ["sst2"]).empty
+    assert norm_rankings.label_free_comparison(norm.iloc[:0], reference.iloc[:0], ["sst2"]).empty
 
-    table = norms_pages.matrix_comparison(norm, reference, ["sst2", "cola"]).set_index("matrix_type")
+    table = norm_rankings.matrix_comparison(norm, reference, ["sst2", "cola"]).set_index("matrix_type")
     assert set(table.index) == {"original", "average", "norm_average"}
     assert table.loc["average", "mean"] == pytest.approx(0.7) and table.loc["norm_average", "mean"] == pytest.approx(
         0.755
     )
     both = pd.concat([norm, reference])  # one self-contained frame passed twice (smoke): no double counting
-    assert norms_pages.matrix_comparison(both, both, ["sst2"]).set_index("matrix_type").loc["original", "n"] == 2
+    assert norm_rankings.matrix_comparison(both, both, ["sst2"]).set_index("matrix_type").loc["original", "n"] == 2
 
 
 def test_decomposition_check_and_head_level_correlation(papa_corpus):
@@ -1085,35 +1084,24 @@ def test_decomposition_check_and_head_level_correlation(papa_corpus):
 
 def test_find_constant_matrices(papa_corpus, tmp_path):
     model, batches = papa_corpus
-    assert norms_pages.find_constant_matrices(tmp_path, "sst2") is None
+    assert norm_rankings.find_constant_matrices(tmp_path, "sst2") is None
     constants = norm_rankings.norm_weighted_attention(model, batches, progress=False)
     constants.save(tmp_path / "matrices" / "sst2-norm_average-L7-abc.safetensors")
-    assert norms_pages.find_constant_matrices(tmp_path, "sst2") is None  # plain averages are not norm-weighted ones
-    found = norms_pages.find_constant_matrices(tmp_path, "sst2", "norm_average")
+    assert norm_rankings.find_constant_matrices(tmp_path, "sst2") is None  # plain averages are not norm-weighted ones
+    found = norm_rankings.find_constant_matrices(tmp_path, "sst2", "norm_average")
     torch.testing.assert_close(found.matrices, constants.matrices)
     with pytest.raises(ValueError, match="kind"):
-        norms_pages.find_constant_matrices(tmp_path, "sst2", "zeros")
+        norm_rankings.find_constant_matrices(tmp_path, "sst2", "zeros")
 
 
-def test_sentence_shares_and_missing_runs(smoke_setup):
-    import pandas as pd
-
+def test_sentence_shares(smoke_setup):
     model, tokenizer, _ = smoke_setup
-    shares = norms_pages.sentence_shares(model, tokenizer, "the movie was very good .")
+    shares = norm_statistics.sentence_shares(model, tokenizer, "the movie was very good .")
     assert set(shares["method"]) == {"weight", "norm"} and set(shares["layer"]) == {0, 1}
     np.testing.assert_allclose(shares.groupby(["layer", "method"])["share"].sum(), 1.0, rtol=1e-9)
     first = shares[shares["position"] == 0]
     assert (first["token"] == "[CLS]").all() and (first["category"] == "cls").all()
     assert set(shares[shares["token"] == "."]["category"]) == {"punctuation"}
-
-    reference = pd.DataFrame([_record("sst2", "original", "none", 1.0, s, 0.9) for s in (0, 1)]
-                             + [_record("sst2", "average", "lambda", 0.5, 0, 0.8)])
-    missing = norms_pages.missing_norm_runs(reference.iloc[:0], reference, ["sst2"], ["sst2"], seeds=2)
-    assert not (missing["matrix_type"] == "original").any()
-    lam = missing[(missing["selection_order"] == "lambda") & (missing["fraction"] == 0.5)]
-    assert lam["seeds_found"].tolist() == [1]
-    # 3 orders x 3 fractions + norm_average + average at 0, minus nothing else found
-    assert len(missing) == 3 * 3 + 2
 
 
 def test_head_score_table_and_agreement(smoke_setup, tmp_path):
@@ -1124,7 +1112,7 @@ def test_head_score_table_and_agreement(smoke_setup, tmp_path):
     (tmp_path / "lambdas").mkdir()
     lambdas = torch.linspace(0.1, 0.9, 8).view(2, 4)
     torch.save(lambdas, tmp_path / "lambdas" / "sst2-from-sst2-abc.pt")
-    table = norms_pages.head_score_table(model, tokenizer, spec, ["sst2", "cola"], lambdas_dir=tmp_path / "lambdas")
+    table = norm_rankings.head_score_table(model, tokenizer, spec, ["sst2", "cola"], lambdas_dir=tmp_path / "lambdas")
     assert list(table.columns) == ["task", "layer", "head", "lambda", "attention_variance", "norm_variance"]
     assert len(table) == 2 * 8 and table[table["task"] == "cola"]["lambda"].isna().all()
     sst2 = table[table["task"] == "sst2"]
@@ -1136,11 +1124,11 @@ def test_head_score_table_and_agreement(smoke_setup, tmp_path):
     split = engine.TaskExperiment(config, model, tokenizer, progress=False).split("train")
     expected = norm_rankings.input_dependence_scores(model, layout.batched(split.encoded, 64), progress=False)
     np.testing.assert_allclose(sst2["attention_variance"], expected.numpy().ravel())
-    agreement = norms_pages.score_agreement(table)
+    agreement = norm_rankings.score_agreement(table)
     assert len(agreement) == 2 * 3
     cola_lambda = agreement[(agreement["task"] == "cola") & (agreement["first"] == "lambda")]
     assert cola_lambda["spearman_rho"].isna().all() and (cola_lambda["n_heads"] == 0).all()
-    same = norms_pages.score_agreement(
+    same = norm_rankings.score_agreement(
         pd.DataFrame(
             {
                 "task": "t",
@@ -1152,4 +1140,39 @@ def test_head_score_table_and_agreement(smoke_setup, tmp_path):
     )
     assert same["spearman_rho"].tolist() == pytest.approx([1.0, -1.0, -1.0])
     with pytest.raises(ValueError, match="lacks"):
-        norms_pages.score_agreement(pd.DataFrame({"task": ["t"]}))
+        norm_rankings.score_agreement(pd.DataFrame({"task": ["t"]}))
+
+
+@pytest.mark.slow
+def test_norms_chapter_at_local_follows_the_records(tmp_path):
+    """The norms chapter, executed at the local profile in a plain kernel: the direction it gives punctuation
+    follows the norm/weight ratio of the committed analyses, the seeds and training rows it states are the
+    records', and no meaningless column or unfilled value shows."""
+    import re
+
+    import nbformat
+    import pandas as pd
+    import papermill
+
+    executed = tmp_path / "norms.ipynb"
+    papermill.execute_notebook(str(REPO / "book" / "norms.ipynb"), str(executed), parameters={"profile": "local"},
+                               cwd=str(REPO / "book"), kernel_name="python3", progress_bar=False,
+                               request_save_on_cell_execute=False, execution_timeout=600)
+    notebook = nbformat.read(executed, as_version=4)
+    shown = [output.get("data", {}) for cell in notebook.cells if cell.cell_type == "code" for output in cell.outputs]
+    text = "\n".join(data.get("text/markdown", "") for data in shown)
+    html = "\n".join(data.get("text/html", "") for data in shown)
+    folder = REPO / norm_rankings.NORM_RESULT_FOLDERS["local"]
+    share = norm_findings.read_analyses(folder / "analysis")["attention_share"]
+    punctuation = share[share["category"] == "punctuation"].groupby("method")["share"].mean()
+    ratio = punctuation["norm"] / punctuation["weight"]
+    sentence = next(s for s in text.split("\n") if "Punctuation gets" in s)
+    assert ("turned up" if ratio >= 1 else "turned down") in sentence.split("Punctuation gets")[1]
+    records = pd.read_csv(folder / "results.csv")
+    per_setting = records.groupby(["task", "matrix_type", "selection_order", "fraction"])["seed"].nunique()
+    assert f"The norm-aware records hold {per_setting.min()} seeds per setting" in text
+    assert all(f"{int(rows):,}" in text for rows in records["train_size"].unique())
+    assert "smaller than PAPA's own grid" in text
+    assert "share of the loss" not in html + text
+    assert not re.search(r"\bnan\b|\bNone\b", text)
+    assert "## " not in text and "{glue" not in text

@@ -34,9 +34,21 @@ from collections.abc import Iterable
 
 import numpy as np
 import pandas as pd
+import torch
 from scipy import stats as scipy_stats
 
-from .norm_statistics import CorpusNormStatistics, _check_confidence
+from .norm_statistics import (
+    CorpusNormStatistics,
+    _check_confidence,
+    attention_share_by_category,
+    corpus_norm_statistics,
+    frequency_norm_correlation,
+    fx_norm_by_category,
+    fx_norm_variation,
+    sep_observations,
+    sep_weight_norm_correlation,
+    token_frequency_table,
+)
 
 __all__ = [
     "corpus_token_counts",
@@ -49,6 +61,11 @@ __all__ = [
     "corpus_frequency_table",
     "kobayashi_findings",
     "FINDINGS",
+    "ANALYSIS_FILES",
+    "wikitext_pairs",
+    "wikitext_token_counts",
+    "run_analyses",
+    "read_analyses",
 ]
 
 #: The paper's findings tested here: name -> (source, observation, the paper's sign of rho).
@@ -289,3 +306,234 @@ def kobayashi_findings(stats: CorpusNormStatistics, corpus_counts, *, replicates
                      **{key: result[key] for key in ("n", "n_seen", "n_clusters", "spearman_rho", "ci_low",
                                                      "ci_high")}})
     return pd.DataFrame(rows)
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# The chapter's corpus analyses, end to end (WikiText, Kobayashi Sec. 4)
+# ----------------------------------------------------------------------------------------------------------------------
+
+#: The CSV files written by :func:`run_analyses` (name -> what it holds).  "punctuation" is Kobayashi's periods and
+#: commas.  Files marked "extra" are this book's variants, not the paper's computation.
+ANALYSIS_FILES = {
+    "fx_norm_variation": "coefficient of variation of ||f(x)|| per head (Sec. 4.1)",
+    "attention_share": "weight-based vs norm-based share of attention per layer and token category (cls, sep, "
+                       "punctuation = periods and commas, other) (Sec. 4.2, Fig. 3)",
+    "attention_share_per_head": "the same per head",
+    "kobayashi_findings": "the paper's correlations as it computes them: Spearman rho of alpha and ||f(x)|| over every "
+                          "(query, [SEP]) and (query, [CLS]) pair pooled over heads and layers (Sec. 4.2, Fig. 4); "
+                          "of corpus-wide frequency rank and ||f(x)|| (averaged over heads and layers) over token "
+                          "occurrences (Sec. 4.3, Fig. 5); cluster-bootstrap 95% CIs over sequences",
+    "corpus_frequency": "every token type of the sample: corpus-wide count and rank, count in the sample, mean "
+                        "||f(x)|| over its occurrences, heads and layers (Sec. 4.3, Fig. 5, one point per type)",
+    "sep_pairs": "a uniform sample of the pooled (query, [SEP]) pairs: layer, head, alpha, ||f([SEP])|| "
+                 "(Fig. 4 points)",
+    "cls_pairs": "the same for [CLS]",
+    "sep_correlation": "extra: correlation between the mean weight given to a [SEP] occurrence and ||f([SEP])||, per "
+                       "head (after Sec. 4.2, Fig. 4)",
+    "sep_observations": "extra: a sample of those per-occurrence [SEP] observations per head, for scatter plots",
+    "cls_correlation": "extra: the same per-head correlation for [CLS] (one per sequence)",
+    "cls_observations": "extra: a sample of [CLS] observations per head",
+    "fx_norm_by_category": "mean ||f(x)|| per layer, head and token category (Sec. 4.2)",
+    "frequency_correlation": "extra: Spearman correlation between a type's frequency rank in the sample and its mean "
+                             "||f(x)|| per layer, for token types seen at least min_count times (after Sec. 4.3)",
+    "token_frequency": "extra: frequent token types with their rank in the sample and mean ||f(x)|| per layer",
+}
+
+
+def wikitext_pairs(tokenizer, data_dir, n_sequences: int, max_length: int = 128, layout: str = "standard",
+                   split: str = "validation"):
+    """Kobayashi's inputs ``[CLS] paragraph [SEP] next paragraph [SEP]`` from WikiText, encoded with
+    :func:`papa_lib.encode`: consecutive article lines (headings dropped) are paired, the first ``n_sequences`` pairs
+    are kept.  ``layout="standard"`` is the ordinary BERT input the model was pretrained on (PAPA's fixed-position
+    layout is for constant matrices and is not needed here).  The WikiText token-file conventions are undone first
+    (``<unk>`` becomes the tokenizer's unknown token, `` @-@ `` a hyphen, `` @,@ ``/`` @.@ `` digit separators), so that
+    they do not turn into frequent sub-word junk (``<``, ``un``, ``##k``, ``>``, ``@``) in the frequency analysis.
+    Returns ``(EncodedBatch, source description)``.
+    """
+    from ..core.layout import encode
+    from ..experiments.sample_data import describe
+    from ..experiments.tasks import load_wikitext
+
+    if n_sequences < 1:
+        raise ValueError(f"n_sequences must be >= 1, got {n_sequences}")
+    raw = load_wikitext(split, data_dir=data_dir, name="wikitext-2")
+    lines = [_detokenize_wikitext(line, tokenizer) for line in raw]
+    pairs = len(lines) // 2
+    if pairs == 0:
+        raise ValueError(f"WikiText {split} in {data_dir} has fewer than two article lines")
+    n = min(n_sequences, pairs)
+    first, second = lines[0 : 2 * n : 2], lines[1 : 2 * n : 2]
+    encoded = encode(tokenizer, first, second, max_length=max_length, layout=layout)
+    where = "the hub" if data_dir is None else describe(data_dir)
+    return encoded, (f"WikiText-2 {split} ({where}): {n} pairs of consecutive paragraphs, L={max_length}, "
+                     f"{layout} layout")
+
+
+_WIKITEXT_MARKUP = ((" @-@ ", "-"), (" @,@ ", ","), (" @.@ ", "."))
+
+
+def _detokenize_wikitext(line: str, tokenizer) -> str:
+    for marker, text in _WIKITEXT_MARKUP:
+        line = line.replace(marker, text)
+    unknown = getattr(tokenizer, "unk_token", None) or ""
+    return line.replace("<unk>", unknown)
+
+
+def wikitext_token_counts(tokenizer, data_dir, splits: Iterable[str] = ("train", "validation", "test"),
+                          vocab_size: int | None = None) -> tuple[np.ndarray, str]:
+    """Token frequencies over the whole of WikiText-2 that ``data_dir`` holds (Kobayashi Sec. 4.3 counts a whole
+    corpus, not the analysed sample): every split of ``splits`` that exists (a local folder usually has validation and
+    test only; ``data_dir=None`` reads the hub), its article lines cleaned as :func:`wikitext_pairs` cleans them and
+    paired the same way (``[CLS] line [SEP] next line [SEP]``, an odd last line alone), never truncated
+    (:func:`papa_lib.analysis.norm_findings.corpus_token_counts`).  Returns ``(counts per token id, description)``.
+    """
+    from ..experiments.sample_data import describe
+    from ..experiments.tasks import load_wikitext
+
+    sequences, used = [], []
+    for split in splits:
+        try:
+            lines = load_wikitext(split, data_dir=data_dir, name="wikitext-2")
+        except FileNotFoundError:
+            continue
+        lines = [_detokenize_wikitext(line, tokenizer) for line in lines]
+        sequences += list(zip(lines[0::2], lines[1::2])) + ([lines[-1]] if len(lines) % 2 else [])
+        used.append(f"{split} ({len(lines)} lines)")
+    if not used:
+        raise FileNotFoundError(f"no WikiText-2 split of {list(splits)} in {data_dir}")
+    counts = corpus_token_counts(tokenizer, sequences, vocab_size=vocab_size)
+    where = "the hub" if data_dir is None else describe(data_dir)
+    return counts, f"WikiText-2 {', '.join(used)} from {where}: {int(counts.sum())} tokens, {len(sequences)} inputs"
+
+
+def run_analyses(
+    model: torch.nn.Module,
+    tokenizer,
+    data_dir,
+    out_dir,
+    n_sequences: int = 300,
+    max_length: int = 128,
+    *,
+    batch_size: int = 16,
+    bootstrap_replicates: int = 200,
+    max_sep_per_head: int = 150,
+    max_pairs_saved: int = 5000,
+    min_token_count: int = 3,
+    frequency_min_counts: Iterable[int] = (1, 5, 25),
+    corpus_splits: Iterable[str] = ("train", "validation", "test"),
+    layout: str = "standard",
+    seed: int = 0,
+    progress: bool = False,
+) -> dict[str, pd.DataFrame]:
+    """Kobayashi et al.'s four corpus analyses on WikiText-2, saved as tidy CSVs (one per :data:`ANALYSIS_FILES`).
+
+    Streams :func:`corpus_norm_statistics` over :func:`wikitext_pairs` and writes ``out_dir/<name>.csv`` plus
+    ``out_dir/metadata.json`` (model, data, sizes, seconds).  ``out_dir=None`` writes nothing.  Returns the tables.
+
+    ``kobayashi_findings`` holds the paper's own computations
+    (:func:`papa_lib.analysis.norm_findings.kobayashi_findings`: pooled (query, [SEP]/[CLS]) pairs; token occurrences
+    against frequencies counted by :func:`wikitext_token_counts` over ``corpus_splits``), with
+    ``bootstrap_replicates`` cluster-bootstrap replicates; ``sep_pairs``/``cls_pairs`` keep ``max_pairs_saved`` of the
+    pooled pairs (for plots).  The extras: the per-head correlations use every
+    [SEP]/[CLS] occurrence (up to the 20,000 of ``corpus_norm_statistics``' reservoir), and the saved
+    ``sep_observations``/``cls_observations`` keep at most ``max_sep_per_head`` of them per head; ``token_frequency``
+    lists the types seen at least ``min_token_count`` times; ``frequency_correlation`` is computed over the types seen
+    at least ``m`` times for each ``m`` in ``frequency_min_counts`` (column ``min_count``).
+
+    The committed tables of ``data/results/norms-minilm/analysis`` are this function's output for the embedded
+    all-MiniLM-L6-v2 on ``../shared/data`` with the defaults (300 pairs, L = 128), run from the repository root
+    (about 3 minutes on two CPU cores)::
+
+        from papa_lib.analysis import norm_findings
+        from papa_lib.book import profiles
+        model, tokenizer = profiles.resolve("local").encoder()
+        norm_findings.run_analyses(model, tokenizer, "../shared/data", "data/results/norms-minilm/analysis")
+    """
+    import json
+    import time
+    from pathlib import Path
+
+    from tqdm.auto import tqdm
+
+    from ..core.layout import batched
+    from ..core.models import model_id
+
+    started = time.time()
+    encoded, source = wikitext_pairs(tokenizer, data_dir, n_sequences, max_length, layout)
+    batches = tqdm(batched(encoded, batch_size), total=math.ceil(encoded.batch_size / batch_size), disable=not progress,
+                   desc="norm statistics", unit="batch")
+    stats = corpus_norm_statistics(model, batches, tokenizer, bootstrap_replicates=bootstrap_replicates, seed=seed)
+    vocab_size = int(getattr(model.config, "vocab_size", 0) or 0) or None
+    corpus_counts, corpus = wikitext_token_counts(tokenizer, data_dir, corpus_splits, vocab_size=vocab_size)
+
+    def sample(token):
+        observations = sep_observations(stats, token=token)
+        return observations[observations["observation"] < max_sep_per_head].reset_index(drop=True)
+
+    def pairs(token):
+        frame = pooled_pairs(stats, token)
+        keep = np.random.default_rng(seed).permutation(len(frame))[:max_pairs_saved]
+        return frame.iloc[np.sort(keep)].drop(columns="sentence").reset_index(drop=True)
+
+    frequency = pd.concat(
+        [frequency_norm_correlation(stats, min_count=int(m)).assign(min_count=int(m)) for m in frequency_min_counts],
+        ignore_index=True,
+    )
+    tables = {
+        "fx_norm_variation": fx_norm_variation(stats),
+        "attention_share": attention_share_by_category(stats),
+        "attention_share_per_head": attention_share_by_category(stats, per_head=True),
+        "kobayashi_findings": kobayashi_findings(stats, corpus_counts, replicates=bootstrap_replicates, seed=seed),
+        "corpus_frequency": corpus_frequency_table(stats, corpus_counts),
+        "sep_pairs": pairs("sep"),
+        "cls_pairs": pairs("cls"),
+        "sep_correlation": sep_weight_norm_correlation(stats),
+        "sep_observations": sample("sep"),
+        "cls_correlation": sep_weight_norm_correlation(stats, token="cls"),
+        "cls_observations": sample("cls"),
+        "fx_norm_by_category": fx_norm_by_category(stats),
+        "frequency_correlation": frequency[["min_count", *[c for c in frequency.columns if c != "min_count"]]],
+        "token_frequency": token_frequency_table(stats, min_count=min_token_count),
+    }
+    if out_dir is not None:
+        out = Path(out_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        for name, table in tables.items():
+            table.to_csv(out / f"{name}.csv", index=False, float_format="%.6g")
+        metadata = {
+            "model": model_id(model),
+            "data": source,
+            "n_sequences": int(encoded.batch_size),
+            "n_tokens": int(stats.num_tokens),
+            "max_length": max_length,
+            "layout": layout,
+            "bootstrap_replicates": bootstrap_replicates,
+            "sep_observations_seen": int(stats.sep_observations_seen),
+            "cls_observations_seen": int(stats.cls_observations_seen),
+            "pooled_pairs_seen": {token: int(sample.seen) for token, sample in stats.pooled_pairs.items()},
+            "occurrences_seen": int(stats.occurrences.seen),
+            "frequency_corpus": corpus,
+            "punctuation": "periods and commas (Kobayashi et al. 2020, Sec. 4.2)",
+            "seed": seed,
+            "seconds": round(time.time() - started, 1),
+            "files": ANALYSIS_FILES,
+        }
+        (out / "metadata.json").write_text(json.dumps(metadata, indent=2) + "\n")
+    return tables
+
+
+def read_analyses(folder) -> dict[str, pd.DataFrame]:
+    """The tables written by :func:`run_analyses` (and ``metadata`` as a dict under key ``"metadata"``)."""
+    import json
+    from pathlib import Path
+
+    folder = Path(folder)
+    missing = [name for name in ANALYSIS_FILES if not (folder / f"{name}.csv").exists()]
+    if missing:
+        raise FileNotFoundError(f"{folder} lacks the analysis tables {missing}; "
+                                "run papa_lib.analysis.norm_findings.run_analyses first")
+    tables = {name: pd.read_csv(folder / f"{name}.csv", keep_default_na=False, na_values=[""])
+              for name in ANALYSIS_FILES}
+    meta = folder / "metadata.json"
+    tables["metadata"] = json.loads(meta.read_text()) if meta.exists() else {}
+    return tables

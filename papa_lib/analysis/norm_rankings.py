@@ -14,7 +14,8 @@ two label-free rankings (:mod:`papa_lib.experiments.rankings`); ``import papa_li
 :func:`papa_lib.experiments.grid.run_grid` (and a Ray worker) always has them.
 :func:`norm_aware_blocks`/:func:`norm_aware_grid`
 declare the grid (``data/results/norms-minilm/grid.yaml``); :func:`matrix_total_variation` compares two sets of
-constant matrices.  The chapter's tables come from :mod:`papa_lib.book.norms_pages`.
+constant matrices.  The grid's records are read and compared with PAPA's own by :func:`norm_aware_results`,
+:func:`label_free_comparison`, :func:`matrix_comparison`, :func:`head_score_table` and :func:`score_agreement`.
 """
 
 from __future__ import annotations
@@ -40,6 +41,15 @@ __all__ = [
     "NORM_AWARE_FRACTIONS",
     "norm_aware_blocks",
     "norm_aware_grid",
+    "NORM_RESULT_FOLDERS",
+    "norm_results_folder",
+    "norm_aware_results",
+    "find_constant_matrices",
+    "label_free_comparison",
+    "matrix_comparison",
+    "head_score_table",
+    "head_scores",
+    "score_agreement",
 ]
 
 INPUT_DEPENDENCE_WEIGHTINGS: tuple[str, ...] = ("attention", "norm")
@@ -316,3 +326,228 @@ def norm_aware_grid(reference_spec: Mapping, **block_options) -> dict:
 
 
 # ----------------------------------------------------------------------------------------------------------------------
+
+
+NORM_RESULT_FOLDERS = {"smoke": "runs/smoke/norms", "local": "data/results/norms-minilm",
+                       "paper": "data/results/norms-paper"}
+
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# The norm-aware grid's results and tables
+# ----------------------------------------------------------------------------------------------------------------------
+
+
+def find_constant_matrices(results_dir, task: str, kind: str = "average"):
+    """The constant matrices the experiments saved under ``results_dir/matrices`` for ``task`` (built from that task's
+    own training text), or ``None`` when there are none.  ``kind``: "average" or "norm_average".  When several
+    files match (different settings), the most recently written one is returned."""
+    from pathlib import Path
+
+    from ..core.averaging import ConstantAttention
+
+    if kind not in ("average", "norm_average"):
+        raise ValueError(f"kind must be 'average' or 'norm_average', got {kind!r}")
+    folder = Path(results_dir) / "matrices"
+    prefix = task if kind == "average" else f"{task}-{kind}"
+    files = sorted(folder.glob(f"{prefix}-L*.safetensors"), key=lambda p: p.stat().st_mtime) if folder.is_dir() else []
+    return ConstantAttention.load(files[-1]) if files else None
+
+
+def norm_results_folder(setup, results_dir=None):
+    """The norm-aware grid's results folder of a :class:`papa_lib.book.profiles.Setup` (:data:`NORM_RESULT_FOLDERS`)."""
+    from pathlib import Path
+
+    folder = Path(results_dir) if results_dir else Path(NORM_RESULT_FOLDERS[setup.profile])
+    return folder if folder.is_absolute() else setup.root / folder
+
+
+def norm_aware_results(setup, tasks: Iterable[str], ranking_tasks: Iterable[str], run_missing: bool = False,
+                       results_dir=None, progress: bool = False) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """``(norm_frame, reference_frame)``: the norm-aware grid's records and the records they are compared with.
+
+    With ``run_missing``, first runs what :func:`norm_aware_grid` (with the profile's grid settings, ``ranking_tasks``
+    for the label-free orders, ``tasks`` for norm-weighted matrices) still lacks.  The smoke profile's grid is
+    self-contained (``with_reference=True``, one folder); other profiles compare with the profile's main results
+    (blocks fig2 and table1, also run when ``run_missing``).
+    """
+    from ..experiments.grid import run_grid
+    from ..experiments.results import ResultsStore
+
+    folder = norm_results_folder(setup, results_dir)
+    self_contained = setup.profile == "smoke"
+    if run_missing:
+        spec = norm_aware_grid(setup.grid(), label_free_tasks=list(ranking_tasks), matrix_tasks=list(tasks),
+                               with_reference=self_contained)
+        overrides = {"data_dir": str(setup.data_dir) if setup.data_dir else None, "device": setup.device}
+        if setup.profile != "smoke":
+            overrides["model"] = setup.model_name
+        model, tokenizer = setup.encoder()
+        run_grid(spec, folder, model=model, tokenizer=tokenizer, progress=progress, overrides=overrides)
+    norm_frame = ResultsStore(folder).frame() if (folder / "results.csv").exists() else _empty_frame()
+    if self_contained:
+        return norm_frame, norm_frame
+    reference = setup.results(run_missing=run_missing, blocks=["fig2", "table1"], progress=progress)
+    return norm_frame, reference
+
+
+def _empty_frame() -> pd.DataFrame:
+    from ..experiments.results import RECORD_FIELDS
+
+    return pd.DataFrame({c: pd.Series(dtype="float64" if c in ("fraction", "value") else "object")
+                         for c in RECORD_FIELDS})
+
+
+def _own_matrices(frame: pd.DataFrame) -> pd.DataFrame:
+    """Rows whose matrices (if any) come from the task's own training text (Table 2's cross-task rows excluded)."""
+    if frame.empty:
+        return frame
+    own = frame["matrices_from"].isna() | (frame["matrices_from"] == frame["task"])
+    return frame[own]
+
+
+def label_free_comparison(norm_frame: pd.DataFrame, reference: pd.DataFrame, tasks: Iterable[str],
+                          orders: Iterable[str] = ("lambda", *NORM_AWARE_ORDERS)) -> pd.DataFrame:
+    """Score vs fraction of input-dependent heads for each head order, mean over seeds with a 95% CI.
+
+    Plain-average matrices only.  The λ order and the shared end points come from ``reference`` (fraction 1: the
+    original model; fraction 0: every head constant, which no order changes); the label-free orders from
+    ``norm_frame``.  The end points are repeated for every order so that each curve is complete.
+    Columns: task, order, fraction, mean, ci_low, ci_high, n, source ("norm grid" / "main grid" / "shared").
+    """
+    from ..experiments.results import summarize
+
+    tasks, orders = list(tasks), list(orders)
+    pieces = []
+    grids = ((reference, "main grid", ["lambda"]), (norm_frame, "norm grid", list(NORM_AWARE_ORDERS)))
+    for frame, source, wanted in grids:
+        part = _own_matrices(frame)
+        if part.empty:
+            continue
+        part = part[part["task"].isin(tasks) & (part["matrix_type"] == "average")
+                    & part["selection_order"].isin([o for o in wanted if o in orders])
+                    & part["fraction"].between(0, 1, inclusive="neither")]
+        if not part.empty:
+            summary = summarize(part.rename(columns={"selection_order": "order"}), ["task", "order", "fraction"])
+            pieces.append(summary.assign(source=source))
+    ends = []
+    reference_own = _own_matrices(reference)
+    if not reference_own.empty:
+        original = reference_own[reference_own["task"].isin(tasks) & (reference_own["matrix_type"] == "original")]
+        constant = reference_own[reference_own["task"].isin(tasks) & (reference_own["matrix_type"] == "average")
+                                 & (reference_own["fraction"] == 0)]
+        for part in (original, constant):
+            if not part.empty:
+                summary = summarize(part, ["task", "fraction"])
+                ends.extend(summary.assign(order=order, source="shared") for order in orders)
+    columns = ["task", "order", "fraction", "mean", "ci_low", "ci_high", "n", "source"]
+    if not pieces and not ends:
+        return pd.DataFrame(columns=columns)
+    table = pd.concat([*pieces, *ends], ignore_index=True)[columns]
+    return table.sort_values(["task", "order", "fraction"], ignore_index=True)
+
+
+def matrix_comparison(norm_frame: pd.DataFrame, reference: pd.DataFrame, tasks: Iterable[str]) -> pd.DataFrame:
+    """Every head replaced (fraction 0) by norm-weighted vs plain average matrices, and the original model.
+
+    Columns: task, matrix_type ("original", "average", "norm_average"), mean, ci_low, ci_high, n.
+    """
+    from ..experiments.results import summarize
+
+    tasks = list(tasks)
+    frames = [f for f in (_own_matrices(reference), _own_matrices(norm_frame)) if not f.empty]
+    columns = ["task", "matrix_type", "mean", "ci_low", "ci_high", "n"]
+    if not frames:
+        return pd.DataFrame(columns=columns)
+    data = pd.concat(frames, ignore_index=True).drop_duplicates("run_id")
+    keep = data["task"].isin(tasks) & (
+        (data["matrix_type"] == "original")
+        | (data["matrix_type"].isin(["average", "norm_average"]) & (data["fraction"] == 0))
+    )
+    data = data[keep]
+    if data.empty:
+        return pd.DataFrame(columns=columns)
+    return summarize(data, ["task", "matrix_type"])[columns]
+
+
+
+def head_score_table(model: torch.nn.Module, tokenizer, spec: Mapping, tasks: Iterable[str], lambdas_dir=None,
+                     progress: bool = False) -> pd.DataFrame:
+    """Per head and task: the two label-free scores and, where available, PAPA's learned λ (Sec. 3.2).
+
+    The scores are :func:`input_dependence_scores` on the task's training subset exactly as the grid ``spec``
+    (:func:`papa_lib.experiments.grid.load_grid` output or :func:`norm_aware_grid`) defines it — the scores the
+    ``attention_variance``/``norm_variance`` runs used.  λ is read from ``lambdas_dir/<task>-from-<task>-*.pt``
+    (written by the main grid; the newest file when several match); missing λ gives NaN.
+    Columns: task, layer, head, lambda, attention_variance, norm_variance.
+    """
+    from pathlib import Path
+
+    from ..experiments.engine import ExperimentConfig, TaskExperiment
+
+    def per_task(value, task):
+        return value.get(task, value.get("default")) if isinstance(value, Mapping) else value
+
+    frames = []
+    for task in tasks:
+        config = ExperimentConfig(task=task, data_dir=spec.get("data_dir"), profile=spec.get("profile", "local"),
+                                  limit=spec.get("limit"), max_length=per_task(spec.get("max_length"), task),
+                                  device=str(next(model.parameters()).device))
+        experiment = TaskExperiment(config, model, tokenizer, progress=progress)
+        scores = {order: experiment.head_scores(order).numpy() for order in NORM_AWARE_ORDERS}
+        layers, heads = scores[NORM_AWARE_ORDERS[0]].shape
+        lambdas = np.full((layers, heads), np.nan)
+        folder = Path(lambdas_dir) if lambdas_dir is not None else None
+        files = (sorted(folder.glob(f"{task}-from-{task}-*.pt"), key=lambda p: p.stat().st_mtime)
+                 if folder and folder.is_dir() else [])
+        if files:
+            lambdas = torch.load(files[-1]).detach().to(torch.float64).cpu().numpy().reshape(layers, heads)
+        layer, head = np.meshgrid(np.arange(layers), np.arange(heads), indexing="ij")
+        frames.append(pd.DataFrame({"task": task, "layer": layer.ravel(), "head": head.ravel(),
+                                    "lambda": lambdas.ravel(),
+                                    **{order: value.ravel() for order, value in scores.items()}}))
+    return pd.concat(frames, ignore_index=True)
+
+
+def score_agreement(table: pd.DataFrame, confidence: float = 0.95) -> pd.DataFrame:
+    """Spearman correlation between every pair of head scores of :func:`head_score_table`, per task.
+
+    A high ρ between λ and a label-free score means both rank the heads alike (both replace low scores first).
+    Columns: task, first, second, n_heads, spearman_rho, ci_low, ci_high (Fisher z, variance 1.06/(n-3)).
+    """
+    from .norm_statistics import correlations, fisher_interval
+
+    names = ["lambda", *NORM_AWARE_ORDERS]
+    missing = [c for c in ("task", *names) if c not in table]
+    if missing:
+        raise ValueError(f"the head-score table lacks columns {missing}")
+    rows = []
+    for task, part in table.groupby("task", sort=False):
+        for i, first in enumerate(names):
+            for second in names[i + 1:]:
+                pair = part[[first, second]].dropna()
+                _, _, rho, _ = correlations(pair[first].to_numpy(float), pair[second].to_numpy(float))
+                low, high = fisher_interval(rho, len(pair), confidence, 1.06)
+                rows.append({"task": task, "first": first, "second": second, "n_heads": len(pair),
+                             "spearman_rho": rho, "ci_low": low, "ci_high": high})
+    return pd.DataFrame(rows, columns=["task", "first", "second", "n_heads", "spearman_rho", "ci_low", "ci_high"])
+
+
+def head_scores(setup, model: torch.nn.Module, tokenizer, folder, tasks: Iterable[str],
+                recompute: bool) -> pd.DataFrame | None:
+    """:func:`head_score_table` for a :class:`papa_lib.book.profiles.Setup`, recomputed and saved to
+    ``<folder>/analysis/head_scores.csv`` when ``recompute``, else read from it (None when there is no such file).
+    λ comes from the profile's main results (the smoke profile: ``folder``, its grid is self-contained)."""
+    from pathlib import Path
+
+    folder = Path(folder)
+    path = folder / "analysis" / "head_scores.csv"
+    if recompute:
+        spec = norm_aware_grid(setup.grid())
+        if setup.data_dir is not None:
+            spec["data_dir"] = str(setup.data_dir)
+        lambdas = (folder if setup.profile == "smoke" else Path(setup.results_dir)) / "lambdas"
+        table = head_score_table(model, tokenizer, spec, tasks, lambdas_dir=lambdas)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        table.to_csv(path, index=False)
+    return pd.read_csv(path) if path.exists() else None

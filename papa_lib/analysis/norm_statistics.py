@@ -7,7 +7,7 @@ tables: the coefficient of variation of ``||f(x)||`` per head (Sec. 4.1), weight
 (Sec. 4.2, Fig. 4; :func:`head_level_correlation` across heads, "Evidence 2") and the relation between token frequency
 and ``||f(x)||`` (Sec. 4.3, Fig. 5).  Tokens fall into Kobayashi's categories :data:`CATEGORY_NAMES`
 (:class:`TokenCategorizer`; "punctuation" is Kobayashi's periods and commas, :data:`PUNCTUATION_MARKS`).  The book's
-chapter runs these on WikiText through :mod:`papa_lib.book.norms_pages`.
+chapter runs these on WikiText through :func:`papa_lib.analysis.norm_findings.run_analyses`.
 
 The per-head [SEP]/[CLS] correlations (:func:`sep_weight_norm_correlation`, one observation per [SEP] occurrence) and
 the per-layer, per-type frequency correlation on the sample's own counts (:func:`frequency_norm_correlation`) are
@@ -52,6 +52,7 @@ __all__ = [
     "head_level_correlation",
     "correlations",
     "fisher_interval",
+    "sentence_shares",
 ]
 
 
@@ -367,3 +368,30 @@ def head_level_correlation(correlation_table: pd.DataFrame, token: str = "sep", 
     _, _, rho, p = correlations(part[x_name].to_numpy(float), part[y_name].to_numpy(float))
     low, high = fisher_interval(rho, len(part), confidence, 1.06)
     return {"n_heads": len(part), "spearman_rho": rho, "spearman_p": p, "ci_low": low, "ci_high": high}
+
+
+def sentence_shares(model: torch.nn.Module, tokenizer, text: str, max_length: int = 64) -> pd.DataFrame:
+    """Where one sentence's attention looks (weights) vs where its output comes from (norms), per layer and token.
+
+    For every layer, key token j gets ``mean over heads and real queries i`` of its row share
+    ``alpha_ij / sum_k alpha_ik`` (method "weight") and ``||alpha_ij f^h(x_j)|| / sum_k ||alpha_ik f^h(x_k)||``
+    (method "norm") — Kobayashi's Fig. 3 for a single input.  The text is encoded in the standard layout.
+    Columns: layer, position, token, category, method, share.
+    """
+    from ..core.layout import encode
+    from .norms import attention_norms
+
+    batch = encode(tokenizer, [text], max_length=max_length, layout="standard")
+    real = batch["attention_mask"][0].bool()
+    n = int(real.sum())
+    ids = batch["input_ids"][0, :n]
+    tokens = tokenizer.convert_ids_to_tokens(ids.tolist())
+    categories = [CATEGORY_NAMES[int(c)] for c in TokenCategorizer(tokenizer, model.config.vocab_size)(ids)]
+    rows = []
+    for layer_norms in attention_norms(model, batch):
+        for method, contribution in (("weight", layer_norms.alpha), ("norm", layer_norms.afx_norm)):
+            part = contribution[0, :, :n, :n].double()  # real queries and keys only
+            shares = (part / part.sum(-1, keepdim=True)).mean(dim=(0, 1))  # [n]
+            rows.extend({"layer": layer_norms.layer, "position": j, "token": tokens[j], "category": categories[j],
+                         "method": method, "share": float(shares[j])} for j in range(n))
+    return pd.DataFrame(rows)
