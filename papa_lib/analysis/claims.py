@@ -73,7 +73,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from ..experiments.summaries import seeds_per_config
+from ..experiments.summaries import seeds_per_config, t_half_width
 from . import paper
 
 RULES_PATH = paper.PAPER_DIR / "claims_rules.csv"
@@ -193,13 +193,9 @@ class Estimate:
 
     @property
     def half_width(self) -> float:
-        from scipy import stats
-
         if not np.isfinite(self.se) or not np.isfinite(self.value):
             return float("nan")
-        if self.se == 0:
-            return 0.0
-        return float(stats.t.ppf((1 + CONFIDENCE) / 2, self.df)) * self.se
+        return t_half_width(self.se, self.df, CONFIDENCE)
 
     @property
     def low(self) -> float:
@@ -887,15 +883,17 @@ def norm_claims_from(findings: pd.DataFrame | None, model: str = "", source: str
 
 def per_type_correlation(types: pd.DataFrame | None) -> tuple[float, float, float, int] | None:
     """C8c over token types instead of occurrences: Spearman ρ of each type's corpus frequency rank and its mean
-    ‖f(x)‖ (``corpus_frequency.csv`` of the norm analyses), with a Fisher z 95% interval (se 1.06 / √(n - 3))."""
+    ‖f(x)‖ (``corpus_frequency.csv`` of the norm analyses), with a Fisher z 95% interval (variance
+    1.06 / (n - 3): :func:`~papa_lib.analysis.norm_statistics.fisher_interval`)."""
     from scipy import stats
+
+    from .norm_statistics import fisher_interval
 
     if types is None or len(types) < 4 or not {"corpus_rank", "mean_fx_norm"} <= set(types):
         return None
     rho = float(stats.spearmanr(types.corpus_rank, types.mean_fx_norm).statistic)
-    half = float(stats.norm.ppf((1 + CONFIDENCE) / 2)) * 1.06 / math.sqrt(len(types) - 3)
-    z = math.atanh(max(min(rho, 0.999999), -0.999999))
-    return rho, math.tanh(z - half), math.tanh(z + half), len(types)
+    low, high = fisher_interval(rho, len(types), CONFIDENCE, variance_factor=1.06)
+    return rho, low, high, len(types)
 
 
 def _analysis_model(analysis_dir: Path) -> str | None:

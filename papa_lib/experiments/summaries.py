@@ -33,6 +33,16 @@ def seeds_per_config(df: pd.DataFrame) -> pd.Series:
 # --------------------------------------------------------------------------------------------------------------
 
 
+def t_half_width(se: float, df: float, confidence: float = 0.95) -> float:
+    """The half-width of a two-sided Student-t interval, ``t_{(1+confidence)/2, df} * se``: the project's one
+    interval helper (summaries, the claims engine, the device checks). NaN when ``se`` or ``df`` is not finite."""
+    from scipy import stats
+
+    if not (math.isfinite(se) and math.isfinite(df)) or df <= 0:
+        return float("nan")
+    return 0.0 if se == 0 else float(stats.t.ppf((1.0 + confidence) / 2.0, df=df)) * se
+
+
 def mean_ci(values: Iterable[float], confidence: float = 0.95) -> tuple[float, float, float]:
     """Mean and two-sided Student-t confidence interval ``(mean, low, high)`` of ``values``.
 
@@ -40,7 +50,6 @@ def mean_ci(values: Iterable[float], confidence: float = 0.95) -> tuple[float, f
     (ddof=1). With a single value there is no spread to estimate and ``(v, v, v)`` is returned (a degenerate
     interval, not a claim of certainty). Empty input or non-finite values raise ValueError.
     """
-    from scipy import stats
 
     if not 0.0 < confidence < 1.0:
         raise ValueError(f"confidence must be strictly between 0 and 1, got {confidence}")
@@ -52,8 +61,7 @@ def mean_ci(values: Iterable[float], confidence: float = 0.95) -> tuple[float, f
     mean = float(array.mean())
     if array.size == 1:
         return mean, mean, mean
-    sem = float(array.std(ddof=1)) / math.sqrt(array.size)
-    half_width = float(stats.t.ppf((1.0 + confidence) / 2.0, df=array.size - 1)) * sem
+    half_width = t_half_width(float(array.std(ddof=1)) / math.sqrt(array.size), array.size - 1, confidence)
     return mean, mean - half_width, mean + half_width
 
 

@@ -24,9 +24,9 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-from scipy import stats
 
 from ..experiments.summaries import CONFIG_COLUMNS as _PROJECT_CONFIG_COLUMNS
+from ..experiments.summaries import t_half_width
 
 __all__ = ["CONFIG_COLUMNS", "as_committed", "config_label", "device_check", "device_summary"]
 
@@ -76,7 +76,7 @@ def as_committed(local_dir, superseded_dir, seeds=None) -> pd.DataFrame:
 def _half_width(sd: float, n: int) -> float:
     if n < 2 or not math.isfinite(sd):
         return float("nan")
-    return float(stats.t.ppf((1 + _CONFIDENCE) / 2, n - 1)) * sd / math.sqrt(n)
+    return t_half_width(sd / math.sqrt(n), n - 1, _CONFIDENCE)
 
 
 def device_check(local_dir, check_dir, committed_devices=("cuda",)) -> pd.DataFrame:
