@@ -400,10 +400,9 @@ def _empty_frame() -> pd.DataFrame:
 
 def _own_matrices(frame: pd.DataFrame) -> pd.DataFrame:
     """Rows whose matrices (if any) come from the task's own training text (Table 2's cross-task rows excluded)."""
-    if frame.empty:
-        return frame
-    own = frame["matrices_from"].isna() | (frame["matrices_from"] == frame["task"])
-    return frame[own]
+    from ..experiments.summaries import own_text
+
+    return frame if frame.empty else frame[own_text(frame)]
 
 
 def label_free_comparison(norm_frame: pd.DataFrame, reference: pd.DataFrame, tasks: Iterable[str],

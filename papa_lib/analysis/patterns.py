@@ -473,14 +473,10 @@ def order_curves(frame: pd.DataFrame, task: str = "mnli", orders: Sequence[str] 
     missing = needed - set(frame.columns)
     if missing:
         raise ValueError(f"order_curves: the results frame lacks columns {sorted(missing)}")
+    from ..experiments.summaries import curve_rows
+
     rows = frame[frame["task"] == task]
-    own = rows["matrices_from"].isna() | (rows["matrices_from"] == task)
-    original = rows[(rows["matrix_type"] == "original") & (rows["fraction"] == 1.0)]
-    average = rows[(rows["matrix_type"] == "average") & own]
-    endpoints = pd.concat([original, average[average["selection_order"] == "none"]])
-    parts = [average[average["selection_order"].isin(list(orders))]]
-    for order in orders:
-        parts.append(endpoints.assign(selection_order=order))
+    parts = [curve_rows(rows, order).assign(selection_order=order) for order in orders]
     columns = ["selection_order", "fraction", "seed", "value", "metric"]
     curves = pd.concat(parts, ignore_index=True)[columns] if parts else pd.DataFrame(columns=columns)
     return curves.sort_values(["selection_order", "fraction", "seed"], ascending=[True, False, True]).reset_index(

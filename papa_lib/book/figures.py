@@ -40,6 +40,7 @@ import pandas as pd
 
 from ..experiments import matrices
 from ..experiments.results import relative_drop, summarize
+from ..experiments.summaries import curve_rows, own_text
 from .grid_views import (  # re-exported: the constant matrices on disk and grid coverage live there
     SHOWN_FOLDER,
     check_frame,
@@ -143,18 +144,6 @@ def _is_close(column: pd.Series, target: float) -> pd.Series:
     return pd.Series(np.isclose(values, float(target), rtol=0.0, atol=1e-9), index=column.index)
 
 
-def _own_matrices(frame: pd.DataFrame) -> pd.Series:
-    """Rows whose matrices (if any) come from their own task's text (or that have no matrices at all)."""
-    return frame["matrices_from"].isna() | (frame["matrices_from"] == frame["task"])
-
-
-def _matrices_mask(frame: pd.DataFrame, matrices_from: str | None) -> pd.Series:
-    """``None``: the task's own text; a task name: matrices built from that task's text."""
-    if matrices_from is None:
-        return _own_matrices(frame)
-    return frame["matrices_from"] == matrices_from
-
-
 def _restrict_tasks(frame: pd.DataFrame, tasks: list[str] | None) -> pd.DataFrame:
     return frame if tasks is None else frame[frame["task"].isin(tasks)]
 
@@ -222,18 +211,6 @@ def _drops_where_defined(rows: pd.DataFrame, by: Sequence[str]) -> tuple[pd.Data
 # ----------------------------------------------------------------------------------------------------------------
 
 
-def _curve_rows(frame: pd.DataFrame, order: str, matrix_type: str, matrices_from: str | None) -> pd.DataFrame:
-    """Rows of one Fig. 2 curve: originals (fraction 1), the order's partial fractions, all-replaced (fraction 0)."""
-    original = frame["matrix_type"] == "original"
-    typed = frame["matrix_type"] == matrix_type
-    if matrix_type in matrices.MATRIX_TYPES and matrices.MATRIX_TYPES[matrix_type].from_text:
-        typed &= _matrices_mask(frame, matrices_from)
-    fraction = pd.to_numeric(frame["fraction"], errors="coerce")
-    partial = typed & (frame["selection_order"] == order) & (fraction > 0) & (fraction < 1)
-    none = typed & _is_close(frame["fraction"], 0.0) & (frame["selection_order"] == "none")
-    return frame[original | partial | none]
-
-
 def fraction_curves(frame: pd.DataFrame, tasks: Iterable[str] | None = None, order: str = "lambda",
                     matrix_type: str = "average", matrices_from: str | None = None) -> pd.DataFrame:
     """Fig. 2: mean score and 95% CI per (model, task, fraction of input-dependent heads).
@@ -246,7 +223,7 @@ def fraction_curves(frame: pd.DataFrame, tasks: Iterable[str] | None = None, ord
     check_frame(frame, "fraction_curves")
     tasks = check_tasks(tasks, "fraction_curves")
     columns = ["model", "task", "metric", "fraction", "fraction_label", *_SUMMARY_COLUMNS, "relative_drop"]
-    rows = _curve_rows(_restrict_tasks(frame, tasks), order, matrix_type, matrices_from)
+    rows = curve_rows(_restrict_tasks(frame, tasks), order, matrix_type, matrices_from)
     if rows.empty:
         return empty_frame(columns)
     keys = ["model", "task", "metric", "fraction"]
@@ -301,7 +278,7 @@ class DropSummary:
 
 def _drop_at(frame: pd.DataFrame, fraction: float, order: str, matrix_type: str, matrices_from: str | None,
              tasks: list[str] | None) -> DropSummary:
-    rows = _curve_rows(_restrict_tasks(frame, tasks), order, matrix_type, matrices_from)
+    rows = curve_rows(_restrict_tasks(frame, tasks), order, matrix_type, matrices_from)
     rows = rows[_is_close(rows["fraction"], 1.0) | _is_close(rows["fraction"], fraction)]
     columns = ["model", "task", "metric", "original", "n_original", "replaced", "n_replaced", "relative_drop"]
     drops, notes = _drops_where_defined(rows, ("model", "task"))
@@ -390,7 +367,7 @@ def matrix_type_summary(frame: pd.DataFrame, tasks: Iterable[str] | None = None)
     columns = ["model", "matrix_type", "construction", "task", "metric", *_SUMMARY_COLUMNS]
     frame = _restrict_tasks(frame, tasks)
     original = frame["matrix_type"] == "original"
-    replaced = (frame["matrix_type"] != "original") & _is_close(frame["fraction"], 0.0) & _own_matrices(frame)
+    replaced = (frame["matrix_type"] != "original") & _is_close(frame["fraction"], 0.0) & own_text(frame)
     rows = frame[original | replaced]
     if rows.empty:
         return empty_frame(columns)

@@ -170,3 +170,30 @@ def relative_drop(
 
     merged["relative_drop"] = (merged["baseline"] - merged["mean"]) / merged["baseline"].abs()
     return merged[out_columns].reset_index(drop=True)
+
+
+# ---------------------------------------------------------------------------------------------- results views
+def own_text(frame: pd.DataFrame) -> pd.Series:
+    """The one own-text predicate: rows whose constant matrices (if any) were built on their own task's text, or
+    that have no matrices at all (Table 2's cross-task rows are the others)."""
+    return frame["matrices_from"].isna() | (frame["matrices_from"] == frame["task"])
+
+
+def curve_rows(frame: pd.DataFrame, order: str, matrix_type: str = "average",
+               matrices_from: str | None = None) -> pd.DataFrame:
+    """The rows of one score-against-fraction curve (Fig. 2, Fig. 5, the norm-aware orders): the original model
+    (fraction 1), ``order``'s partial fractions and every head replaced (fraction 0, ``selection_order`` none), of
+    ``matrix_type`` built on the task's own text (``matrices_from=None``) or on ``matrices_from``'s. The end points
+    belong to every order; the one view behind the book's curves and tables."""
+    from . import matrices
+
+    original = frame["matrix_type"] == "original"
+    typed = frame["matrix_type"] == matrix_type
+    if matrix_type in matrices.MATRIX_TYPES and matrices.MATRIX_TYPES[matrix_type].from_text:
+        typed &= own_text(frame) if matrices_from is None else frame["matrices_from"] == matrices_from
+    fraction = pd.to_numeric(frame["fraction"], errors="coerce")
+    partial = typed & (frame["selection_order"] == order) & (fraction > 0) & (fraction < 1)
+    none = typed & np.isclose(fraction.to_numpy(dtype=float), 0.0, rtol=0.0, atol=1e-9) & (
+        frame["selection_order"] == "none")
+    return frame[original | partial | none]
+
