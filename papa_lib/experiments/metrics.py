@@ -3,7 +3,8 @@
 NER is entity-level F1 (seqeval). POS is seqeval's F1 over the POS tag sequences, which is what the authors' released
 code reports for it (the token-classification script scores every tagging task with seqeval). seqeval reads a tag
 like ``NNP`` as prefix ``N`` and type ``NP``, so this number is close to, but not the same as, token accuracy;
-records keep token accuracy beside it."""
+records keep token accuracy beside it. MCC, F1 and accuracy come from scikit-learn; seqeval scores the tag
+sequences."""
 
 from __future__ import annotations
 
@@ -38,32 +39,6 @@ def _as_tag_names(sequences: Any, names: tuple[str, ...], what: str) -> list[lis
                 row.append(names[tag_id])
         result.append(row)
     return result
-
-
-def _binary_counts(predictions: list[int], references: list[int]) -> tuple[int, int, int, int]:
-    tp = sum(1 for p, r in zip(predictions, references) if p == 1 and r == 1)
-    fp = sum(1 for p, r in zip(predictions, references) if p == 1 and r != 1)
-    fn = sum(1 for p, r in zip(predictions, references) if p != 1 and r == 1)
-    tn = len(predictions) - tp - fp - fn
-    return tp, fp, fn, tn
-
-
-def _matthews_corrcoef(predictions: list[int], references: list[int]) -> float:
-    """Matthews correlation (multi-class form of Gorodkin 2004; binary MCC for 2 classes).
-
-    Returns 0.0 when it is undefined (a constant prediction or reference).
-    """
-    classes = sorted(set(predictions) | set(references))
-    n = len(predictions)
-    correct = sum(1 for p, r in zip(predictions, references) if p == r)
-    pred_counts = [sum(1 for p in predictions if p == c) for c in classes]
-    ref_counts = [sum(1 for r in references if r == c) for c in classes]
-    covariance = correct * n - sum(p * r for p, r in zip(pred_counts, ref_counts))
-    pred_var = n * n - sum(p * p for p in pred_counts)
-    ref_var = n * n - sum(r * r for r in ref_counts)
-    if pred_var == 0 or ref_var == 0:
-        return 0.0
-    return covariance / (pred_var * ref_var) ** 0.5
 
 
 def compute_metric(task: str, predictions: Any, references: Any, *, ner_mode: str = "conlleval") -> float:
@@ -101,13 +76,14 @@ def compute_metric(task: str, predictions: Any, references: Any, *, ner_mode: st
     if spec.kind == "sentence":
         preds = [_as_int(p, f"{task} predictions") for p in predictions]
         refs = [_as_int(r, f"{task} references") for r in references]
+        from sklearn import metrics as sk
+
         if spec.metric == "accuracy":
-            return sum(1 for p, r in zip(preds, refs) if p == r) / len(refs)
-        if spec.metric == "matthews_corrcoef":
-            return float(_matthews_corrcoef(preds, refs))
-        if spec.metric == "f1":
-            tp, fp, fn, _ = _binary_counts(preds, refs)
-            return 0.0 if tp == 0 else 2 * tp / (2 * tp + fp + fn)
+            return float(sk.accuracy_score(refs, preds))
+        if spec.metric == "matthews_corrcoef":  # 0.0 where undefined (a constant prediction or reference)
+            return float(sk.matthews_corrcoef(refs, preds))
+        if spec.metric == "f1":  # of the positive class (label 1); 0.0 with no true positive
+            return float(sk.f1_score(refs, preds, pos_label=1, average="binary", zero_division=0.0))
         raise AssertionError(f"unhandled metric {spec.metric}")  # pragma: no cover
 
     pred_tags = _as_tag_names(predictions, spec.label_names, f"{task} predictions")
