@@ -203,8 +203,9 @@ def test_missing_data_folder_and_unreachable_hub(capsys, tmp_path, monkeypatch, 
         raise ConnectionError("Couldn't reach 'nyu-mll/glue' on the Hub")
 
     monkeypatch.setattr(datasets, "load_dataset", offline)
-    line = papa_error(capsys, ["probe", "--task", "sst2", *QUICK, "--results-dir", str(tmp_path / "r")])
-    assert line.startswith("papa: error: could not load nyu-mll/glue/sst2:train from the Hugging Face hub "
+    monkeypatch.setattr(cli, "_shared_data", lambda: nope)  # no ../shared/data; the sample does not hold CoLA
+    line = papa_error(capsys, ["probe", "--task", "cola", *QUICK, "--results-dir", str(tmp_path / "r")])
+    assert line.startswith("papa: error: could not load nyu-mll/glue/cola:train from the Hugging Face hub "
                            "(ConnectionError: Couldn't reach 'nyu-mll/glue' on the Hub).")
     assert line.endswith("point data_dir (CLI: --data-dir) at a local copy of the data files instead.")
 
@@ -236,6 +237,123 @@ def test_debug_shows_the_traceback_and_bugs_always_do(capsys, tmp_path, monkeypa
     monkeypatch.setattr(cli, "cmd_averages", buggy)
     with pytest.raises(AttributeError, match="no attribute 'shape'"):  # a bug is not dressed up as a user error
         cli.main(["averages", "--task", "sst2"])
+
+
+def test_only_the_librarys_own_errors_are_user_errors(capsys, monkeypatch, tmp_path):
+    """The rule: papa_lib's deliberate errors (PapaError, PapaInputError), a missing path, bad YAML and a bad command
+    line are one line with exit 2; a plain ValueError from inside the library is a bug and keeps its traceback."""
+    from papa_lib.core.packaged import PackagedModelError
+    from papa_lib.errors import PapaError, PapaInputError
+    from papa_lib.experiments.damage import DamagedStoreError
+    from papa_lib.experiments.specs import SpecError
+
+    for error in (PapaInputError, models.UnsupportedModelError, SpecError, DamagedStoreError):
+        assert issubclass(error, PapaInputError) and issubclass(error, ValueError)  # callers' except ValueError holds
+    assert issubclass(tasks.HubUnavailableError, PapaError) and issubclass(PackagedModelError, (PapaError, OSError))
+
+    def boom(*args, **kwargs):
+        raise ValueError("boom")
+
+    data = smoke.generate_data_dir(tmp_path / "data", n_train=8, n_dev=4)
+    monkeypatch.setattr(cli, "_check_length", boom)  # deep inside a command, after the model loaded
+    monkeypatch.setattr(models, "load_encoder", lambda *a, **k: smoke.tiny_encoder("bert"))
+    with pytest.raises(ValueError, match="boom"):  # not dressed up as "papa: error: boom" with exit 2
+        cli.main(["probe", "--task", "sst2", "--data-dir", str(data), *QUICK, "--results-dir", str(tmp_path / "r")])
+    assert "papa: error" not in capsys.readouterr().err
+    script = ("import sys; from papa_lib import cli\n"
+              "def boom(args): raise ValueError('boom')\n"
+              "cli.cmd_select = boom\n"
+              "sys.exit(cli.main(['select', '--task', 'sst2']))\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=ROOT,
+                          env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    assert done.returncode == 1 and "Traceback (most recent call last)" in done.stderr
+    assert done.stderr.strip().splitlines()[-1] == "ValueError: boom" and "papa: error" not in done.stderr
+
+
+def test_no_data_folder_means_the_packaged_sample_with_one_line(capsys, tmp_path, monkeypatch, tiny):
+    """As the chapters do: no --data-dir and no ../shared/data -> sst2 runs on the packaged sample, and says so once;
+    a grid file whose data_dir lacks sst2 falls back the same way; an explicit --data-dir must exist."""
+    from papa_lib.experiments.sample_data import SAMPLE_LABEL
+
+    monkeypatch.setattr(cli, "_shared_data", lambda: tmp_path / "shared" / "data")
+    monkeypatch.setenv("PAPA_CACHE_DIR", str(tmp_path / "cache"))
+    out = tmp_path / "r"
+    assert cli.main(["probe", "--task", "sst2", *QUICK, "--results-dir", str(out)]) == 0
+    err = capsys.readouterr().err.replace("\r", "\n").splitlines()
+    notices = [line for line in err if "packaged sample" in line]
+    assert len(notices) == 1 and notices[0].startswith("papa: ") and "does not exist; using the packaged sample" \
+        in notices[0], err
+    frame = results.ResultsStore(out).frame()
+    assert len(frame) == 1 and f"({SAMPLE_LABEL})" in frame.data_source.iloc[0]
+    grid = tmp_path / "grid.yaml"
+    grid.write_text(f"seeds: 1\nmax_length: 16\nepochs: 1\ndata_dir: {tmp_path / 'nowhere'}\n"
+                    "blocks:\n  - {name: a, tasks: [sst2], fractions: [1]}\n")
+    assert cli.main(["grid", str(grid), "--results-dir", str(out)]) == 0
+    captured = capsys.readouterr()
+    assert sum("using the packaged sample" in line for line in captured.err.replace("\r", "\n").splitlines()) == 1
+    assert "1 computed now" not in captured.out and "0 computed now, 1 reused" in captured.out  # the same run
+    nope = tmp_path / "nope"
+    assert papa_error(capsys, ["probe", "--task", "sst2", "--data-dir", str(nope)]) == (
+        f"papa: error: data directory not found: {nope}")
+
+
+def test_help_shows_every_default_and_no_markup(capsys):
+    import argparse
+
+    parser = cli.build_parser()
+    commands = parser._subparsers._group_actions[0].choices
+    lacking = []
+    for name, sub in commands.items():
+        if name == "bench":  # its options are papa_lib.ops.bench's
+            continue
+        formatter = sub._get_formatter()
+        for action in sub._actions:
+            if not action.option_strings or action.nargs == 0 or action.required or isinstance(
+                    action, argparse._HelpAction):
+                continue
+            text = formatter._expand_help(action)
+            if "default" not in text and "required with" not in text:
+                lacking.append((name, action.option_strings[0], text))
+    assert lacking == []
+    probe, grid = commands["probe"].format_help(), commands["grid"].format_help()
+    assert "(default: data/results/cli)" in " ".join(probe.split())
+    assert "(default: the grid file's folder)" in " ".join(grid.split())
+    assert "(default: 1 0.5 0.125 0.0625 0)" in " ".join(probe.split())
+    with pytest.raises(SystemExit):
+        cli.main(["--help"])
+    top = capsys.readouterr().out
+    assert top.startswith("usage: papa") and "data/results/cli" in top
+    for markup in ("``", ":mod:", ":func:", ":class:", "::"):
+        assert markup not in top, markup
+
+
+def test_probe_and_grid_end_with_a_table_and_say_what_was_reused(tmp_path, pair_files, tiny, capsys):
+    train, dev = pair_files
+    out = tmp_path / "out"
+    probe = ["probe", "--task", "custom", "--name", "reviews", "--train", str(train), "--validation", str(dev), *PAIR,
+             "--max-length", "16", "--epochs", "1", "--seeds", "2", "--fraction", "1", "0", "--results-dir", str(out)]
+    assert cli.main(probe) == 0
+    lines = capsys.readouterr().out.splitlines()
+    table = lines[lines.index(next(line for line in lines if line.startswith("task "))):]
+    assert table[0].split() == ["task", "matrix", "type", "order", "fraction", "metric", "mean", "±", "95%", "CI",
+                                "seeds"]
+    assert len(table) == 4 and all(" ± " in row and row.split()[-1] == "2" for row in table[1:3])
+    assert table[1].split()[:5] == ["reviews", "average", "none", "0", "accuracy"]
+    frame = results.ResultsStore(out).frame()
+    mean, low, high = results.mean_ci(frame[frame.fraction == 0].value)  # Student-t, 2 seeds
+    assert f"{mean:.4f} ± {(high - low) / 2:.4f}" in table[1]
+    assert table[3] == f"4 records in {out / 'results.csv'}: 4 computed now, 0 reused (already stored)"
+    assert cli.main(probe) == 0
+    assert capsys.readouterr().out.splitlines()[-1].endswith(": 0 computed now, 4 reused (already stored)")
+    grid, out = _reviews_grid(tmp_path), tmp_path / "grid-out"  # 1 seed, fractions 1 and 1/2 of λ
+    assert cli.main(["grid", str(grid), "--results-dir", str(out)]) == 0
+    said = capsys.readouterr().out.splitlines()
+    assert said[-1] == f"2 records in {out / 'results.csv'}: 2 computed now, 0 reused (already stored)"
+    assert [row.split()[:4] for row in said[-3:-1]] == [["reviews", "average", "lambda", "0.5"],
+                                                        ["reviews", "original", "none", "1"]]
+    assert all("(1 seed)" in row and "±" not in row for row in said[-3:-1])  # one seed: a mean, no interval
+    assert cli.main(["grid", str(grid), "--results-dir", str(out)]) == 0
+    assert capsys.readouterr().out.splitlines()[-1].endswith(": 0 computed now, 2 reused (already stored)")
 
 
 def test_console_script_exits_with_2_and_one_line(tmp_path):
@@ -427,7 +545,7 @@ def test_damaged_matrices_and_lambdas_are_set_aside_and_recomputed(tmp_path, pai
     assert cli.main(["grid", str(grid), "--results-dir", str(out)]) == 0
     first = results.ResultsStore(out).frame().set_index("run_id")["value"]
     (matrices,) = out.glob("matrices/*.safetensors")
-    (lambdas,) = out.glob("lambdas/*.pt")
+    (lambdas,) = out.glob("lambdas/*.safetensors")
     assert (out / "matrices" / (matrices.name + ".sha256")).exists()
     matrices_bytes, lambda_bytes = matrices.read_bytes(), lambdas.read_bytes()
     matrices.write_bytes(matrices_bytes[:200])  # cut short, as by a crash or a full disk
@@ -449,8 +567,10 @@ def test_damaged_matrices_and_lambdas_are_set_aside_and_recomputed(tmp_path, pai
     recomputed = ConstantAttention.load(matrices)  # the same numbers again (the metadata holds the time taken)
     (tmp_path / "old.safetensors").write_bytes(matrices_bytes)
     assert torch.equal(recomputed.matrices, ConstantAttention.load(tmp_path / "old.safetensors").matrices)
-    (tmp_path / "old.pt").write_bytes(lambda_bytes)
-    assert torch.equal(torch.load(lambdas), torch.load(tmp_path / "old.pt"))
+    from papa_lib.experiments.stages import read_lambdas
+
+    (tmp_path / "old.safetensors").write_bytes(lambda_bytes)
+    assert torch.equal(read_lambdas(lambdas), read_lambdas(tmp_path / "old.safetensors"))
     again = results.ResultsStore(out).frame().set_index("run_id")["value"]
     assert again.to_dict() == first.to_dict()
     # without a checksum file (an older cache), a failed read is what shows the damage

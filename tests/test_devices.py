@@ -147,7 +147,6 @@ def test_another_processor_repeats_frozen_runs_exactly_and_moves_a_lambda_run_le
     """The committed processor check: CPU-made records of local-minilm rerun on another processor (same run ids).
     The frozen path (features, probes) gives the same value to the last bit; a λ-ordered run, whose λ is learned
     through the backbone, moves, but by less than a change of seed does (BENCHMARKS.md)."""
-    import torch
 
     from papa_lib.experiments.results import read_results
 
@@ -161,7 +160,9 @@ def test_another_processor_repeats_frozen_runs_exactly_and_moves_a_lambda_run_le
     assert len(frozen) == 7 and (frozen["difference"] == 0).all()  # bit for bit
     learned = check[check["selection_order"] == "lambda"]
     assert len(learned) == 1 and 0 < learned["ratio"].iloc[0] < 1
-    name = "cola-from-cola-3b64ba7295ce9b06.pt"
-    mine, theirs = torch.load(PROCESSOR_CHECK / "lambdas" / name), torch.load(LOCAL / "lambdas" / name)
-    other_seed = torch.load(LOCAL / "lambdas" / "cola-from-cola-2c45f1a2be68aead.pt")
+    from papa_lib.experiments.stages import read_lambdas
+
+    name = "cola-from-cola-3b64ba7295ce9b06.safetensors"
+    mine, theirs = read_lambdas(PROCESSOR_CHECK / "lambdas" / name), read_lambdas(LOCAL / "lambdas" / name)
+    other_seed = read_lambdas(LOCAL / "lambdas" / "cola-from-cola-2c45f1a2be68aead.safetensors")
     assert 0 < (mine - theirs).abs().mean() < (other_seed - theirs).abs().mean() / 2

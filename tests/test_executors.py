@@ -195,7 +195,7 @@ def test_ray_records_equal_local_and_shared_work_runs_once(cluster, tiny, data_d
     # shared work ran once: the constants of each source, the scores of each seed (locally: per variant)
     assert sorted(calls(tmp_path / "ray.log")) == ["constants", "scores 0", "scores 1"]
     assert sorted(calls(tmp_path / "local.log")) == ["constants", "scores 0", "scores 0", "scores 1", "scores 1"]
-    assert len(list((tmp_path / "ray" / "lambdas").glob("*.pt"))) == 2  # sst2's λ per seed
+    assert len(list((tmp_path / "ray" / "lambdas").glob("*.safetensors"))) == 2  # sst2's λ per seed
     # a seed-independent variant's features: one train and one validation pass, by its first seed's run
     passes = calls(feature_log)
     assert (

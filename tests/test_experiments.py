@@ -265,12 +265,12 @@ def test_a_shared_lambda_seed_learns_lambda_once_for_every_seed(tiny, data_dir, 
             "lambda_epochs": 1, "blocks": [GridBlock("fig2", ["sst2"], fractions=[1, 0.5])]}
     shared = run_grid({**spec, "lambda_seed": 1}, tmp_path / "shared", model=model, tokenizer=tokenizer,
                       progress=False).frame()
-    assert set(learned) == {1} and len(list((tmp_path / "shared" / "lambdas").glob("*.pt"))) == 1
+    assert set(learned) == {1} and len(list((tmp_path / "shared" / "lambdas").glob("*.safetensors"))) == 1
     assert (0.5, [0, 1, 2]) in trained  # one λ order for all seeds: their probes train from one pass
     learned.clear()
     trained.clear()
     own = run_grid(spec, tmp_path / "own", model=model, tokenizer=tokenizer, progress=False).frame()
-    assert sorted(set(learned)) == [0, 1, 2] and len(list((tmp_path / "own" / "lambdas").glob("*.pt"))) == 3
+    assert sorted(set(learned)) == [0, 1, 2] and len(list((tmp_path / "own" / "lambdas").glob("*.safetensors"))) == 3
     assert [seeds for fraction, seeds in trained if fraction == 0.5] == [[0], [1], [2]]  # one λ order per seed
     ids = {name: frame.set_index(["fraction", "seed"]).run_id for name, frame in (("shared", shared), ("own", own))}
     assert (ids["shared"].loc[1.0] == ids["own"].loc[1.0]).all()  # the original learns no λ: same ids
@@ -465,7 +465,7 @@ def test_a_resumed_plan_leaves_out_the_stored_matrices_and_lambdas(tiny, data_di
     before = plan.plan_grid(spec, {"cache_budget": 10**12}, results_dir=tmp_path).splitlines()[2].split()
     assert before[5] == "2" and before[9] == "2"  # two runs, λ learned per seed
     run_grid(spec, tmp_path, *tiny, progress=False, only_seeds=[1])
-    assert len(list((tmp_path / "lambdas").glob("sst2-from-sst2-*.pt"))) == 1
+    assert len(list((tmp_path / "lambdas").glob("sst2-from-sst2-*.safetensors"))) == 1
     (tmp_path / "results.csv").unlink()  # as if the run was killed after λ: no record, the files stay
     after = plan.plan_grid(spec, {"cache_budget": 10**12}, results_dir=tmp_path).splitlines()[2].split()
     assert after[5] == "2" and after[9] == "1"  # both runs left, seed 1's λ is read from disk

@@ -24,6 +24,7 @@ from transformers import (
 )
 
 from papa_lib.analysis import norm_findings, norm_rankings, norm_statistics, norms
+from papa_lib.experiments.stages import write_lambdas
 
 LAYERS, HEADS, HIDDEN = 2, 4, 32
 _COMMON = dict(
@@ -1111,7 +1112,7 @@ def test_head_score_table_and_agreement(smoke_setup, tmp_path):
     spec = {"data_dir": str(data_dir), "profile": "smoke", "max_length": {"default": 16}}
     (tmp_path / "lambdas").mkdir()
     lambdas = torch.linspace(0.1, 0.9, 8).view(2, 4)
-    torch.save(lambdas, tmp_path / "lambdas" / "sst2-from-sst2-abc.pt")
+    write_lambdas(tmp_path / "lambdas" / "sst2-from-sst2-abc.safetensors", lambdas)
     table = norm_rankings.head_score_table(model, tokenizer, spec, ["sst2", "cola"], lambdas_dir=tmp_path / "lambdas")
     assert list(table.columns) == ["task", "layer", "head", "lambda", "attention_variance", "norm_variance"]
     assert len(table) == 2 * 8 and table[table["task"] == "cola"]["lambda"].isna().all()

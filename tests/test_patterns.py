@@ -15,6 +15,7 @@ from conftest import random_batch
 from papa_lib.analysis import patterns
 from papa_lib.book import charts
 from papa_lib.experiments import selection
+from papa_lib.experiments.stages import write_lambdas
 from papa_lib.smoke import tiny_model
 
 
@@ -191,15 +192,15 @@ def test_pattern_shares_sensitivity_table():
 
 def test_read_lambda_files_and_frame(tmp_path, caplog):
     lambdas = torch.tensor([[0.1, 0.9, 0.5, 0.3], [0.7, 0.2, 0.8, 0.6]])
-    torch.save(lambdas, tmp_path / "mnli-from-mnli-0123abcd.pt")
-    torch.save(lambdas.flip(0), tmp_path / "sst2-from-mnli-89ef.pt")
-    torch.save(lambdas, tmp_path / "notes.pt")
+    write_lambdas(tmp_path / "mnli-from-mnli-0123abcd.safetensors", lambdas)
+    write_lambdas(tmp_path / "sst2-from-mnli-89ef.safetensors", lambdas.flip(0))
+    write_lambdas(tmp_path / "notes.safetensors", lambdas)
     records = patterns.read_lambda_files(tmp_path)
     assert [(r["task"], r["matrices_from"], r["key"]) for r in records] == [
         ("mnli", "mnli", "0123abcd"),
         ("sst2", "mnli", "89ef"),
     ]
-    assert "notes.pt" in caplog.text
+    assert "notes.safetensors" in caplog.text
     assert patterns.read_lambda_files(tmp_path / "missing") == []
 
     frame = patterns.lambda_frame(records)
@@ -213,8 +214,8 @@ def test_read_lambda_files_and_frame(tmp_path, caplog):
     assert mnli.loc[(0, 0), "kept_until"] == 1.0  # λ = 0.1, replaced first
     assert (mnli["kept_until"] == 0.5).sum() == 3
 
-    torch.save(torch.rand(3), tmp_path / "cola-from-cola-ff.pt")
-    with pytest.raises(ValueError, match=r"cola-from-cola-ff\.pt.*\[layers, heads\]"):
+    write_lambdas(tmp_path / "cola-from-cola-ff.safetensors", torch.rand(3))
+    with pytest.raises(ValueError, match=r"cola-from-cola-ff\.safetensors.*\[layers, heads\]"):
         patterns.read_lambda_files(tmp_path)
 
 

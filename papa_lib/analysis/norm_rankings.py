@@ -476,7 +476,7 @@ def head_score_table(model: torch.nn.Module, tokenizer, spec: Mapping, tasks: It
 
     The scores are :func:`input_dependence_scores` on the task's training subset exactly as the grid ``spec``
     (:func:`papa_lib.experiments.grid.load_grid` output or :func:`norm_aware_grid`) defines it — the scores the
-    ``attention_variance``/``norm_variance`` runs used.  λ is read from ``lambdas_dir/<task>-from-<task>-*.pt``
+    ``attention_variance``/``norm_variance`` runs used.  λ is read from ``lambdas_dir/<task>-from-<task>-*.safetensors``
     (written by the main grid; the newest file when several match); missing λ gives NaN.
     Columns: task, layer, head, lambda, attention_variance, norm_variance.
     """
@@ -497,10 +497,12 @@ def head_score_table(model: torch.nn.Module, tokenizer, spec: Mapping, tasks: It
         layers, heads = scores[NORM_AWARE_ORDERS[0]].shape
         lambdas = np.full((layers, heads), np.nan)
         folder = Path(lambdas_dir) if lambdas_dir is not None else None
-        files = (sorted(folder.glob(f"{task}-from-{task}-*.pt"), key=lambda p: p.stat().st_mtime)
+        files = (sorted(folder.glob(f"{task}-from-{task}-*.safetensors"), key=lambda p: p.stat().st_mtime)
                  if folder and folder.is_dir() else [])
         if files:
-            lambdas = torch.load(files[-1]).detach().to(torch.float64).cpu().numpy().reshape(layers, heads)
+            from ..experiments.stages import read_lambdas
+
+            lambdas = read_lambdas(files[-1]).to(torch.float64).numpy().reshape(layers, heads)
         layer, head = np.meshgrid(np.arange(layers), np.arange(heads), indexing="ij")
         frames.append(pd.DataFrame({"task": task, "layer": layer.ravel(), "head": head.ravel(),
                                     "lambda": lambdas.ravel(),

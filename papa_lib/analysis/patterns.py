@@ -83,7 +83,7 @@ DIAGONAL_THRESHOLD = 0.5
 #: A head is a "[CLS]/[SEP] head" when more than this share of its mass sits on the special positions.
 SPECIAL_THRESHOLD = 0.5
 
-LAMBDA_FILE_RE = re.compile(r"^(?P<task>[A-Za-z0-9_]+)-from-(?P<source>[A-Za-z0-9_]+)-(?P<key>[0-9a-f]+)\.pt$")
+LAMBDA_FILE_RE = re.compile(r"^(?P<task>[A-Za-z0-9_]+)-from-(?P<source>[A-Za-z0-9_]+)-(?P<key>[0-9a-f]+)\.safetensors$")
 
 
 # ------------------------------------------------------------------------------------------------------------------
@@ -374,7 +374,7 @@ def pattern_shares(
 
 
 def read_lambda_files(folder: str | Path) -> list[dict]:
-    """The learned λ files of a results folder (``<folder>/<task>-from-<source>-<hash>.pt``), sorted by name.
+    """The learned λ files of a results folder (``<folder>/<task>-from-<source>-<hash>.safetensors``), sorted by name.
 
     Each record: ``task``, ``matrices_from``, ``key`` (the configuration hash), ``path`` and ``lambdas`` (a float
     tensor ``[layers, heads]``). A missing folder gives ``[]``; ``.pt`` files with another name are skipped (logged);
@@ -384,13 +384,15 @@ def read_lambda_files(folder: str | Path) -> list[dict]:
     if not folder.is_dir():
         return []
     records = []
-    for path in sorted(folder.glob("*.pt")):
+    from ..experiments.stages import read_lambdas
+
+    for path in sorted(folder.glob("*.safetensors")):
         match = LAMBDA_FILE_RE.match(path.name)
         if match is None:
-            logger.warning("%s: not a λ file name (<task>-from-<source>-<hash>.pt); skipped", path)
+            logger.warning("%s: not a λ file name (<task>-from-<source>-<hash>.safetensors); skipped", path)
             continue
         try:
-            lambdas = torch.load(path, map_location="cpu", weights_only=True)
+            lambdas = read_lambdas(path)
         except Exception as exc:  # noqa: BLE001 - report which file is broken
             raise ValueError(f"{path}: cannot read the λ tensor: {exc}") from exc
         if not isinstance(lambdas, torch.Tensor) or lambdas.dim() != 2:

@@ -160,7 +160,28 @@ def lambda_path(ws: Workspace, source: str, seed: int) -> Path | None:
                                "seed": seed, "data_seed": cfg.data_seed,
                                **({"average_limit": cfg.average_limit} if cfg.average_limit is not None else {}),
                                **task_provenance(cfg.task), **task_provenance(source, "source")})
-    return ws.under("lambdas", f"{cfg.task}-from-{source}-{key}.pt")
+    return ws.under("lambdas", f"{cfg.task}-from-{source}-{key}{LAMBDA_SUFFIX}")
+
+
+#: λ files are safetensors, like the constant matrices: one tensor ``lambda`` of shape [layers, heads].
+LAMBDA_SUFFIX = ".safetensors"
+
+
+def write_lambdas(path: Path, lambdas: torch.Tensor) -> None:
+    """Save λ ``[layers, heads]`` atomically (with its checksum file) as safetensors."""
+    from safetensors.torch import save_file
+
+    write_atomic(path, lambda tmp: save_file({"lambda": lambdas.detach().float().contiguous().cpu()}, str(tmp)))
+
+
+def read_lambdas(path: Path) -> torch.Tensor:
+    """λ ``[layers, heads]`` from a file :func:`write_lambdas` wrote."""
+    from safetensors.torch import load_file
+
+    tensors = load_file(str(path))
+    if "lambda" not in tensors:
+        raise ValueError(f"{path}: no 'lambda' tensor (found {sorted(tensors)})")
+    return tensors["lambda"]
 
 
 def lambda_seed(ws: Workspace, seed: int) -> int:
@@ -184,7 +205,7 @@ def learn_lambdas(ws: Workspace, matrices_from: str | None = None, seed: int = 0
     if ("lambda", source, seed) in ws.scores:
         return ws.scores[("lambda", source, seed)]
     cfg, path = ws.config, lambda_path(ws, source, seed)
-    lambdas = read_or_heal(path, torch.load)  # None: absent, or damaged and set aside
+    lambdas = read_or_heal(path, read_lambdas)  # None: absent, or damaged and set aside
     if lambdas is None:
         matrices, train = constants(ws, source), split(ws, "train")
         probes.set_seed(seed)
@@ -198,6 +219,6 @@ def learn_lambdas(ws: Workspace, matrices_from: str | None = None, seed: int = 0
             theta_learning_rate=cfg.lambda_learning_rate, device=cfg.device,
             progress=f"learning λ ({ws.config.task}, seed {seed})" if ws.progress else False)
         if path is not None:
-            write_atomic(path, lambda tmp: torch.save(lambdas, tmp))
+            write_lambdas(path, lambdas)
     ws.scores[("lambda", source, seed)] = lambdas
     return lambdas
