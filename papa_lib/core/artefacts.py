@@ -1,6 +1,6 @@
 """Cached artefacts that heal themselves: written atomically, checked when read, set aside and recomputed if damaged.
 
-Constant matrices (``.safetensors``), learned λ (``.safetensors``), feature folders and learning curves are written through
+Constant matrices and learned λ (both ``.safetensors``), feature folders and learning curves are written through
 :func:`write_atomic`: into a temporary file in the same folder, flushed to disk, then moved over the final name with
 ``os.replace``, so a crash or a full disk leaves the old file or none, never a torn one. Beside each file it keeps a
 one-line checksum file ``<name>.sha256`` (``<sha256> <size>``).
