@@ -2,11 +2,12 @@
 
 Layers (each imports only from the ones before it):
 
-- :mod:`papa_lib.core`        encoders and adapters, App. A layout, averaging (Eq. 2), the override seam, fast path
+- :mod:`papa_lib.core`        encoders, decoder LMs and adapters, App. A layout, averaging (Eq. 2), the override seam,
+                              fast path
 - :mod:`papa_lib.experiments` tasks and metrics, probes, head selection, results store, the experiment engine
 - :mod:`papa_lib.analysis`    norm-based analysis (Kobayashi et al. 2020), attention patterns, MLM probing
 - :mod:`papa_lib.book`        figures, offline charts, profiles, the paper's numbers, chapter pages, the book build
-- :mod:`papa_lib.cli`, :mod:`papa_lib.bench`  the ``papa`` command and the benchmarks
+- :mod:`papa_lib.cli`, :mod:`papa_lib.ops.bench`  the ``papa`` command and the benchmarks
 
 The core API is importable from the package itself::
 
@@ -30,6 +31,7 @@ except _metadata.PackageNotFoundError:  # a checkout on sys.path that was never 
 # whatever module is imported first; later registrations are extensions (papa_lib.core.registry).
 from .analysis import norm_rankings as _norm_rankings  # noqa: F401
 from .core.averaging import ConstantAttention, average_attention
+from .core.decoders import load_decoder, next_token_nll
 from .core.layout import EncodedBatch, encode, encode_words
 from .core.models import (
     SUPPORTED_MODEL_TYPES,
@@ -59,7 +61,9 @@ __all__ = [
     "average_attention",
     "encode",
     "encode_words",
+    "load_decoder",
     "load_encoder",
+    "next_token_nll",
     "register_adapter",
     "supported_model_types",
     "override",

@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
-from .models import model_id, model_inputs, num_layers_and_heads
+from .models import adapter_for, model_id, model_inputs, num_layers_and_heads
 
 
 @dataclass
@@ -234,14 +234,28 @@ def average_attention(
         A :class:`ConstantAttention`; ``counts[q, k]`` is the number of examples in which q and k were both real.
 
     Memory stays constant in the corpus size (:class:`PadAwareAverage`); no per-example matrix is kept.
+
+    A decoder LM (an adapter with ``causal=True``, :mod:`papa_lib.core.decoders`) is averaged through the override
+    seam with every head original, so causality, the sliding window and grouped-query heads are imposed by the seam
+    itself (entry (i, j > i) and entries outside a local layer's window are 0); its bare decoder runs, not the LM head,
+    and batches are right-padded (:func:`papa_lib.encode`'s ``"causal"`` layout).
     """
+    from contextlib import nullcontext
+
     from tqdm.auto import tqdm
 
+    causal = adapter_for(model).causal
+    if causal:
+        from .override import override
+
+        seam, runner, extra = override(model, heads=()), getattr(model, "base_model", model), {"use_cache": False}
+    else:
+        seam, runner, extra = nullcontext(), model, {}
     average = PadAwareAverage(*num_layers_and_heads(model))
-    with torch.inference_mode():
+    with torch.inference_mode(), seam:
         for batch in tqdm(batches, total=total, disable=not progress, desc="averaging attention", unit="batch"):
             inputs = model_inputs(model, batch)
-            outputs = model(**inputs, output_attentions=True)
+            outputs = runner(**inputs, output_attentions=True, **extra)
             average.add(enumerate(outputs.attentions), inputs["attention_mask"], getattr(batch, "layout", None),
                         positions=getattr(batch, "positions", None), length=getattr(batch, "length", None))
     return average.result(model, source)

@@ -14,6 +14,12 @@ positions of the ordinary layout, which gives BERT wrong segment ids).
 The special tokens are learned from the tokenizer itself (:func:`special_token_template`), so BERT-style
 (``[CLS] a [SEP] b [SEP]``), RoBERTa-style (``<s> a </s></s> b </s>``) and DeBERTa tokenizers all work.
 ``layout="standard"`` gives ordinary right padding for comparison.
+
+Decoder LMs (:mod:`papa_lib.core.decoders`) use ``layout="causal"``: ``[bos] text [PAD]...``, right-padded, and a pair
+as ``[bos] a <separator> b [PAD]...`` joined by a declared separator (default a newline, tokenized without special
+tokens; the longer text is cut first). A causal row never sees the padding after it, and every real token sits at
+its sequence index, so a decoder's constant matrices mean the same thing on every input. A tokenizer returned by
+:func:`papa_lib.load_decoder` carries ``papa_layout = "causal"``, which ``encode`` uses when no layout is given.
 """
 
 from __future__ import annotations
@@ -24,7 +30,9 @@ from dataclasses import dataclass
 
 import torch
 
-LAYOUTS = ("papa", "standard")
+LAYOUTS = ("papa", "standard", "causal")
+#: The separator of a decoder pair when none is declared.
+DEFAULT_SEPARATOR = "\n"
 logger = logging.getLogger(__name__)
 
 
@@ -39,8 +47,10 @@ class EncodedBatch(dict):
             the word was truncated away or does not exist; ``None`` otherwise.
     """
 
-    def __init__(self, tensors: dict, *, layout: str, max_length: int, num_truncated: int, word_index=None):
+    def __init__(self, tensors: dict, *, layout: str, max_length: int, num_truncated: int, word_index=None,
+                 separator: str | None = None):
         super().__init__(tensors)
+        self.separator = separator  # a decoder pair's declared separator (layout "causal"), else None
         self.layout = layout
         self.max_length = max_length
         self.num_truncated = num_truncated
@@ -209,31 +219,80 @@ def _check_args(layout: str, max_length: int, pairs_given: bool) -> None:
         raise ValueError(f"unknown layout {layout!r}; choose one of {LAYOUTS}")
     if max_length < 4:
         raise ValueError(f"max_length must be at least 4, got {max_length}")
-    if pairs_given and layout == "papa" and max_length % 2:
+    if pairs_given and layout == "papa" and max_length % 2:  # the causal layout has no middle
         raise ValueError(
             f"the PAPA pair layout puts the middle separator at L/2, so max_length must be even (got {max_length})"
         )
 
 
+def _encode_causal(tokenizer, texts, pairs, max_length: int, separator: str | None) -> EncodedBatch:
+    """The decoder layout: ``[bos] a [separator b] [PAD]...``, right-padded to ``max_length``."""
+    bos = tokenizer.bos_token_id
+    if bos is None:
+        raise ValueError(f"tokenizer {type(tokenizer).__name__} has no bos token; the decoder layout starts with one")
+    pad = next(i for i in (tokenizer.pad_token_id, tokenizer.eos_token_id, bos) if i is not None)
+    separator = DEFAULT_SEPARATOR if separator is None else separator
+    sep = list(tokenizer(separator, add_special_tokens=False)["input_ids"]) if pairs is not None and separator else []
+    ids_a = _tokenize(tokenizer, texts)
+    ids_b = _tokenize(tokenizer, pairs) if pairs is not None else [None] * len(ids_a)
+    rows, masks, num_truncated = [], [], 0
+    for a, b in zip(ids_a, ids_b):
+        a = list(a)
+        if b is None:
+            truncated = len(a) > max_length - 1
+            seq = [bos] + a[: max_length - 1]
+        else:
+            b, room = list(b), max_length - 1 - len(sep)
+            if room < 0:
+                raise ValueError(f"max_length={max_length} is too short for a pair joined by {separator!r}")
+            truncated = len(a) + len(b) > room
+            while len(a) + len(b) > room:
+                (a if len(a) >= len(b) else b).pop()
+            seq = [bos] + a + sep + b
+        rows.append(seq + [pad] * (max_length - len(seq)))
+        masks.append([1] * len(seq) + [0] * (max_length - len(seq)))
+        num_truncated += int(truncated)
+    tensors = {
+        "input_ids": torch.tensor(rows, dtype=torch.long).reshape(-1, max_length),
+        "attention_mask": torch.tensor(masks, dtype=torch.long).reshape(-1, max_length),
+    }
+    if num_truncated:
+        logger.info("%d of %d examples were truncated to max_length=%d", num_truncated, len(rows), max_length)
+    return EncodedBatch(tensors, layout="causal", max_length=max_length, num_truncated=num_truncated,
+                        separator=separator if pairs is not None else None)
+
+
 def encode(
-    tokenizer, texts: Sequence[str], pairs: Sequence[str] | None = None, max_length: int = 64, layout: str = "papa"
+    tokenizer, texts: Sequence[str], pairs: Sequence[str] | None = None, max_length: int = 64,
+    layout: str | None = None, *, separator: str | None = None,
 ) -> EncodedBatch:
-    """Encode texts (or text pairs) into fixed-width tensors in the PAPA layout (App. A) or the standard one.
+    """Encode texts (or text pairs) into fixed-width tensors in the PAPA layout (App. A), the standard one, or a
+    decoder's.
 
     Args:
-        tokenizer: a Hugging Face tokenizer (BERT-, RoBERTa- or DeBERTa-style).
+        tokenizer: a Hugging Face tokenizer (BERT-, RoBERTa- or DeBERTa-style; a decoder's for ``"causal"``).
         texts: the (first) texts.
         pairs: optional second texts, one per text.
         max_length: L; every tensor has exactly this width.
-        layout: ``"papa"`` (fixed separator positions) or ``"standard"`` (right padding).
+        layout: ``"papa"`` (fixed separator positions), ``"standard"`` (right padding) or ``"causal"`` (a decoder:
+            ``[bos] text``, right-padded); ``None``: the tokenizer's ``papa_layout`` (``"causal"`` for one from
+            :func:`papa_lib.load_decoder`), else ``"papa"``.
+        separator: for ``"causal"`` pairs, the text joining a and b (default :data:`DEFAULT_SEPARATOR`, a newline);
+            recorded as the batch's ``.separator``.
 
     Returns:
         An :class:`EncodedBatch` with ``input_ids``, ``attention_mask`` and, where the model uses them,
         ``token_type_ids``; ``.num_truncated`` counts the examples that were cut.
     """
+    if layout is None:
+        layout = getattr(tokenizer, "papa_layout", None) or "papa"
     _check_args(layout, max_length, pairs is not None)
     if pairs is not None and len(pairs) != len(texts):
         raise ValueError(f"got {len(texts)} texts but {len(pairs)} pairs")
+    if separator is not None and layout != "causal":
+        raise ValueError(f"a separator is declared for the decoder layout only (layout='causal'), not {layout!r}")
+    if layout == "causal":
+        return _encode_causal(tokenizer, texts, pairs, max_length, separator)
     template = special_token_template(tokenizer)
     ids_a = _tokenize(tokenizer, texts)
     ids_b = _tokenize(tokenizer, pairs) if pairs is not None else [None] * len(ids_a)
@@ -262,6 +321,8 @@ def encode_words(
     SentencePiece tokenizers ignore. ``word_index[b, w]`` is -1 where word ``w`` was truncated away.
     """
     _check_args(layout, max_length, False)
+    if layout == "causal":
+        raise ValueError("encode_words supports the encoder layouts 'papa' and 'standard', not 'causal'")
     template = special_token_template(tokenizer)
     flat = [(w if i == 0 else " " + w) for words in sentences for i, w in enumerate(words)]
     flat_ids = _tokenize(tokenizer, flat) if flat else []
@@ -299,4 +360,5 @@ def batched(encoded: EncodedBatch, batch_size: int):
     for start in range(0, n, batch_size):
         part = {k: v[start : start + batch_size] for k, v in encoded.items()}
         wi = encoded.word_index[start : start + batch_size] if encoded.word_index is not None else None
-        yield EncodedBatch(part, layout=encoded.layout, max_length=encoded.max_length, num_truncated=0, word_index=wi)
+        yield EncodedBatch(part, layout=encoded.layout, max_length=encoded.max_length, num_truncated=0, word_index=wi,
+                           separator=getattr(encoded, "separator", None))

