@@ -1,28 +1,32 @@
-"""The ``papa`` command: PAPA's steps from the shell (paper Sec. 3-5), with progress bars.
+"""The papa command: PAPA's steps from the shell (paper Sec. 3-5), with progress bars.
 
-Subcommands::
+Commands:
+  papa averages   build constant matrices C^h for a task's training text (Sec. 3.1) and save them
+  papa select     learn lambda per head (Sec. 3.2) and print/save the replacement order
+  papa probe      probe variants (matrix type x order x fraction) of a task and append records (Sec. 3.3, 4, 5)
+  papa grid       run a declared grid of runs from a YAML file, resuming where it stopped (its keys: the book's
+                  "Appendix: grid-file reference"; --executor ray runs it on a Ray cluster)
+  papa bench      speed and memory benchmarks (see BENCHMARKS.md)
+  papa reproduce  execute every book chapter through papermill for a profile (smoke, local, paper)
+  papa book       sync the chapter notebooks and build the HTML book
 
-    papa averages   build constant matrices C^h for a task's training text (Sec. 3.1) and save them
-    papa select     learn λ per head (Sec. 3.2) and print/save the replacement order
-    papa probe      probe variants (matrix type x order x fraction) for a task, append records (Sec. 3.3, 4, 5)
-    papa grid       run a declared grid of runs from a YAML file, resuming where it stopped (--executor ray: on a
-                    Ray cluster, :mod:`papa_lib.ops.executors`)
-    papa bench      speed and memory benchmarks (see BENCHMARKS.md)
-    papa reproduce  execute every book chapter through papermill for a profile (smoke, local, paper)
-    papa book       sync the chapter notebooks and build the HTML book
+Data: --data-dir names a folder laid out like ../shared/data. Without it, averages, select and probe read
+../shared/data beside the checkout when it exists (as the chapters do), else the packaged data sample for the
+tasks it holds (sst2; one line says so), else the Hugging Face hub. papa grid reads the file's data_dir (the
+sample stands in when that folder lacks the files of a task the sample holds), else the hub. Records
+(results.csv), constant matrices and lambda go to --results-dir (default: data/results/cli; papa grid: the grid
+file's folder). probe and grid end with a table of what they measured (mean and 95% interval over seeds) and
+how many records were computed and how many reused (already stored). --task custom probes a task of your own
+from TSV/CSV files; papa grid FILE --repair keeps every intact record of a damaged results table.
 
-Shared flags: ``--model --task --data-dir --max-length --limit --average-limit --seeds --epochs --device
---results-dir`` (``--limit`` caps each seed's probe training rows; the constant matrices average over the whole
-training set unless ``--average-limit`` caps them; ``--device auto`` is CUDA when torch sees a GPU).
-``papa --version`` prints the version; ``papa grid FILE --repair`` keeps every intact record of a damaged results
-table.
-``--task custom --train F --validation F --text-columns A[,B] --label-column C`` probes a task of your own
-(:mod:`papa_lib.experiments.custom`).
-
-A user error (a bad or empty file, a bad value, an unsupported model, a wrong L, a missing data folder, an
-unreachable hub) prints one line, ``papa: error: <what went wrong> (<file>:<line>)``, to stderr and exits with 2;
-``--debug`` adds the traceback. A failing chapter (``papa book``, ``papa reproduce``) prints one line naming the
-chapter and the cell, and exits with 1. Anything else is a bug and shows its traceback.
+Errors: bad input (a bad or empty file, a bad value or setting, an unsupported model, a wrong L, a missing file
+or folder, invalid YAML, a bad command line) and an environment that cannot provide something (an unreachable
+hub, a packaged model not installed) print one line, "papa: error: <what> (<file>:<line>)", to stderr and exit
+with 2; --debug adds the traceback. These are the errors papa_lib raises on purpose (papa_lib.errors.PapaError
+and its subclasses, such as PapaInputError), a path that is missing, not a folder or not allowed, invalid YAML
+and a bad command line. A failing chapter (papa book, papa reproduce) prints one line naming the chapter and the
+cell, and exits with 1. Anything else, a plain ValueError from inside the library included, is a bug and shows
+its traceback.
 """
 
 from __future__ import annotations
@@ -33,7 +37,7 @@ import re
 import sys
 from pathlib import Path
 
-from .core.models import resolve_device
+from .errors import PapaError, PapaInputError  # a leaf: nothing heavy is imported before a command needs it
 
 CUSTOM = "custom"
 _CUSTOM_OPTIONS = ("train", "validation", "text_columns", "label_column", "metric", "delimiter", "name")
@@ -43,8 +47,31 @@ class UsageError(Exception):
     """A bad command line (what argparse would print under the usage text)."""
 
 
+class _Formatter(argparse.HelpFormatter):
+    """Help that shows every default: an option whose help does not say its default gets ``(default: ...)``."""
+
+    def _get_help_string(self, action):
+        text = action.help or ""
+        if (not action.option_strings or action.nargs == 0 or action.required or action.default is None
+                or action.default is argparse.SUPPRESS or "default" in text):
+            return text
+        value = action.default
+        shown = " ".join(f"{v:g}" if isinstance(v, float) else str(v) for v in value) \
+            if isinstance(value, (list, tuple)) else str(value)
+        return f"{text} (default: {shown.replace('%', '%%')})"
+
+
+class _RawFormatter(argparse.RawDescriptionHelpFormatter, _Formatter):
+    """:class:`_Formatter` that keeps the description's lines (the top-level help: the module docstring)."""
+
+
 class _Parser(argparse.ArgumentParser):
-    """argparse with one-line errors: :func:`main` prints them as ``papa: error: ...`` and exits with 2."""
+    """argparse with one-line errors: :func:`main` prints them as ``papa: error: ...`` and exits with 2; help
+    shows every default (:class:`_Formatter`)."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("formatter_class", _Formatter)
+        super().__init__(*args, **kwargs)
 
     def error(self, message):
         raise UsageError(f"{message} (see '{self.prog} --help')")
@@ -81,6 +108,7 @@ def _non_negative_float(text: str) -> float:
 
 
 def _shared(parser: argparse.ArgumentParser, task_required: bool = True, custom: bool = True) -> None:
+    """The options every probing command shares (``custom=False``: papa grid's, whose defaults are the file's)."""
     from .experiments.tasks import TASKS
 
     group = parser.add_argument_group("shared options")
@@ -93,36 +121,54 @@ def _shared(parser: argparse.ArgumentParser, task_required: bool = True, custom:
         group.add_argument("--task", required=task_required, choices=sorted(TASKS) + [CUSTOM],
                            help="downstream task, or 'custom' for your own files (see below)")
     else:
-        group.add_argument("--task", default=None, help="run only this task of the grid")
+        group.add_argument("--task", default=None, help="run only this task of the grid (default: every task)")
     group.add_argument(
-        "--data-dir", default=None, help="local data folder laid out like ../shared/data; default: the hub"
+        "--data-dir", default=None,
+        help="local data folder laid out like ../shared/data (an error if it does not exist); default: "
+             + ("the file's data_dir, else the hub (the packaged sample stands in for a data_dir that lacks sst2)"
+                if not custom else "../shared/data beside the checkout when it exists, else the packaged sample "
+                "for sst2 (one line says so), else the hub")
     )
     group.add_argument(
-        "--max-length", type=_positive_int, default=None, help="sequence length L (default: paper Table 3 per task)"
+        "--max-length", type=_positive_int, default=None,
+        help="sequence length L (default: " + ("the file's max_length, else " if not custom else "")
+             + "paper Table 3 per task)"
     )
     group.add_argument("--limit", type=_positive_int, default=None, metavar="N",
                        help="train each seed's probe on a seeded subset of N training examples; the constant matrices "
-                            "still average over the whole training set (see --average-limit)")
+                            "still average over the whole training set (see --average-limit); default: "
+                            + ("the file's limit, else " if not custom else "") + "every training example")
     group.add_argument("--average-limit", type=_positive_int, default=None, metavar="N",
                        help="average the constant matrices (Eq. 2) over a seeded subset of N training examples "
                             "(default: the whole training set, as the paper does); records state it (average_limit)")
     group.add_argument(
         "--seeds", type=_positive_int, default=None, help="number of seeds (0..N-1); default 3 (grid: the file's value)"
     )
-    group.add_argument("--epochs", type=_positive_int, default=None, help="probe epochs (default: Table 3)")
+    group.add_argument("--epochs", type=_positive_int, default=None,
+                       help="probe epochs (default: " + ("the file's epochs, else " if not custom else "") + "Table 3)")
     group.add_argument("--device", default=None,
                        help="cpu, cuda, cuda:1, ... or auto (CUDA when torch sees a GPU, else cpu); default: cpu "
                             "(grid: the file's device)")
-    group.add_argument("--results-dir", default="data/results/cli", help="where records, matrices and λ are stored")
+    if custom:
+        group.add_argument("--results-dir", default="data/results/cli",
+                           help="where records (results.csv), constant matrices and λ are stored")
+    else:
+        group.add_argument("--results-dir", default=None,
+                           help="where records (results.csv), constant matrices and λ are stored (default: the grid "
+                                "file's folder)")
     if custom:
         group = parser.add_argument_group(
             "your own task (--task custom)",
             "Single-text or pair classification from TSV/CSV files with a header row; the label set is the "
             "training file's, sorted. Defaults: SST-2's row of Table 3, L = 128.")
-        group.add_argument("--train", metavar="FILE", help="training file (.tsv or .csv, header row)")
-        group.add_argument("--validation", metavar="FILE", help="validation file (results are reported on it)")
-        group.add_argument("--text-columns", metavar="A[,B]", help="text column, or two columns for a pair")
-        group.add_argument("--label-column", metavar="C", help="label column (strings or integers)")
+        group.add_argument("--train", metavar="FILE",
+                           help="training file (.tsv or .csv, header row); required with --task custom")
+        group.add_argument("--validation", metavar="FILE",
+                           help="validation file (results are reported on it); required with --task custom")
+        group.add_argument("--text-columns", metavar="A[,B]",
+                           help="text column, or two columns for a pair; required with --task custom")
+        group.add_argument("--label-column", metavar="C",
+                           help="label column (strings or integers); required with --task custom")
         group.add_argument("--metric", choices=["accuracy", "f1", "mcc"], default=None,
                            help="accuracy (default), f1 (positive class = second sorted label), mcc")
         group.add_argument(
@@ -156,6 +202,50 @@ def _check_data_dir(data_dir) -> None:
         raise FileNotFoundError(f"data directory not found: {data_dir}")
 
 
+def _shared_data() -> Path:
+    """``../shared/data`` beside the checkout: the folder the chapters' ``local`` profile reads."""
+    from .book.profiles import find_repo_root
+
+    return find_repo_root(fallback="package").parent / "shared" / "data"
+
+
+def _shown(folder: Path) -> str:
+    """How a notice names ``folder``: relative to the working directory when it lies near, else in full."""
+    try:
+        relative = os.path.relpath(folder)
+    except ValueError:  # another drive
+        return str(folder)
+    return str(folder) if relative.startswith(os.path.join(os.pardir, os.pardir)) else relative
+
+
+def _sample_for(folder, tasks, shown: str | None = None) -> str | None:
+    """The packaged sample (with its one-line notice) when every task is one it holds and ``folder`` lacks their
+    files; else None."""
+    from .experiments.sample_data import SAMPLE_TASKS, data_or_sample, missing_files
+
+    if not tasks or not all(task in SAMPLE_TASKS for task in tasks):
+        return None
+    needed = [name for task in tasks for name in SAMPLE_TASKS[task]]
+    if not missing_files(folder, needed):
+        return None
+    return str(data_or_sample(folder, shown=shown or _shown(Path(folder)), needed=needed))
+
+
+def _data_dir(given, tasks) -> str | None:
+    """The data folder of averages, select and probe: ``--data-dir`` (an error naming it when it is not a folder);
+    else ``../shared/data`` beside the checkout when it exists, as the chapters read it; else the packaged sample
+    when it holds every task read (``tasks``: the task and ``--matrices-from``'s; one line says so); else None, the
+    hub."""
+    if given is not None:
+        _check_data_dir(given)
+        return given
+    folder = _shared_data()
+    sample = _sample_for(folder, tasks)
+    if sample is not None:
+        return sample
+    return str(folder) if folder.is_dir() else None
+
+
 def _position_limit(model) -> int | None:
     """Longest L the model's absolute position embeddings allow (None: relative positions only, no limit)."""
     config = model.config
@@ -175,8 +265,8 @@ def _check_length(model, lengths, where: str = "--max-length") -> None:
     limit = _position_limit(model)
     for length in lengths:
         if limit is not None and length is not None and length > limit:
-            raise ValueError(f"{where} {length} is longer than the {limit} positions of {model_id(model)}; "
-                             f"use {limit} or less")
+            raise PapaInputError(f"{where} {length} is longer than the {limit} positions of {model_id(model)}; "
+                                 f"use {limit} or less")
 
 
 def _load_model(name, device):
@@ -185,16 +275,21 @@ def _load_model(name, device):
     try:
         return load_encoder(name, device=device)
     except OSError as error:  # transformers' "not found / could not connect" (an unreachable hub), a bad folder
-        raise OSError(f"could not load the model {name!r}: {error}") from error
+        raise PapaInputError(f"could not load the model {name!r}: {error}") from error
 
 
 def _experiment(args):
+    from .core.models import resolve_device
     from .experiments.engine import ExperimentConfig, TaskExperiment
 
+    custom = args.task == CUSTOM
     _register_custom(args)
-    _check_data_dir(args.data_dir)
+    if custom:
+        _check_data_dir(args.data_dir)
+    sources = [args.task] + [name for name in [getattr(args, "matrices_from", None)] if name and name != args.task]
+    data_dir = args.data_dir if custom else _data_dir(args.data_dir, sources)
     config = ExperimentConfig(
-        task=args.task, model=args.model, data_dir=args.data_dir, max_length=args.max_length, limit=args.limit,
+        task=args.task, model=args.model, data_dir=data_dir, max_length=args.max_length, limit=args.limit,
         average_limit=args.average_limit,
         epochs=args.epochs, device=resolve_device(args.device), profile=getattr(args, "profile", "local"),
         lambda_learning_rate=getattr(args, "lambda_lr", None), lambda_epochs=getattr(args, "lambda_epochs", None),
@@ -245,19 +340,59 @@ def cmd_probe(args) -> int:
 
     experiment = _experiment(args)
     seeds = range(args.seeds if args.seeds is not None else 3)
+    stored = set(experiment.store.run_ids()) if experiment.store.path.is_file() else set()
+    records = []
     for matrix_type in args.matrix_type:
         for order in args.order:
             for fraction in args.fraction:
                 variant = Variant.make(matrix_type, order, _fraction(fraction), args.matrices_from)
                 for seed in seeds:
                     record = experiment.run(variant, seed)
+                    records.append(record)
                     print(f"{record['task']}\t{variant.matrix_type}\t{variant.selection_order}\t{variant.fraction:g}\t"
                           f"seed {seed}\t{record['metric']}={record['value']:.4f}")
-    print(f"records in {Path(args.results_dir) / 'results.csv'}")
+    _report(records, stored, experiment.store.path)
     return 0
 
 
+def _report(records, stored: set, path) -> None:
+    """The closing lines of probe and grid: what was measured (mean ± 95% interval over seeds, per task, variant
+    and metric) and how many of the records were computed now and how many were reused (already in ``path``)."""
+    import pandas as pd
+
+    from .experiments.summaries import summarize
+
+    frame = pd.DataFrame([{key: record.get(key) for key in _TABLE_KEYS + ("seed", "value", "run_id")}
+                          for record in records])
+    reused = sum(record["run_id"] in stored for record in records)
+    if records:
+        frame["matrices_from"] = [source if isinstance(source, str) and source and source != task else "-"
+                                  for source, task in zip(frame["matrices_from"], frame["task"])]
+        table = summarize(frame, list(_TABLE_KEYS))
+        half = (table["ci_high"] - table["ci_low"]) / 2
+        shown = pd.DataFrame({
+            "task": table["task"], "matrix type": table["matrix_type"], "order": table["selection_order"],
+            "fraction": table["fraction"].map(lambda f: f"{float(f):g}"), "from": table["matrices_from"],
+            "metric": table["metric"],
+            "mean ± 95% CI": [f"{m:.4f} ± {h:.4f}" if n > 1 else f"{m:.4f} (1 seed)"
+                              for m, h, n in zip(table["mean"], half, table["n"])],
+            "seeds": table["n"],
+        })
+        if (shown["from"] == "-").all():
+            shown = shown.drop(columns="from")
+        rows = [list(shown.columns)] + [[str(cell) for cell in row] for row in shown.itertuples(index=False)]
+        widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+        for row in rows:
+            print("  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip())
+    print(f"{len(records)} records in {path}: {len(records) - reused} computed now, {reused} reused (already stored)")
+
+
+#: What the closing table groups by: a task's variant and its metric (the seeds are averaged).
+_TABLE_KEYS = ("task", "matrix_type", "selection_order", "fraction", "matrices_from", "metric")
+
+
 def cmd_grid(args) -> int:
+    from .core.models import resolve_device
     from .experiments.features import parse_bytes
     from .experiments.grid import load_grid
 
@@ -266,7 +401,8 @@ def cmd_grid(args) -> int:
         raise UsageError(f"--task {args.task}: no block of {args.grid} runs it")
     _check_data_dir(args.data_dir)
     overrides = {
-        "model": args.model, "data_dir": args.data_dir, "max_length": args.max_length, "limit": args.limit,
+        "model": args.model, "data_dir": args.data_dir or _grid_sample(spec), "max_length": args.max_length,
+        "limit": args.limit,
         "average_limit": args.average_limit,
         "epochs": args.epochs, "device": args.device,
         "seeds": list(range(args.seeds)) if args.seeds is not None else None,
@@ -298,12 +434,47 @@ def cmd_grid(args) -> int:
     lengths = args.max_length or spec.get("max_length")
     _check_length(model, lengths.values() if isinstance(lengths, dict) else [lengths],
                   "--max-length" if args.max_length else f"max_length of {args.grid}")
+    from .experiments.results import ResultsStore
+
+    before = ResultsStore(results_dir)
+    stored = set(before.run_ids()) if before.path.is_file() else set()
     try:
         store = executor.run_grid(spec, results_dir, model, tokenizer, overrides=overrides, only_seeds=args.only_seed)
     except ImportError as error:  # --executor ray without Ray installed
         raise UsageError(str(error)) from error
-    print(f"{len(store)} records in {store.path}")
+    _report(_grid_records(spec, store, model, args.only_seed, overrides), stored, store.path)
     return 0
+
+
+def _grid_sample(spec) -> str | None:
+    """The packaged sample, when the grid file's ``data_dir`` lacks the files of its tasks and the sample holds
+    them all (as the chapters fall back); else None (the file's own setting stands)."""
+    if not spec.get("data_dir"):
+        return None
+    tasks = {task for block in spec["blocks"] for task in block.tasks + [block.matrices_from] if task}
+    return _sample_for(spec["data_dir"], sorted(tasks), shown=str(spec["data_dir"]))  # as the file writes it
+
+
+def _grid_records(spec, store, model, only_seeds, overrides) -> list[dict]:
+    """The stored records of a grid's runs: its tasks x variants x seeds, made with this model."""
+    from .core.models import model_id
+    from .experiments.grid import grid_runs, grid_settings
+
+    _, seeds = grid_settings(spec, overrides)
+    seeds = [seed for seed in seeds if only_seeds is None or seed in only_seeds]
+    def key(task, matrix_type, order, fraction, source):
+        own = source if isinstance(source, str) and source and source != task else None
+        return task, matrix_type, order, round(float(fraction), 9), own
+
+    wanted = {key(task, v.matrix_type, v.selection_order, v.fraction, v.matrices_from)
+              for task, variants in grid_runs(spec["blocks"]).items() for v in variants}
+    frame = store.frame()
+    if frame.empty:
+        return []
+    name = model_id(model)
+    keep = [key(row.task, row.matrix_type, row.selection_order, row.fraction, row.matrices_from) in wanted
+            and int(row.seed) in seeds and row.model == name for row in frame.itertuples()]
+    return frame[keep].to_dict("records")
 
 
 def _check_store(grid, results_dir) -> None:
@@ -371,6 +542,8 @@ def _book_tools():
 
 
 def cmd_reproduce(args) -> int:
+    from .core.models import resolve_device
+
     tools = _book_tools()
     ChapterExecutionError, failure_line, run_chapters = (tools.ChapterExecutionError, tools.failure_line,
                                                          tools.run_chapters)
@@ -436,9 +609,10 @@ def build_parser() -> argparse.ArgumentParser:
     ORDERS = all_orders()
     from .experiments.selection import PAPER_FRACTIONS
 
-    parser = _Parser(prog="papa", description=__doc__.split("\n\n")[0],
-                     formatter_class=argparse.RawDescriptionHelpFormatter,
-                     epilog="Run 'papa <command> --help' for a command's options.")
+    paragraphs = __doc__.strip().split("\n\n")  # plain text: the commands are listed by argparse itself
+    parser = _Parser(prog="papa", description="\n\n".join(p for p in paragraphs if not p.startswith("Commands:")),
+                     epilog="Run 'papa <command> --help' for a command's options and their defaults.",
+                     formatter_class=_RawFormatter)
     from . import __version__
 
     parser.add_argument("--version", action="version", version=f"papa {__version__}",
@@ -453,9 +627,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _shared(p)
     p.add_argument(
-        "--matrices-from", default=None, help="build from another task's training text (e.g. mnli, Sec. 5.3)"
+        "--matrices-from", default=None,
+        help="build from another task's training text (e.g. mnli, Sec. 5.3); default: the task's own"
     )
-    p.add_argument("--out", default=None, help="output .safetensors path")
+    p.add_argument("--out", default=None,
+                   help="output .safetensors path (default: RESULTS_DIR/matrices/<task>-L<L>.safetensors)")
     p.set_defaults(func=cmd_averages)
 
     p = sub.add_parser(
@@ -464,19 +640,20 @@ def build_parser() -> argparse.ArgumentParser:
         description="Train B = λA + (1-λ)C mixing weights jointly with a probe; smallest λ is replaced first.",
     )
     _shared(p)
-    p.add_argument("--matrices-from", default=None, help="task whose average matrices are mixed in")
+    p.add_argument("--matrices-from", default=None,
+                   help="task whose average matrices are mixed in (default: the task itself)")
     p.add_argument("--lambda-lr", type=_positive_float, default=None, help="learning rate for θ (default: the probe's)")
     p.add_argument(
         "--lambda-epochs", type=_positive_int, default=None, help="epochs of λ training (default: the probe's)"
     )
-    p.add_argument("--out", default=None, help="save the order and λ as CSV")
+    p.add_argument("--out", default=None, help="save the order and λ as CSV (default: print them only)")
     p.set_defaults(func=cmd_select)
 
     p = sub.add_parser(
         "probe",
         help="probe variants of a task and record the results (Sec. 3.3, 4, 5)",
         description="For each matrix type x order x fraction x seed, train a probe on the frozen model and append "
-        "a record.",
+        "a record (runs already stored are reused); ends with a table of the means and 95% intervals over seeds.",
     )
     _shared(p)
     p.add_argument("--matrix-type", nargs="+", default=["average"], choices=MATRIX_TYPES, metavar="TYPE",
@@ -485,25 +662,32 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"which heads are replaced first (Sec. 3.2, 5.4): {', '.join(ORDERS)}; default: lambda")
     p.add_argument("--fraction", nargs="+", type=_fraction, default=list(PAPER_FRACTIONS),
                    help="fractions of heads kept input-dependent, e.g. 1 1/2 1/8 1/16 0")
-    p.add_argument("--matrices-from", default=None, help="average matrices from another task's text (Sec. 5.3)")
-    p.add_argument("--lambda-lr", type=_positive_float, default=None, help="learning rate for θ in λ learning")
-    p.add_argument("--lambda-epochs", type=_positive_int, default=None, help="epochs of λ learning")
+    p.add_argument("--matrices-from", default=None,
+                   help="average matrices from another task's text (Sec. 5.3); default: the task's own")
+    p.add_argument("--lambda-lr", type=_positive_float, default=None,
+                   help="learning rate for θ in λ learning (default: the probe's)")
+    p.add_argument("--lambda-epochs", type=_positive_int, default=None,
+                   help="epochs of λ learning (default: the probe's)")
     p.set_defaults(func=cmd_probe)
 
     p = sub.add_parser(
         "grid",
         help="run a declared grid (YAML), resuming finished runs",
-        description="Run every run of a grid file; records go to --results-dir (default: the grid file's folder).",
+        description="Run every run of a grid file, resuming (runs already stored are reused); records go to "
+        "--results-dir (default: the grid file's folder). Ends with a table of the means and 95% intervals over "
+        "seeds. The file's keys: the book's \"Appendix: grid-file reference\" (book/gridfile.md).",
     )
-    p.add_argument("grid", help="grid YAML file (see data/results/local-minilm/grid.yaml)")
+    p.add_argument("grid", help="grid YAML file (e.g. data/results/local-minilm/grid.yaml)")
     p.add_argument("--plan", action="store_true",
                    help="print per task the examples, variants, backbone passes, feature bytes, cache or stream and "
                         "an estimated time from throughput measured here, for the runs not yet in the results folder "
                         "(reading the matrices and λ saved there); run nothing")
-    p.add_argument("--blocks", default=None, help="run only these blocks of the file (comma-separated names)")
+    p.add_argument("--blocks", default=None,
+                   help="run only these blocks of the file (comma-separated names; default: every block)")
     p.add_argument("--only-seed", type=int, action="append", default=None,
                    help="run only this seed of the file's seeds (repeatable); training subsets stay those of the "
-                        "full grid, so shards run in parallel give the same records; with --plan, the shard's plan")
+                        "full grid, so shards run in parallel give the same records; with --plan, the shard's plan "
+                        "(default: every seed of the file)")
     p.add_argument("--repair", action="store_true",
                    help="repair the results table (results.csv in --results-dir): keep every intact record, move "
                         "damaged lines into results.csv.damaged-<time>; run nothing")
@@ -542,7 +726,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="smoke: tiny random model, seconds; local: embedded MiniLM on local data, CPU; paper: the "
                         "paper's hub models, GPU")
     p.add_argument("--out", default="runs", help="executed notebooks go to OUT/<profile>/")
-    p.add_argument("--chapter", action="append", help="only this chapter (repeatable)")
+    p.add_argument("--chapter", action="append", help="only this chapter (repeatable; default: every chapter)")
     p.add_argument("--model", default=None, help="the chapters' model (hub id or folder); default: the profile's")
     p.add_argument("--data-dir", default=None,
                    help="local data folder laid out like ../shared/data; default: the profile's")
@@ -550,7 +734,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="cpu, cuda, cuda:1, ... or auto (CUDA when torch sees a GPU); default: the profile's")
     p.add_argument("-p", "--parameter", nargs=2, action="append", metavar=("NAME", "VALUE"),
                    help="a chapter parameter, as papermill's -p (VALUE read as YAML: 512, [sst2, cola], text); "
-                        "repeatable")
+                        "repeatable; default: the chapters' own values")
     p.add_argument("--no-resume", action="store_true", help="re-run chapters that already finished")
     p.set_defaults(func=cmd_reproduce)
 
@@ -563,13 +747,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _user_errors() -> tuple[type[BaseException], ...]:
-    """Exceptions that report a user's mistake or environment (printed in one line), not a bug in papa."""
+    """Exceptions that report a user's mistake or environment (printed in one line), not a bug in papa: the errors
+    papa_lib raises on purpose (:class:`papa_lib.errors.PapaError`: bad input, an unreachable hub, a packaged model
+    not installed), a bad command line, a path that is missing, not a folder (or a folder) or not allowed, and
+    invalid YAML. Anything else, a plain ValueError included, is a bug: its traceback shows."""
     import yaml
 
-    from .core.models import UnsupportedModelError
-    from .experiments.tasks import HubUnavailableError
-
-    return (UsageError, ValueError, OSError, UnsupportedModelError, HubUnavailableError, yaml.YAMLError)
+    return (PapaError, UsageError, FileNotFoundError, NotADirectoryError, IsADirectoryError, PermissionError,
+            yaml.YAMLError)
 
 
 _AT_LINE = re.compile(r"(?P<file>[^\n]+?):(?P<line>\d+): (?P<what>.+)", re.S)
@@ -606,6 +791,11 @@ def main(argv=None) -> int:
             from .ops import bench
 
             return int(bench.main(argv[1:], parser_class=_Parser) or 0)
+        if argv == ["--version"]:  # before build_parser, which imports the experiments (and torch)
+            from . import __version__
+
+            print(f"papa {__version__}")
+            raise SystemExit(0)
         args = build_parser().parse_args(argv)
         return int(args.func(args) or 0)
     except KeyboardInterrupt:

@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from ..core.artefacts import checksum
+from ..errors import PapaInputError
 from .tasks import TASKS, SentenceExamples, TaskSpec
 
 __all__ = ["CustomTask", "METRICS", "register_custom_task", "register_custom_tasks"]
@@ -80,7 +81,7 @@ class CustomTask:
 
     def __post_init__(self):
         if not isinstance(self.name, str) or not _NAME_RE.match(self.name):
-            raise ValueError(
+            raise PapaInputError(
                 f"custom task name {self.name!r} must be letters, digits, '_', '.' or '-' (no spaces or '/')"
             )
         columns = self.text_columns
@@ -88,27 +89,30 @@ class CustomTask:
             columns = columns.split(",")
         columns = tuple(str(c).strip() for c in columns)
         if not 1 <= len(columns) <= 2 or not all(columns):
-            raise ValueError(
+            raise PapaInputError(
                 f"custom task {self.name!r}: text columns must be one or two column names, got {self.text_columns!r}"
             )
         object.__setattr__(self, "text_columns", columns)
         if not str(self.label_column).strip():
-            raise ValueError(f"custom task {self.name!r}: the label column name is empty")
+            raise PapaInputError(f"custom task {self.name!r}: the label column name is empty")
         if self.label_column in columns:
-            raise ValueError(f"custom task {self.name!r}: column {self.label_column!r} cannot be both text and label")
+            raise PapaInputError(
+                f"custom task {self.name!r}: column {self.label_column!r} cannot be both text and label")
         if self.metric not in METRICS:
-            raise ValueError(f"custom task {self.name!r}: unknown metric {self.metric!r}; choose accuracy, f1 or mcc")
+            raise PapaInputError(
+                f"custom task {self.name!r}: unknown metric {self.metric!r}; choose accuracy, f1 or mcc")
         length = 128 if self.max_length is None else self.max_length
         if isinstance(length, bool) or not isinstance(length, int) or length < 4:
-            raise ValueError(f"custom task {self.name!r}: max_length must be an integer >= 4, got {self.max_length!r}")
+            raise PapaInputError(
+                f"custom task {self.name!r}: max_length must be an integer >= 4, got {self.max_length!r}")
         if len(columns) == 2 and length % 2:
-            raise ValueError(f"custom task {self.name!r}: a pair task needs an even max_length "
+            raise PapaInputError(f"custom task {self.name!r}: a pair task needs an even max_length "
                              f"(the App. A layout puts the middle separator at L/2), got {length}")
         object.__setattr__(self, "max_length", length)
         for key in ("learning_rate", "batch_size", "epochs"):
             value = getattr(self, key)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
-                raise ValueError(f"custom task {self.name!r}: {key} must be a positive number, got {value!r}")
+                raise PapaInputError(f"custom task {self.name!r}: {key} must be a positive number, got {value!r}")
         if self.delimiter is not None:
             object.__setattr__(self, "delimiter", _parse_delimiter(self.delimiter, self.name))
 
@@ -122,7 +126,7 @@ class CustomTask:
             return self.delimiter
         suffix = Path(path).suffix.lower()
         if suffix not in _DELIMITERS:
-            raise ValueError(f"{path}: cannot tell the delimiter from the extension {suffix or '(none)'!r}; "
+            raise PapaInputError(f"{path}: cannot tell the delimiter from the extension {suffix or '(none)'!r}; "
                              "name the file .tsv or .csv, or give the delimiter (--delimiter)")
         return _DELIMITERS[suffix]
 
@@ -131,7 +135,7 @@ def _parse_delimiter(text: str, name: str) -> str:
     named = {"tab": "\t", "\\t": "\t", "comma": ",", "semicolon": ";", "pipe": "|"}
     value = named.get(str(text).lower(), str(text))
     if len(value) != 1 or value in "\r\n\"":
-        raise ValueError(
+        raise PapaInputError(
             f"custom task {name!r}: delimiter must be one character (or tab, comma, semicolon, pipe), got {text!r}"
         )
     return value
@@ -152,7 +156,7 @@ def _rows(path: Path, delimiter: str) -> Iterator[tuple[int, list[str], list[str
                 except StopIteration:
                     break
                 except csv.Error as error:
-                    raise ValueError(f"{path}:{reader.line_num}: {error}") from None
+                    raise PapaInputError(f"{path}:{reader.line_num}: {error}") from None
                 end = reader.line_num
                 if not row or (len(row) == 1 and not row[0].strip()):
                     continue
@@ -161,22 +165,22 @@ def _rows(path: Path, delimiter: str) -> Iterator[tuple[int, list[str], list[str
                     continue
                 if len(row) != len(header):
                     sep = "tab" if delimiter == "\t" else repr(delimiter)
-                    raise ValueError(
+                    raise PapaInputError(
                         f"{path}:{start}: expected {len(header)} {sep}-separated fields (as in the header), "
                         f"found {len(row)}"
                     )
                 yield start, row, header
     except UnicodeDecodeError as error:
-        raise ValueError(f"{path}: not UTF-8 text ({error.reason} at byte {error.start})") from None
+        raise PapaInputError(f"{path}: not UTF-8 text ({error.reason} at byte {error.start})") from None
     if header is None:
-        raise ValueError(f"{path}: file is empty (expected a header row)")
+        raise PapaInputError(f"{path}: file is empty (expected a header row)")
 
 
 def _columns(task: CustomTask, path: Path, header: list[str]) -> list[int]:
     wanted = list(task.text_columns) + [task.label_column]
     missing = [name for name in wanted if name not in header]
     if missing:
-        raise ValueError(f"{path}:1: no column {missing[0]!r} in the header {header}")
+        raise PapaInputError(f"{path}:1: no column {missing[0]!r} in the header {header}")
     return [header.index(name) for name in wanted]
 
 
@@ -193,8 +197,8 @@ def _header(task: CustomTask, path: Path) -> list[str]:
                     _columns(task, path, header)
                     return header
         except (UnicodeDecodeError, csv.Error) as error:
-            raise ValueError(f"{path}:1: cannot read the header ({error})") from None
-    raise ValueError(f"{path}: file is empty (expected a header row)")
+            raise PapaInputError(f"{path}:1: cannot read the header ({error})") from None
+    raise PapaInputError(f"{path}: file is empty (expected a header row)")
 
 
 def _read(task: CustomTask, path: Path) -> tuple[list[str], list[str] | None, list[str], list[int]]:
@@ -209,7 +213,7 @@ def _read(task: CustomTask, path: Path) -> tuple[list[str], list[str] | None, li
             cols = _columns(task, path, header)
         label = row[cols[-1]].strip()
         if not label:
-            raise ValueError(f"{path}:{lineno}: empty label in column {task.label_column!r}")
+            raise PapaInputError(f"{path}:{lineno}: empty label in column {task.label_column!r}")
         texts.append(row[cols[0]])
         if pairs is not None:
             pairs.append(row[cols[1]])
@@ -233,7 +237,7 @@ def _load(task: CustomTask, label_names: tuple[str, ...], split: str) -> Sentenc
     ids = {label: i for i, label in enumerate(label_names)}
     for label, lineno in zip(labels, lines):
         if label not in ids:
-            raise ValueError(f"{path}:{lineno}: label {label!r} does not occur in the training file {task.train} "
+            raise PapaInputError(f"{path}:{lineno}: label {label!r} does not occur in the training file {task.train} "
                              f"(its labels: {list(label_names)})")
     return SentenceExamples(texts=texts, pairs=pairs, labels=[ids[label] for label in labels], source=str(path))
 
@@ -250,7 +254,8 @@ def register_custom_task(task: CustomTask) -> TaskSpec:
             with other than two labels.
     """
     if task.name in _BUILTIN_TASKS:
-        raise ValueError(f"custom task name {task.name!r} is taken by one of the paper's tasks; choose another name")
+        raise PapaInputError(
+            f"custom task name {task.name!r} is taken by one of the paper's tasks; choose another name")
     train, validation = Path(task.train), Path(task.validation)
     for what, path in (("training", train), ("validation", validation)):
         if not path.is_file():
@@ -258,14 +263,14 @@ def register_custom_task(task: CustomTask) -> TaskSpec:
     _header(task, validation)
     _, _, labels, _ = _read(task, train)
     if not labels:
-        raise ValueError(f"{train}: the training set of {task.name} is empty: the file has no examples")
+        raise PapaInputError(f"{train}: the training set of {task.name} is empty: the file has no examples")
     label_names = _label_order(labels)
     if len(label_names) < 2:
-        raise ValueError(
+        raise PapaInputError(
             f"{train}: every example has the label {label_names[0]!r}; a classifier needs two labels or more"
         )
     if METRICS[task.metric] == "f1" and len(label_names) != 2:
-        raise ValueError(f"custom task {task.name}: metric f1 scores the positive class of a two-label task, but "
+        raise PapaInputError(f"custom task {task.name}: metric f1 scores the positive class of a two-label task, but "
                          f"{train} has {len(label_names)} labels; use accuracy or mcc")
     delimiters = [task.delimiter_of(train), task.delimiter_of(validation)]
     provenance = {
@@ -298,14 +303,14 @@ def register_custom_tasks(entries: Any, base: str | Path | None = None, where: s
     if entries is None:
         return []
     if not isinstance(entries, (list, tuple)):
-        raise ValueError(f"{at(where, root, ('custom_tasks',))}: custom_tasks must be a list of tasks, "
+        raise PapaInputError(f"{at(where, root, ('custom_tasks',))}: custom_tasks must be a list of tasks, "
                          f"got {type(entries).__name__}")
     checked: list[CustomTask] = []
     for i, entry in enumerate(entries):  # every entry checked before any file is read
         here = at(where, root, ("custom_tasks", i))
         if not isinstance(entry, CustomTask):
             if not isinstance(entry, dict):
-                raise ValueError(f"{here}: custom task {i} must be a mapping with name, train, validation, "
+                raise PapaInputError(f"{here}: custom task {i} must be a mapping with name, train, validation, "
                                  f"text_columns and label_column, got {entry!r}")
             validate(CustomTaskSpec, entry, where, root, base=("custom_tasks", i))
             entry = dict(entry)
@@ -315,11 +320,11 @@ def register_custom_tasks(entries: Any, base: str | Path | None = None, where: s
             try:
                 entry = CustomTask(**entry)
             except ValueError as error:
-                raise ValueError(f"{here}: {error}") from None
+                raise PapaInputError(f"{here}: {error}") from None
         if entry.name in {t.name for t in checked}:
-            raise ValueError(f"{here}: custom task {entry.name!r} is declared twice")
+            raise PapaInputError(f"{here}: custom task {entry.name!r} is declared twice")
         if entry.name in _BUILTIN_TASKS:
-            raise ValueError(f"{here}: custom task name {entry.name!r} is taken by one of the paper's tasks; "
+            raise PapaInputError(f"{here}: custom task name {entry.name!r} is taken by one of the paper's tasks; "
                              "choose another name")
         checked.append(entry)
     for entry in checked:

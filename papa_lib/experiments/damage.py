@@ -17,10 +17,12 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
+from ..errors import PapaInputError
+
 __all__ = ["Damage", "DamagedStoreError", "row_problem", "scan_table", "side_file"]
 
 
-class DamagedStoreError(ValueError):
+class DamagedStoreError(PapaInputError):
     """A results table damaged before its last line: the message names the first damaged line (``file:line:``)."""
 
     def __init__(self, message: str, path: Path | None = None, lines: Sequence[int] = ()):

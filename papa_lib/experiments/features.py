@@ -34,6 +34,7 @@ from ..core.artefacts import set_aside, write_atomic
 from ..core.layout import EncodedBatch
 from ..core.models import adapter_for, model_device
 from ..core.packing import layout_position_ids, pack, packing_notice, supports_packing
+from ..errors import PapaInputError
 from .probes import RaggedSentences
 
 #: Default budget for cached features: a quarter of the machine's memory (the files are memory-mapped, so the
@@ -66,7 +67,7 @@ def parse_bytes(text: str | int | float) -> int:
     try:
         return int(float(number) * units[unit])
     except ValueError:
-        raise ValueError(f"cache budget {text!r} is not a size (use e.g. 8G, 512M or a number of bytes)") from None
+        raise PapaInputError(f"cache budget {text!r} is not a size (use e.g. 8G, 512M or a number of bytes)") from None
 
 
 def select_rows(encoded: EncodedBatch, rows) -> EncodedBatch:

@@ -52,6 +52,7 @@ import numpy as np
 import pandas as pd
 
 from ..core.artefacts import notice, write_atomic
+from ..errors import PapaInputError
 from .damage import Damage, DamagedStoreError, row_problem, scan_table, side_file
 from .provenance import config_hash, distribution_version, package_versions  # noqa: F401  (re-exported)
 from .summaries import CONFIG_COLUMNS, mean_ci, relative_drop, summarize  # noqa: F401  (re-exported)
@@ -345,7 +346,7 @@ class ResultsStore:
             try:
                 data[column] = _decode_column(column, texts)
             except ValueError as err:
-                raise ValueError(f"{self.path}: column {column!r}: {err}") from None
+                raise PapaInputError(f"{self.path}: column {column!r}: {err}") from None
         if "average_limit" in data:  # examples the constant matrices averaged; records from before it: all
             data["average_limit"] = pd.Series(["all" if _is_missing(v) or v == "all" else int(v)
                                                for v in data["average_limit"]], dtype=object)

@@ -9,7 +9,9 @@ laid out like ``../shared/data``, so on first use :func:`sample_dir` writes the 
 
 The chapters that compute live at the ``local`` profile read only these files. When their data folder does not
 hold them — a fresh machine without ``../shared/data``, where the hub is no way out either — :func:`data_or_sample`
-hands back the sample instead and prints one line saying so (:func:`papa_lib.book.profiles.resolve` calls it). The
+hands back the sample instead and prints one line saying so (:func:`papa_lib.book.profiles.resolve` calls it; so
+does the ``papa`` command, for the tasks of :data:`SAMPLE_TASKS`, when no data folder is given and
+``../shared/data`` is absent, or a grid file's ``data_dir`` lacks their files). The
 readers name sample files as ``papa_lib/samples/<file> (packaged sample)`` (:func:`describe`), the same on every
 machine, so records and figure subtitles say which data they used.
 """
@@ -24,8 +26,10 @@ import sys
 import tempfile
 from pathlib import Path
 
-__all__ = ["SAMPLE_PACK", "SAMPLE_FILES", "SAMPLE_LABEL", "SAMPLE_CONTENTS", "data_or_sample", "describe",
-           "is_sample", "missing_files", "read_pack", "sample_dir"]
+from ..errors import PapaInputError
+
+__all__ = ["SAMPLE_PACK", "SAMPLE_FILES", "SAMPLE_LABEL", "SAMPLE_CONTENTS", "SAMPLE_TASKS", "data_or_sample",
+           "describe", "is_sample", "missing_files", "read_pack", "sample_dir"]
 
 #: The packaged sample (package data): sections, each a JSON object naming a file, then its rows or lines.
 SAMPLE_PACK = Path(__file__).resolve().parents[1] / "samples" / "sample.jsonl"
@@ -36,17 +40,21 @@ SAMPLE_FILES = (
     "wikitext-2/wiki.valid.tokens",
     "wikitext-2/wiki.test.tokens",
 )
+#: The paper's tasks the sample holds, with the files each reads (the ``papa`` command falls back to the sample for
+#: these alone).
+SAMPLE_TASKS = {"sst2": ("glue/SST-2/train.tsv", "glue/SST-2/dev.tsv")}
 #: How figures and records name it.
 SAMPLE_LABEL = "packaged sample"
 #: What it holds, in words (for the fallback notice).
 SAMPLE_CONTENTS = "512 + 256 SST-2 sentences, 5 + 3 WikiText-2 articles"
 
 
-def missing_files(folder: str | os.PathLike | None) -> list[str]:
-    """The files of :data:`SAMPLE_FILES` that ``folder`` lacks (all of them when it is None or not a folder)."""
+def missing_files(folder: str | os.PathLike | None, needed=SAMPLE_FILES) -> list[str]:
+    """The files of ``needed`` (default :data:`SAMPLE_FILES`) that ``folder`` lacks (all of them when it is None or
+    not a folder)."""
     if folder is None or not Path(folder).is_dir():
-        return list(SAMPLE_FILES)
-    return [name for name in SAMPLE_FILES if not (Path(folder) / name).is_file()]
+        return list(needed)
+    return [name for name in needed if not (Path(folder) / name).is_file()]
 
 
 def read_pack(pack: str | os.PathLike | None = None) -> dict[str, str]:
@@ -66,10 +74,10 @@ def read_pack(pack: str | os.PathLike | None = None) -> dict[str, str]:
             try:
                 item = json.loads(raw)
             except json.JSONDecodeError as error:
-                raise ValueError(f"not a JSON value: {error.msg} ({pack}:{number})") from None
+                raise PapaInputError(f"not a JSON value: {error.msg} ({pack}:{number})") from None
             if left == 0:
                 if not isinstance(item, dict) or "file" not in item:
-                    raise ValueError(f"expected a section header {{\"file\": ...}} ({pack}:{number})")
+                    raise PapaInputError(f"expected a section header {{\"file\": ...}} ({pack}:{number})")
                 current = files.setdefault(item["file"], [])
                 if "columns" in item:
                     current.append("\t".join(item["columns"]))
@@ -82,10 +90,10 @@ def read_pack(pack: str | os.PathLike | None = None) -> dict[str, str]:
             elif isinstance(item, str):
                 current.append(item)
             else:
-                raise ValueError(f"expected a row (JSON array) or a line (JSON string) ({pack}:{number})")
+                raise PapaInputError(f"expected a row (JSON array) or a line (JSON string) ({pack}:{number})")
             left -= 1
     if left:
-        raise ValueError(f"the pack ends {left} rows early ({pack})")
+        raise PapaInputError(f"the pack ends {left} rows early ({pack})")
     return {name: "".join(line + "\n" for line in lines) for name, lines in files.items()}
 
 
@@ -149,13 +157,15 @@ def describe(path: str | os.PathLike) -> str:
     return "papa_lib/samples" + ("" if relative == "." else f"/{relative}") + f" ({SAMPLE_LABEL})"
 
 
-def data_or_sample(data_dir: str | os.PathLike | None, shown: str | None = None, stream=None) -> Path:
-    """The folder the ``local`` profile reads: ``data_dir`` when it holds every file of :data:`SAMPLE_FILES`,
-    otherwise the packaged sample, with a one-line notice on ``stream`` (default stderr) naming what was missing.
+def data_or_sample(data_dir: str | os.PathLike | None, shown: str | None = None, stream=None,
+                   needed=SAMPLE_FILES) -> Path:
+    """The folder the ``local`` profile reads: ``data_dir`` when it holds every file of ``needed`` (default
+    :data:`SAMPLE_FILES`; the ``papa`` command passes the files of its tasks, :data:`SAMPLE_TASKS`), otherwise the
+    packaged sample, with a one-line notice on ``stream`` (default stderr) naming what was missing.
 
     ``shown`` is how the notice names ``data_dir`` (default: the path itself). The hub is never tried.
     """
-    missing = missing_files(data_dir)
+    missing = missing_files(data_dir, needed)
     if not missing:
         return Path(data_dir)
     sample = sample_dir()

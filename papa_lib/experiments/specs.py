@@ -31,11 +31,13 @@ from pydantic import (
     field_validator,
 )
 
-__all__ = ["BlockSpec", "CustomTaskSpec", "GridSpec", "SpecError", "at", "line_of", "validate", "validate_grid",
-           "yaml_nodes"]
+from ..errors import PapaInputError
+
+__all__ = ["BlockSpec", "CustomTaskSpec", "GridSpec", "SpecError", "at", "grid_reference", "line_of", "validate",
+           "validate_grid", "yaml_nodes"]
 
 
-class SpecError(ValueError):
+class SpecError(PapaInputError):
     """A grid file or custom-task spec that does not validate: ``<file>:<line>: <what>`` (one line)."""
 
 
@@ -108,6 +110,16 @@ def _per_task(value, kind: str, info: ValidationInfo):
 
 # ----------------------------------------------------------------------------------------------- models
 
+def _key(default: Any = None, kind: str = "", text: str = "", factory=None, per_task: bool = False):
+    """A field with its reference entry: ``kind`` (the type in words; ``per_task``: it also takes a mapping
+    ``{task: value, default: value}``) and ``text`` (what it does); the grid-file reference page
+    (:func:`grid_reference`) is generated from them."""
+    extra = {"kind": kind + (", per task" if per_task else "")}
+    if factory is not None:
+        return Field(default_factory=factory, description=text, json_schema_extra=extra, min_length=1)
+    return Field(default, description=text, json_schema_extra=extra)
+
+
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True, arbitrary_types_allowed=True)
@@ -116,17 +128,21 @@ class _Strict(BaseModel):
 class CustomTaskSpec(_Strict):
     """One ``custom_tasks:`` entry (the fields of :class:`papa_lib.experiments.custom.CustomTask`)."""
 
-    name: str
-    train: str
-    validation: str
-    text_columns: Any
-    label_column: str
-    metric: Literal["accuracy", "f1", "mcc", "matthews_corrcoef"] = "accuracy"
-    max_length: Any = None
-    delimiter: str | None = None
-    learning_rate: Any = 1e-4
-    batch_size: Any = 32
-    epochs: Any = 4
+    name: str = _key(..., "string", "the task's name in records and blocks (letters, digits, _ . -; not one of the "
+                             "paper's tasks)")
+    train: str = _key(..., "path", "training file (.tsv or .csv with a header row), relative to the grid file")
+    validation: str = _key(..., "path", "validation file (results are reported on it), relative to the grid file")
+    text_columns: Any = _key(..., "column name or list of two", "the text column, or two columns for a pair task")
+    label_column: str = _key(..., "column name", "the label column (strings or integers; the label set is the "
+                                                  "training file's, sorted)")
+    metric: Literal["accuracy", "f1", "mcc", "matthews_corrcoef"] = _key(
+        "accuracy", "accuracy, f1 or mcc", "the metric (f1: the positive class is the second sorted label)")
+    max_length: Any = _key(None, "integer of at least 4", "sequence length L (even for a pair task); null: 128")
+    delimiter: str | None = _key(None, "one character, tab, comma, semicolon or pipe",
+                                 "field separator; null: from the file's extension")
+    learning_rate: Any = _key(1e-4, "positive number", "probe learning rate (SST-2's row of Table 3)")
+    batch_size: Any = _key(32, "positive integer", "probe batch size (SST-2's row of Table 3)")
+    epochs: Any = _key(4, "positive integer", "probe epochs (SST-2's row of Table 3)")
 
     @field_validator("text_columns")
     @classmethod
@@ -156,12 +172,17 @@ class CustomTaskSpec(_Strict):
 class BlockSpec(_Strict):
     """One block of a grid (see :class:`papa_lib.experiments.grid.GridBlock`)."""
 
-    name: str
-    tasks: list[str] = Field(min_length=1)
-    matrix_types: list[str] = Field(default_factory=lambda: ["average"], min_length=1)
-    orders: list[str] = Field(default_factory=lambda: ["lambda"], min_length=1)
-    fractions: list[Any] = Field(default_factory=lambda: [1, 0.5, 0.125, 0.0625, 0], min_length=1)
-    matrices_from: str | None = None
+    name: str = _key(..., "string", "the block's name (papa grid --blocks picks blocks by it)")
+    tasks: list[str] = Field(min_length=1, description="the tasks it runs: the paper's six and the file's custom "
+                             "tasks", json_schema_extra={"kind": "list of task names"})
+    matrix_types: list[str] = _key(kind="list of matrix types", factory=lambda: ["average"],
+                                   text="what replaced heads use (Sec. 3, 5.2): a registered matrix type")
+    orders: list[str] = _key(kind="list of orders", factory=lambda: ["lambda"],
+                             text="which heads are replaced first (Sec. 3.2, 5.4): a registered head ranking")
+    fractions: list[Any] = _key(kind="list of numbers in [0, 1]", factory=lambda: [1, 0.5, 0.125, 0.0625, 0],
+                                text="fractions of heads kept input-dependent (1: the original model)")
+    matrices_from: str | None = _key(None, "task name", "build the constant matrices from this task's training text "
+                                                        "(Sec. 5.3); null: each task's own")
 
     @field_validator("tasks")
     @classmethod
@@ -206,29 +227,49 @@ class GridSpec(_Strict):
     """A grid file: top-level settings (see :func:`papa_lib.experiments.grid.run_grid`), ``custom_tasks`` and
     ``blocks``. Settings marked per task take one value or a mapping ``{task: value, default: value}``."""
 
-    model: str | None = None
-    data_dir: str | None = None
-    profile: Literal["smoke", "local", "paper"] = "local"
-    seeds: Any = 3
-    limit: Any = None
-    average_limit: Any = None
-    eval_limit: Any = None
-    max_length: Any = None
-    epochs: Any = None
-    patience: Any = None
-    lambda_epochs: Any = None
-    inloop_epochs: Any = None
-    inloop_limit: Any = None
-    batch_size: Any = None
-    learning_rate: Any = None
-    lambda_learning_rate: Any = None
-    matrix_learning_rate: Any = None
-    lambda_seed: Any = None
-    cache_budget: Any = None
-    keep_features: bool = False
-    device: str = "cpu"
-    custom_tasks: list[CustomTaskSpec] | None = None
-    blocks: list[BlockSpec]
+    model: str | None = _key(None, "string", "hub id, local folder or all-mpnet-base-v2 (the mpnet extra); null: the "
+                                             "embedded all-MiniLM-L6-v2")
+    data_dir: str | None = _key(None, "path", "data folder laid out like ../shared/data, relative to the working "
+                                              "directory; null: the dataset hub. When it lacks SST-2 and every task "
+                                              "is sst2, papa grid uses the packaged sample and says so")
+    profile: Literal["smoke", "local", "paper"] = _key("local", "smoke, local or paper", "the profile records name")
+    seeds: Any = _key(3, "positive integer or list of non-negative integers",
+                      "n: seeds 0 to n-1; a list: those seeds (each seed draws its own training subset and probe)")
+    limit: Any = _key(None, "positive integer", "training rows each seed's probe trains on (a seeded subset); "
+                                                "null: every training example", per_task=True)
+    average_limit: Any = _key(None, "positive integer", "training examples the constant matrices average over "
+                                                        "(Eq. 2); null: the whole training set", per_task=True)
+    eval_limit: Any = _key(None, "positive integer", "validation examples scored; null: all", per_task=True)
+    max_length: Any = _key(None, "integer of at least 4", "sequence length L; null: Table 3's", per_task=True)
+    epochs: Any = _key(None, "positive integer", "most probe epochs (early stopping); null: Table 3's",
+                       per_task=True)
+    patience: Any = _key(None, "positive integer", "epochs without held-out improvement before the probe stops; "
+                                                   "null: 3", per_task=True)
+    lambda_epochs: Any = _key(None, "positive integer", "epochs of λ training (Sec. 3.2); null: the probe's epochs",
+                              per_task=True)
+    inloop_epochs: Any = _key(None, "positive integer", "epochs of training inside the backbone (trainable matrix "
+                                                        "types); null: the probe's epochs", per_task=True)
+    inloop_limit: Any = _key(None, "positive integer", "training rows of that in-loop training; null: the seed's "
+                                                       "rows", per_task=True)
+    batch_size: Any = _key(None, "positive integer", "probe batch size; null: Table 3's", per_task=True)
+    learning_rate: Any = _key(None, "positive number", "probe learning rate; null: Table 3's", per_task=True)
+    lambda_learning_rate: Any = _key(None, "positive number", "learning rate of λ's θ; null: the probe's",
+                                     per_task=True)
+    matrix_learning_rate: Any = _key(None, "positive number", "learning rate of trainable matrices; null: the "
+                                                              "probe's", per_task=True)
+    lambda_seed: Any = _key(None, "non-negative integer", "learn λ once, on this seed's rows, for every seed's runs; "
+                                                          "null: each seed learns its own λ")
+    cache_budget: Any = _key(None, "size (8G, 512M) or bytes", "cached features per variant before streaming; "
+                                                              "null: a quarter of the machine's memory")
+    keep_features: bool = _key(False, "true or false", "keep a variant's cached features after its records are "
+                                                       "written")
+    device: str = _key("cpu", "auto, cpu, cuda, cuda:N or mps", "where runs compute (auto: CUDA when torch sees "
+                                                                "a GPU)")
+    custom_tasks: list[CustomTaskSpec] | None = _key(None, "list of custom tasks",
+                                                     "tasks of your own from TSV/CSV files (keys: custom_tasks[])")
+    blocks: list[BlockSpec] = Field(description="the runs: each block is its tasks x matrix types x orders x "
+                                    "fractions, for every seed (keys: blocks[])",
+                                    json_schema_extra={"kind": "list of blocks"})
 
     @field_validator("seeds")
     @classmethod
@@ -284,6 +325,32 @@ class GridSpec(_Strict):
         if not _DEVICE.match(value):
             raise ValueError(f"must be auto, cpu, cuda, cuda:N or mps, got {value!r}")
         return value
+
+
+def grid_reference():
+    """Every key of a grid file as a table (pandas DataFrame): ``where`` (top level, ``blocks[]``,
+    ``custom_tasks[]``), ``key``, ``type``, ``default`` (``required`` where there is none) and ``description``, read
+    from the models above, so the reference page (book/gridfile.md) cannot drift from what :func:`validate_grid`
+    checks."""
+    import pandas as pd
+    from pydantic_core import PydanticUndefined
+
+    def shown(field) -> str:
+        if field.is_required():
+            return "required"
+        value = field.default_factory() if field.default_factory is not None else field.default
+        if value is PydanticUndefined or value is None:
+            return "null"
+        if isinstance(value, bool):
+            return str(value).lower()
+        return ", ".join(map(str, value)) if isinstance(value, list) else str(value)
+
+    rows = []
+    for where, model in (("top level", GridSpec), ("blocks[]", BlockSpec), ("custom_tasks[]", CustomTaskSpec)):
+        for key, field in model.model_fields.items():
+            rows.append({"where": where, "key": key, "type": (field.json_schema_extra or {}).get("kind", ""),
+                         "default": shown(field), "description": field.description or ""})
+    return pd.DataFrame(rows)
 
 
 # ----------------------------------------------------------------------------------------------- YAML and errors

@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
+from ..errors import PapaInputError
 from . import sample_data
 from .task_specs import (
     NER_ENTITY_TYPES,
@@ -86,13 +87,13 @@ def _iter_tsv_rows(path: Path, has_header: bool) -> Iterator[tuple[int, list[str
             header = [field.strip() for field in fields]
             continue
         if header is not None and len(fields) != len(header):
-            raise ValueError(
+            raise PapaInputError(
                 f"{path}:{lineno}: expected {len(header)} tab-separated fields "
                 f"(as in the header), found {len(fields)}"
             )
         yield lineno, fields, header
     if has_header and header is None:
-        raise ValueError(f"{path}: file is empty (expected a header row)")
+        raise PapaInputError(f"{path}: file is empty (expected a header row)")
 
 
 def _column(header: list[str], candidates: Sequence[str], path: Path) -> int:
@@ -100,7 +101,7 @@ def _column(header: list[str], candidates: Sequence[str], path: Path) -> int:
     for candidate in candidates:
         if candidate.lower() in lowered:
             return lowered.index(candidate.lower())
-    raise ValueError(f"{path}:1: header {header} has none of the columns {list(candidates)}")
+    raise PapaInputError(f"{path}:1: header {header} has none of the columns {list(candidates)}")
 
 
 def _int_label(text: str, spec: TaskSpec, path: Path, lineno: int) -> int:
@@ -108,9 +109,9 @@ def _int_label(text: str, spec: TaskSpec, path: Path, lineno: int) -> int:
     try:
         label = int(value)
     except ValueError:
-        raise ValueError(f"{path}:{lineno}: label {text!r} is not an integer") from None
+        raise PapaInputError(f"{path}:{lineno}: label {text!r} is not an integer") from None
     if not 0 <= label < spec.num_labels:
-        raise ValueError(
+        raise PapaInputError(
             f"{path}:{lineno}: label {label} out of range for {spec.name} "
             f"(expected 0..{spec.num_labels - 1})"
         )
@@ -133,7 +134,7 @@ def _read_cola(path: Path, spec: TaskSpec) -> SentenceExamples:
     texts, labels = [], []
     for lineno, fields, _ in _iter_tsv_rows(path, has_header=False):
         if len(fields) != 4:
-            raise ValueError(
+            raise PapaInputError(
                 f"{path}:{lineno}: expected 4 tab-separated fields "
                 f"(source, label, original mark, sentence), found {len(fields)}"
             )
@@ -184,7 +185,7 @@ def _read_mnli_tsv(path: Path, spec: TaskSpec) -> SentenceExamples:
             )
         gold = fields[cols[2]].strip()
         if gold not in spec.label_names:
-            raise ValueError(
+            raise PapaInputError(
                 f"{path}:{lineno}: unknown gold_label {gold!r}; expected one of {list(spec.label_names)}"
             )
         texts.append(fields[cols[0]])
@@ -198,7 +199,7 @@ def _check_ner_tag(tag: str, path: Path, lineno: int) -> None:
         return
     if len(tag) > 2 and tag[:2] in ("B-", "I-") and tag[2:] in NER_ENTITY_TYPES:
         return
-    raise ValueError(
+    raise PapaInputError(
         f"{path}:{lineno}: unknown NER tag {tag!r}; expected O or B-/I- with one of "
         f"{sorted(NER_ENTITY_TYPES)}"
     )
@@ -238,13 +239,13 @@ def _read_conll(path: Path, spec: TaskSpec) -> TokenExamples:
             finish_sentence()
             continue
         if len(fields) != 4:
-            raise ValueError(
+            raise PapaInputError(
                 f"{path}:{lineno}: expected 4 space-separated fields (word POS chunk NER), "
                 f"found {len(fields)}"
             )
         word, pos, _chunk, ner = fields
         if pos not in pos_ids:
-            raise ValueError(f"{path}:{lineno}: unknown POS tag {pos!r} (not one of the 47 CoNLL-2003 tags)")
+            raise PapaInputError(f"{path}:{lineno}: unknown POS tag {pos!r} (not one of the 47 CoNLL-2003 tags)")
         _check_ner_tag(ner, path, lineno)
         cur_words.append(word)
         cur_pos.append(pos_ids[pos])

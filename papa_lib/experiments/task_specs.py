@@ -8,6 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ..core.registry import Registry
+from ..errors import PapaError
 
 # --------------------------------------------------------------------------------------
 # Task specifications (Sec. 4.1, App. B Table 3)
@@ -176,7 +177,7 @@ class TokenExamples:
         return len(self.words)
 
 
-class HubUnavailableError(RuntimeError):
+class HubUnavailableError(PapaError, RuntimeError):
     """The Hugging Face hub could not provide a dataset (typically: no network)."""
 
 

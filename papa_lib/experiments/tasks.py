@@ -52,6 +52,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from ..errors import PapaInputError
 from .task_files import iter_lines, load_local
 from .task_specs import (  # noqa: F401  (re-exported: every caller imports them from here)
     MLM_HPARAMS,
@@ -135,7 +136,7 @@ def load_task(
         examples = load_local(spec, split, Path(data_dir))
     if len(examples) == 0:
         what = "training" if split == "train" else "validation"
-        raise ValueError(f"{examples.source}: the {what} set of {name} is empty: the file has no examples")
+        raise PapaInputError(f"{examples.source}: the {what} set of {name} is empty: the file has no examples")
     return _subsample(examples, limit, seed)
 
 
@@ -304,7 +305,7 @@ def _load_from_hub(spec: TaskSpec, split: str) -> SentenceExamples | TokenExampl
         if hub_names is not None and tuple(hub_names) != spec.label_names:
             unknown = [tag for tag in hub_names if tag not in spec.label_names]
             if unknown:
-                raise ValueError(f"{source}: hub {column} has unexpected tags {unknown}")
+                raise PapaInputError(f"{source}: hub {column} has unexpected tags {unknown}")
             remap = [spec.label_names.index(tag) for tag in hub_names]
         words, tags = [], []
         for row in dataset:
@@ -325,11 +326,11 @@ def _load_from_hub(spec: TaskSpec, split: str) -> SentenceExamples | TokenExampl
     }[spec.name]
     hub_names = _class_names(dataset, "label")
     if hub_names is not None and tuple(hub_names) != spec.label_names:
-        raise ValueError(f"{source}: hub label names {hub_names} differ from {list(spec.label_names)}")
+        raise PapaInputError(f"{source}: hub label names {hub_names} differ from {list(spec.label_names)}")
     labels = [int(label) for label in dataset["label"]]
     bad = [label for label in labels if not 0 <= label < spec.num_labels]
     if bad:
-        raise ValueError(f"{source}: {len(bad)} examples have labels outside 0..{spec.num_labels - 1}")
+        raise PapaInputError(f"{source}: {len(bad)} examples have labels outside 0..{spec.num_labels - 1}")
     return SentenceExamples(
         texts=list(dataset[first]),
         pairs=list(dataset[second]) if second else None,

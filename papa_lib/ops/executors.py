@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..core import registry
+from ..errors import PapaInputError
 from ..experiments import engine, matrices, rankings, results, runs
 from ..experiments.features import FeatureStore
 from ..experiments.grid import grid_runs, grid_settings, run_grid, task_config
@@ -63,11 +64,12 @@ def make_executor(name: str = "local", **options):
     """``"local"`` (no options) or ``"ray"`` (options of :class:`RayExecutor`)."""
     if name == "local":
         if any(value is not None for value in options.values()):
-            raise ValueError(f"options {sorted(k for k, v in options.items() if v is not None)} need --executor ray")
+            given = sorted(k for k, v in options.items() if v is not None)
+            raise PapaInputError(f"options {given} need --executor ray")
         return LocalExecutor()
     if name == "ray":
         return RayExecutor(**{k: v for k, v in options.items() if v is not None})
-    raise ValueError(f"unknown executor {name!r}; choose local or ray")
+    raise PapaInputError(f"unknown executor {name!r}; choose local or ray")
 
 
 # ---------------------------------------------------------------------------------------------- the plan (driver)
@@ -304,8 +306,8 @@ class RayExecutor:
         if self.gpus_per_run and "device" not in settings:
             settings["device"] = "cuda"
         if str(settings.get("device", "cpu")).startswith("cuda") and not self.gpus_per_run:
-            raise ValueError(f"device {settings['device']} needs GPUs per run (--gpus-per-run 1, or 0.5 for two runs "
-                             "on a GPU): Ray hides the GPUs from tasks that do not ask for them")
+            raise PapaInputError(f"device {settings['device']} needs GPUs per run (--gpus-per-run 1, or 0.5 for two "
+                                 "runs on a GPU): Ray hides the GPUs from tasks that do not ask for them")
         if model is None:
             model, tokenizer = engine.load_encoder(settings.get("model"), device="cpu")
         plan = plan_grid_units(spec, results_dir, model, tokenizer, settings, seeds, only_seeds)
@@ -354,7 +356,7 @@ class RayExecutor:
                 message = (f"a run asks for {asked:g} {resource}(s) but the Ray cluster has "
                            f"{available.get(resource, 0):g}")
                 if local:
-                    raise ValueError(message)
+                    raise PapaInputError(message)
                 logging.getLogger(__name__).warning("%s; runs wait until the cluster grows", message)
 
     def _execute(self, ray, plan: GridPlan, context: WorkerContext, portable, store, progress) -> None:
