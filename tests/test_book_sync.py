@@ -16,9 +16,9 @@ from pathlib import Path
 import jupytext
 import nbformat
 import pytest
+from papa_book import build, chapters
 
 from conftest import JUPYTEXT_HEADER
-from papa_book import build, chapters
 
 REPO = Path(__file__).resolve().parents[1]
 BOOK_DIR = REPO / "book"
@@ -105,16 +105,22 @@ def test_chapter_has_one_parameters_cell_defining_profile(chapter):
 CODE_LINE_LIMIT = 79
 
 
+#: A cell tagged hide-input shows only its output in the built book (its code folds behind a toggle) and is the
+#: chapter's presentation code in Jupyter: it keeps to the library's own line length instead.
+HIDDEN_LINE_LIMIT = 120
+
+
 @pytest.mark.parametrize("chapter", CHAPTERS, ids=lambda p: p.name)
 def test_code_cells_fit_the_page(chapter):
     long = [
         f"{chapter.name}: code cell {i}, line {j}: {len(line)} characters"
-        for i, (kind, source, _) in enumerate(_cells(jupytext.read(chapter)))
+        for i, (kind, source, tags) in enumerate(_cells(jupytext.read(chapter)))
         if kind == "code"
         for j, line in enumerate(source.splitlines(), 1)
-        if len(line) > CODE_LINE_LIMIT
+        if len(line) > (HIDDEN_LINE_LIMIT if "hide-input" in tags else CODE_LINE_LIMIT)
     ]
-    assert not long, f"lines past {CODE_LINE_LIMIT} characters scroll sideways on the page:\n" + "\n".join(long)
+    assert not long, (f"lines past {CODE_LINE_LIMIT} characters ({HIDDEN_LINE_LIMIT} in hide-input cells) scroll "
+                      "sideways on the page:\n" + "\n".join(long))
 
 
 @pytest.mark.parametrize("chapter", CHAPTERS, ids=lambda p: p.name)
@@ -156,51 +162,65 @@ def test_chapter_has_colab_badge_from_config(chapter):
     )
 
 
-def _is_colab_guard(node: ast.AST) -> bool:
-    """True for an ``if "google.colab" in sys.modules:`` test."""
-    return (
-        isinstance(node, ast.If)
-        and isinstance(node.test, ast.Compare)
-        and isinstance(node.test.left, ast.Constant)
-        and node.test.left.value == "google.colab"
-        and len(node.test.ops) == 1
-        and isinstance(node.test.ops[0], ast.In)
-        and ast.unparse(node.test.comparators[0]) == "sys.modules"
-    )
-
-
 @pytest.mark.parametrize("chapter", CHAPTERS, ids=lambda p: p.name)
-def test_chapter_has_guarded_install_cell(chapter):
+def test_chapter_has_the_install_cell_of_the_template(chapter):
+    """One install cell, before the parameters cell, whose source is the template filled from _config.yml."""
     notebook = jupytext.read(chapter)
     cells = _tagged(notebook, build.INSTALL_TAG)
     assert len(cells) == 1, f"{chapter.name}: needs exactly one code cell tagged 'install', found {len(cells)}"
     index, cell = cells[0]
     parameters_index = _tagged(notebook, build.PARAMETERS_TAG)[0][0]
     assert index < parameters_index, f"{chapter.name}: the install cell must come before the parameters cell"
-    guards = [node for node in ast.parse(cell.source).body if _is_colab_guard(node)]
-    assert guards, f'{chapter.name}: the install cell must be guarded by `if "google.colab" in sys.modules:`'
-    body = "\n".join(ast.unparse(node) for node in guards[0].body)
-    url = chapters._repository(CONFIG)[0]
-    version = build.repository_version(CONFIG)
-    assert f"repository, version = ({url!r}, {version!r})" in body, (
-        f"{chapter.name}: the install cell must name _config.yml's repository and version; {HINT}"
+    assert cell.source == build.install_cell(CONFIG), (
+        f"{chapter.name}: the install cell is not papa_book.chapters.install_cell() of _config.yml; {HINT}"
     )
-    for step in ("'clone'", "'checkout'", "'pip', 'install'", "os.chdir("):
-        assert step in body, f"{chapter.name}: the install cell must clone, check out, install and cd ({step})"
 
 
-def test_badge_github_button_and_install_cell_agree_on_one_repository():
-    """The badge, the GitHub button (Jupyter Book's theme reads repository.url) and the install cell all come from
-    repository.url; the install cell also names repository.version, a fixed tag or commit."""
+def _assigned(source: str, name: str):
+    """The constant a cell's source assigns to ``name`` (at any depth)."""
+    values = [node.value.value for node in ast.walk(ast.parse(source)) if isinstance(node, ast.Assign)
+              and [ast.unparse(t) for t in node.targets] == [name] and isinstance(node.value, ast.Constant)]
+    assert len(values) == 1, f"{name} is assigned {len(values)} times"
+    return values[0]
+
+
+def test_install_cell_template_is_guarded_and_clones_checks_out_installs_and_cds():
+    """The template, read as Python: it does everything under `"google.colab" in sys.modules` (outside Colab it
+    only imports), names _config.yml's repository and version, and clones, checks out, installs the light colab
+    extra and moves into the clone; its lines fit the page."""
+    source = build.install_cell(CONFIG)
+    tree = ast.parse(source)
+    guarded = [node for node in tree.body if not isinstance(node, (ast.Import, ast.ImportFrom))]
+    assert len(guarded) == 1 and isinstance(guarded[0], ast.If), "the cell is its imports and one `if`"
+    test = guarded[0].test
+    first = test.values[0] if isinstance(test, ast.BoolOp) and isinstance(test.op, ast.And) else test
+    assert ast.unparse(first) == "'google.colab' in sys.modules", "the install cell runs in Colab only"
+    assert _assigned(source, "repository") == chapters._repository(CONFIG)[0]
+    assert _assigned(source, "version") == build.repository_version(CONFIG)
+    body = "\n".join(ast.unparse(node) for node in guarded[0].body)
+    for step in ("'clone'", "'checkout'", "'pip', 'install'", f"'.[{build.COLAB_EXTRA}]'", "os.chdir("):
+        assert step in body, f"the install cell must clone, check out, install and cd ({step})"
+    assert max(len(line) for line in source.splitlines()) <= CODE_LINE_LIMIT
+
+
+def test_badges_and_install_cells_name_one_repository_and_version():
+    """The badge (at blob/<version>), the GitHub button (Jupyter Book's theme reads repository.url) and the install
+    cell all come from repository.url; badge and install cell name repository.version, a fixed tag or commit."""
     config = build.load_config(CONFIG)["repository"]
     url = chapters._repository(CONFIG)[0]
+    version = build.repository_version(CONFIG)
     assert config["url"].rstrip("/") == url
-    assert config.get("version"), "_config.yml must name the fixed version (a tag or commit) Colab clones"
+    assert config.get("version") and version == str(config["version"]), (
+        "_config.yml must name the fixed version (a tag or commit) Colab clones"
+    )
     owner_repo = url.split("github.com/")[1]
     for chapter in CHAPTERS:
         text = chapter.read_text(encoding="utf-8")
-        assert f"colab.research.google.com/github/{owner_repo}/blob/" in text, chapter.name
-        assert build.install_line(CONFIG) in text, chapter.name
+        badges = re.findall(r"colab\.research\.google\.com/github/([^)\s]+?)/blob/([^/)\s]+)/", text)
+        assert badges == [(owner_repo, version)], f"{chapter.name}: Colab badges {badges}; {HINT}"
+        install = _tagged(jupytext.read(chapter), build.INSTALL_TAG)
+        assert [_assigned(c.source, "version") for _, c in install] == [version], chapter.name
+    assert build.check_install_cells(BOOK_DIR, CONFIG) == []
 
 
 # ---------------------------------------------------------------------------------------------
@@ -241,12 +261,16 @@ def test_colab_badge_and_install_spec(tmp_path):
         "(https://colab.research.google.com/github/someone/somebook/blob/dev/book/ch1.ipynb)"
     )
     assert build.install_spec(config) == "git+https://github.com/someone/somebook@dev"
-    assert build.install_line(config) == 'repository, version = "https://github.com/someone/somebook", "dev"'
+    cell = build.install_cell(config)  # without repository.version: the branch, as the badge
+    assert 'repository = "https://github.com/someone/somebook"' in cell and 'version = "dev"' in cell
+    assert 'folder = "somebook"' in cell
     assert build.placeholder_warning(config) is None
     (tmp_path / "_config.yml").write_text(
         f"repository:\n  url: {build.PLACEHOLDER_URL}\n  branch: main\n  version: abc123\n", encoding="utf-8")
     assert build.repository_version(config) == "abc123"
     assert build.install_spec(config).endswith("@abc123")
+    assert build.colab_url("book/ch1.md", config).endswith("/blob/abc123/book/ch1.ipynb")  # the version, not main
+    assert 'version = "abc123"' in build.install_cell(config)
     warning = build.placeholder_warning(config)
     assert warning.startswith("papa: warning:") and "\n" not in warning and build.PLACEHOLDER_URL in warning
 
@@ -275,18 +299,28 @@ def test_sync_is_deterministic_and_refreshes_links(tmp_path):
         {stale_badge}
 
         ```{{code-cell}} ipython3
+        :tags: [install]
+
+        import sys
+        if "google.colab" in sys.modules:
+            repository, version = "https://github.com/old/repo", "v0"
+        ```
+
+        ```{{code-cell}} ipython3
         :tags: [parameters]
 
         profile = "local"
         ```
 
         ```{{code-cell}} ipython3
-        repository, version = "https://github.com/old/repo", "v0"
+        repository = "https://github.com/old/repo"  # not an install cell: kept
         ```
         """
     )
     _make_book(tmp_path, chapters={"ch": text})
     md = tmp_path / "book" / "ch.md"
+    config = tmp_path / "_config.yml"
+    assert len(build.check_install_cells(tmp_path / "book")) == 2  # stale badge, stale install cell
     written = build.sync_notebooks(tmp_path / "book")
     twin = md.with_suffix(".ipynb")
     assert written == [twin]
@@ -296,20 +330,63 @@ def test_sync_is_deterministic_and_refreshes_links(tmp_path):
     build.sync_notebooks(tmp_path / "book")
     assert twin.read_bytes() == first  # same bytes every time (stable cell ids)
     new_text = md.read_text(encoding="utf-8")
-    assert build.colab_badge("book/ch.md", tmp_path / "_config.yml") in new_text
-    assert build.install_line(tmp_path / "_config.yml") in new_text and "old/repo" not in new_text
+    assert build.colab_badge("book/ch.md", config) in new_text
+    cells = jupytext.read(md).cells
+    assert cells[1].source == build.install_cell(config) and cells[1].metadata["tags"] == ["install"]
+    assert cells[3].source == 'repository = "https://github.com/old/repo"  # not an install cell: kept'
+    assert new_text.count("old/repo") == 1
+    assert build.check_install_cells(tmp_path / "book") == []
     stored = json.loads(first)
     assert stored["metadata"]["jupytext"]["formats"] == "ipynb,md:myst"
-    assert [c["metadata"].get("tags") for c in stored["cells"]] == [None, ["parameters"], None]
+    assert [c["metadata"].get("tags") for c in stored["cells"]] == [None, ["install"], ["parameters"], None]
+    assert "".join(stored["cells"][1]["source"]) == build.install_cell(config)
     assert all(c.get("execution_count") is None for c in stored["cells"] if c["cell_type"] == "code")
     assert build.check_notebooks(tmp_path / "book") == []
 
-    spaced = md.read_text(encoding="utf-8").replace("repository, version", "repository, version  ")
-    md.write_text(spaced, encoding="utf-8")
+    edited = md.read_text(encoding="utf-8").replace('version = "dev"', 'version = "v9"')
+    md.write_text(edited, encoding="utf-8")
     problems = build.check_notebooks(tmp_path / "book")
     assert len(problems) == 1 and problems[0].startswith("ch.md:") and "python -m papa_book sync" in problems[0]
+    problems = build.check_install_cells(tmp_path / "book")
+    assert len(problems) == 1 and "install cell" in problems[0] and "python -m papa_book sync" in problems[0]
+    assert build.main(["check", "--book-dir", str(tmp_path / "book")]) == 1
     (tmp_path / "book" / "gone.ipynb").write_text(first.decode(), encoding="utf-8")
     assert any(p.startswith("gone.ipynb") for p in build.check_notebooks(tmp_path / "book"))
+
+
+def test_sync_rewrites_the_whole_install_cell_whatever_its_options(tmp_path):
+    """The install cell's body is replaced whole, its options kept: `:tags:` lines or a YAML block, other options,
+    a longer fence; a chapter without one gets none (check_install_cells reports it)."""
+    yaml_block = _chapter(
+        """\
+        ````{code-cell} ipython3
+        ---
+        tags: [install, hide-input]
+        ---
+        print("old install")
+        ```python
+        a fenced block inside the cell
+        ```
+        ````
+
+        ```{code-cell} ipython3
+        :tags: [parameters]
+
+        profile = "local"
+        ```
+        """
+    )
+    none = _chapter("# no install cell\n")
+    _make_book(tmp_path, chapters={"a": yaml_block, "b": none})
+    build.sync_notebooks(tmp_path / "book")
+    config = tmp_path / "_config.yml"
+    cells = jupytext.read(tmp_path / "book" / "a.md").cells
+    assert [c.metadata.get("tags") for c in cells] == [["install", "hide-input"], ["parameters"]]
+    assert cells[0].source == build.install_cell(config) and cells[1].source == 'profile = "local"'
+    assert "old install" not in (tmp_path / "book" / "a.md").read_text(encoding="utf-8")
+    problems = build.check_install_cells(tmp_path / "book")
+    assert [p.split(":")[0] for p in problems] == ["a.md", "b.md", "b.md"]  # a: no badge; b: no badge, no cell
+    assert "found 0" in problems[2]
 
 
 def test_toc_chapters_follow_reading_order(tmp_path):

@@ -170,3 +170,12 @@ def test_twin_executes_in_a_plain_kernel_and_every_display_cell_shows_something(
         if should_show_output(cell.source) and not cell.outputs:
             silent.append(f"cell {index}: {cell.source.strip().splitlines()[-1][:60]}")
     assert not silent, f"{path.name}: cells that should show something showed nothing: " + "; ".join(silent)
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_chapters_default_to_the_device_torch_sees(path):
+    """``device = "auto"`` in every parameters cell (CUDA when torch sees a GPU, as in Colab; else the CPU): the
+    plain-kernel run above executes each chapter with it, so every profile resolves it."""
+    notebook = nbformat.read(path, as_version=4)
+    (parameters,) = [c for c in notebook.cells if "parameters" in c.metadata.get("tags", [])]
+    assert re.search(r'^device = "auto"', parameters.source, re.M), f"{path.name}: device is not 'auto'"

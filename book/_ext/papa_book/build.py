@@ -42,15 +42,17 @@ from .chapters import (
     CHAPTER_FORMAT,
     COLAB_BADGE_IMAGE,
     COLAB_BADGE_RE,
-    INSTALL_LINE_RE,
+    COLAB_EXTRA,
+    INSTALL_CELL_TEMPLATE,
     INSTALL_TAG,
     PARAMETERS_TAG,
     PLACEHOLDER_URL,
     chapter_files,
+    check_install_cells,
     check_notebooks,
     colab_badge,
     colab_url,
-    install_line,
+    install_cell,
     install_spec,
     load_config,
     notebook_from_chapter,
@@ -65,8 +67,9 @@ __all__ = [
     "CHAPTER_FORMAT",
     "COLAB_BADGE_IMAGE",
     "COLAB_BADGE_RE",
+    "COLAB_EXTRA",
     "DEFAULT_CELL_TIMEOUT",
-    "INSTALL_LINE_RE",
+    "INSTALL_CELL_TEMPLATE",
     "INSTALL_TAG",
     "PARAMETERS_TAG",
     "PLACEHOLDER_URL",
@@ -74,13 +77,14 @@ __all__ = [
     "ChapterExecutionError",
     "build_book",
     "chapter_files",
+    "check_install_cells",
     "check_links",
     "check_notebooks",
     "colab_badge",
     "colab_url",
     "failure_line",
     "find_repo_root",
-    "install_line",
+    "install_cell",
     "install_spec",
     "load_config",
     "main",
@@ -403,9 +407,9 @@ def _build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("sync", help="regenerate the paired .ipynb of every book/*.md chapter")
     p.add_argument("--book-dir", default="book", help="folder of the chapters (default: book)")
-    p.add_argument("--no-links", action="store_true", help="do not refresh Colab badges / install URLs")
+    p.add_argument("--no-links", action="store_true", help="do not rewrite the Colab badges and install cells")
 
-    p = sub.add_parser("check", help="fail when a paired .ipynb is missing or out of date")
+    p = sub.add_parser("check", help="fail when a paired .ipynb, a Colab badge or an install cell is out of date")
     p.add_argument("--book-dir", default="book", help="folder of the chapters (default: book)")
 
     p = sub.add_parser("build", help="jupyter-book build (warnings are errors by default)")
@@ -438,6 +442,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"{len(written)} notebook(s) written" + "".join(f"\n  {p}" for p in written))
         elif args.command == "check":
             problems = check_notebooks(args.book_dir)
+            if (find_repo_root(Path(args.book_dir)) / "_config.yml").is_file():
+                problems += check_install_cells(args.book_dir)
             for problem in problems:
                 print(problem, file=sys.stderr)
             return 1 if problems else 0

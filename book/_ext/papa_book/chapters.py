@@ -5,10 +5,13 @@ next to each one is generated for Google Colab.  This module
 
 * reads the book's ``_config.yml`` and the repository it names (:func:`load_config`, :func:`install_spec`,
   :func:`placeholder_warning`),
-* writes the "Open in Colab" badge of a chapter (:func:`colab_url`, :func:`colab_badge`),
+* writes the "Open in Colab" badge of a chapter (:func:`colab_url`, :func:`colab_badge`) and the Colab install cell
+  every chapter starts with (:func:`install_cell`, the one template of it; :func:`check_install_cells`), both at the
+  configured ``repository.version``,
 * lists the chapters (:func:`chapter_files`, :func:`toc_chapters`),
 * and regenerates and checks their twins (:func:`notebook_from_chapter`, :func:`sync_notebooks`,
-  :func:`check_notebooks`).
+  :func:`check_notebooks`); :func:`sync_notebooks` first rewrites every chapter's badge and install cell from
+  ``_config.yml``.
 
 :mod:`papa_book.build` builds the book and runs the chapters; it re-exports these names.
 """
@@ -27,10 +30,11 @@ from papa_lib.book.profiles import find_repo_root
 
 __all__ = [
     "chapter_files",
+    "check_install_cells",
     "check_notebooks",
     "colab_badge",
     "colab_url",
-    "install_line",
+    "install_cell",
     "install_spec",
     "load_config",
     "notebook_from_chapter",
@@ -54,9 +58,11 @@ COLAB_BADGE_IMAGE = "https://colab.research.google.com/assets/colab-badge.svg"
 COLAB_BADGE_RE = re.compile(
     r"\[!\[Open In Colab\]\(" + re.escape(COLAB_BADGE_IMAGE) + r"\)\]\([^)\s]*\)"
 )
-#: The line of the install cells that names the repository and the version Colab clones (refreshed by
-#: :func:`sync_notebooks` from ``repository.url`` and ``repository.version`` in ``_config.yml``).
-INSTALL_LINE_RE = re.compile(r'repository, version = "[^"]*", "[^"]*"')
+#: The pip extra the install cell installs the clone with (pyproject.toml: the charts' packages, no build tools).
+COLAB_EXTRA = "colab"
+#: The one line the install cell prints when the configured version is not in the repository (it then stays on the
+#: default branch); ``{version}`` and ``{repository}`` are filled in Colab.
+VERSION_NOT_FOUND = "papa: version {version} not found in {repository}; using the default branch"
 #: The repository URL ``_config.yml`` ships with until the book has a home: ``papa book`` warns while it is set.
 PLACEHOLDER_URL = "https://github.com/papa-book/papa-book"
 
@@ -114,10 +120,64 @@ def install_spec(config: str | os.PathLike = "_config.yml") -> str:
     return f"git+{url}@{repository_version(config)}"
 
 
-def install_line(config: str | os.PathLike = "_config.yml") -> str:
-    """The install cells' ``repository, version = "<url>", "<version>"`` line, from ``_config.yml``."""
+def _clone_folder(url: str) -> str:
+    """The folder the install cell clones ``url`` into: its last path component (``papa-book`` for
+    ``https://github.com/papa-book/papa-book``)."""
+    name = re.split(r"[/\\:]", url.rstrip("/\\"))[-1]
+    if name.endswith(".git"):
+        name = name[: -len(".git")]
+    if not re.fullmatch(r"[A-Za-z0-9._-]+", name) or name in (".", ".."):
+        raise ValueError(f"repository.url {url!r} does not end in a folder name to clone into")
+    return name
+
+
+#: The install cell of every chapter (:func:`install_cell` fills it from ``_config.yml``). In Colab only, and only
+#: outside a clone (no ``_config.yml`` in the working directory): clone the book's repository, check out its fixed
+#: version (or, when the repository has no such version, stay on the default branch and say so in one line),
+#: install the clone with its light ``colab`` extra and work inside it, where the chapters find ``data/results/``.
+#: Run again (or after a runtime restart) it reuses the clone. Elsewhere it does nothing.
+INSTALL_CELL_TEMPLATE = """\
+import os
+import subprocess
+import sys
+
+# Colab only: clone the book at its fixed version, install it, work inside it
+if "google.colab" in sys.modules and not os.path.isfile("_config.yml"):
+    repository = {repository}
+    version = {version}
+    folder = {folder}
+    if not os.path.isdir(folder):
+        git = ["git", "clone", "--quiet", repository, folder]
+        subprocess.run(git, check=True)
+        git = ["git", "-C", folder, "checkout", "--quiet", version]
+        if subprocess.run(git, capture_output=True).returncode:
+            print(f"papa: version {{version}} not found in {{repository}};"
+                  " using the default branch")
+    pip = [sys.executable, "-m", "pip", "install", "--quiet",
+           "-e", ".[{extra}]"]
+    subprocess.run(pip, cwd=folder, check=True)
+    # chapters find data/results/ from the repository root
+    os.chdir(folder)"""
+
+
+def _literal(value: str) -> str:
+    """``value`` as a double-quoted Python string literal (the house style of the chapters' code)."""
+    import ast
+    import json
+
+    text = json.dumps(value)
+    return text if ast.literal_eval(text) == value else repr(value)
+
+
+def install_cell(config: str | os.PathLike = "_config.yml") -> str:
+    """The source of every chapter's ``install`` cell, from ``repository.url`` and ``repository.version`` of
+    ``_config.yml`` (:data:`INSTALL_CELL_TEMPLATE`; :func:`sync_notebooks` writes it, :func:`check_install_cells`
+    checks it). The version is the one the Colab badges open (:func:`colab_url`)."""
     url, _, _, _ = _repository(config)
-    return f'repository, version = "{url}", "{repository_version(config)}"'
+    version = repository_version(config)
+    return INSTALL_CELL_TEMPLATE.format(
+        repository=_literal(url), version=_literal(version), folder=_literal(_clone_folder(url)), extra=COLAB_EXTRA
+    )
 
 
 def placeholder_warning(config: str | os.PathLike = "_config.yml") -> str | None:
@@ -134,11 +194,13 @@ def placeholder_warning(config: str | os.PathLike = "_config.yml") -> str | None
 
 
 def colab_url(chapter_path: str | os.PathLike, config: str | os.PathLike = "_config.yml") -> str:
-    """Return the Colab URL that opens the ``.ipynb`` twin of ``chapter_path`` from GitHub.
+    """Return the Colab URL that opens the ``.ipynb`` twin of ``chapter_path`` from GitHub, at the configured
+    version (:func:`repository_version`: the one the install cell checks out).
 
     ``chapter_path`` is relative to the folder of ``config`` (the book root), or absolute.
     """
-    url, branch, path_to_book, config_path = _repository(config)
+    url, _, path_to_book, config_path = _repository(config)
+    version = repository_version(config_path)
     match = re.fullmatch(r"https?://github\.com/([^/]+)/([^/]+)", url)
     if not match:
         raise ValueError(
@@ -156,7 +218,7 @@ def colab_url(chapter_path: str | os.PathLike, config: str | os.PathLike = "_con
     rel = chapter.with_suffix(".ipynb").as_posix()
     if path_to_book:
         rel = f"{path_to_book}/{rel}"
-    return f"https://colab.research.google.com/github/{owner}/{repo}/blob/{branch}/{rel}"
+    return f"https://colab.research.google.com/github/{owner}/{repo}/blob/{version}/{rel}"
 
 
 def colab_badge(chapter_path: str | os.PathLike, config: str | os.PathLike = "_config.yml") -> str:
@@ -283,19 +345,93 @@ def _notebook_text(notebook: Any) -> str:
     return text if text.endswith("\n") else text + "\n"
 
 
+#: A MyST code cell of a chapter: its opening fence, its options (``:key: value`` lines or a ``---`` YAML block),
+#: its body and its closing fence.
+_CODE_CELL_RE = re.compile(
+    r"^(?P<open>(?P<fence>`{3,})\{code-cell\}[^\n]*\n)"
+    r"(?P<options>(?:---[ \t]*\n.*?\n---[ \t]*\n)|(?::[^\n]*\n)*)"
+    r"(?P<body>.*?)"
+    r"^(?P=fence)[ \t]*$",
+    flags=re.M | re.S,
+)
+
+
+def _cell_tags(options: str) -> list[str]:
+    """The ``tags`` of a MyST code cell's options text ([] when it has none)."""
+    import yaml
+
+    text = options.strip()
+    if text.startswith("---"):
+        text = text.strip("-\n \t")
+    else:
+        text = "\n".join(line[1:].replace(":", ": ", 1) for line in text.splitlines())
+    try:
+        data = yaml.safe_load(text) if text else {}
+    except yaml.YAMLError:
+        return []
+    tags = data.get("tags") if isinstance(data, dict) else None
+    return [str(tag) for tag in tags] if isinstance(tags, list) else []
+
+
+def _with_install_cell(text: str, cell: str) -> str:
+    """``text`` (a chapter's markdown) with the body of every ``install``-tagged code cell replaced by ``cell``,
+    its fence and options (the tag) kept."""
+
+    def replace(match: re.Match) -> str:
+        if INSTALL_TAG not in _cell_tags(match["options"]):
+            return match[0]
+        # jupytext separates the options from the source by one blank line
+        separator = "\n" if match["options"] else ""
+        return f"{match['open']}{match['options']}{separator}{cell}\n{match['fence']}"
+
+    return _CODE_CELL_RE.sub(replace, text)
+
+
 def _refresh_links(md_path: Path, config: Path) -> bool:
-    """Point the chapter's Colab badge and git install requirement at the configured repository.
+    """Point the chapter's Colab badge at the configured repository and version, and write its install cell from
+    the template (:func:`install_cell`).
 
     Returns True when the markdown file was changed.
     """
     text = md_path.read_text(encoding="utf-8")
     rel = md_path.resolve().relative_to(config.resolve().parent)
     new = COLAB_BADGE_RE.sub(lambda _m: colab_badge(rel, config), text)
-    new = INSTALL_LINE_RE.sub(lambda _m: install_line(config), new)
+    new = _with_install_cell(new, install_cell(config))
     if new != text:
         md_path.write_text(new, encoding="utf-8")
         return True
     return False
+
+
+def check_install_cells(book_dir: str | os.PathLike = "book", config: str | os.PathLike | None = None) -> list[str]:
+    """Return one problem per chapter whose Colab badge or install cell is not what ``_config.yml`` makes of it:
+    no badge or a stale one (:func:`colab_badge`), not exactly one ``install``-tagged code cell, or one whose source
+    is not :func:`install_cell` (so the badge and the install cell name one repository and one version). ``config``
+    defaults to the ``_config.yml`` of the repository holding ``book_dir``; [] means all agree."""
+    import jupytext
+
+    folder = Path(book_dir)
+    config_path = Path(config) if config is not None else find_repo_root(folder) / "_config.yml"
+    if config_path.is_dir():
+        config_path = config_path / "_config.yml"
+    expected = install_cell(config_path)
+    hint = "run `PYTHONPATH=book/_ext python -m papa_book sync`"
+    problems: list[str] = []
+    for chapter in chapter_files(folder):
+        rel = chapter.resolve().relative_to(config_path.resolve().parent)
+        badge = colab_badge(rel, config_path)
+        if badge not in chapter.read_text(encoding="utf-8"):
+            problems.append(f"{chapter.name}: missing or stale Colab badge (expected {badge}); {hint}")
+        cells = [
+            cell for cell in jupytext.read(chapter, fmt=CHAPTER_FORMAT).cells
+            if cell.cell_type == "code" and INSTALL_TAG in cell.metadata.get("tags", [])
+        ]
+        if len(cells) != 1:
+            problems.append(f"{chapter.name}: needs exactly one code cell tagged {INSTALL_TAG!r}, found {len(cells)}")
+        elif cells[0].source != expected:
+            problems.append(f"{chapter.name}: the install cell is not the template of _config.yml's repository "
+                            f"and version (papa_book.chapters.install_cell); {hint}")
+    return problems
 
 
 def sync_notebooks(book_dir: str | os.PathLike = "book", update_links: bool = True) -> list[Path]:
@@ -303,8 +439,9 @@ def sync_notebooks(book_dir: str | os.PathLike = "book", update_links: bool = Tr
 
     Output is deterministic (no outputs or execution counts, stable cell ids); a twin is
     only rewritten when its content changes.  With ``update_links`` the chapters' Colab
-    badges and ``git+…`` install requirements are first refreshed from the book config's
-    ``repository`` (when a ``_config.yml`` is found above ``book_dir``).  Returns the twins
+    badges and their ``install`` cells (the whole body, from :func:`install_cell`; the tag is
+    kept) are first rewritten from the book config's ``repository`` (when a ``_config.yml`` is
+    found above ``book_dir``).  Returns the twins
     that were written.  Twins whose markdown chapter is gone are reported as warnings.
     """
     folder = Path(book_dir)
@@ -314,7 +451,7 @@ def sync_notebooks(book_dir: str | os.PathLike = "book", update_links: bool = Tr
     for chapter in chapters:
         if update_links and config.is_file():
             if _refresh_links(chapter, config):
-                logger.info("updated the Colab badge / install URL in %s", chapter)
+                logger.info("updated the Colab badge / install cell in %s", chapter)
         twin = chapter.with_suffix(".ipynb")
         text = _notebook_text(notebook_from_chapter(chapter))
         if not twin.is_file() or twin.read_text(encoding="utf-8") != text:

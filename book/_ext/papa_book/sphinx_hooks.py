@@ -13,10 +13,11 @@ import os
 from pathlib import Path
 from typing import Any
 
-from papa_lib.book.claim_text import STATEMENT_COLUMN
-
 from . import execution
 from .build import BUILD_ENV_FLAG, _with_pythonpath
+
+#: The intro's claims table (a cell tagged claims-table) keeps its statement in this column; the style sheet widens it.
+STATEMENT_COLUMN = 3
 
 # --------------------------------------------------------------------------------------------
 # Sphinx extension: the offline vega bundle
