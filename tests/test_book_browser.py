@@ -38,10 +38,10 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from papa_book import build, page_check, sphinx_hooks
 
 from conftest import JUPYTEXT_HEADER
 from papa_lib.book import charts
-from papa_book import build, page_check, sphinx_hooks
 
 REPO = Path(__file__).resolve().parents[1]
 BUNDLE = charts.BUNDLE_FILENAME
@@ -186,7 +186,7 @@ CHARTLESS_CHAPTERS: set[str] = set()
 def executed_book(root: Path, notebooks: list[Path], extra_pages: dict[str, str] | None = None) -> Path:
     """Lay out a book in ``root`` from executed chapter notebooks (papermill outputs), built without executing them
     again: the repository's ``_config.yml`` with ``execute_notebooks: "off"`` and the notebooks admitted as sources,
-    its ``_toc.yml`` (plus ``extra_pages``: name -> MyST text) and a link to ``papa_lib``. Returns ``root``."""
+    its ``_toc.yml`` (plus ``extra_pages``: name -> MyST text) and links to ``papa_lib`` and ``book/_ext``. Returns ``root``."""
     import yaml
 
     config = yaml.safe_load((REPO / "_config.yml").read_text(encoding="utf-8"))
@@ -195,6 +195,7 @@ def executed_book(root: Path, notebooks: list[Path], extra_pages: dict[str, str]
     (root / "_config.yml").write_text(yaml.safe_dump(config, sort_keys=False), encoding="utf-8")
     (root / "papa_lib").symlink_to(REPO / "papa_lib", target_is_directory=True)
     (root / "book").mkdir(exist_ok=True)
+    (root / "book" / "_ext").symlink_to(REPO / "book" / "_ext", target_is_directory=True)  # the Sphinx extension
     if (REPO / "book" / "_static").is_dir():
         shutil.copytree(REPO / "book" / "_static", root / "book" / "_static", dirs_exist_ok=True)
     for notebook in notebooks:

@@ -16,10 +16,10 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from papa_book import build, execution
 
 from conftest import JUPYTEXT_HEADER
 from papa_lib import cli
-from papa_book import build, execution
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -61,6 +61,7 @@ def tiny_book(tmp_path) -> Path:
     (root / "_toc.yml").write_text("format: jb-book\nroot: book/good\nchapters:\n  - file: book/bad\n",
                                    encoding="utf-8")
     shutil.copytree(REPO / "papa_lib", root / "papa_lib", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(REPO / "book" / "_ext", root / "book" / "_ext", ignore=shutil.ignore_patterns("__pycache__"))
     (root / "book" / "good.md").write_text(_chapter("good"), encoding="utf-8")
     (root / "book" / "bad.md").write_text(_chapter("bad", 'raise RuntimeError("deliberate failure")'), encoding="utf-8")
     return root

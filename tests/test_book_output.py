@@ -8,9 +8,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+from papa_book import build, page_check
 
 from papa_lib.book import charts, tables
-from papa_book import build, page_check
 
 
 @pytest.mark.parametrize("text, what", [
@@ -74,15 +74,6 @@ def test_tables_show_words_three_significant_figures_and_no_row_numbers():
     assert page_check.html_problems("<table><tr><td>a | b</td></tr></table><p>x | y</p>") == []
     assert tables.format_number(123.6694) == "124" and tables.format_number(-0.0051634) == "-0.00516"
     assert tables.plural(1, "task") == "1 task" and tables.plural(6, "task") == "6 tasks"
-
-
-def test_glued_values_name_the_tasks(monkeypatch):
-    from papa_lib.book import prose
-
-    glued = {}
-    monkeypatch.setattr(prose, "glue", lambda name, value: glued.__setitem__(name, value))
-    prose.glue_all({"worst": "largest change: cola, -0.008", "count": 3})
-    assert glued == {"worst": "largest change: CoLA, -0.008", "count": 3}
 
 
 def test_charts_name_tasks_as_the_book_does_in_data_sort_orders_and_domains():
@@ -153,32 +144,6 @@ def test_stylers_get_readable_index_names_and_three_significant_figures():
     assert ">MRPC<" in cells and ">mrpc<" not in cells
 
 
-def test_intro_findings_name_every_glued_value_with_or_without_records(tmp_path):
-    from papa_lib.book import intro_pages, profiles
-
-    setup = profiles.resolve("smoke", results_dir=tmp_path / "results")
-    empty = intro_pages.findings(setup, pd.DataFrame())
-    records = pd.DataFrame({"model": ["m"] * 4, "task": ["sst2"] * 4, "matrix_type": ["original", "average"] * 2,
-                            "fraction": [1.0, 0.0] * 2, "seed": [0, 0, 1, 1], "value": [0.8, 0.72, 0.82, 0.74],
-                            "profile": ["smoke"] * 4, "selection_order": ["none", "lambda"] * 2,
-                            "matrices_from": [None] * 4, "metric": ["accuracy"] * 4})
-    try:
-        full = intro_pages.findings(setup, records)
-    except (KeyError, ValueError) as error:  # the drop summary needs more columns than this toy frame has
-        pytest.skip(f"toy records too small for figures.all_constant_drop: {error}")
-    assert set(empty) == set(full)
-    assert empty["found_drop_all"] == "not measured yet" and full["found_seeds"] == "2 seeds (0, 1)"
-    assert intro_pages.worst_task("cola, sst2; worst task: cola; 3 to 10 seeds per configuration") == "cola"
-    assert intro_pages.worst_task("cola, sst2 (not measured: ner); worst task: sst2") == "sst2"
-    assert intro_pages.worst_task("none") == ""
-    more = pd.concat([records, records.iloc[[0]].assign(seed=2)])  # the original at 3 seeds, the average at 2
-    assert intro_pages.findings(setup, more)["found_seeds"] == "2 to 3 seeds (0-2)"
-    book = (Path(__file__).resolve().parents[1] / "book" / "intro.md").read_text(encoding="utf-8")
-    import re
-
-    assert set(re.findall(r"\{glue:text\}`(\w+)`", book)) == set(full)
-
-
 def test_link_check_skips_theme_templates(tmp_path):
     (tmp_path / "_static").mkdir()
     (tmp_path / "_static" / "webpack-macros.html").write_text('<link href="{{ pathto(\'x\') }}">', encoding="utf-8")
@@ -217,63 +182,3 @@ def test_committed_shown_matrices_are_compact():
     for path in files:
         constants = figures.load_matrices(path)
         assert constants.metadata["stored_as"] == "float16" and constants.metadata["model"] == "all-MiniLM-L6-v2"
-
-
-def _glued_by(chapter: str) -> tuple[set[str], set[str]]:
-    """The ``{glue:text}`` names a chapter's markdown uses, and the names the ``*_values`` functions it passes to
-    ``glue_all`` declare (:func:`papa_lib.book.prose.values`), their modules resolved from the chapter's imports."""
-    import ast
-    import importlib
-    import re
-
-    import jupytext
-
-    path = Path(__file__).resolve().parents[1] / "book" / chapter
-    text = path.read_text(encoding="utf-8")
-    modules = {}
-    for cell in jupytext.read(path).cells:
-        if cell.cell_type != "code":
-            continue
-        for node in ast.walk(ast.parse(cell.source)):  # `from papa_lib.book import a, b as c`, wrapped or not
-            if isinstance(node, ast.ImportFrom) and node.module == "papa_lib.book":
-                for name in node.names:
-                    modules[name.asname or name.name] = importlib.import_module(f"papa_lib.book.{name.name}")
-    declared = set()
-    for alias, function in re.findall(r"glue_all\((\w+)\.(\w+)\(", text):
-        names = getattr(getattr(modules[alias], function), "glue_names", None)
-        assert names, f"{chapter}: {alias}.{function} declares no glue names (papa_lib.book.prose.values)"
-        declared |= set(names)
-    return set(re.findall(r"\{glue:text\}`(\w+)`", text)), declared
-
-
-@pytest.mark.parametrize("chapter", sorted(p.name for p in (Path(__file__).resolve().parents[1] / "book").glob("*.md")
-                                           if "{glue:text}" in p.read_text(encoding="utf-8") and p.name != "intro.md"))
-def test_every_glued_name_of_a_chapter_comes_from_the_values_it_glues(chapter):
-    """Each ``{glue:text}`name``` of a chapter is produced by a ``*_values`` function the chapter glues, and each
-    value glued is said somewhere in the text (the intro has its own test: its findings are glued in one call)."""
-    used, declared = _glued_by(chapter)
-    assert used and used <= declared, f"{chapter}: not glued: {sorted(used - declared)}"
-    assert declared <= used, f"{chapter}: glued but never said: {sorted(declared - used)}"
-
-
-def test_the_chapters_that_glue_numbers():
-    """The chapters whose text the values functions write; a chapter dropping its glue would leave the numbers out."""
-    book = Path(__file__).resolve().parents[1] / "book"
-    glued = {p.name for p in book.glob("*.md") if "{glue:text}" in p.read_text(encoding="utf-8")}
-    assert {"intro.md", "attention.md", "averaging.md", "alternatives.md", "probing.md", "selection.md",
-            "transfer.md", "mlm.md"} <= glued
-
-
-def test_values_declare_and_check_their_glue_names():
-    from papa_lib.book import prose
-
-    @prose.values("a", "b")
-    def two(extra=False):
-        return {"a": 1, "b": 0.5} | ({"c": 2} if extra else {})
-
-    assert two() == {"a": "1", "b": "0.5"} and two.glue_names == ("a", "b")
-    with pytest.raises(ValueError, match="declared glue names"):
-        two(extra=True)
-    assert prose.not_measured(two) == {"a": "not measured", "b": "not measured"}
-    assert prose.number(float("nan")) == "not measured" and prose.number(0.123456) == "0.123"
-    assert prose.number(None) == "not measured" and prose.number(-0.0456, "+.3f") == "-0.046"

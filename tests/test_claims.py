@@ -1,18 +1,16 @@
-"""The claims engine (papa_lib.book.claims): declared rules, one interval method, verdicts that can fail."""
+"""The claims engine (papa_lib.analysis.claims): declared rules, one interval method, verdicts that can fail."""
 
 from __future__ import annotations
 
 import math
-import re
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
-from papa_book import sphinx_hooks
 from scipy import stats
 
-from papa_lib.book import claim_text, claims
+from papa_lib.analysis import claims
 
 TASKS = ["cola", "mrpc", "sst2", "mnli", "ner", "pos"]
 ROOT = Path(__file__).resolve().parents[1]
@@ -238,112 +236,34 @@ def test_committed_claims_equal_a_fresh_computation():
                                equal_nan=True), column
 
 
-def test_book_table_has_no_index_no_nan_and_links_each_chapter():
-    table = claims.local_claims(ROOT)
-    text = claims.book_table(table)
-    lines = text.split("\n\nNotes:")[0].splitlines()
-    assert lines[0].startswith("| claim |") and len(lines) == 2 + len(table)
-    c7 = next(line for line in lines if line.startswith("| C7 |"))  # the reason is a note, the cell one word
-    assert "**not testable** (note 1)" in c7 and "needs" not in c7.lower()
-    assert "\n1. Needs MLM-pretrained models" in text
-    one_model = claims.book_table(table[table.model == "all-MiniLM-L6-v2"]).splitlines()[0]
-    for header in (lines[0], one_model):  # the column the book's style sheet widens is the statement, always
-        assert header.split("|")[claim_text.STATEMENT_COLUMN].strip() == "statement"
-    assert f"td:nth-child({claim_text.STATEMENT_COLUMN})" in sphinx_hooks.BOOK_CSS
-    assert not re.search(r"\bnan\b", text, flags=re.IGNORECASE)
-    assert "(probing.html)" in text and "(norms.html)" in text and ".md)" not in text
-    assert "(probing.md)" in claims.book_table(table, link_suffix=".md")
-    c1a = table[(table.claim == "C1a") & (table.model == "all-MiniLM-L6-v2")].iloc[0]  # one row per model
-    c1a_rows = [line.split(" | ") for line in lines if line.startswith("| C1a |")]
-    assert len(c1a_rows) == (table.claim == "C1a").sum() == 2  # one row per model, the statement on the first
-    assert c1a_rows[0][2] == table[table.claim == "C1a"].statement.iloc[0] and c1a_rows[1][2:4] == ["", ""]
-    assert f"{claims.sig3(c1a.ours)} [{claims.sig3(c1a.ci_low)}, {claims.sig3(c1a.ci_high)}]" in text
-    assert claims.sig3(0.084) == "0.0840" and claims.sig3(-0.0387) == "-0.0387"
-    plain = claims.summary(table)
-    for claim in table.claim:
-        assert claim in plain
-    n = (table.verdict == "inconclusive").sum()
-    assert f"**{n} {'is' if n == 1 else 'are'} inconclusive**" in plain and claims.ours_text(c1a) in plain
-    assert plain.count("\n- **") == table.verdict.str.split(":").str[0].nunique()  # one bullet per verdict
-    sentence = claims.verdict_sentence("C1a", table)
-    assert f"**{c1a.verdict}**" in sentence and "\n" not in sentence
-    assert "sst2" in c1a.tasks and "SST-2" in sentence and "sst2" not in sentence  # the book's task names
-    assert "SST-2" in plain and not re.search(r"\b(cola|sst2|mrpc)\b", plain)
-
-
 # ---------------------------------------------------------------------------------------------- the chapters
 CHAPTER_CALLS = {  # chapter -> the helper call that renders the engine's rows (and the claims it shows)
-    "intro.md": ("page.claims_table(setup)", ["C1a", "C1b", "C2", "C3", "C4", "C5", "C6a", "C6b", "C7", "C8a"]),
-    "probing.md": ("page.headline_text(models, tasks)", ["C1a", "C1b", "C2"]),
-    "probing.md#C3": ("page.two_models(models, tasks, claims.for_setup(setup))", ["C3"]),
-    "selection.md": ("page.order_text(frame)", ["C6a", "C6b"]),
-    "alternatives.md": ("page.verdict_text(models, tasks)", ["C4"]),
-    "transfer.md": ("page.changes_text(frame, tasks)", ["C5"]),
-    "norms.md": ("norms_pages.kobayashi_table(analysis_dir)", ["C8a", "C8b", "C8c"]),
+    "intro.md": ("claims.for_setup(setup)", ["C1a", "C1b", "C2", "C3", "C4", "C5", "C6a", "C6b", "C7", "C8a"]),
+    "norms.md": ("claims.norm_claims(analysis_dir", ["C8a", "C8b", "C8c"]),
 }
 
 
 def test_every_chapter_renders_the_verdict_of_claims_csv():
     """Each chapter calls a helper that renders the claims engine's row; that helper, run on the committed records,
     prints the verdict claims.csv holds for the claim (and the rules' chapter link points at the chapter)."""
-    from types import SimpleNamespace
-
-    from papa_lib.book import (
-        alternatives_pages,
-        intro_pages,
-        norms_figures,
-        norms_pages,
-        probing_pages,
-        selection_pages,
-        transfer_pages,
-    )
-
     every_model = pd.read_csv(ROOT / "data" / "results" / "local-minilm" / "claims.csv")
     # the chapters render MiniLM's rows (and the cross-model ones); the intro table shows every model's
     committed = every_model[(every_model.model == "all-MiniLM-L6-v2") | every_model.model.str.contains(" vs ")]
     committed = committed.set_index("claim")
-    frame = pd.read_csv(ROOT / "data" / "results" / "local-minilm" / "results.csv")
     analysis = ROOT / "data" / "results" / "norms-minilm" / "analysis"
-    six = ["cola", "mrpc", "sst2", "mnli", "ner", "pos"]
     for key, (call, ids) in CHAPTER_CALLS.items():
         chapter = key.split("#")[0]
         assert call in (ROOT / "book" / chapter).read_text(), (chapter, call)
         for claim in ids:
             assert chapter == "intro.md" or committed.loc[claim, "chapter"] == chapter
 
-    setup = SimpleNamespace(profile="local", root=ROOT, results_dir=ROOT / "data" / "results" / "local-minilm")
-    intro = intro_pages.claims_table(setup).data
-    for row in every_model.itertuples():
-        line = next(line for line in intro.splitlines() if line.startswith(f"| {row.claim} | {row.model} |"))
-        label, _, why = row.verdict.partition(": ")  # a reason goes to the notes under the table
-        assert f"**{label}**" in line and (not why or f". {why[:1].upper()}{why[1:]}." in intro), (row.claim, row.model)
+    # the intro's table (built in book/intro.md from the same rows): tests/test_intro_appendix.py, at local
 
-    def shows(text, claim):
-        sentence = next(s for s in text.split("\n\n") if f"{claim} — " in s)
-        assert f"Verdict: **{committed.loc[claim, 'verdict']}**" in sentence, (claim, sentence)
-
-    probing = probing_pages.headline_text(frame, six).data
-    selection = selection_pages.order_text(frame).data
-    alternatives = alternatives_pages.verdict_text(frame, six).data
-    transfer = transfer_pages.changes_text(frame, ["cola", "mrpc", "sst2", "ner", "pos"]).data
-    both = pd.concat([frame, *claims.read_folders([ROOT / "data" / "results" / "local-mpnet"]).values()])
-    pair = probing_pages.pair_text(both, claims.local_claims(ROOT))
-    if both.model.nunique() > 1:  # the C3 sentence beside Fig. 3, once a second model's records are committed
-        shows(pair.data, "C3")
-    for text, ids in ((probing, ["C1a", "C1b", "C2"]), (selection, ["C6a", "C6b"]), (alternatives, ["C4"]),
-                      (transfer, ["C5"])):
-        for claim in ids:
-            shows(text, claim)
-    assert list(probing_pages.headline(frame, six).verdict) == list(committed.loc[["C1a", "C1b", "C2"], "verdict"])
-    kobayashi = norms_pages.kobayashi_table(analysis)
+    # alternatives (C4) and transfer (C5): their executed chapters, tests/test_alternatives_transfer_chapters.py;
+    # probing (C1a, C1b, C2, C3): its executed chapter, tests/test_probing_chapter.py;
+    # selection (C6a, C6b): its executed chapter, tests/test_selection_chapter.py
+    kobayashi = pd.DataFrame(claims.norm_claims(analysis, "all-MiniLM-L6-v2"))  # the norms chapter's rows
     assert list(kobayashi.verdict) == list(committed.loc[["C8a", "C8b", "C8c"], "verdict"])
-    tables = norms_pages.read_analyses(analysis)
-    comparison = norms_figures.comparison(tables, "all-MiniLM-L6-v2", "local")
-    decided = comparison[comparison.verdict != "—"].verdict.tolist()
-    assert decided == [f"{committed.loc[c, 'verdict']} ({c})" for c in ("C8a", "C8b", "C8c")]
-    text = norms_figures.comparison_verdicts(tables, "all-MiniLM-L6-v2").data
-    for claim in ("C8a", "C8b", "C8c"):
-        shows(text, claim)
 
 
 def test_local_claims_take_a_second_model_folder(tmp_path):
@@ -366,7 +286,6 @@ def test_local_claims_take_a_second_model_folder(tmp_path):
     assert c3.model == "all-MiniLM-L6-v2 vs all-mpnet-base-v2" and c3.ours == pytest.approx(0.0)
     assert c3.verdict == "inconclusive" and not c3.verdict.startswith("agrees")  # identical records: no direction
     assert list(table[table.claim == "C8a"].model) == ["all-MiniLM-L6-v2"]
-    assert "| model |" in claims.book_table(table).splitlines()[0]
 
 
 def test_a_claim_names_the_devices_of_the_records_it_reads():
@@ -381,12 +300,6 @@ def test_a_claim_names_the_devices_of_the_records_it_reads():
     assert table.loc["C2", "devices"] == "cpu, cuda"
     assert table.loc["C1a", "devices"] == table.loc["C1b", "devices"] == table.loc["C6a", "devices"] == "cpu"
     assert table.loc["C4", "devices"] == "cpu, cuda"
-    text = claims.book_table(table.reset_index())
-    c2 = next(line for line in text.splitlines() if line.startswith("| C2 "))
-    assert "(rows made on cpu and cuda)" in c2
-    assert "rows made on" not in next(line for line in text.splitlines() if line.startswith("| C1a "))
-    assert "made on cpu and cuda" in claims.verdict_sentence("C2", table.reset_index())
-    assert "made on" not in claims.verdict_sentence("C1a", table.reset_index())
 
 
 def test_more_seeds_for_seed_independent_configurations_pair_on_the_seeds_both_have():

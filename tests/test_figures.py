@@ -12,7 +12,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from papa_lib.book import figures, paper
+from papa_lib.analysis import paper
+from papa_lib.book import figures
 from papa_lib.experiments.grid import GridBlock
 from papa_lib.experiments.results import ResultsStore
 from papa_lib.ops import costs

@@ -79,7 +79,7 @@ def test_figures_and_claims_read_the_registry(uniform):
     assert verdict.best_data_free[0] == "uniform_test" and not verdict.beats[0]
     assert figures.MATRIX_TYPE_LABELS["uniform_test"] == "Uniform (test)"
     assert "uniform_test" in figures.DATA_FREE_TYPES and "uniform_test" in figures.AVERAGE_TYPES
-    from papa_lib.book import claims
+    from papa_lib.analysis import claims
 
     assert claims.DATA_FREE == ("identity", "toeplitz", "zeros")  # C4 names the paper's three, registry or not
     c4 = claims.data_free_margins(pd.DataFrame(rows).assign(majority_baseline=0.5))

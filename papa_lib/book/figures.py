@@ -9,10 +9,10 @@ only chooses *which rows* feed them:
 * :func:`fraction_curves` -- Fig. 2: score vs fraction of input-dependent heads (1, 1/2, 1/8, 1/16, 0).
 * :func:`all_constant_drop`, :func:`half_heads_drop` -- relative drops with every head (half of the heads)
   constant, per task, and Fig. 3's points (:meth:`DropSummary.per_model`); the verdicts on them are the claims
-  engine's (:mod:`papa_lib.book.claims`), not this module's.
+  engine's (:mod:`papa_lib.analysis.claims`), not this module's.
 * :func:`matrix_type_summary`, :func:`matrix_type_table`, :func:`average_vs_data_free` -- Table 1 / Table 4.
 * :func:`transfer_summary`, :func:`transfer_table`, :func:`transfer_differences` -- Table 2 / Table 5.
-* :func:`with_paper` -- our numbers beside the paper's (``papa_lib.book.paper``), in one long frame for a chart.
+* :func:`with_paper` -- our numbers beside the paper's (``papa_lib.analysis.paper``), in one long frame for a chart.
 * :func:`stored_matrices`, :func:`column_mass`, :func:`diagonal_mass`, :func:`position_coverage` -- where the
   stored constant matrices put their weight (Sec. 5.1, 5.3), how often a position holds a real token (App. A);
   :func:`grid_coverage`, :func:`task_lengths`, :func:`per_task_setting` -- what a declared grid asks for and which
@@ -306,7 +306,7 @@ def all_constant_drop(frame: pd.DataFrame, tasks: Iterable[str] | None = None, m
                       matrices_from: str | None = None) -> DropSummary:
     """Relative drop with every head replaced (fraction 0) per (model, task), and its mean and max (Sec. 4.2).
 
-    The paper: an 8% relative drop on average, never more than 20% (:func:`papa_lib.book.paper.headline`).
+    The paper: an 8% relative drop on average, never more than 20% (:func:`papa_lib.analysis.paper.headline`).
     """
     check_frame(frame, "all_constant_drop")
     return _drop_at(frame, 0.0, "none", matrix_type, matrices_from, check_tasks(tasks, "all_constant_drop"))
@@ -486,7 +486,7 @@ def transfer_differences(frame: pd.DataFrame, tasks: Iterable[str] | None = None
 
 
 def with_paper(ours: pd.DataFrame, paper_long: pd.DataFrame, key: str, ours_label: str) -> pd.DataFrame:
-    """Our tidy summary and the paper's table (``papa_lib.book.paper.table_long``) in one long frame for a chart.
+    """Our tidy summary and the paper's table (``papa_lib.analysis.paper.table_long``) in one long frame for a chart.
 
     ``key`` is the row variable (``matrix_type`` or ``matrices_from``). Columns: source (``ours_label`` or the
     paper's "Hassid et al. 2022, Table N"), model, key, task, mean, ci_low, ci_high, n (NaN/0 for the paper, which
@@ -498,7 +498,8 @@ def with_paper(ours: pd.DataFrame, paper_long: pd.DataFrame, key: str, ours_labe
             raise ValueError(f"with_paper: our summary lacks column {name!r}")
     for name in (key, "task", "value", "source", "model"):
         if name not in paper_long.columns:
-            raise ValueError(f"with_paper: the paper table lacks column {name!r} (use papa_lib.book.paper.table_long)")
+            raise ValueError(f"with_paper: the paper table lacks column {name!r} "
+                             "(use papa_lib.analysis.paper.table_long)")
     columns = ["source", "model", key, "task", *_SUMMARY_COLUMNS]
     mine = ours.copy()
     mine["source"] = ours_label

@@ -14,8 +14,9 @@ the reader's current setup: committed results made from local files stay "local 
 * :func:`grid_or_empty`: a profile's grid file, or an empty grid where this installation has none (e.g. Colab).
 * :func:`diagnostic_records`: the records of a diagnostic run kept beside a profile's results folder, or none.
 * :func:`other_local_models`, :func:`with_models`: under the ``local`` profile, the committed records of the other
-  local models (:data:`papa_lib.book.claims.LOCAL_FOLDERS`, read by :func:`papa_lib.book.claims.read_folders`), and
-  a page's records with them, so a chapter shows every model the records have.
+  local models (:data:`papa_lib.analysis.claims.LOCAL_FOLDERS`, read by
+  :func:`papa_lib.analysis.claims.read_folders`), and a page's records with them, so a chapter shows every model
+  the records have.
 """
 
 from __future__ import annotations
@@ -199,11 +200,11 @@ def _seed_span(seeds: list[int]) -> str:
 def other_local_models(setup, frame: pd.DataFrame | None = None,
                        needs: Iterable[str] | None = None) -> dict[Path, pd.DataFrame]:
     """Under the ``local`` profile: folder -> records of every committed local results folder
-    (:data:`papa_lib.book.claims.LOCAL_FOLDERS`) other than the profile's own, restricted to models not already in
+    (:data:`papa_lib.analysis.claims.LOCAL_FOLDERS`) other than the profile's own, restricted to models not already in
     ``frame``; folders without records (or without a new model) are left out. ``needs``: matrix types a model's
     records must include at least one of to be shown (a page about data-free matrices shows a model only once its
     data-free runs exist). Other profiles: ``{}``."""
-    from .claims import LOCAL_FOLDERS, read_folders
+    from ..analysis.claims import LOCAL_FOLDERS, read_folders
 
     if getattr(setup, "profile", None) != "local" or setup.results_dir is None:
         return {}
