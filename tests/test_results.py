@@ -628,3 +628,21 @@ def test_grid_headers_say_what_their_records_hold(folder):
     if folder == "norms-minilm":
         assert f"{records.train_size.iloc[0]:,} training rows" in header
         assert "seeds 0 and 1 only" in header and sorted(records.seed.unique()) == [0, 1]
+
+
+def test_declared_version_check_reruns_equal_their_records():
+    """Decision rule R9: the sample of old-version records rerun on the current versions (same run ids) differs from
+    the committed values by less than their configuration's seed spread (here: not at all)."""
+    import pandas as pd
+
+    root = Path(__file__).resolve().parents[1] / "data" / "results"
+    rerun = pd.read_csv(root / "version-check" / "results.csv")
+    local = pd.read_csv(root / "local-minilm" / "results.csv")
+    pairs = rerun.merge(local[["run_id", "value", "versions"]], on="run_id", suffixes=("", "_committed"))
+    assert len(pairs) == len(rerun) == 9
+    assert pairs.versions_committed.str.contains('"transformers": "5.23.0"').all()  # the sample: old-version rows
+    assert pairs.versions.str.contains('"transformers": "5.24.0"').all()
+    keys = ["task", "matrix_type", "fraction", "selection_order"]
+    spread = local.fillna({"selection_order": "none"}).groupby(keys).value.std()
+    for _, row in pairs.fillna({"selection_order": "none"}).iterrows():
+        assert abs(row.value - row.value_committed) < spread[tuple(row[k] for k in keys)]
