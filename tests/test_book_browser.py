@@ -180,13 +180,14 @@ def test_bundle_defines_global_vega_embed():
 #: (the committed results and the embedded MiniLM, as the published book; minutes).
 BROWSER_PROFILE = os.environ.get("PAPA_BROWSER_PROFILE", "smoke")
 #: Chapters that have no chart (none: every chapter draws at least one figure at every profile).
-CHARTLESS_CHAPTERS: set[str] = set()
+CHARTLESS_CHAPTERS: set[str] = {"gridfile"}  # the grid-file reference is a table
 
 
 def executed_book(root: Path, notebooks: list[Path], extra_pages: dict[str, str] | None = None) -> Path:
     """Lay out a book in ``root`` from executed chapter notebooks (papermill outputs), built without executing them
     again: the repository's ``_config.yml`` with ``execute_notebooks: "off"`` and the notebooks admitted as sources,
-    its ``_toc.yml`` (plus ``extra_pages``: name -> MyST text) and links to ``papa_lib`` and ``book/_ext``. Returns ``root``."""
+    its ``_toc.yml`` (plus ``extra_pages``: name -> MyST text) and links to ``papa_lib`` and ``book/_ext``.
+    Returns ``root``."""
     import yaml
 
     config = yaml.safe_load((REPO / "_config.yml").read_text(encoding="utf-8"))
@@ -198,8 +199,17 @@ def executed_book(root: Path, notebooks: list[Path], extra_pages: dict[str, str]
     (root / "book" / "_ext").symlink_to(REPO / "book" / "_ext", target_is_directory=True)  # the Sphinx extension
     if (REPO / "book" / "_static").is_dir():
         shutil.copytree(REPO / "book" / "_static", root / "book" / "_static", dirs_exist_ok=True)
-    for notebook in notebooks:
-        shutil.copy2(notebook, root / "book" / notebook.name)
+    import nbformat
+
+    chapters = {n.stem for n in notebooks}
+    for notebook in notebooks:  # built from the executed twins: links to a chapter's .md lead to its .ipynb here
+        executed = nbformat.read(notebook, as_version=4)
+        for cell in executed.cells:
+            if cell.cell_type == "markdown":
+                cell.source = re.sub(r"\]\((\w+)\.md(#[^)]*)?\)",
+                                     lambda m: f"]({m[1]}.ipynb{m[2] or ''})" if m[1] in chapters else m[0],
+                                     cell.source)
+        nbformat.write(executed, root / "book" / notebook.name)
     toc = yaml.safe_load((REPO / "_toc.yml").read_text(encoding="utf-8"))
     for name, text in (extra_pages or {}).items():
         (root / "book" / f"{name}.md").write_text(text, encoding="utf-8")
