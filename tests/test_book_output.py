@@ -23,7 +23,7 @@ from papa_lib.book import charts, tables
     ("over 6 task(s)", "template grammar"),
     ("head 2.4 is the most diagonal", "raw head name"),
     ("share of the loss recovered −25.242543", "too many digits"),
-    ("interval 0.002000", "too many digits"),
+    ("interval 0.0020000", "too many digits"),
 ])
 def test_text_scan_finds_each_defect(text, what):
     assert any(p.startswith(what) for p in page_check.text_problems(text)), page_check.text_problems(text)
@@ -33,6 +33,14 @@ def test_text_scan_passes_clean_text():
     clean = ("8.4% [3.3%, 11.8%] over 6 tasks, fractions 1, 0.5, 0.0625; layer 2, head 4; torch 2.13.0; "
              "python -m venv .venv && . .venv/bin/activate; 7,696 examples; not measured")
     assert page_check.text_problems(clean) == []
+
+
+def test_page_scan_reads_what_the_page_says_not_the_code_it_shows():
+    code = ('<div class="cell_input docutils container"><div class="highlight-ipython3 notranslate">'
+            '<div class="highlight"><pre>fill = np.nan  # a code comment with 0.123456</pre></div></div></div>')
+    said = '<div class="cell_output docutils container"><p>distance nan</p></div>'
+    assert page_check.html_problems(code) == []
+    assert [p.split(":")[0] for p in page_check.html_problems(code + said)] == ["NaN"]
 
 
 def test_chart_scan_finds_raw_identifier_titles_and_readable_titles_fix_them():

@@ -3,8 +3,8 @@
 :func:`text_problems` finds, in the visible text of a page or of one notebook output: object reprs
 (``<… object at 0x…>``, ``<IPython.core.display.Markdown object>``), warnings, machine paths (``/tmp/``, ``.venv``,
 home folders), tracebacks, ``NaN`` where a word belongs, template grammar (``task(s)``), raw head names
-(``head 2.4``: write "layer 2, head 4") and numbers with more digits than a reader can compare (four or more
-decimals). :func:`chart_problems` finds raw identifiers (``ci_low``, ``best_data_free_score``) used as an axis,
+(``head 2.4``: write "layer 2, head 4") and numbers with more digits than a reader can compare (more than four
+significant figures; tables show three). Code cells' sources are the author's code and are not scanned. :func:`chart_problems` finds raw identifiers (``ci_low``, ``best_data_free_score``) used as an axis,
 legend or column title of a vega-lite chart: an explicit title, or a field without a title (vega-lite then shows
 the field's name). :func:`html_problems` applies both to a built HTML page (plus raw identifiers as table column
 headers and raw integer DataFrame indexes), :func:`notebook_problems` to an executed notebook.
@@ -35,14 +35,16 @@ TEXT_PATTERNS: list[tuple[str, re.Pattern]] = [
     ("raw head name", re.compile(r"\b[Hh]ead \d+\.\d+\b")),
     ("too many digits", re.compile(r"(?<![\w.])[-−]?\d+\.\d+(?![\w.])")),
 ]
-#: Significant figures a compared number may show.
-MAX_SIGNIFICANT = 3
+#: Significant figures a number in a page's text may show (a printed check: ``score -4.093``); tables show three.
+MAX_SIGNIFICANT = 4
 #: A raw identifier: snake_case, as a column or axis title.
 IDENTIFIER = re.compile(r"^[a-z][a-z0-9]*(?:_[a-z0-9]+)+$")
 _SPEC = re.compile(r"var spec = (\{.*?\});\n\s*var opt", re.DOTALL)
 _TAGS = re.compile(r"<[^>]+>")
 _INJECTED = re.compile(r'<div class="cell tag_injected-parameters[^"]*">.*?</pre>', re.DOTALL)
 _INVISIBLE = re.compile(r"<(script|style|head)\b.*?</\1>", re.DOTALL | re.IGNORECASE)
+#: A code cell's source (folded or shown): the author's code, not text the page says to its reader.
+_CELL_INPUT = re.compile(r'<div class="cell_input[^"]*">.*?</pre>', re.DOTALL)
 _CHANNELS = ("x", "y", "x2", "y2", "color", "fill", "stroke", "size", "shape", "opacity", "theta", "row", "column",
              "facet", "xOffset", "yOffset")
 
@@ -115,7 +117,7 @@ def chart_problems(spec: dict) -> list[str]:
 
 
 def _visible_text(page: str) -> str:
-    return html_lib.unescape(_TAGS.sub(" ", _INVISIBLE.sub(" ", page)))
+    return html_lib.unescape(_TAGS.sub(" ", _INVISIBLE.sub(" ", _CELL_INPUT.sub(" ", page))))
 
 
 def html_problems(page: str) -> list[str]:
