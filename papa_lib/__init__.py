@@ -13,10 +13,10 @@ The core API is importable from the package itself::
 
     import papa_lib
     model, tokenizer = papa_lib.load_encoder()               # embedded all-MiniLM-L6-v2
-    batch = papa_lib.encode(tokenizer, ["a short text"], max_length=64)
+    batch = papa_lib.encode(tokenizer, ["a short text"], max_length=64, model=model)  # with App. A position_ids
     constants = papa_lib.average_attention(model, [batch])
     with papa_lib.override(model, constants):
-        hidden = model(**batch).last_hidden_state
+        hidden = model(**batch).last_hidden_state        # or papa_lib.pack(batch): real tokens only
 """
 
 from importlib import metadata as _metadata

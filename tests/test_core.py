@@ -154,16 +154,13 @@ def test_padded_token_ids_do_not_change_real_positions(arch, mode):
     other["input_ids"] = torch.where(batch["attention_mask"].bool(), batch["input_ids"], noise)
     assert not torch.equal(other["input_ids"], batch["input_ids"])
     heads = {(0, 0): mode, (1, 2): mode, (1, 3): "constant"}
-    extra = {}
-    if papa_lib.core.models.adapter_for(model).position_offset == "padding_idx":
-        # RoBERTa (and XLM-R, MPNet) numbers positions by counting non-pad ids, so a pad id swapped for a word id
-        # would shift the final
-        # separator's position embedding (a property of the model, not of the override): pin the position ids.
-        extra["position_ids"] = torch.cumsum(batch["attention_mask"], 1) * batch["attention_mask"] + 1
+    # model_inputs gives RoBERTa-style models (RoBERTa, XLM-R, MPNet) their App. A position ids: left to itself,
+    # transformers numbers positions by counting non-pad ids, so a pad id swapped for a word id would shift the final
+    # separator's position embedding.
     with papa_lib.override(model, constants, heads=heads, trainable_init="average") as papa:
         papa.theta.data.normal_(generator=torch.Generator().manual_seed(0))
-        first = run(model, batch, **extra).last_hidden_state
-        second = run(model, other, **extra).last_hidden_state
+        first = run(model, batch).last_hidden_state
+        second = run(model, other).last_hidden_state
     real = real_positions(batch)
     torch.testing.assert_close(first[real], second[real], atol=1e-5, rtol=0)
 

@@ -36,11 +36,11 @@ def test_replacement_orders_match_hand_written_lists(order):
 @pytest.mark.parametrize("order", sorted(EXPECTED))
 def test_heads_to_replace_takes_prefix_of_order(order):
     # fraction 0.5 of 6 heads -> 3 kept input-dependent, 3 replaced.
-    assert heads_to_replace(order, 0.5, 2, 3, lambdas=LAMBDAS) == EXPECTED[order][:3]
+    assert heads_to_replace(order, 0.5, num_layers=2, num_heads=3, lambdas=LAMBDAS) == EXPECTED[order][:3]
     # 0.25 * 6 = 1.5 -> rounds half up to 2 kept, 4 replaced.
-    assert heads_to_replace(order, 0.25, 2, 3, lambdas=LAMBDAS) == EXPECTED[order][:4]
-    assert heads_to_replace(order, 1.0, 2, 3, lambdas=LAMBDAS) == []
-    assert heads_to_replace(order, 0.0, 2, 3, lambdas=LAMBDAS) == EXPECTED[order]
+    assert heads_to_replace(order, 0.25, num_layers=2, num_heads=3, lambdas=LAMBDAS) == EXPECTED[order][:4]
+    assert heads_to_replace(order, 1.0, num_layers=2, num_heads=3, lambdas=LAMBDAS) == []
+    assert heads_to_replace(order, 0.0, num_layers=2, num_heads=3, lambdas=LAMBDAS) == EXPECTED[order]
 
 
 def test_lambdas_accepted_as_numpy_and_lists():
@@ -64,7 +64,7 @@ def test_random_order_is_seeded_permutation():
     others = {tuple(replacement_order("random", 6, 12, seed=s)) for s in range(5)}
     assert len(others) == 5
     assert first != replacement_order("first_to_last", 6, 12)
-    assert heads_to_replace("random", 0.5, 6, 12, seed=7) == first[:36]
+    assert heads_to_replace("random", 0.5, num_layers=6, num_heads=12, seed=7) == first[:36]
 
 
 def test_num_input_dependent_rounds_half_up():
@@ -76,7 +76,7 @@ def test_num_input_dependent_rounds_half_up():
 
 
 def test_replaced_count_for_paper_fractions_on_minilm_shape():
-    counts = [len(heads_to_replace("first_to_last", f, 6, 12)) for f in PAPER_FRACTIONS]
+    counts = [len(heads_to_replace("first_to_last", f, num_layers=6, num_heads=12)) for f in PAPER_FRACTIONS]
     assert counts == [0, 36, 63, 67, 72]
 
 
@@ -98,7 +98,7 @@ def test_bad_order_name():
     with pytest.raises(ValueError, match="unknown head-replacement order"):
         replacement_order("lowest", 2, 3, lambdas=LAMBDAS)
     with pytest.raises(ValueError, match="unknown head-replacement order"):
-        heads_to_replace("Lambda", 0.5, 2, 3, lambdas=LAMBDAS)
+        heads_to_replace("Lambda", 0.5, num_layers=2, num_heads=3, lambdas=LAMBDAS)
 
 
 @pytest.mark.parametrize("order", ["lambda", "reversed"])
@@ -116,7 +116,7 @@ def test_bad_fractions(fraction):
     with pytest.raises(ValueError, match="fraction"):
         num_input_dependent(fraction, 72)
     with pytest.raises(ValueError, match="fraction"):
-        heads_to_replace("first_to_last", fraction, 6, 12)
+        heads_to_replace("first_to_last", fraction, num_layers=6, num_heads=12)
 
 
 def test_bad_model_shape():

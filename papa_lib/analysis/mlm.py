@@ -391,7 +391,7 @@ def run_mlm_curve(
                     })
             for fraction in todo:
                 started = time.time()
-                heads = heads_to_replace("lambda", fraction, num_layers, num_heads,
+                heads = heads_to_replace("lambda", fraction, encoder,
                                          lambdas=lambdas if lambdas is not None else torch.zeros(num_layers, num_heads))
                 train_features, eval_features = features_for(heads)
                 set_seed(int(seed))

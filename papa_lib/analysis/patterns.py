@@ -455,7 +455,8 @@ def kept_until(lambdas: torch.Tensor, fractions: Sequence[float] = selection.PAP
     for fraction in values:
         if fraction in (0.0, 1.0):
             continue
-        replaced = set(selection.heads_to_replace(order, fraction, layers, heads, lambdas=lambdas, seed=seed))
+        replaced = set(selection.heads_to_replace(order, fraction, num_layers=layers, num_heads=heads,
+                                                     lambdas=lambdas, seed=seed))
         for layer in range(layers):
             for head in range(heads):
                 if (layer, head) not in replaced:

@@ -37,19 +37,23 @@ logger = logging.getLogger(__name__)
 
 
 class EncodedBatch(dict):
-    """A dict of ``[B, L]`` tensors (``input_ids``, ``attention_mask``, maybe ``token_type_ids``) plus facts about it.
+    """A dict of ``[B, L]`` tensors (``input_ids``, ``attention_mask``, maybe ``token_type_ids``, and ``position_ids``
+    when encoded for a model) plus facts about it.
 
     Attributes:
-        layout: ``"papa"`` or ``"standard"``.
+        layout: ``"papa"``, ``"standard"`` or ``"causal"``.
         max_length: L, the width of every tensor.
         num_truncated: how many examples lost tokens to truncation.
         word_index: for word-level (token task) batches, ``[B, W]`` position of each word's first sub-token, -1 where
             the word was truncated away or does not exist; ``None`` otherwise.
+        model_type: ``config.model_type`` of the model the batch was encoded for (``encode(..., model=model)``),
+            else ``None``.
     """
 
     def __init__(self, tensors: dict, *, layout: str, max_length: int, num_truncated: int, word_index=None,
-                 separator: str | None = None):
+                 separator: str | None = None, model_type: str | None = None):
         super().__init__(tensors)
+        self.model_type = model_type
         self.separator = separator  # a decoder pair's declared separator (layout "causal"), else None
         self.layout = layout
         self.max_length = max_length
@@ -262,9 +266,28 @@ def _encode_causal(tokenizer, texts, pairs, max_length: int, separator: str | No
                         separator=separator if pairs is not None else None)
 
 
+def for_model(batch: EncodedBatch, model) -> EncodedBatch:
+    """Make ``batch`` the exact keyword inputs of ``model`` (in place; returns it): its App. A ``position_ids``
+    (:func:`papa_lib.core.models.layout_position_ids`; none for DeBERTa and decoder LMs, whose default is right) and
+    no ``token_type_ids`` where the model has no segment embedding. ``model(**batch)`` then runs App. A positions."""
+    from .models import adapter_for, check_position_ids, layout_position_ids, prepare_model
+
+    adapter = adapter_for(prepare_model(model))
+    if not adapter.uses_token_type_ids:
+        batch.pop("token_type_ids", None)
+    if "position_ids" in batch:
+        check_position_ids(batch, model)
+    else:
+        position_ids = layout_position_ids(batch, model)
+        if position_ids is not None:
+            batch["position_ids"] = position_ids
+    batch.model_type = model.config.model_type
+    return batch
+
+
 def encode(
     tokenizer, texts: Sequence[str], pairs: Sequence[str] | None = None, max_length: int = 64,
-    layout: str | None = None, *, separator: str | None = None,
+    layout: str | None = None, *, separator: str | None = None, model=None,
 ) -> EncodedBatch:
     """Encode texts (or text pairs) into fixed-width tensors in the PAPA layout (App. A), the standard one, or a
     decoder's.
@@ -279,10 +302,19 @@ def encode(
             :func:`papa_lib.load_decoder`), else ``"papa"``.
         separator: for ``"causal"`` pairs, the text joining a and b (default :data:`DEFAULT_SEPARATOR`, a newline);
             recorded as the batch's ``.separator``.
+        model: the model the batch is for (recommended). The batch then carries the model's App. A
+            ``position_ids`` and only the inputs it takes (:func:`for_model`), so ``model(**batch)`` is right on every
+            architecture and ``pack(batch)`` knows the positions. Without it the batch has no ``position_ids``: the
+            library's own paths (:func:`papa_lib.average_attention`, :func:`papa_lib.core.models.model_inputs`,
+            packing with ``model=``, feature extraction) add them, and so does ``model(**batch)`` for BERT-like
+            models (BERT, MiniLM, ELECTRA, ALBERT, DistilBERT and ModernBERT number positions from 0); a
+            RoBERTa-style model (RoBERTa, XLM-R, MPNet) called directly would number positions by counting the
+            non-pad tokens, which is not App. A: call it with ``model(**model_inputs(model, batch))``.
 
     Returns:
-        An :class:`EncodedBatch` with ``input_ids``, ``attention_mask`` and, where the model uses them,
-        ``token_type_ids``; ``.num_truncated`` counts the examples that were cut.
+        An :class:`EncodedBatch` with ``input_ids``, ``attention_mask`` and, where the tokenizer (and the model)
+        uses them, ``token_type_ids``, plus ``position_ids`` with ``model``; ``.num_truncated`` counts the examples
+        that were cut.
     """
     if layout is None:
         layout = getattr(tokenizer, "papa_layout", None) or "papa"
@@ -292,7 +324,8 @@ def encode(
     if separator is not None and layout != "causal":
         raise ValueError(f"a separator is declared for the decoder layout only (layout='causal'), not {layout!r}")
     if layout == "causal":
-        return _encode_causal(tokenizer, texts, pairs, max_length, separator)
+        batch = _encode_causal(tokenizer, texts, pairs, max_length, separator)
+        return batch if model is None else for_model(batch, model)
     template = special_token_template(tokenizer)
     ids_a = _tokenize(tokenizer, texts)
     ids_b = _tokenize(tokenizer, pairs) if pairs is not None else [None] * len(ids_a)
@@ -308,17 +341,19 @@ def encode(
         masks.append(mask)
         types.append(type_ids)
         num_truncated += int(truncated)
-    return _to_batch(rows, masks, types, template, layout, max_length, num_truncated)
+    batch = _to_batch(rows, masks, types, template, layout, max_length, num_truncated)
+    return batch if model is None else for_model(batch, model)
 
 
 def encode_words(
-    tokenizer, sentences: Sequence[Sequence[str]], max_length: int = 128, layout: str = "papa"
+    tokenizer, sentences: Sequence[Sequence[str]], max_length: int = 128, layout: str = "papa", *, model=None
 ) -> EncodedBatch:
     """Encode pre-split sentences (NER/POS) as single texts and record each word's first sub-token position.
 
     The label of a word sits on its first sub-token (Sec. 3.3, token tasks). Each word after the first is
     tokenized with a leading space, which is what RoBERTa-style byte-level tokenizers need and what BERT and
-    SentencePiece tokenizers ignore. ``word_index[b, w]`` is -1 where word ``w`` was truncated away.
+    SentencePiece tokenizers ignore. ``word_index[b, w]`` is -1 where word ``w`` was truncated away. ``model``: as
+    for :func:`encode`.
     """
     _check_args(layout, max_length, False)
     if layout == "causal":
@@ -349,7 +384,8 @@ def encode_words(
         masks.append(mask)
         types.append(type_ids)
         num_truncated += int(truncated)
-    return _to_batch(rows, masks, types, template, layout, max_length, num_truncated, word_index=word_index)
+    batch = _to_batch(rows, masks, types, template, layout, max_length, num_truncated, word_index=word_index)
+    return batch if model is None else for_model(batch, model)
 
 
 def batched(encoded: EncodedBatch, batch_size: int):
@@ -361,4 +397,5 @@ def batched(encoded: EncodedBatch, batch_size: int):
         part = {k: v[start : start + batch_size] for k, v in encoded.items()}
         wi = encoded.word_index[start : start + batch_size] if encoded.word_index is not None else None
         yield EncodedBatch(part, layout=encoded.layout, max_length=encoded.max_length, num_truncated=0, word_index=wi,
-                           separator=getattr(encoded, "separator", None))
+                           separator=getattr(encoded, "separator", None),
+                           model_type=getattr(encoded, "model_type", None))

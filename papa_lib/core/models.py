@@ -314,8 +314,8 @@ def self_attention_modules(model: nn.Module) -> list[nn.Module]:
 
 
 def num_layers_and_heads(model: nn.Module) -> tuple[int, int]:
-    """(number of layers, heads per layer) of an encoder."""
-    config = model.config
+    """(number of layers, heads per layer) of an encoder (or of its config)."""
+    config = getattr(model, "config", model)
     if not hasattr(config, "num_hidden_layers") and hasattr(config, "text_config"):  # a multimodal decoder (gemma3)
         config = config.text_config
     return int(config.num_hidden_layers), int(config.num_attention_heads)
@@ -441,11 +441,66 @@ def model_device(model: nn.Module) -> torch.device:
     return next(model.parameters()).device
 
 
+def layout_position_ids(batch, model) -> torch.Tensor | None:
+    """Explicit App. A position ids ``[B, L]`` for a padded batch: ``arange(L)`` plus the model's first position id.
+
+    Every real token of an App. A (or standard) batch sits at its sequence index, so its position id is that index
+    plus :meth:`ArchitectureAdapter.first_position_id`. RoBERTa-style models (RoBERTa, XLM-R, MPNet) need them: called
+    without position ids, transformers numbers positions by counting the non-pad tokens, which is not App. A once the
+    padding sits before the final separator. ``None`` for a model whose positions do not come from position ids
+    alone (DeBERTa, decoder LMs): its default (sequence index) is already right.
+    """
+    adapter = adapter_for(prepare_model(model))
+    if not adapter.packable:
+        return None
+    reference = batch["attention_mask"] if batch.get("attention_mask") is not None else batch["input_ids"]
+    size, length = reference.shape[:2]
+    first = adapter.first_position_id(model.config)
+    return (torch.arange(length, device=reference.device) + first).expand(size, length).contiguous()
+
+
+def check_position_ids(batch, model, position_ids: torch.Tensor | None = None) -> None:
+    """Raise ``ValueError`` unless the position ids a batch carries are its App. A positions for ``model``.
+
+    On every real token, position id = App. A position (the sequence index of a padded batch, ``batch.positions`` of
+    a packed one) + the model's first position id; e.g. a batch encoded for a RoBERTa model (ids from
+    ``pad_token_id + 1``) given to a BERT model, or transformers' own pad-counting ids, are refused.
+    """
+    carried = batch.get("position_ids") if position_ids is None else position_ids
+    if carried is None:
+        return
+    mask = batch.get("attention_mask")
+    mask = torch.ones_like(batch["input_ids"], dtype=torch.bool) if mask is None else mask.bool()
+    positions = getattr(batch, "positions", None)
+    if positions is None:
+        if tuple(carried.shape[-1:]) != tuple(mask.shape[-1:]):
+            raise ValueError(f"position_ids of width {carried.shape[-1]} for a batch of width {mask.shape[-1]}")
+        positions = torch.arange(mask.shape[1], device=mask.device).expand_as(mask)
+    real = mask & (positions >= 0)
+    offsets = (carried.to(positions.device).expand_as(positions) - positions)[real]
+    first = adapter_for(model).first_position_id(model.config)
+    if offsets.numel() and not bool((offsets == first).all()):
+        found = sorted({int(v) for v in offsets.unique()[:3]})
+        raise ValueError(
+            f"the batch's position_ids are not App. A positions for this {model.config.model_type} model (position "
+            f"id = App. A position + {first}; found offsets {found}): encode the batch for this model "
+            "(papa_lib.encode(..., model=model)) or drop its position_ids"
+        )
+
+
 def model_inputs(model: nn.Module, batch: dict) -> dict:
-    """The subset of an encoded batch the model takes, moved to the model's device."""
+    """The subset of an encoded (or packed) batch the model takes, moved to the model's device, with App. A
+    ``position_ids`` (:func:`layout_position_ids`) where the batch carries none; ids it carries are checked
+    (:func:`check_position_ids`), never replaced."""
     device = model_device(model)
     keys = ("input_ids", "attention_mask", "token_type_ids", "position_ids")
     out = {k: batch[k].to(device) for k in keys if k in batch and batch[k] is not None}
     if not adapter_for(prepare_model(model)).uses_token_type_ids:
         out.pop("token_type_ids", None)
+    if "position_ids" in out:
+        check_position_ids(batch, model)
+    else:
+        position_ids = layout_position_ids(batch, model)
+        if position_ids is not None:
+            out["position_ids"] = position_ids.to(device)
     return out

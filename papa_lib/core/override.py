@@ -327,7 +327,11 @@ class AttentionOverride(nn.Module):
 
         def read_positions(_module, _args, kwargs):
             position_ids = kwargs.get("position_ids")
-            self.positions = None if position_ids is None else position_ids - first_position
+            positions = None if position_ids is None else position_ids - first_position
+            if positions is not None and bool((positions == torch.arange(positions.shape[-1],
+                                                                         device=positions.device)).all()):
+                positions = None  # a padded batch's App. A ids: sequence index = position, the shared fast path
+            self.positions = positions
             self._calls = 0
 
         try:

@@ -7,7 +7,8 @@ read at ``C^h[pos_q, pos_k]`` and renormalised over the real keys — exactly wh
 on the padded batch (paper Sec. 3.1, fn. 8). Only the width changes: the longest real row of the batch instead of L
 (SST-2 sentences at L = 64 hold about 13 real tokens), which is what makes feature extraction several times faster.
 
-    packed = pack(batch, model=model)            # real tokens only, App. A position ids
+    batch = papa_lib.encode(tokenizer, texts, max_length=64, model=model)  # carries App. A position_ids
+    packed = pack(batch)                         # real tokens only, the batch's position ids (or pack(b, model=))
     hidden = model(**packed).last_hidden_state  # [B, W, d]
     full = unpack(hidden, packed)                # [B, L, d], zeros at padding
 
@@ -16,7 +17,8 @@ positions from sequence indices (:attr:`~papa_lib.core.models.ArchitectureAdapte
 padded and says so once. MPNet's relative position bias and ModernBERT's sliding window would also follow sequence
 indices in transformers; their adapters (:func:`~papa_lib.core.models.prepare_model`) read them from the position ids
 instead, so both pack exactly. RoBERTa-style models (RoBERTa, XLM-R, MPNet) get position ids from
-``pad_token_id + 1``.
+``pad_token_id + 1``, BERT-like ones from 0: :func:`pack` reads them from the batch (``encode(..., model=model)``) or
+from the model it is given, and refuses a batch with neither rather than guess.
 """
 
 from __future__ import annotations
@@ -25,7 +27,9 @@ import logging
 
 import torch
 
-from .models import adapter_for, prepare_model
+from .models import adapter_for, check_position_ids, layout_position_ids, prepare_model
+
+__all__ = ["PackedBatch", "layout_position_ids", "pack", "packing_notice", "supports_packing", "unpack"]
 
 logger = logging.getLogger(__name__)
 _MODEL_KEYS = ("input_ids", "attention_mask", "token_type_ids")
@@ -66,27 +70,54 @@ def packing_notice(model) -> None:
         logger.warning("%s computes relative positions from sequence indices: running padded (no packing)", kind)
 
 
+def _carried_offset(position_ids: torch.Tensor, length: int) -> int:
+    """The first position id of a padded batch's carried ``position_ids`` (``arange(L) + first`` on every row)."""
+    offsets = position_ids - torch.arange(length, device=position_ids.device)
+    first = int(offsets.flatten()[0]) if offsets.numel() else 0
+    if not bool((offsets == first).all()):
+        raise ValueError("the batch's position_ids are not App. A positions (arange(L) plus the model's first position "
+                         "id on every row): encode it with papa_lib.encode(..., model=model) or pass pack(..., model=)")
+    return first
+
+
 def pack(batch, model=None) -> PackedBatch:
     """Keep only the real tokens of an App. A batch (see the module docstring).
 
+    The position ids come from the batch when it carries them (``papa_lib.encode(..., model=model)`` puts the model's
+    App. A ``position_ids`` in it) or from ``model``; with both, they must agree. A batch with neither is refused: a
+    BERT model numbers positions from 0, a RoBERTa-style one from ``pad_token_id + 1``, and a guess would be silently
+    wrong for one of them.
+
     Args:
         batch: an :class:`~papa_lib.core.layout.EncodedBatch` or a dict with ``input_ids``, ``attention_mask`` and
-            optionally ``token_type_ids`` (and ``word_index`` as an attribute for token tasks).
-        model: the encoder the batch is for. Needed for RoBERTa, whose position ids start at ``pad_token_id + 1``;
-            without it position ids are App. A positions, as BERT and ELECTRA expect.
+            optionally ``token_type_ids`` and ``position_ids`` (and ``word_index`` as an attribute for token tasks).
+        model: the encoder the batch is for (also drops ``token_type_ids`` for a model without segment embeddings).
 
     Raises:
-        ValueError: for a model that cannot be packed (DeBERTa), or a row with no real token.
+        ValueError: for a model that cannot be packed (DeBERTa), a batch whose positions cannot be known (no
+            ``model`` and no ``position_ids``) or whose ``position_ids`` are not App. A positions (for ``model``), or
+            a row with no real token.
     """
-    first = 0
+    mask = batch["attention_mask"].bool()
+    size, length = mask.shape
+    carried = batch.get("position_ids")
     if model is not None:
         adapter = adapter_for(prepare_model(model))
         if not adapter.packable:
             raise ValueError(f"{model.config.model_type} computes relative positions from sequence indices and "
                              "cannot run packed; run the padded batch")
         first = adapter.first_position_id(model.config)
-    mask = batch["attention_mask"].bool()
-    size, length = mask.shape
+        check_position_ids(batch, model)
+    elif carried is not None:
+        first = _carried_offset(carried, length)
+    else:
+        encoded_for = getattr(batch, "model_type", None)
+        if encoded_for is not None and not adapter_for(_TypeOnly(encoded_for)).packable:
+            raise ValueError(f"{encoded_for} computes relative positions from sequence indices and cannot run "
+                             "packed; run the padded batch")
+        raise ValueError("pack cannot know this batch's position ids (BERT numbers them from 0, RoBERTa-style models "
+                         "from pad_token_id + 1): pass the model, pack(batch, model=model), or encode the batch "
+                         "for it, papa_lib.encode(..., model=model)")
     counts = mask.sum(1)
     if size and int(counts.min()) == 0:
         raise ValueError("a row of the batch has no real token: nothing to pack")
@@ -110,14 +141,11 @@ def pack(batch, model=None) -> PackedBatch:
     return PackedBatch(tensors, positions=positions, real=real, length=length, word_index=word_index)
 
 
-def layout_position_ids(batch, model) -> torch.Tensor | None:
-    """Explicit App. A position ids ``[B, L]`` for a padded batch of a packable model (RoBERTa would otherwise derive
-    them from the non-pad tokens), or ``None`` for a model that takes none (DeBERTa)."""
-    adapter = adapter_for(prepare_model(model))
-    if not adapter.packable:
-        return None
-    size, length = batch["attention_mask"].shape
-    return torch.arange(length).expand(size, length) + adapter.first_position_id(model.config)
+class _TypeOnly:
+    """Stands in for a model of which only ``config.model_type`` is known (to look up its adapter)."""
+
+    def __init__(self, model_type: str):
+        self.model_type = model_type
 
 
 def unpack(hidden: torch.Tensor, packed: PackedBatch) -> torch.Tensor:

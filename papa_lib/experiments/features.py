@@ -32,8 +32,8 @@ import torch
 
 from ..core.artefacts import set_aside, write_atomic
 from ..core.layout import EncodedBatch
-from ..core.models import adapter_for, model_device
-from ..core.packing import layout_position_ids, pack, packing_notice, supports_packing
+from ..core.models import model_inputs
+from ..core.packing import pack, packing_notice, supports_packing
 from ..errors import PapaInputError
 from .probes import RaggedSentences
 
@@ -75,7 +75,8 @@ def select_rows(encoded: EncodedBatch, rows) -> EncodedBatch:
     index = torch.as_tensor(rows, dtype=torch.long)
     word_index = encoded.word_index[index] if encoded.word_index is not None else None
     return EncodedBatch({k: v[index] for k, v in encoded.items()}, layout=encoded.layout,
-                        max_length=encoded.max_length, num_truncated=0, word_index=word_index)
+                        max_length=encoded.max_length, num_truncated=0, word_index=word_index,
+                        model_type=getattr(encoded, "model_type", None))
 
 
 def kept_word_counts(labels: torch.Tensor) -> torch.Tensor:
@@ -199,21 +200,16 @@ class BackboneRunner:
 
     def _forward(self, part: EncodedBatch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         """Hidden states of the real rows of one batch: ``(values, positions, word columns)`` per example order."""
-        device = model_device(self.model)
-        uses_types = adapter_for(self.model).uses_token_type_ids
         if self.packed:
             inputs = pack(part, model=self.model)
             real, positions, word_index = inputs.real, inputs.positions, inputs.word_index
         else:
-            inputs = dict(part)
-            position_ids = layout_position_ids(part, self.model)
-            if position_ids is not None:
-                inputs["position_ids"] = position_ids
+            inputs = part
             real = part["attention_mask"].bool()
             positions = torch.arange(part.max_length).expand_as(real)
             word_index = part.word_index
-        feed = {k: v.to(device) for k, v in inputs.items() if v is not None and (uses_types or k != "token_type_ids")}
-        outputs = self.model(**feed, output_hidden_states=True)
+        # App. A position ids: the packed batch's, else the padded batch's own or layout_position_ids (model_inputs)
+        outputs = self.model(**model_inputs(self.model, inputs), output_hidden_states=True)
         hidden = torch.stack(outputs.hidden_states, dim=2).to(torch.float16).cpu()  # [B, W, layers+1, D]
         if self.kind == "token":
             keep = word_index >= 0

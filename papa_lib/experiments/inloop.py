@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..core.packing import layout_position_ids, pack, supports_packing
+from ..core.packing import pack, supports_packing
 from .features import select_rows
 from .loop import Member, RandomStream, TrainedProbe, fit
 from .probes import IGNORE_INDEX
@@ -42,15 +42,11 @@ class BackboneProbe(nn.Module):
             inputs = pack(part, model=self.backbone)
             real, positions, word_index = inputs.real, inputs.positions, inputs.word_index
         else:
-            inputs, real, word_index = dict(part), part["attention_mask"].bool(), part.word_index
-            position_ids = layout_position_ids(part, self.backbone)
-            if position_ids is not None:
-                inputs["position_ids"] = position_ids
+            inputs, real, word_index = part, part["attention_mask"].bool(), part.word_index
             positions = torch.arange(part.max_length).expand_as(real)
-        from ..core.models import adapter_for
+        from ..core.models import model_inputs
 
-        uses_types = adapter_for(self.backbone).uses_token_type_ids
-        feed = {k: v.to(device) for k, v in inputs.items() if v is not None and (uses_types or k != "token_type_ids")}
+        feed = model_inputs(self.backbone, inputs)  # App. A position ids, packed or padded
         hidden = torch.stack(self.backbone(**feed, output_hidden_states=True).hidden_states, dim=1)  # [B, n, W, D]
         if self.kind == "token":
             keep = word_index >= 0

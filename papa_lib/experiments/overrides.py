@@ -52,7 +52,7 @@ def override_for(ws: Workspace, variant: Variant, seed: int = 0) -> AttentionOve
     ranking = head_ranking(variant.selection_order) if variant.selection_order != "none" else None
     per_head = head_scores(ws, variant.selection_order, variant.matrices_from, seed) if variant.needs_scores else None
     order = ranking.order if ranking is not None else "first_to_last"
-    replaced = selection.heads_to_replace(order, variant.fraction, ws.layers, ws.heads, lambdas=per_head, seed=seed)
+    replaced = selection.heads_to_replace(order, variant.fraction, ws.model, lambdas=per_head, seed=seed)
     matrices = constants(ws, variant.matrices_from, entry.constants) if entry.constants else None
     return AttentionOverride(ws.model, matrices, replaced, entry.mode, trainable_init=entry.trainable_init,
                              max_length=ws.config.max_length)

@@ -37,6 +37,7 @@ __all__ = [
     "replacement_order",
     "num_input_dependent",
     "heads_to_replace",
+    "model_shape",
     "heads_by_layer",
 ]
 
@@ -125,11 +126,42 @@ def num_input_dependent(fraction: float, total_heads: int) -> int:
     return min(int(total_heads), math.floor(value * int(total_heads) + 0.5))
 
 
+def model_shape(model: Any = None, num_layers: int | None = None, num_heads: int | None = None) -> tuple[int, int]:
+    """``(num_layers, num_heads)`` of ``model`` (a model or its config), or the explicit counts.
+
+    Counts given with a model must match it; without a model both counts are required.
+
+    Raises:
+        ValueError: counts that do not match the model, or missing counts.
+        TypeError: a number where the model goes (counts are keywords: ``num_layers=``, ``num_heads=``).
+    """
+    if model is None:
+        if num_layers is None or num_heads is None:
+            raise ValueError("give the model (or its config), or both num_layers= and num_heads=")
+        return _check_count("num_layers", num_layers), _check_count("num_heads", num_heads)
+    if isinstance(model, (bool, int, float, np.integer)):
+        raise TypeError(f"expected a model or its config, got {model!r}; give explicit counts as num_layers= and "
+                        "num_heads=")
+    from ..core.models import num_layers_and_heads
+
+    try:
+        layers, heads = num_layers_and_heads(model)
+    except AttributeError as err:
+        raise TypeError(f"expected a model or its config (num_hidden_layers, num_attention_heads), got "
+                        f"{type(model).__name__}") from err
+    for name, given, actual in (("num_layers", num_layers, layers), ("num_heads", num_heads, heads)):
+        if given is not None and _check_count(name, given) != actual:
+            raise ValueError(f"{name}={given} does not match the model, which has {layers} layers of {heads} heads")
+    return layers, heads
+
+
 def heads_to_replace(
     order: str,
     fraction: float,
-    num_layers: int,
-    num_heads: int,
+    model: Any = None,
+    *,
+    num_layers: int | None = None,
+    num_heads: int | None = None,
     lambdas: Tensor | None = None,
     seed: int = 0,
 ) -> list[tuple[int, int]]:
@@ -137,7 +169,21 @@ def heads_to_replace(
 
     The first ``total - num_input_dependent(fraction, total)`` entries of :func:`replacement_order`.
     ``fraction=1`` -> ``[]`` (original model); ``fraction=0`` -> every head (fully attention-free).
+
+    Args:
+        order, lambdas, seed: as for :func:`replacement_order`.
+        fraction: the fraction of all heads that stays input-dependent.
+        model: the model (or its config) whose heads are chosen: its layer and head counts.
+        num_layers, num_heads: explicit counts instead of (or, checked, with) the model.
+
+    Raises:
+        ValueError: counts that do not match ``model``, or neither a model nor both counts
+            (:func:`model_shape`).
+
+    Example: ``heads_to_replace("first_to_last", 0.5, model)`` replaces half of a 6 x 12 MiniLM's 72 heads and half
+    of a 12 x 12 model's 144; ``heads_to_replace("first_to_last", 0.5, num_layers=6, num_heads=12)`` without one.
     """
+    num_layers, num_heads = model_shape(model, num_layers, num_heads)
     ordered = replacement_order(order, num_layers, num_heads, lambdas=lambdas, seed=seed)
     total = len(ordered)
     return ordered[: total - num_input_dependent(fraction, total)]
