@@ -4,7 +4,8 @@
 (``<… object at 0x…>``, ``<IPython.core.display.Markdown object>``), warnings, machine paths (``/tmp/``, ``.venv``,
 home folders), tracebacks, ``NaN`` where a word belongs, template grammar (``task(s)``), raw head names
 (``head 2.4``: write "layer 2, head 4") and numbers with more digits than a reader can compare (more than four
-significant figures; tables show three). Code cells' sources are the author's code and are not scanned. :func:`chart_problems` finds raw identifiers (``ci_low``, ``best_data_free_score``) used as an axis,
+significant figures; tables show three). Code cells' sources are the author's code and are not scanned.
+:func:`chart_problems` finds raw identifiers (``ci_low``, ``best_data_free_score``) used as an axis,
 legend or column title of a vega-lite chart: an explicit title, or a field without a title (vega-lite then shows
 the field's name). :func:`html_problems` applies both to a built HTML page (plus raw identifiers as table column
 headers and raw integer DataFrame indexes), :func:`notebook_problems` to an executed notebook.
