@@ -59,7 +59,7 @@ def test_attention_chapter_rebuilds_eq1_and_the_head_output(tmp_path):
     assert _number(r"largest \|A V by hand - the head's output in the model\| = (\S+)", text) < TOLERANCE
     layout = re.findall(r"^0:\S+ .* (\d+):(\S+)$", text, re.M)
     assert layout and all(position == "63" and token == "[SEP]" for position, token in layout)  # L-1 (App. A)
-    assert "row sums: from 1.000000 to 1.000000" in text
+    assert "row sums: from 1.000 to 1.000" in text
     assert _number(r"largest weight on a padded key: (\S+)", text) == 0
     assert "reproduces the model's attention matrices" in text  # the closing sentences
 
