@@ -684,7 +684,8 @@ def test_intro_chart_is_interactive_and_screenshot_is_kept(built_book, book_serv
     assert state["charts"], "intro.html has no chart"
     # the heads chart (the schematic of PAPA comes first on the page)
     first = next((c for c in state["charts"] if "Attention heads PAPA can replace" in c["text"]), None)
-    assert first is not None and f"profile: {BROWSER_PROFILE}" in first["text"], [c["text"][:80] for c in state["charts"]]
+    assert first is not None, [c["text"][:80] for c in state["charts"]]
+    assert f"profile: {BROWSER_PROFILE}" in first["text"]
     bars = chromium.evaluate(
         f"""(() => {{
         const bars = document.querySelectorAll('#{first['id']} .mark-rect path');

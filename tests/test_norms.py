@@ -609,7 +609,7 @@ def test_frequencies_come_from_the_whole_corpus_not_the_sample(corpus):
 
 
 def _occurrence_stats(token_ids, values, sentences, vocab=8):
-    stats = norm_statistics._empty_statistics(1, 1, vocab, 0, 0, 0, 1000)
+    stats = norm_statistics.empty_statistics(1, 1, vocab, 0, 0, 0, 1000)
     stats.occurrences.add(torch.Generator().manual_seed(0), token_id=torch.tensor(token_ids),
                           sentence=torch.tensor(sentences), fx_norm=torch.tensor(values, dtype=torch.float32))
     for i in token_ids:

@@ -61,17 +61,17 @@ from .mlm_probe import (
     MaskedFeatures,
     MaskedSequences,
     MLMProbe,
-    _epoch_order,
-    _gather_layers,
-    _make_probe,
-    _model_inputs,
-    _uses_token_type_ids,
+    epoch_order,
     evaluate_mlm_probe,
     extract_masked_features,
+    gather_layers,
     load_mlm_corpus,
+    make_mlm_probe,
     mask_tokens,
+    masked_batch_inputs,
     masked_token_log_probs,
     mlm_sequences,
+    model_uses_token_type_ids,
     neg_log_perplexity,
     sequence_log_probs,
     train_mlm_probe,
@@ -111,7 +111,7 @@ class _JointMLM(nn.Module):
 
     def forward(self, inputs: dict, rows: Tensor, cols: Tensor) -> Tensor:
         outputs = self.encoder(**inputs, output_hidden_states=True)
-        return self.probe(_gather_layers(outputs.hidden_states, rows, cols))
+        return self.probe(gather_layers(outputs.hidden_states, rows, cols))
 
 
 def learn_mlm_lambdas(
@@ -132,18 +132,18 @@ def learn_mlm_lambdas(
     encoder = base_encoder(model)
     layers, _ = num_layers_and_heads(encoder)
     set_seed(seed)
-    probe = _make_probe(model, layers + 1)
-    uses_types = _uses_token_type_ids(encoder)
+    probe = make_mlm_probe(model, layers + 1)
+    uses_types = model_uses_token_type_ids(encoder)
     encoder_device = next(encoder.parameters()).device
 
     def batches(epoch: int):
-        order = _epoch_order(len(train), seed, epoch)
+        order = epoch_order(len(train), seed, epoch)
         for start in range(0, len(order), batch_size):
             index = order[start : start + batch_size]
             rows, cols = train.selected[index].nonzero(as_tuple=True)
             if len(rows) == 0:
                 continue
-            inputs = _model_inputs(train.inputs, index, encoder_device, uses_types)
+            inputs = masked_batch_inputs(train.inputs, index, encoder_device, uses_types)
             targets = train.original_ids[index][rows, cols]
             yield (inputs, rows.to(encoder_device), cols.to(encoder_device)), targets
 
@@ -204,11 +204,11 @@ def mlm_head_status(model) -> tuple[bool, str]:
 def pretrained_head_log_probs(model, masked: MaskedSequences, batch_size: int = 8) -> Tensor:
     """Per-sequence mean log-probability of the original tokens under the model's own MLM head (original attention)."""
     device = next(model.parameters()).device
-    uses_types = _uses_token_type_ids(model)
+    uses_types = model_uses_token_type_ids(model)
     token_log_probs, sequence_index = [], []
     for start in range(0, len(masked), batch_size):
         index = slice(start, start + batch_size)
-        logits = model(**_model_inputs(masked.inputs, index, device, uses_types)).logits
+        logits = model(**masked_batch_inputs(masked.inputs, index, device, uses_types)).logits
         rows, cols = masked.selected[index].nonzero(as_tuple=True)
         token_log_probs.append(
             masked_token_log_probs(logits[rows.to(device), cols.to(device)], masked.original_ids[index][rows, cols])
@@ -395,7 +395,7 @@ def run_mlm_curve(
                                          lambdas=lambdas if lambdas is not None else torch.zeros(num_layers, num_heads))
                 train_features, eval_features = features_for(heads)
                 set_seed(int(seed))
-                probe = _make_probe(model, num_layers + 1)
+                probe = make_mlm_probe(model, num_layers + 1)
                 losses = train_mlm_probe(probe, train_features, seed=int(seed), epochs=epochs, batch_size=batch_size,
                                          lr=lr, device=device)
                 scores = evaluate_mlm_probe(probe, eval_features, device)

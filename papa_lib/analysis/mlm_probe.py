@@ -72,7 +72,7 @@ from torch import Tensor, nn
 from ..core.layout import EncodedBatch, special_token_template
 from ..core.models import base_encoder
 from ..core.override import AttentionOverride
-from ..experiments.probes import _two_layer_mlp, train_probe
+from ..experiments.probes import train_probe, two_layer_mlp
 from ..experiments.results import mean_ci
 from ..experiments.sample_data import describe, is_sample
 from ..experiments.tasks import MLM_HPARAMS, load_wikitext
@@ -356,7 +356,7 @@ class MaskedFeatures:
         return cached
 
 
-def _model_inputs(encoded: dict, index: Tensor | slice, device, uses_token_type_ids: bool) -> dict:
+def masked_batch_inputs(encoded: dict, index: Tensor | slice, device, uses_token_type_ids: bool) -> dict:
     out = {
         "input_ids": encoded["input_ids"][index].to(device),
         "attention_mask": encoded["attention_mask"][index].to(device),
@@ -366,13 +366,13 @@ def _model_inputs(encoded: dict, index: Tensor | slice, device, uses_token_type_
     return out
 
 
-def _uses_token_type_ids(model) -> bool:
+def model_uses_token_type_ids(model) -> bool:
     from ..core.models import adapter_for
 
     return adapter_for(model).uses_token_type_ids
 
 
-def _gather_layers(hidden_states: Sequence[Tensor], rows: Tensor, cols: Tensor) -> Tensor:
+def gather_layers(hidden_states: Sequence[Tensor], rows: Tensor, cols: Tensor) -> Tensor:
     """``[T, num_layers, D]``: every layer's vector at the (row, col) positions."""
     return torch.stack([layer[rows, cols] for layer in hidden_states], dim=1)
 
@@ -392,17 +392,18 @@ def extract_masked_features(
 
     encoder = base_encoder(model)
     device = next(encoder.parameters()).device
-    uses_types = _uses_token_type_ids(encoder)
+    uses_types = model_uses_token_type_ids(encoder)
     chunks, targets, sequence_index = [], [], []
     context = state.applied(encoder) if state is not None else nullcontext()
     with context:
         starts = range(0, len(masked), batch_size)
         for start in tqdm(starts, disable=not progress, desc="features", unit="batch", leave=False):
             index = slice(start, start + batch_size)
-            outputs = encoder(**_model_inputs(masked.inputs, index, device, uses_types), output_hidden_states=True)
+            inputs = masked_batch_inputs(masked.inputs, index, device, uses_types)
+            outputs = encoder(**inputs, output_hidden_states=True)
             rows, cols = masked.selected[index].nonzero(as_tuple=True)
             chunks.append(
-                _gather_layers(outputs.hidden_states, rows.to(device), cols.to(device)).to("cpu", torch.float16)
+                gather_layers(outputs.hidden_states, rows.to(device), cols.to(device)).to("cpu", torch.float16)
             )
             targets.append(masked.original_ids[index][rows, cols])
             sequence_index.append(rows + start)
@@ -440,7 +441,7 @@ class MLMProbe(nn.Module):
             raise ValueError(f"num_layers and hidden_size must be positive, got {num_layers}, {hidden_size}")
         self.num_layers, self.hidden_size = int(num_layers), int(hidden_size)
         vocab, dim = embeddings.shape
-        self.mlp = _two_layer_mlp(
+        self.mlp = two_layer_mlp(
             self.num_layers * self.hidden_size, mlp_hidden or self.hidden_size, dim, activation, dropout
         )
         self.norm = nn.LayerNorm(dim)
@@ -469,12 +470,12 @@ def _input_embeddings(model) -> Tensor:
     return embedding.weight
 
 
-def _make_probe(model, num_layers: int) -> MLMProbe:
+def make_mlm_probe(model, num_layers: int) -> MLMProbe:
     encoder = base_encoder(model)
     return MLMProbe(num_layers, int(encoder.config.hidden_size), _input_embeddings(model))
 
 
-def _epoch_order(num_sequences: int, seed: int, epoch: int) -> Tensor:
+def epoch_order(num_sequences: int, seed: int, epoch: int) -> Tensor:
     generator = torch.Generator().manual_seed(int(seed) * 1_000_003 + int(epoch))
     return torch.randperm(num_sequences, generator=generator)
 
@@ -499,7 +500,7 @@ def train_mlm_probe(
     """
 
     def batches(epoch: int):
-        order = _epoch_order(train.num_sequences, seed, epoch)
+        order = epoch_order(train.num_sequences, seed, epoch)
         for start in range(0, len(order), batch_size):
             rows = train.rows_of(order[start : start + batch_size])
             if len(rows):

@@ -185,7 +185,7 @@ class CorpusNormStatistics:
     occurrences: UniformSample = field(default_factory=lambda: UniformSample(0, _OCCURRENCE_COLUMNS))
 
 
-def _empty_statistics(layers: int, heads: int, vocab: int, replicates: int, max_sep: int, max_pairs: int = 0,
+def empty_statistics(layers: int, heads: int, vocab: int, replicates: int, max_sep: int, max_pairs: int = 0,
                       max_occurrences: int = 0) -> CorpusNormStatistics:
     c = len(CATEGORY_NAMES)
 
@@ -291,7 +291,7 @@ def corpus_norm_statistics(
     vocab = len(categorizer.lookup)
     generator = torch.Generator().manual_seed(seed)
     sample_generator = torch.Generator().manual_seed(seed + 1)  # the samples leave the bootstrap's stream alone
-    stats = _empty_statistics(layers, heads, vocab, bootstrap_replicates, max_sep_observations, max_pooled_pairs,
+    stats = empty_statistics(layers, heads, vocab, bootstrap_replicates, max_sep_observations, max_pooled_pairs,
                               max_occurrences)
     num_categories = len(CATEGORY_NAMES)
     empty = True

@@ -39,8 +39,8 @@ from scipy import stats as scipy_stats
 
 from .norm_statistics import (
     CorpusNormStatistics,
-    _check_confidence,
     attention_share_by_category,
+    check_confidence,
     corpus_norm_statistics,
     frequency_norm_correlation,
     fx_norm_by_category,
@@ -157,7 +157,7 @@ def cluster_bootstrap_spearman(x, y, clusters, *, replicates: int = 200, confide
     so the interval carries the dependence between the observations of one sequence.  Returns n, n_clusters,
     spearman_rho, ci_low, ci_high (NaN when rho is undefined or ``replicates`` is 0).
     """
-    tail = _check_confidence(confidence)
+    tail = check_confidence(confidence)
     x, y = np.asarray(x, dtype=np.float64), np.asarray(y, dtype=np.float64)
     clusters = np.asarray(clusters)
     if not (len(x) == len(y) == len(clusters)):

@@ -31,8 +31,8 @@ from .norm_corpus import (  # the streamed statistics these tables read (re-expo
     CorpusNormStatistics,
     TokenCategorizer,
     UniformSample,
-    _empty_statistics,  # noqa: F401
     corpus_norm_statistics,
+    empty_statistics,  # noqa: F401
 )
 
 __all__ = [
@@ -61,7 +61,7 @@ __all__ = [
 # ----------------------------------------------------------------------------------------------------------------------
 
 
-def _check_confidence(confidence: float) -> float:
+def check_confidence(confidence: float) -> float:
     if not 0.0 < confidence < 1.0:
         raise ValueError(f"confidence must be in (0, 1), got {confidence}")
     return (1.0 - confidence) / 2.0
@@ -69,7 +69,7 @@ def _check_confidence(confidence: float) -> float:
 
 def _percentile_interval(replicates: np.ndarray, confidence: float) -> tuple[np.ndarray, np.ndarray]:
     """Percentile bootstrap interval over axis 0; NaN where there are no replicates."""
-    tail = _check_confidence(confidence)
+    tail = check_confidence(confidence)
     shape = replicates.shape[1:]
     if replicates.shape[0] == 0:
         return np.full(shape, np.nan), np.full(shape, np.nan)
@@ -159,7 +159,7 @@ def attention_share_by_category(
 
 def fisher_interval(r: float, n: int, confidence: float, variance_factor: float = 1.0) -> tuple[float, float]:
     """Fisher z interval for a correlation; variance_factor 1.06 for Spearman (Fieller, Hartley & Pearson 1957)."""
-    tail = _check_confidence(confidence)
+    tail = check_confidence(confidence)
     if n <= 3 or not np.isfinite(r):
         return math.nan, math.nan
     z = math.atanh(min(max(r, -0.9999999), 0.9999999))
@@ -200,7 +200,7 @@ def sep_weight_norm_correlation(
     Columns: layer, head, n_observations, mean_alpha_to_sep, mean_fx_norm_sep, pearson_r, pearson_p,
     pearson_ci_low, pearson_ci_high, spearman_rho, spearman_p, spearman_ci_low, spearman_ci_high.
     """
-    _check_confidence(confidence)
+    check_confidence(confidence)
     observations = _special_observations(stats, token)
     n = observations.shape[0]
     rows = []
@@ -333,7 +333,7 @@ def frequency_norm_correlation(
     variance 1.06/(n-3) over the ``n`` token types (it ignores the sampling noise of each type's mean norm).
     Columns: layer, n_token_types, spearman_rho, spearman_p, ci_low, ci_high.
     """
-    _check_confidence(confidence)
+    check_confidence(confidence)
     table = token_frequency_table(stats, min_count=min_count)
     rows = []
     for layer in range(stats.num_layers):

@@ -85,7 +85,7 @@ def _check_positive_int(name: str, value: Any) -> int:
     return int(value)
 
 
-def _two_layer_mlp(
+def two_layer_mlp(
     in_features: int, mlp_hidden: int, num_labels: int, activation: str, dropout: float
 ) -> nn.Sequential:
     """``Linear -> activation -> Dropout -> Linear``, the 2-layer MLP of paper Sec. 3.3."""
@@ -147,7 +147,7 @@ class SentenceProbe(nn.Module):
         mlp_hidden = self.hidden_size if mlp_hidden is None else _check_positive_int("mlp_hidden", mlp_hidden)
         # Zeros: the masked softmax then starts as a plain mean over the real tokens.
         self.position_logits = nn.Parameter(torch.zeros(self.num_layers, self.max_length))
-        self.mlp = _two_layer_mlp(self.num_layers * self.hidden_size, mlp_hidden, self.num_labels, activation, dropout)
+        self.mlp = two_layer_mlp(self.num_layers * self.hidden_size, mlp_hidden, self.num_labels, activation, dropout)
 
     def pooling_weights(self, attention_mask: Tensor, positions: Tensor | None = None) -> Tensor:
         """Per-example pooling weights ``[B, num_layers, W]``: softmax over real positions, exactly 0 at padding.
@@ -274,7 +274,7 @@ class TokenProbe(nn.Module):
         self.hidden_size = _check_positive_int("hidden_size", hidden_size)
         self.num_labels = _check_positive_int("num_labels", num_labels)
         mlp_hidden = self.hidden_size if mlp_hidden is None else _check_positive_int("mlp_hidden", mlp_hidden)
-        self.mlp = _two_layer_mlp(self.num_layers * self.hidden_size, mlp_hidden, self.num_labels, activation, dropout)
+        self.mlp = two_layer_mlp(self.num_layers * self.hidden_size, mlp_hidden, self.num_labels, activation, dropout)
 
     def forward(self, features: Tensor) -> Tensor:
         """``features`` [..., num_layers, D] (e.g. [B, L, num_layers, D]) ->
