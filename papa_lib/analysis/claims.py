@@ -142,8 +142,10 @@ def rule_text(rule: pd.Series) -> str:
     if rule.test == "band":
         return f"agrees if the 95% interval lies inside {band}, differs if entirely outside, else inconclusive"
     if rule.test == "band_every":
-        return (f"per task (fraction): inside {band} agrees, entirely outside differs; agrees if every one agrees, "
-                "differs if any one differs, else inconclusive")
+        delta = f"{rule.min_effect:g}" if np.isfinite(rule.min_effect) else "0"
+        return (f"per task (fraction), one-sided tests Holm-adjusted over the tasks at α = {FAMILY_ALPHA:g}: above "
+                f"{show(rule.low)} agrees, below {show(rule.low)} - δ (δ = {delta}) differs; the claim agrees if every "
+                "one agrees, differs if any one differs, else inconclusive")
     if rule.test == "direction":
         return (f"direction agrees if the 95% interval lies inside {band}, direction differs if entirely outside, "
                 "else inconclusive")
