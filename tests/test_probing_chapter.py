@@ -120,7 +120,10 @@ def test_training_sentence_states_the_records_and_the_grid(local):
     shown = f"{seeds.min()}" if seeds.min() == seeds.max() else f"{seeds.min()}–{seeds.max()}"
     assert sentence.startswith(f"Our records hold {shown} seeds of each task's original probe")
     assert "MRPC at 1e-4 (Table 3: 2e-5)" in sentence  # the grid file's rate, not Table 3's
-    assert "of its 67,349 training sentences" in sentence and "a CPU" in sentence
+    full_sst2 = ROOT.parent / "shared" / "data" / "glue" / "SST-2" / "train.tsv"
+    if full_sst2.is_file():  # the chapter counts the full set where it has it (not on the packaged sample)
+        assert "of its 67,349 training sentences" in sentence
+    assert "a CPU" in sentence
 
 
 @pytest.mark.slow
