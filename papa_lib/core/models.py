@@ -364,6 +364,22 @@ def resolve_device(device: str | torch.device | None, default: str = "cpu") -> s
     return device
 
 
+def config_or_packaged(path: str, model_id: str, name_or_path, find, is_installed, folder_of):
+    """``(config, path, model id)`` of a model, where a packaged copy of the same model stands in when the hub
+    cannot be reached (``find(name)`` the packaged model a hub id names, ``is_installed`` whether its pieces are
+    installed, ``folder_of`` where it is assembled): the encoders' and the decoders' loaders share this."""
+    from transformers import AutoConfig
+
+    try:
+        return AutoConfig.from_pretrained(path), path, model_id
+    except OSError:  # an unreachable hub: a packaged copy of the same model, when installed, stands in
+        packaged = find(path) if path == str(name_or_path) else None
+        if packaged is None or not is_installed(packaged):
+            raise
+        path = str(folder_of(packaged))
+        return AutoConfig.from_pretrained(path), path, packaged.name
+
+
 #: Names that load a decoder LM (papa_lib.core.decoders adds its packaged decoders' short names and hub ids when it
 #: is imported), so that load_encoder refuses them in one line instead of trying the hub.
 DECODER_NAMES: set[str] = set()
@@ -396,21 +412,15 @@ def load_encoder(
         UnsupportedModelError: the checkpoint's type has no adapter (:func:`supported_model_types`).
         PackagedModelError: ``"all-mpnet-base-v2"`` without its packages, or with a damaged piece (an ``OSError``).
     """
-    from transformers import AutoConfig, AutoModel, AutoModelForMaskedLM, AutoTokenizer
+    from transformers import AutoModel, AutoModelForMaskedLM, AutoTokenizer
 
     if name_or_path is not None and str(name_or_path) in DECODER_NAMES:
         raise UnsupportedModelError(
             f"{str(name_or_path)!r} is a decoder LM, not an encoder: load it with papa_lib.load_decoder"
         )
     path, model_id = resolve_model_path(name_or_path)
-    try:
-        config = AutoConfig.from_pretrained(path)
-    except OSError:  # an unreachable hub: a packaged copy of the same model, when installed, stands in
-        packaged = packaged_model_for(path) if path == str(name_or_path) else None
-        if packaged is None or not installed(packaged):
-            raise
-        path, model_id = str(packaged_model_dir(packaged)), packaged.name
-        config = AutoConfig.from_pretrained(path)
+    config, path, model_id = config_or_packaged(path, model_id, name_or_path, packaged_model_for, installed,
+                                                packaged_model_dir)
     if adapter_for(config).causal:
         raise UnsupportedModelError(
             f"{model_id!r} is a decoder LM ({config.model_type!r}), not an encoder: load it with papa_lib.load_decoder"
@@ -493,12 +503,20 @@ def model_inputs(model: nn.Module, batch: dict) -> dict:
     device = model_device(model)
     keys = ("input_ids", "attention_mask", "token_type_ids", "position_ids")
     out = {k: batch[k].to(device) for k in keys if k in batch and batch[k] is not None}
+    return with_app_a_positions(out, batch, model)
+
+
+def with_app_a_positions(inputs, batch, model):
+    """``inputs`` (a dict of ``batch``'s tensors, or the batch itself) made right for ``model``, in place: no
+    ``token_type_ids`` where the model has no segment embedding, and App. A ``position_ids``
+    (:func:`layout_position_ids`, on the device of ``inputs``' ``input_ids``) where the batch carries none; ids it
+    carries are checked (:func:`check_position_ids`), never replaced. The one place positions are decided."""
     if not adapter_for(prepare_model(model)).uses_token_type_ids:
-        out.pop("token_type_ids", None)
-    if "position_ids" in out:
+        inputs.pop("token_type_ids", None)
+    if "position_ids" in inputs:
         check_position_ids(batch, model)
     else:
         position_ids = layout_position_ids(batch, model)
         if position_ids is not None:
-            out["position_ids"] = position_ids.to(device)
-    return out
+            inputs["position_ids"] = position_ids.to(inputs["input_ids"].device)
+    return inputs

