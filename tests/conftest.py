@@ -125,3 +125,30 @@ def shared_data():
     if not SHARED_DATA.exists():
         pytest.skip(f"real data folder {SHARED_DATA} not present")
     return SHARED_DATA
+
+
+def execute_chapter(chapter: str, folder: Path, **parameters):
+    """``book/<chapter>.ipynb`` run through papermill in a plain kernel (as Jupyter and Colab run it) into ``folder``,
+    with ``parameters`` (e.g. ``profile="local"``); the executed notebook."""
+    import nbformat
+    import papermill
+
+    book = Path(__file__).resolve().parents[1] / "book"
+    out = Path(folder) / f"{chapter}.ipynb"
+    papermill.execute_notebook(str(book / f"{chapter}.ipynb"), str(out), parameters=parameters, cwd=str(book),
+                               kernel_name="python3", progress_bar=False, execution_timeout=600)
+    return nbformat.read(out, as_version=4)
+
+
+def chapter_outputs(notebook, kind: str) -> list:
+    """What an executed notebook shows of one kind: ``"stream"`` texts, or the values of a mimetype
+    (``"text/markdown"``, ``"text/html"``, a JSON one as a dict)."""
+    found = []
+    for cell in notebook.cells:
+        for output in cell.get("outputs", []):
+            if kind == "stream" and output.get("output_type") == "stream":
+                found.append(output["text"])
+            elif kind != "stream" and kind in output.get("data", {}):
+                value = output["data"][kind]
+                found.append(value if isinstance(value, (str, dict)) else "".join(value))
+    return found

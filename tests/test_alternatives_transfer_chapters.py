@@ -14,33 +14,12 @@ import json
 import re
 from pathlib import Path
 
-import nbformat
 import pandas as pd
 import pytest
 
+from conftest import chapter_outputs, execute_chapter
+
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def _execute(tmp_path_factory, chapter: str):
-    import papermill
-
-    out = tmp_path_factory.mktemp(chapter) / f"{chapter}.ipynb"
-    papermill.execute_notebook(str(ROOT / "book" / f"{chapter}.ipynb"), str(out), parameters={"profile": "local"},
-                               cwd=str(ROOT / "book"), kernel_name="python3", progress_bar=False,
-                               execution_timeout=600)
-    return nbformat.read(out, as_version=4)
-
-
-def _outputs(notebook, kind: str) -> list[str]:
-    found = []
-    for cell in notebook.cells:
-        for output in cell.get("outputs", []):
-            if kind == "stream" and output.get("output_type") == "stream":
-                found.append(output["text"])
-            elif kind != "stream" and kind in output.get("data", {}):
-                value = output["data"][kind]
-                found.append(value if isinstance(value, (str, dict)) else "".join(value))
-    return found
 
 
 def _verdict(claim: str) -> str:
@@ -49,18 +28,18 @@ def _verdict(claim: str) -> str:
 
 
 def _differences(notebook) -> list[float]:
-    return [float(v) for text in _outputs(notebook, "stream")
+    return [float(v) for text in chapter_outputs(notebook, "stream")
             for v in re.findall(r"largest difference from [^\n]*? ([0-9.]+e[-+]\d+)", text)]
 
 
 @pytest.fixture(scope="module")
 def alternatives(tmp_path_factory):
-    return _execute(tmp_path_factory, "alternatives")
+    return execute_chapter("alternatives", tmp_path_factory.mktemp("alternatives"), profile="local")
 
 
 @pytest.fixture(scope="module")
 def transfer(tmp_path_factory):
-    return _execute(tmp_path_factory, "transfer")
+    return execute_chapter("transfer", tmp_path_factory.mktemp("transfer"), profile="local")
 
 
 @pytest.mark.slow
@@ -73,7 +52,7 @@ def test_alternatives_builds_the_data_free_matrices_as_the_library_does(alternat
 def test_alternatives_table1_names_rows_from_the_registry_and_flags_guessing(alternatives):
     from papa_lib.experiments import matrices
 
-    html = next(h for h in _outputs(alternatives, "text/html") if "Ours — model:" in h and "majority class" in h)
+    html = next(h for h in chapter_outputs(alternatives, "text/html") if "Ours — model:" in h and "majority class" in h)
     labels = [matrices.matrix_label(m) for m in matrices.table_order()]
     shown = [label for label in labels if f">{label}<" in html]
     assert shown[0] == "Original (input-dependent)" and "Average (PAPA)" in shown
@@ -85,7 +64,7 @@ def test_alternatives_table1_names_rows_from_the_registry_and_flags_guessing(alt
 
 @pytest.mark.slow
 def test_alternatives_figures_are_readable(alternatives):
-    specs = [s for s in _outputs(alternatives, "application/vnd.vegalite.v5+json")]
+    specs = [s for s in chapter_outputs(alternatives, "application/vnd.vegalite.v5+json")]
     heads = next(s for s in specs if "vconcat" in s and "facet" in json.dumps(s["vconcat"][0]))
     assert [row["columns"] for row in heads["vconcat"]] == [3, 2]  # data-free heads, then two average heads
     table1 = json.dumps(next(s for s in specs if "Table 1 as a chart" in json.dumps(s.get("title", ""))))
@@ -96,7 +75,7 @@ def test_alternatives_figures_are_readable(alternatives):
 
 @pytest.mark.slow
 def test_alternatives_says_what_it_found_with_the_verdict_of_claims_csv(alternatives):
-    text = "\n\n".join(_outputs(alternatives, "text/markdown"))
+    text = "\n\n".join(chapter_outputs(alternatives, "text/markdown"))
     c4 = next(s for s in text.split("\n\n") if s.startswith("C4 — ") and "all-MiniLM-L6-v2" in s)
     assert f"Verdict: **{_verdict('C4')}**" in c4
     assert "beat the best data-free matrix, seed-paired, on" in text and "The premise adds" in text
@@ -107,17 +86,17 @@ def test_alternatives_says_what_it_found_with_the_verdict_of_claims_csv(alternat
 def test_transfer_builds_and_compares_the_mnli_constants(transfer):
     differences = _differences(transfer)
     assert len(differences) == 2 and max(differences) < 1e-5  # Eq. 2 over MNLI pairs; the weight on L/2
-    streams = "".join(_outputs(transfer, "stream"))
+    streams = "".join(chapter_outputs(transfer, "stream"))
     assert "separators at positions [32, 63]" in streams and "own vs MNLI-built, same head: median" in streams
 
 
 @pytest.mark.slow
 def test_transfer_table_sentences_and_verdict(transfer):
-    text = "\n\n".join(_outputs(transfer, "text/markdown"))
+    text = "\n\n".join(chapter_outputs(transfer, "text/markdown"))
     assert "**MNLI-sample**" in text and "8,999" in text  # the jargon, explained with the records' sizes
     assert re.search(r"on \d of \d tasks", text) and "In 4 of tasks" not in text
     c5 = next(s for s in text.split("\n\n") if s.startswith("C5 — "))
     assert f"Verdict: **{_verdict('C5')}**" in c5
-    html = next(h for h in _outputs(transfer, "text/html") if "Ours — model:" in h)
+    html = next(h for h in chapter_outputs(transfer, "text/html") if "Ours — model:" in h)
     assert "own text" in html and "MNLI text" in html and "majority class" in html and "per-task" not in html
     assert not re.search(r"\bnan\b", text.lower())

@@ -15,38 +15,19 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-import nbformat
 import pandas as pd
 import pytest
+
+from conftest import chapter_outputs, execute_chapter
 
 ROOT = Path(__file__).resolve().parents[1]
 VEGALITE = "application/vnd.vegalite.v5+json"
 
 
 def _execute(tmp_path_factory, profile: str):
-    import papermill
-
     folder = tmp_path_factory.mktemp(f"probing-{profile}")
-    parameters = {"profile": profile}
-    if profile == "smoke":
-        parameters["results_dir"] = str(folder / "results")
-    out = folder / "probing.ipynb"
-    papermill.execute_notebook(str(ROOT / "book" / "probing.ipynb"), str(out), parameters=parameters,
-                               cwd=str(ROOT / "book"), kernel_name="python3", progress_bar=False,
-                               execution_timeout=600)
-    return nbformat.read(out, as_version=4)
-
-
-def _outputs(notebook, kind: str) -> list:
-    found = []
-    for cell in notebook.cells:
-        for output in cell.get("outputs", []):
-            if kind == "stream" and output.get("output_type") == "stream":
-                found.append(output["text"])
-            elif kind != "stream" and kind in output.get("data", {}):
-                value = output["data"][kind]
-                found.append(value if isinstance(value, (str, dict)) else "".join(value))
-    return found
+    parameters = {"profile": profile, **({"results_dir": str(folder / "results")} if profile == "smoke" else {})}
+    return execute_chapter("probing", folder, **parameters)
 
 
 def _engine() -> pd.DataFrame:
@@ -73,7 +54,7 @@ def smoke(tmp_path_factory):
 
 @pytest.mark.slow
 def test_the_probe_built_in_view_equals_the_library(local):
-    printed = "".join(_outputs(local, "stream"))
+    printed = "".join(chapter_outputs(local, "stream"))
     logits = [float(v) for v in re.findall(r"largest logit difference: ([0-9.e+-]+)", printed)]
     assert len(logits) == 2 and max(logits) < 1e-6  # sentence and token probe
     assert float(re.search(r"difference from a plain mean: ([0-9.e+-]+)", printed).group(1)) < 1e-7
@@ -84,7 +65,7 @@ def test_the_probe_built_in_view_equals_the_library(local):
 
 @pytest.mark.slow
 def test_guessing_check_and_seed_paired_intervals_match_the_claims_engine(local):
-    printed = "".join(_outputs(local, "stream"))
+    printed = "".join(chapter_outputs(local, "stream"))
     engine_tasks = re.findall(r"(\S+): the claims engine's tasks: (True|False)", printed)
     assert engine_tasks and all(same == "True" for _, same in engine_tasks)
     assert "same verdict: True" in printed and "the engine's tasks: True" in printed
@@ -99,7 +80,7 @@ def test_guessing_check_and_seed_paired_intervals_match_the_claims_engine(local)
 
 @pytest.mark.slow
 def test_claim_sentences_carry_the_verdicts_of_claims_csv(local):
-    text = "\n".join(_outputs(local, "text/markdown"))
+    text = "\n".join(chapter_outputs(local, "text/markdown"))
     for claim in ("C1a", "C1b", "C2"):
         sentence = next(s for s in text.split("\n") if s.startswith(f"- **{claim}** (all-MiniLM-L6-v2)"))
         assert f"the verdict is **{_committed(claim).verdict}**" in sentence, sentence
@@ -107,7 +88,8 @@ def test_claim_sentences_carry_the_verdicts_of_claims_csv(local):
     c3 = c3[(c3.claim == "C3") & c3.model.str.contains(" vs ")]
     if len(c3) and "verdict **" in text.split("**C3**")[-1]:
         assert f"verdict **{c3.verdict.iloc[0]}**" in text.split("**C3**")[1]
-    found = next(t for t in _outputs(local, "text/markdown") if t.startswith("On all-MiniLM-L6-v2 (local profile)"))
+    found = next(t for t in chapter_outputs(local, "text/markdown")
+                 if t.startswith("On all-MiniLM-L6-v2 (local profile)"))
     assert f"C1a {_committed('C1a').verdict}" in found and f"C1b is {_committed('C1b').verdict}" in found
     assert not re.search(r"\bnan\b", text.lower()) and not re.search(r"\bNone\b(?! of)", text)
 
@@ -115,7 +97,7 @@ def test_claim_sentences_carry_the_verdicts_of_claims_csv(local):
 @pytest.mark.slow
 def test_training_sentence_states_the_records_and_the_grid(local):
     frame = pd.read_csv(ROOT / "data" / "results" / "local-minilm" / "results.csv")
-    sentence = next(t for t in _outputs(local, "text/markdown") if t.startswith("Our records hold"))
+    sentence = next(t for t in chapter_outputs(local, "text/markdown") if t.startswith("Our records hold"))
     seeds = frame[frame.matrix_type == "original"].groupby("task").seed.nunique()
     shown = f"{seeds.min()}" if seeds.min() == seeds.max() else f"{seeds.min()}–{seeds.max()}"
     assert sentence.startswith(f"Our records hold {shown} seeds of each task's original probe")
@@ -128,7 +110,7 @@ def test_training_sentence_states_the_records_and_the_grid(local):
 
 @pytest.mark.slow
 def test_figures_name_their_metric_draw_the_baseline_and_show_every_marker(local):
-    specs = _outputs(local, VEGALITE)
+    specs = chapter_outputs(local, VEGALITE)
     fig2 = next(s for s in specs if "Fig. 2" in str(s.get("title")))
     titles = {layer["encoding"]["y"]["title"] for panel in fig2["concat"] for layer in panel["layer"]}
     assert {"CoLA MCC", "MRPC F1", "SST-2 accuracy", "MNLI accuracy", "NER F1 (seqeval)"} <= titles
@@ -141,6 +123,6 @@ def test_figures_name_their_metric_draw_the_baseline_and_show_every_marker(local
 def test_one_model_shows_no_pair_and_every_cell_runs_at_smoke(smoke):
     errors = [o for c in smoke.cells for o in c.get("outputs", []) if o.get("output_type") == "error"]
     assert not errors
-    text = "\n".join(_outputs(smoke, "text/markdown"))
+    text = "\n".join(chapter_outputs(smoke, "text/markdown"))
     assert "**C3**" not in text and "side by side" not in text
     assert "On tiny-random-bert (smoke profile)" in text

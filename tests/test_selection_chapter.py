@@ -13,34 +13,17 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-import nbformat
 import pandas as pd
 import pytest
+
+from conftest import chapter_outputs, execute_chapter
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
 def selection(tmp_path_factory):
-    import papermill
-
-    out = tmp_path_factory.mktemp("selection") / "selection.ipynb"
-    papermill.execute_notebook(str(ROOT / "book" / "selection.ipynb"), str(out), parameters={"profile": "local"},
-                               cwd=str(ROOT / "book"), kernel_name="python3", progress_bar=False,
-                               execution_timeout=600)
-    return nbformat.read(out, as_version=4)
-
-
-def _outputs(notebook, kind: str) -> list[str]:
-    found = []
-    for cell in notebook.cells:
-        for output in cell.get("outputs", []):
-            if kind == "stream" and output.get("output_type") == "stream":
-                found.append(output["text"])
-            elif kind != "stream" and kind in output.get("data", {}):
-                value = output["data"][kind]
-                found.append(value if isinstance(value, str) else "".join(value))
-    return found
+    return execute_chapter("selection", tmp_path_factory.mktemp("selection"), profile="local")
 
 
 def _verdict(claim: str) -> str:
@@ -50,7 +33,7 @@ def _verdict(claim: str) -> str:
 
 @pytest.mark.slow
 def test_selection_builds_eq3_lambda_and_the_order_as_the_library_does(selection):
-    streams = "".join(_outputs(selection, "stream"))
+    streams = "".join(chapter_outputs(selection, "stream"))
     lines = [line for line in streams.splitlines() if line.startswith("largest difference from")]
     differences = [float(v) for line in lines for v in re.findall(r"\d\.\de[-+]\d+", line)]
     # Eq. 3's B and head output, learn_lambdas' λ, the claims engine's lead and interval
@@ -61,7 +44,7 @@ def test_selection_builds_eq3_lambda_and_the_order_as_the_library_does(selection
 
 @pytest.mark.slow
 def test_selection_states_the_verdicts_of_claims_csv_and_no_nan(selection):
-    text = "\n".join(_outputs(selection, "text/markdown"))
+    text = "\n".join(chapter_outputs(selection, "text/markdown"))
     for claim in ("C6a", "C6b"):
         sentence = next(line for line in text.splitlines() if line.startswith(f"- **{claim}** — "))
         assert f"Verdict (the claims engine's): **{_verdict(claim)}**" in sentence, sentence
@@ -71,7 +54,7 @@ def test_selection_states_the_verdicts_of_claims_csv_and_no_nan(selection):
 
 @pytest.mark.slow
 def test_selection_fig5_names_its_metric_and_draws_the_majority_class(selection):
-    charts = [h for h in _outputs(selection, "text/html") if "vega" in h]
+    charts = [h for h in chapter_outputs(selection, "text/html") if "vega" in h]
     fig5 = next(h for h in charts if "Head-selection orders on MNLI" in h)
     assert '"title":"MNLI accuracy"' in fig5 and "majority class" in fig5
     assert not re.search(r'"title":"[a-z]+_[a-z_]+"', fig5)  # no raw identifier names an axis or legend
