@@ -67,7 +67,7 @@ def test_required_packages_and_entry_points():
     book = {_name(r) for r in project["optional-dependencies"]["book"]}
     assert {"jupyter-book", "jupytext", "papermill", "altair", "vl-convert-python"} <= book
     assert "test" in project["optional-dependencies"]
-    assert project["scripts"]["papa"] == "papa_lib.cli:main"
+    assert project["scripts"]["papa"] == "papa_entry:main"  # answers --version, else papa_lib.cli:main
     transformers = next(r for r in project["dependencies"] if _name(r) == "transformers")
     assert ">=5" in transformers and "<6" in transformers
 

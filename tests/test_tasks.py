@@ -10,6 +10,7 @@ import pytest
 
 from papa_lib.experiments.metrics import compute_metric
 from papa_lib.experiments.tasks import (
+    CONLL_PARQUET_COMMIT,
     MLM_HPARAMS,
     NER_TAG_NAMES,
     POS_TAG_NAMES,
@@ -416,8 +417,8 @@ def test_hub_code_paths_with_fake_datasets(monkeypatch):
                 {"premise": ["p0", "p1"], "hypothesis": ["h0", "h1"], "label": [2, 0]}, features=features
             )
         if path == "eriktks/conll2003":
-            if kwargs.get("revision") is None:
-                raise RuntimeError("Dataset scripts are no longer supported, but found conll2003.py")
+            if kwargs.get("revision") != CONLL_PARQUET_COMMIT:
+                raise AssertionError(f"CoNLL-2003 loaded from {kwargs.get('revision')!r}, not the pinned export")
             features = datasets.Features({
                 "tokens": datasets.Sequence(datasets.Value("string")),
                 "pos_tags": datasets.Sequence(datasets.ClassLabel(names=list(POS_TAG_NAMES))),
@@ -439,7 +440,8 @@ def test_hub_code_paths_with_fake_datasets(monkeypatch):
 
     ner = load_task("ner", "train")
     assert ner.words == [["EU", "rejects"]] and ner.tags == [[3, 0]]  # empty sentence dropped
-    assert calls[-1][3] == "refs/convert/parquet"  # fell back to the parquet export
+    assert calls[-1][3] == CONLL_PARQUET_COMMIT  # the pinned parquet export, tried first (and only)
+    assert [call for call in calls if call[0] == "eriktks/conll2003"] == [calls[-1]]
     pos = load_task("pos", "validation")
     assert pos.tags == [[22, 42]] and calls[-1][2] == "validation"
 
@@ -449,6 +451,48 @@ def test_hub_code_paths_with_fake_datasets(monkeypatch):
 
     assert load_wikitext("test", name="wikitext-2") == ["Body text ."]
     assert calls[-1] == ("Salesforce/wikitext", "wikitext-2-raw-v1", "test", None)
+
+
+def test_conll_pinned_parquet_revision_first_then_branch(monkeypatch, caplog):
+    """CoNLL-2003: the pinned parquet commit first; a hub without it gets the branch; failures: one-line errors."""
+    datasets = pytest.importorskip("datasets")
+    calls = []
+    assert len(CONLL_PARQUET_COMMIT) == 40 and int(CONLL_PARQUET_COMMIT, 16) >= 0  # a full commit hash
+    missing = "Revision '{}' doesn't exist for dataset 'eriktks/conll2003' on the Hub.\nRequest ID: x"
+
+    def hub_without_pin(path, name=None, split=None, **kwargs):
+        calls.append(kwargs.get("revision"))
+        if kwargs.get("revision") == CONLL_PARQUET_COMMIT:
+            raise datasets.exceptions.DatasetNotFoundError(missing.format(CONLL_PARQUET_COMMIT))
+        return datasets.Dataset.from_dict({"tokens": [["EU", "rejects"]], "ner_tags": [[3, 0]]})
+
+    monkeypatch.setattr(datasets, "load_dataset", hub_without_pin)
+    with caplog.at_level("WARNING", logger="papa_lib.experiments.tasks"):
+        ner = load_task("ner", "validation")
+    assert calls == [CONLL_PARQUET_COMMIT, "refs/convert/parquet"] and ner.tags == [[3, 0]]
+    (record,) = caplog.records
+    assert "\n" not in record.getMessage() and "refs/convert/parquet" in record.getMessage()
+
+    def offline(path, name=None, split=None, **kwargs):  # not a missing revision: no second try
+        calls.append(kwargs.get("revision"))
+        raise ConnectionError("Couldn't reach 'eriktks/conll2003' on the Hub (ConnectError)")
+
+    calls.clear()
+    monkeypatch.setattr(datasets, "load_dataset", offline)
+    with pytest.raises(HubUnavailableError, match="--data-dir") as info:
+        load_task("pos", "train")
+    assert calls == [CONLL_PARQUET_COMMIT] and "\n" not in str(info.value)
+
+    def nothing(path, name=None, split=None, **kwargs):  # neither the pin nor the branch
+        calls.append(kwargs.get("revision"))
+        raise datasets.exceptions.DatasetNotFoundError(missing.format(kwargs.get("revision")))
+
+    calls.clear()
+    monkeypatch.setattr(datasets, "load_dataset", nothing)
+    with pytest.raises(HubUnavailableError, match="refs/convert/parquet") as info:
+        load_task("ner", "train")
+    assert calls == [CONLL_PARQUET_COMMIT, "refs/convert/parquet"]
+    assert "\n" not in str(info.value) and CONLL_PARQUET_COMMIT in str(info.value)
 
 
 # ----------------------------------------------------------------------------- metrics

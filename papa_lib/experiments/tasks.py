@@ -21,9 +21,10 @@ Data come from one of two places:
   ``eriktks/conll2003`` for CoNLL-2003 and ``Salesforce/wikitext`` for
   WikiText.  ``eriktks/conll2003`` is the canonical ``conll2003`` dataset
   moved under its author's name.  Its main branch still holds a loading script,
-  which ``datasets>=4`` refuses to run, so the loader falls back to the
-  hub's automatic parquet export (``revision="refs/convert/parquet"``) of the
-  same data when that happens;
+  which ``datasets>=4`` refuses to run, so CoNLL-2003 is read from the hub's
+  automatic parquet export of the same data, pinned to one commit of its
+  ``refs/convert/parquet`` branch (:data:`CONLL_PARQUET_COMMIT`); a hub without
+  that commit gets the branch's current head instead, with a one-line warning;
 * a local folder laid out like ``/work/shared/data`` (``data_dir=...``)
   holding the standard distribution files::
 
@@ -46,11 +47,11 @@ files and one trained on hub data agree on what each id means.
 
 from __future__ import annotations
 
+import logging
 import random
 import re
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
 
 from ..errors import PapaInputError
 from .task_files import iter_lines, load_local
@@ -249,14 +250,28 @@ def _subsample(examples, limit: int | None, seed: int):
 # Hugging Face hub
 # --------------------------------------------------------------------------------------
 
-_PARQUET_REVISION = "refs/convert/parquet"
+_PARQUET_BRANCH = "refs/convert/parquet"  # where the hub keeps every dataset's automatic parquet export
+#: The commit of ``eriktks/conll2003``'s ``refs/convert/parquet`` branch that CoNLL-2003 is loaded from, so its bytes
+#: cannot drift. Taken from public code that pins the same export (written offline: not checked against the hub here).
+CONLL_PARQUET_COMMIT = "ce85b39f9dd99f552d0739d456814e95fb6a39b0"
+_PARQUET_COMMITS = {"eriktks/conll2003": CONLL_PARQUET_COMMIT}  # hub dataset -> pinned export commit
+
+_logger = logging.getLogger(__name__)
 
 
-def _hub_load_dataset(path: str, config: str | None, split: str, parquet_fallback: bool = False):
-    """``datasets.load_dataset(path, config, split=split)`` with clear errors.
+def _one_line(err: BaseException) -> str:
+    """``'Type: message'`` with the message's line breaks and runs of spaces collapsed (hub errors span lines)."""
+    return f"{type(err).__name__}: {' '.join(str(err).split())}"
 
-    With ``parquet_fallback``, a repository that only offers a loading script (refused by
-    ``datasets>=4``) is read from the hub's automatic parquet export instead.
+
+def _hub_load_dataset(
+    path: str, config: str | None, split: str, revision: str | None = None, fallback_revision: str | None = None
+):
+    """``datasets.load_dataset(path, config, split=split, revision=revision)`` with one-line errors.
+
+    When the hub answers that ``revision`` does not exist (an export rebuilt since the pin, a mirror without it),
+    ``fallback_revision``, if given, is loaded instead and a one-line warning says so. Any other failure, or a
+    failed fallback, raises :class:`HubUnavailableError` naming what was tried.
     """
     where = f"{path}" + (f"/{config}" if config else "") + f":{split}"
     try:
@@ -266,23 +281,26 @@ def _hub_load_dataset(path: str, config: str | None, split: str, parquet_fallbac
             f"loading {where} from the Hugging Face hub needs the 'datasets' package; "
             "install it or pass a local data_dir (--data-dir)"
         ) from err
-    attempts: list[dict[str, Any]] = [{}]
-    if parquet_fallback:
-        attempts.append({"revision": _PARQUET_REVISION})
-    last_error: Exception | None = None
-    for attempt, extra in enumerate(attempts):
+    extra = {} if revision is None else {"revision": revision}
+    try:
+        return datasets.load_dataset(path, config, split=split, **extra)
+    except Exception as err:  # noqa: BLE001 - re-raised below with advice
+        first = err
+    tried = _one_line(first) if revision is None else f"revision {revision}: {_one_line(first)}"
+    if fallback_revision is not None and "revision" in f"{type(first).__name__} {first}".lower():
         try:
-            return datasets.load_dataset(path, config, split=split, **extra)
+            dataset = datasets.load_dataset(path, config, split=split, revision=fallback_revision)
         except Exception as err:  # noqa: BLE001 - re-raised below with advice
-            last_error = err
-            if "script" in str(err).lower() and attempt + 1 < len(attempts):
-                continue  # loading scripts unsupported: try the parquet export
-            break
+            tried += f"; then revision {fallback_revision}: {_one_line(err)}"
+            first = err
+        else:
+            _logger.warning("%s: pinned revision %s not on the hub; loaded %s instead (its data may differ)",
+                            where, revision, fallback_revision)
+            return dataset
     raise HubUnavailableError(
-        f"could not load {where} from the Hugging Face hub "
-        f"({type(last_error).__name__}: {last_error}). Without network access, point "
+        f"could not load {where} from the Hugging Face hub ({tried}). Without network access, point "
         "data_dir (CLI: --data-dir) at a local copy of the data files instead."
-    ) from last_error
+    ) from first
 
 
 def _class_names(dataset, column: str) -> list[str] | None:
@@ -298,7 +316,9 @@ def _load_from_hub(spec: TaskSpec, split: str) -> SentenceExamples | TokenExampl
     hub_split = spec.hub_validation_split if split == "validation" else "train"
     source = f"hub:{spec.hub_dataset}" + (f"/{spec.hub_config}" if spec.hub_config else "") + f":{hub_split}"
     if spec.kind == "token":
-        dataset = _hub_load_dataset(spec.hub_dataset, None, hub_split, parquet_fallback=True)
+        pinned = _PARQUET_COMMITS.get(spec.hub_dataset)  # the parquet export: CoNLL-2003's main holds a script
+        dataset = _hub_load_dataset(spec.hub_dataset, None, hub_split, revision=pinned or _PARQUET_BRANCH,
+                                    fallback_revision=_PARQUET_BRANCH if pinned else None)
         column = "pos_tags" if spec.name == "pos" else "ner_tags"
         hub_names = _class_names(dataset, column)
         remap = None
