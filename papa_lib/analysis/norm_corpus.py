@@ -6,6 +6,14 @@ Kobayashi's categories :data:`CATEGORY_NAMES` (:class:`TokenCategorizer`; "punct
 commas, :data:`PUNCTUATION_MARKS`) and :class:`UniformSample` keeps the samples that
 :mod:`papa_lib.analysis.norm_findings` pools. The tables computed from the statistics are
 :mod:`papa_lib.analysis.norm_statistics` (which re-exports everything here).
+
+Decoder LMs (:func:`papa_lib.analysis.norms.is_causal`) are streamed the same way, with two differences that the
+causal mask makes necessary: the category "cls" is the tokenizer's ``<bos>``, the first token of every input of the
+decoder layout (where attention sinks), and "sep" its ``<eos>`` (:class:`TokenCategorizer`); and the first position
+is no query row -- it can only attend to itself (``alpha_00 = 1`` whatever the model), so the row tells nothing and
+would add a point at ``alpha = 1`` to every first-token statistic.  Averages over query rows then divide by
+``CorpusNormStatistics.num_queries`` (the real tokens less one per input), and a key's statistics over queries use
+the queries that may see it (causal, within the sliding window).
 """
 
 from __future__ import annotations
@@ -16,7 +24,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from .norms import attention_projections, encoder_layers, iter_layer_norms, prepare_batch
+from .norms import attention_projections, encoder_layers, is_causal, iter_layer_norms, prepare_batch
 
 __all__ = [
     "CATEGORY_NAMES",
@@ -42,6 +50,8 @@ class TokenCategorizer:
     """Maps token ids to Kobayashi's categories ``CATEGORY_NAMES`` (cls, sep, punctuation, other).
 
     [CLS]/[SEP] are ``tokenizer.cls_token_id``/``sep_token_id`` (``<s>``/``</s>`` for RoBERTa-style tokenizers).
+    A decoder's tokenizer has neither: there "cls" is ``bos_token_id`` (the first token of the decoder layout) and
+    "sep" is ``eos_token_id`` (none when the tokenizer has no end token or its end token is its ``<bos>``, as GPT-2's).
     Punctuation is Kobayashi et al.'s "periods and commas" (Sec. 4.2, Fig. 3): every other token whose decoded text,
     stripped of whitespace (and of a WordPiece ``##`` prefix), is exactly ``.`` or ``,`` (:data:`PUNCTUATION_MARKS`;
     so both ``.`` and ``Ġ.`` of a byte-level BPE vocabulary).  Other marks (``!``, ``?``, ``;``, ``--``, ``...``),
@@ -50,8 +60,13 @@ class TokenCategorizer:
 
     def __init__(self, tokenizer, vocab_size: int | None = None):
         cls_id, sep_id = getattr(tokenizer, "cls_token_id", None), getattr(tokenizer, "sep_token_id", None)
-        if cls_id is None or sep_id is None:
-            raise ValueError("the tokenizer needs cls_token_id and sep_token_id to categorise tokens")
+        if cls_id is None and sep_id is None and getattr(tokenizer, "bos_token_id", None) is not None:  # a decoder's
+            cls_id, sep_id = tokenizer.bos_token_id, getattr(tokenizer, "eos_token_id", None)
+            if sep_id == cls_id:
+                sep_id = None
+        elif cls_id is None or sep_id is None:
+            raise ValueError("the tokenizer needs cls_token_id and sep_token_id to categorise tokens "
+                             "(a decoder's tokenizer: bos_token_id)")
         tokenizer_size = len(tokenizer)
         size = max(tokenizer_size, vocab_size or 0)
         lookup = torch.full((size,), _OTHER, dtype=torch.long)
@@ -63,7 +78,8 @@ class TokenCategorizer:
             if text in PUNCTUATION_MARKS:
                 lookup[token_id] = _PUNCT
         lookup[cls_id] = _CLS
-        lookup[sep_id] = _SEP
+        if sep_id is not None:
+            lookup[sep_id] = _SEP
         self.lookup = lookup
         self.cls_token_id, self.sep_token_id = cls_id, sep_id
 
@@ -126,9 +142,10 @@ class UniformSample:
         return {name: value.numpy() for name, value in self.columns.items()}
 
 
-#: Columns of the pooled query-to-[SEP]/[CLS] pairs (``CorpusNormStatistics.pooled_pairs``).
+#: Columns of the pooled query-to-[SEP]/[CLS] pairs (``CorpusNormStatistics.pooled_pairs``): ``query`` is the query's
+#: position and ``row_scale`` its ``r_i`` (Gemma 3's post-attention norm; 1 elsewhere, :mod:`papa_lib.analysis.norms`).
 _PAIR_COLUMNS = {"sentence": torch.long, "layer": torch.int16, "head": torch.int16, "alpha": torch.float32,
-                 "fx_norm": torch.float32}
+                 "fx_norm": torch.float32, "query": torch.int32, "row_scale": torch.float32}
 #: Columns of the token occurrences (``CorpusNormStatistics.occurrences``).
 _OCCURRENCE_COLUMNS = {"token_id": torch.long, "sentence": torch.long, "fx_norm": torch.float32}
 
@@ -139,13 +156,17 @@ class CorpusNormStatistics:
 
     ``Ly`` layers, ``H`` heads, ``C = len(CATEGORY_NAMES)`` categories, ``R`` bootstrap replicates, ``V`` vocabulary.
 
-    Totals over real (non-padding) tokens; query rows are real tokens and keys are restricted to real tokens.
+    Totals over real (non-padding) tokens; query rows are real tokens (a decoder's: less the first position, module
+    docstring; ``num_queries`` of them) and keys are restricted to real tokens.
     ``boot_*`` arrays hold the same totals for ``R`` Poisson-bootstrap replicates over sentences (each sentence gets
     weight ~ Poisson(1) in each replicate; Hanley & MacGibbon 2006), which gives percentile confidence intervals with
     memory independent of corpus size.  ``share_sum[..., m]``: m = 0 weight-based (alpha), m = 1 norm-based
-    (``||alpha f(x)||``), each the per-query-row share of the category, summed over query rows.
+    (``||alpha f(x)||``), each the per-query-row share of the category, summed over query rows (``num_queries``;
+    ``boot_queries`` per replicate).  ``token_alpha_sum``: per token id, the sum over its occurrences of the weight it
+    receives -- the mean over the heads of the mean ``alpha_ij`` over the query rows ``i`` that may see it.
     ``sep_observations``: a uniform reservoir sample (at most ``max_sep_observations`` rows) of [SEP] occurrences,
-    each row [Ly, H, 2] = (mean alpha given to this [SEP] by the real queries of its sentence, ``||f^h([SEP])||``);
+    each row [Ly, H, 2] = (mean alpha given to this [SEP] by the query rows of its sentence that may see it,
+    ``||f^h([SEP])||``);
     ``cls_observations`` the same for [CLS] (a reservoir of the same size).
     ``pooled_pairs`` and ``occurrences`` (:class:`UniformSample`, at most ``max_pooled_pairs``/``max_occurrences``
     rows; sentences are numbered in stream order) hold what :mod:`papa_lib.analysis.norm_findings` needs to compute
@@ -176,13 +197,17 @@ class CorpusNormStatistics:
     num_sentences: int = 0
     num_tokens: int = 0
     token_strings: dict[int, str] = field(default_factory=dict)  # id -> token string, for the ids seen
+    token_categories: dict[int, str] = field(default_factory=dict)  # id -> its CATEGORY_NAMES entry, for the ids seen
     cls_observations: torch.Tensor = field(default_factory=lambda: torch.zeros(0, 0, 0, 2))  # like sep_observations
     cls_observations_seen: int = 0
-    # Kobayashi's own observations (papa_lib.analysis.norm_findings): "sep"/"cls" -> every (real query i, [SEP] j)
-    # pair of every head and layer (sentence, layer, head, alpha_ij, ||f^h(x_j)||), uniformly sampled
+    # Kobayashi's own observations (papa_lib.analysis.norm_findings): "sep"/"cls" -> every (query row i, [SEP] j)
+    # pair of every head and layer (sentence, layer, head, alpha_ij, ||f^h(x_j)||, query i, r_i), uniformly sampled
     pooled_pairs: dict[str, UniformSample] = field(default_factory=dict)
     # every real token occurrence (token_id, sentence, ||f(x)|| averaged over the heads and then the layers), sampled
     occurrences: UniformSample = field(default_factory=lambda: UniformSample(0, _OCCURRENCE_COLUMNS))
+    num_queries: int = 0  # query rows (num_tokens for an encoder; a decoder's first positions are no query rows)
+    boot_queries: torch.Tensor = field(default_factory=lambda: torch.zeros(0, dtype=torch.float64))  # [R]
+    token_alpha_sum: torch.Tensor = field(default_factory=lambda: torch.zeros(0, 0, dtype=torch.float64))  # [Ly, V]
 
 
 def empty_statistics(layers: int, heads: int, vocab: int, replicates: int, max_sep: int, max_pairs: int = 0,
@@ -216,6 +241,8 @@ def empty_statistics(layers: int, heads: int, vocab: int, replicates: int, max_s
         cls_observations=torch.zeros(0, layers, heads, 2, dtype=torch.float32),
         pooled_pairs={token: UniformSample(max_pairs, _PAIR_COLUMNS) for token in ("sep", "cls")},
         occurrences=UniformSample(max_occurrences, _OCCURRENCE_COLUMNS),
+        boot_queries=zeros(replicates),
+        token_alpha_sum=zeros(layers, vocab),
     )
 
 
@@ -279,6 +306,10 @@ def corpus_norm_statistics(
     Memory does not depend on the corpus size: besides one batch's forward pass (the model's attentions and hidden
     states of all layers) and one layer's norms at a time, it holds ``O(R*Ly*H*C + Ly*V + max_sep_observations*Ly*H
     + max_pooled_pairs + max_occurrences)`` numbers.
+
+    A decoder LM works the same way (module docstring: "cls" is ``<bos>``, the first position is no query row);
+    ``norms`` come from :func:`papa_lib.analysis.norms.iter_layer_norms` with its default row scale (Gemma 3), which
+    leaves every share (a ratio within one row) and every ``||f(x)||`` unchanged; the pooled pairs keep ``r_i``.
     """
     if bootstrap_replicates < 0:
         raise ValueError(f"bootstrap_replicates must be >= 0, got {bootstrap_replicates}")
@@ -286,6 +317,7 @@ def corpus_norm_statistics(
         raise ValueError(f"max_sep_observations must be >= 0, got {max_sep_observations}")
     layers = len(encoder_layers(model))
     heads = attention_projections(model, 0).num_heads
+    causal = is_causal(model)
     vocab = int(getattr(model.config, "vocab_size", 0) or 0)
     categorizer = TokenCategorizer(tokenizer, vocab_size=vocab)
     vocab = len(categorizer.lookup)
@@ -306,6 +338,10 @@ def corpus_norm_statistics(
         onehot = torch.nn.functional.one_hot(categories, num_categories).to(torch.float64) * mask[..., None]
         mask64 = mask.to(torch.float64)
         tokens_per_sentence = mask64.sum(dim=1)  # [B]
+        queries = mask.clone()
+        if causal:
+            queries[:, 0] = False  # a decoder's first position sees only itself (alpha_00 = 1): no query row
+        queries_per_sentence = queries.to(torch.float64).sum(dim=1)  # [B]
         real = mask.reshape(-1)
         real_ids = input_ids.reshape(-1)[real]
 
@@ -328,7 +364,15 @@ def corpus_norm_statistics(
             alpha = layer_norms.alpha.to(dtype)
             fx = layer_norms.fx_norm
             real_mask = mask.to(device=device, dtype=dtype)
+            query_mask = queries.to(device=device, dtype=dtype)
             key_onehot = onehot.to(device=device, dtype=dtype)
+            # sees[b, i, j]: query row i may see key j (every real key for an encoder; causal, windowed for a decoder)
+            sees = query_mask[:, :, None] * real_mask[:, None, :]
+            if layer_norms.allowed is not None:
+                sees = sees * layer_norms.allowed[:, 0].to(dtype)
+            viewers = sees.sum(dim=1)  # [B, L] query rows that may see each key
+            row_scale = layer_norms.row_scale
+            row_scale = torch.ones_like(real_mask) if row_scale is None else row_scale.to(device=device, dtype=dtype)
 
             fx64 = fx.to("cpu", torch.float64)
             fx_real = fx64 * mask64[:, None, :]
@@ -337,11 +381,15 @@ def corpus_norm_statistics(
             category_fx[:, ell] = torch.einsum("bhj,bjc->bhc", fx64, onehot)
             for method, contribution in enumerate((alpha, layer_norms.afx_norm)):
                 shares = _row_shares(contribution * real_mask[:, None, None, :], key_onehot)  # [B, H, L, C]
-                share[:, ell, :, :, method] = (shares * real_mask[:, None, :, None]).sum(dim=2).to("cpu", torch.float64)
+                share[:, ell, :, :, method] = (shares * query_mask[:, None, :, None]).sum(dim=2).to("cpu",
+                                                                                                    torch.float64)
             summed_shares = _row_shares(layer_norms.summed_afx_norm * real_mask[:, None, :], key_onehot)  # [B, L, C]
-            summed_share[:, ell] = (summed_shares * real_mask[:, :, None]).sum(dim=1).to("cpu", torch.float64)
+            summed_share[:, ell] = (summed_shares * query_mask[:, :, None]).sum(dim=1).to("cpu", torch.float64)
 
             stats.token_fx_sum[ell].index_add_(0, real_ids, fx64.mean(dim=1).reshape(-1)[real])
+            received = (alpha * sees[:, None]).sum(dim=2) / viewers.clamp_min(1.0)[:, None, :]  # [B, H, L]
+            stats.token_alpha_sum[ell].index_add_(0, real_ids, received.mean(dim=1).to("cpu", torch.float64)
+                                                  .reshape(-1)[real])
             occurrence_fx += fx64.mean(dim=1)
 
             for token, (tok_b, tok_j) in special.items():
@@ -349,18 +397,21 @@ def corpus_norm_statistics(
                     continue
                 b_index, j_index = tok_b.to(device), tok_j.to(device)
                 to_token = alpha[b_index, :, :, j_index]  # [N, H, L]: weight from every query to this token
-                mean_to_token = (to_token * real_mask[b_index][:, None, :]).sum(-1).to("cpu", torch.float64)
-                mean_to_token = mean_to_token / tokens_per_sentence[tok_b][:, None]
+                seeing = sees[b_index, :, j_index]  # [N, L]: the query rows that may see this token
+                mean_to_token = (to_token * seeing[:, None, :]).sum(-1).to("cpu", torch.float64)
+                mean_to_token = mean_to_token / seeing.sum(-1).clamp_min(1.0).to("cpu", torch.float64)[:, None]
                 special_rows[token].append(torch.stack([mean_to_token, fx64[tok_b, :, tok_j]], dim=-1))  # [N, H, 2]
-                # Kobayashi's Fig. 4 observations: every real query's weight to this token, in every head
-                queries = mask[tok_b][:, None, :].expand(-1, heads, -1)  # [N, H, L]
+                # Kobayashi's Fig. 4 observations: every query row's weight to this token, in every head
+                pair = (seeing > 0).cpu()[:, None, :].expand(-1, heads, -1)  # [N, H, L]
                 stats.pooled_pairs[token].add(
                     sample_generator,
-                    sentence=sentence_ids[tok_b][:, None, None].expand_as(queries)[queries],
-                    layer=torch.full((int(queries.sum()),), ell, dtype=torch.int16),
-                    head=torch.arange(heads)[None, :, None].expand_as(queries)[queries],
-                    alpha=to_token.to("cpu", torch.float32)[queries],
-                    fx_norm=fx64[tok_b, :, tok_j][:, :, None].expand_as(queries)[queries],
+                    sentence=sentence_ids[tok_b][:, None, None].expand_as(pair)[pair],
+                    layer=torch.full((int(pair.sum()),), ell, dtype=torch.int16),
+                    head=torch.arange(heads)[None, :, None].expand_as(pair)[pair],
+                    alpha=to_token.to("cpu", torch.float32)[pair],
+                    fx_norm=fx64[tok_b, :, tok_j][:, :, None].expand_as(pair)[pair],
+                    query=torch.arange(pair.shape[-1])[None, None, :].expand_as(pair)[pair],
+                    row_scale=row_scale[b_index].to("cpu", torch.float32)[:, None, :].expand_as(pair)[pair],
                 )
 
         stats.occurrences.add(
@@ -371,10 +422,12 @@ def corpus_norm_statistics(
         )
         stats.num_sentences += batch_size
         stats.num_tokens += int(mask.sum())
+        stats.num_queries += int(queries.sum())
         stats.token_count.index_add_(0, real_ids, torch.ones_like(real_ids))
         for token_id in torch.unique(real_ids).tolist():
             if token_id not in stats.token_strings:
                 stats.token_strings[token_id] = tokenizer.convert_ids_to_tokens(token_id)
+                stats.token_categories[token_id] = CATEGORY_NAMES[int(categorizer.lookup[token_id])]
         stats.fx_sum += fx_sum.sum(0)
         stats.fx_sq_sum += fx_sq_sum.sum(0)
         stats.share_sum += share.sum(0)
@@ -384,6 +437,7 @@ def corpus_norm_statistics(
         if bootstrap_replicates:
             weights = torch.poisson(torch.ones(bootstrap_replicates, batch_size, dtype=torch.float64), generator)
             stats.boot_tokens += weights @ tokens_per_sentence
+            stats.boot_queries += weights @ queries_per_sentence
             stats.boot_fx_sum += torch.einsum("rb,blh->rlh", weights, fx_sum)
             stats.boot_fx_sq_sum += torch.einsum("rb,blh->rlh", weights, fx_sq_sum)
             stats.boot_share_sum += torch.einsum("rb,blhcm->rlhcm", weights, share)

@@ -51,6 +51,11 @@ from .norm_statistics import (
 )
 
 __all__ = [
+    "DECODER_FINDINGS",
+    "decoder_findings",
+    "decoder_windows",
+    "run_decoder_analyses",
+    "unnormed_first_token_norms",
     "corpus_token_counts",
     "frequency_ranks",
     "cluster_bootstrap_spearman",
@@ -536,4 +541,144 @@ def read_analyses(folder) -> dict[str, pd.DataFrame]:
               for name in ANALYSIS_FILES}
     meta = folder / "metadata.json"
     tables["metadata"] = json.loads(meta.read_text()) if meta.exists() else {}
+    return tables
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# The same questions asked of a decoder LM (issue 60; claims C8c and C9, decision rule R13)
+# ----------------------------------------------------------------------------------------------------------------------
+
+#: A decoder's findings (finding -> source, observation, the sign Kobayashi et al. report for [SEP] / frequency).
+#: ``first_token_weight_vs_norm`` decides C9; the ``_folded`` and ``_kobayashi`` rows are its sensitivities.
+DECODER_FINDINGS = {
+    "first_token_weight_vs_norm": (
+        "Kobayashi et al. 2020, Sec. 4.2, Fig. 4, asked of a decoder's first token",
+        "every (query i >= 1, first token) pair in every head and layer: x = alpha, y = ||f'(x_0)|| r_i, what the "
+        "layer adds to the residual stream (the post-attention RMSNorm's (1 + w) folded into W_O, its 1/rms_i "
+        "applied)", -1),
+    "first_token_weight_vs_norm_folded": (
+        "the same pairs without the row scale", "y = ||f'(x_0)||: (1 + w) folded in, no 1/rms_i", -1),
+    "first_token_weight_vs_norm_kobayashi": (
+        "the same pairs with Kobayashi's f(x)", "y = ||W_O^h W_V^h x~_0||: no part of the post-attention norm", -1),
+    "frequency_rank_vs_norm": FINDINGS["frequency_rank_vs_norm"],
+}
+
+
+def decoder_windows(tokenizer, data_dir, n_windows: int, length: int, split: str = "validation") -> torch.Tensor:
+    """``n_windows`` consecutive windows of ``[bos] + (length - 1)`` tokens from the start of a WikiText-2 split's
+    article text (headings dropped, WikiText's ``@-@`` markup undone as :func:`wikitext_pairs` does): ``[n, length]``.
+    """
+    from ..experiments.tasks import load_wikitext
+
+    lines = [_detokenize_wikitext(line, tokenizer) for line in load_wikitext(split, data_dir=data_dir,
+                                                                             name="wikitext-2")]
+    ids = tokenizer("\n".join(lines), add_special_tokens=False)["input_ids"]
+    size = length - 1
+    if len(ids) < n_windows * size:
+        raise ValueError(f"WikiText-2 {split} has {len(ids)} tokens, fewer than {n_windows} windows of {size}")
+    body = torch.tensor(ids[:n_windows * size]).reshape(n_windows, size)
+    return torch.cat([torch.full((n_windows, 1), int(tokenizer.bos_token_id)), body], dim=1)
+
+
+def unnormed_first_token_norms(model: torch.nn.Module, bos_token_id: int) -> np.ndarray:
+    """``||W_O^h W_V^h x~_0||`` per layer and query head ([layers, heads]) for a decoder's first token: Kobayashi's
+    f(x) with no part of the post-attention norm. Position 0 attends only to itself, so ``x~_0`` (the input-normed
+    hidden state entering attention) is the same in every sequence; one forward pass of ``[bos]`` gives it."""
+    from .norms import encoder_layers
+
+    layers = encoder_layers(model)
+    captured: dict[int, torch.Tensor] = {}
+    hooks = [layer.self_attn.register_forward_pre_hook(
+        lambda module, args, kwargs, i=i: captured.__setitem__(i, (args[0] if args else kwargs["hidden_states"])),
+        with_kwargs=True) for i, layer in enumerate(layers)]
+    try:
+        with torch.no_grad():
+            base = getattr(model, "base_model", model)
+            base(input_ids=torch.tensor([[bos_token_id]]), use_cache=False)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    out = []
+    with torch.no_grad():
+        for i, layer in enumerate(layers):
+            attention = layer.self_attn
+            heads, kv_heads = model.config.num_attention_heads, model.config.num_key_value_heads
+            size = attention.head_dim
+            value = attention.v_proj(captured[i][0, 0].float())  # [kv_heads * d]
+            norms = []
+            for h in range(heads):
+                v = value[(h // (heads // kv_heads)) * size:(h // (heads // kv_heads) + 1) * size]
+                norms.append(float((attention.o_proj.weight[:, h * size:(h + 1) * size].float() @ v).norm()))
+            out.append(norms)
+    return np.asarray(out)
+
+
+def decoder_findings(stats: CorpusNormStatistics, corpus_counts, unnormed: np.ndarray, *, replicates: int = 200,
+                     confidence: float = 0.95, seed: int = 0) -> pd.DataFrame:
+    """:data:`DECODER_FINDINGS` as a ``kobayashi_findings`` table (same columns as :func:`kobayashi_findings`): the
+    first token's pooled pairs (statistics of a decoder: category ``cls`` is ``<bos>``) with three choices of y, and
+    the occurrence-level frequency correlation; cluster bootstrap over windows."""
+    sample = _sample_of(stats, "cls")
+    columns = sample.numpy()
+    alpha, clusters = columns["alpha"], columns["sentence"]
+    kobayashi = unnormed[columns["layer"].astype(int), columns["head"].astype(int)]
+    ys = {"first_token_weight_vs_norm": columns["fx_norm"] * columns["row_scale"],
+          "first_token_weight_vs_norm_folded": columns["fx_norm"],
+          "first_token_weight_vs_norm_kobayashi": kobayashi}
+    results = {name: {**cluster_bootstrap_spearman(alpha, y, clusters, replicates=replicates, confidence=confidence,
+                                                   seed=seed), "n_seen": int(sample.seen)} for name, y in ys.items()}
+    results["frequency_rank_vs_norm"] = occurrence_frequency_correlation(stats, corpus_counts, replicates=replicates,
+                                                                         confidence=confidence, seed=seed)
+    rows = []
+    for finding, result in results.items():
+        source, observation, sign = DECODER_FINDINGS[finding]
+        rows.append({"finding": finding, "source": source, "observation": observation, "paper_sign": sign,
+                     **{key: result[key] for key in ("n", "n_seen", "n_clusters", "spearman_rho", "ci_low",
+                                                     "ci_high")}})
+    return pd.DataFrame(rows)
+
+
+def run_decoder_analyses(model: torch.nn.Module, tokenizer, data_dir, out_dir, n_windows: int = 64,
+                         length: int = 128, *, batch_size: int = 8, bootstrap_replicates: int = 200,
+                         max_pooled_pairs: int = 2_000_000, seed: int = 0) -> dict[str, pd.DataFrame]:
+    """The norm view on a decoder LM (decision rule R13), saved as CSVs in ``out_dir`` (``None``: nothing written):
+    ``kobayashi_findings`` (:func:`decoder_findings`), ``first_token`` (per head: the weight and the norm share the
+    first token gets, :func:`~papa_lib.analysis.norm_statistics.first_token_table`), ``attention_share`` (per layer
+    and token category, weight- and norm-based), ``corpus_frequency`` (per token type) and ``metadata.json``.
+    Windows: :func:`decoder_windows` of the validation split; frequencies: :func:`wikitext_token_counts` over the
+    splits ``data_dir`` holds."""
+    import json
+    import time
+    from pathlib import Path
+
+    from ..core.models import model_id
+    from .norm_statistics import attention_share_by_category, first_token_table
+
+    started = time.time()
+    ids = decoder_windows(tokenizer, data_dir, n_windows, length)
+    batches = [{"input_ids": ids[i:i + batch_size], "attention_mask": torch.ones_like(ids[i:i + batch_size])}
+               for i in range(0, n_windows, batch_size)]
+    stats = corpus_norm_statistics(model, batches, tokenizer, bootstrap_replicates=bootstrap_replicates,
+                                   max_pooled_pairs=max_pooled_pairs, seed=seed)
+    corpus_counts, corpus = wikitext_token_counts(tokenizer, data_dir, vocab_size=int(model.config.vocab_size))
+    unnormed = unnormed_first_token_norms(model, int(tokenizer.bos_token_id))
+    tables = {
+        "kobayashi_findings": decoder_findings(stats, corpus_counts, unnormed, replicates=bootstrap_replicates,
+                                               seed=seed),
+        "first_token": first_token_table(stats),
+        "attention_share": attention_share_by_category(stats),
+        "corpus_frequency": corpus_frequency_table(stats, corpus_counts),
+    }
+    if out_dir is not None:
+        out = Path(out_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        for name, table in tables.items():
+            table.to_csv(out / f"{name}.csv", index=False, float_format="%.6g")
+        metadata = {"model": model_id(model), "data": f"WikiText-2 validation, {n_windows} windows of {length} "
+                    "tokens (<bos> first), from the start of the split", "n_windows": n_windows, "length": length,
+                    "n_tokens": int(stats.num_tokens), "n_queries": int(stats.num_queries),
+                    "bootstrap_replicates": bootstrap_replicates, "frequency_corpus": corpus,
+                    "pooled_pairs_seen": {token: int(s.seen) for token, s in stats.pooled_pairs.items()},
+                    "seed": seed, "seconds": round(time.time() - started, 1)}
+        (out / "metadata.json").write_text(json.dumps(metadata, indent=2) + "\n")
     return tables

@@ -14,6 +14,12 @@ the per-layer, per-type frequency correlation on the sample's own counts (:func:
 extras of this book.  The paper's own computations (every query-to-[SEP] pair pooled over heads and layers; every
 token occurrence against its type's corpus-wide frequency) are :mod:`papa_lib.analysis.norm_findings`, from the
 samples kept here (:class:`UniformSample`: ``CorpusNormStatistics.pooled_pairs`` and ``.occurrences``).
+
+The same statistics of a decoder LM (where "cls" is ``<bos>``, :mod:`papa_lib.analysis.norm_corpus`) ask Kobayashi's
+questions of a decoder: :func:`first_token_table` (weight vs norm of the first token, where attention sinks, per
+head), :func:`head_level_correlation` with ``token="first"`` on that table (across heads), and
+:func:`token_weight_norm_table`/:func:`frequency_weight_norm_correlation` (weight received and ``||f(x)||`` against
+log token frequency).  They work for encoders too ([CLS] is their first token).
 """
 
 from __future__ import annotations
@@ -53,6 +59,9 @@ __all__ = [
     "correlations",
     "fisher_interval",
     "sentence_shares",
+    "first_token_table",
+    "token_weight_norm_table",
+    "frequency_weight_norm_correlation",
 ]
 
 
@@ -121,15 +130,16 @@ def attention_share_by_category(
 ) -> pd.DataFrame:
     """Weight-based vs norm-based share of attention given to each token category (Kobayashi Sec. 4.2, Fig. 3).
 
-    For each real query row, the share of category c is ``sum_{j in c} alpha_ij / sum_j alpha_ij`` (method
+    For each query row, the share of category c is ``sum_{j in c} alpha_ij / sum_j alpha_ij`` (method
     "weight") or the same with ``||alpha_ij f^h(x_j)||`` (method "norm"), keys restricted to real tokens; shares are
-    averaged over all real query tokens of the corpus.  With ``per_head=False`` the per-head shares are averaged
-    over the heads of each layer and a third method "norm_heads_summed" uses ``||sum_h alpha^h_ij f^h(x_j)||``.
+    averaged over all query rows of the corpus (every real token of an encoder; a decoder's from position 1 on).
+    With ``per_head=False`` the per-head shares are averaged over the heads of each layer and a third method
+    "norm_heads_summed" uses ``||sum_h alpha^h_ij f^h(x_j)||``.
 
     Columns: layer, [head,] method, category, share, ci_low, ci_high (percentile Poisson bootstrap over sentences).
     """
-    n = float(stats.num_tokens)
-    boot_n = stats.boot_tokens.numpy()
+    n = float(stats.num_queries)
+    boot_n = stats.boot_queries.numpy()
     with np.errstate(invalid="ignore", divide="ignore"):
         if per_head:
             value = stats.share_sum.numpy() / n  # [Ly, H, C, M]
@@ -358,16 +368,20 @@ def head_level_correlation(correlation_table: pd.DataFrame, token: str = "sep", 
     """Across heads: Spearman correlation between the mean weight a head gives ``token`` and its mean
     ``||f(token)||`` (Kobayashi Sec. 4.2, "Evidence 2": heads that attend much to [SEP] read a short vector there).
 
-    ``correlation_table`` is :func:`sep_weight_norm_correlation`'s output (or the saved CSV).  Returns a dict with
-    n_heads, spearman_rho, spearman_p, ci_low, ci_high (Fisher z with variance 1.06/(n-3)).
+    ``correlation_table`` is :func:`sep_weight_norm_correlation`'s output (or the saved CSV), or
+    :func:`first_token_table`'s with ``token="first"``.  Returns a dict with n_heads, spearman_rho, spearman_p,
+    ci_low, ci_high (Fisher z with variance 1.06/(n-3)), and Pearson's pearson_r, pearson_p, pearson_ci_low,
+    pearson_ci_high (Fisher z).
     """
     x_name, y_name = f"mean_alpha_to_{token}", f"mean_fx_norm_{token}"
     if x_name not in correlation_table or y_name not in correlation_table:
         raise ValueError(f"the table has no columns {x_name!r} and {y_name!r}; pass the {token} correlation table")
     part = correlation_table[[x_name, y_name]].dropna()
-    _, _, rho, p = correlations(part[x_name].to_numpy(float), part[y_name].to_numpy(float))
+    r, r_p, rho, p = correlations(part[x_name].to_numpy(float), part[y_name].to_numpy(float))
     low, high = fisher_interval(rho, len(part), confidence, 1.06)
-    return {"n_heads": len(part), "spearman_rho": rho, "spearman_p": p, "ci_low": low, "ci_high": high}
+    r_low, r_high = fisher_interval(r, len(part), confidence)
+    return {"n_heads": len(part), "spearman_rho": rho, "spearman_p": p, "ci_low": low, "ci_high": high,
+            "pearson_r": r, "pearson_p": r_p, "pearson_ci_low": r_low, "pearson_ci_high": r_high}
 
 
 def sentence_shares(model: torch.nn.Module, tokenizer, text: str, max_length: int = 64) -> pd.DataFrame:
@@ -394,4 +408,153 @@ def sentence_shares(model: torch.nn.Module, tokenizer, text: str, max_length: in
             shares = (part / part.sum(-1, keepdim=True)).mean(dim=(0, 1))  # [n]
             rows.extend({"layer": layer_norms.layer, "position": j, "token": tokens[j], "category": categories[j],
                          "method": method, "share": float(shares[j])} for j in range(n))
+    return pd.DataFrame(rows)
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# The first token (where attention sinks) and token frequency, for decoders and encoders alike
+# ----------------------------------------------------------------------------------------------------------------------
+
+_FIRST = CATEGORY_NAMES.index("cls")
+
+
+def first_token_table(stats: CorpusNormStatistics, confidence: float = 0.95) -> pd.DataFrame:
+    """Weight vs norm of the first token, per layer and head: a decoder's ``<bos>``, where attention sinks (an
+    encoder's [CLS]; the category "cls" of :class:`TokenCategorizer`, so a ``<bos>`` later in an input would count
+    too) -- Kobayashi's [SEP] question (Sec. 4.2) asked of the first token.
+
+    Over the query rows (an encoder's real tokens; a decoder's from position 1 on, as the first position can only see
+    itself, :mod:`papa_lib.analysis.norm_corpus`):
+
+    * ``mean_alpha_to_first``: the mean of ``alpha_{i,0}``, the weight-based share of the first token (rows of alpha
+      sum to 1; 0 in rows whose sliding window no longer reaches it), with ``alpha_ci_low``/``alpha_ci_high``
+      (percentile Poisson bootstrap over sequences);
+    * ``norm_share_first``: the mean of ``||alpha_{i,0} f(x_0)|| / sum_j ||alpha_ij f(x_j)||``, the norm-based share
+      (Kobayashi's Fig. 3; a row scale such as Gemma's ``r_i`` cancels in it), with ``norm_ci_low``/``norm_ci_high``;
+    * ``mean_fx_norm_first``: the mean ``||f^h(x_0)||`` over the first tokens (one per sequence);
+      ``mean_fx_norm_other``: the mean ``||f^h(x_j)||`` over every other real token; ``fx_norm_ratio``: first / other;
+    * from the uniform sample of (query row, first token) pairs (``CorpusNormStatistics.pooled_pairs["cls"]``;
+      ``n_pairs`` of them for the head): ``mean_row_scale`` (``r_i``; 1 without a post-attention norm),
+      ``mean_afx_first`` (the mean of ``||alpha_{i,0} f(x_0)|| r_i``, the first token's contribution as it reaches the
+      residual stream), and ``pearson_r``/``spearman_rho``, the within-head correlation over those pairs of
+      ``x = alpha_{i,0}`` and ``y = ||alpha_{i,0} f(x_0)|| r_i``.  In a decoder ``x_0`` is the same vector in every
+      sequence (the first position attends only to itself), so ``||f(x_0)||`` is one number per head and without a
+      row scale ``y`` is proportional to ``x`` (correlation 1 by construction).  With Gemma's ``r_i`` it asks whether
+      the post-attention norm gives back what the sink withholds: rows that put more weight on ``<bos>`` have a
+      smaller summed output, hence a larger ``r_i``.
+
+    The correlation of weight and norm *across* heads -- Kobayashi's "Evidence 2", and, since a decoder's ``||f(x_0)||``
+    varies only between heads, what his pooled Fig. 4 correlation over every (query, [SEP]) pair reduces to for a
+    decoder's first token -- is ``head_level_correlation(first_token_table(stats), token="first")``; the pooled one is
+    :func:`papa_lib.analysis.norm_findings.pooled_weight_norm_correlation` with ``token="cls"``.
+
+    Columns: layer, head, n_queries, mean_alpha_to_first, alpha_ci_low, alpha_ci_high, norm_share_first,
+    norm_ci_low, norm_ci_high, mean_fx_norm_first, mean_fx_norm_other, fx_norm_ratio, n_pairs, mean_row_scale,
+    mean_afx_first, pearson_r, spearman_rho.
+    """
+    n = float(stats.num_queries)
+    boot_n = stats.boot_queries.numpy()
+    with np.errstate(invalid="ignore", divide="ignore"):
+        shares = stats.share_sum.numpy()[:, :, _FIRST] / n  # [Ly, H, 2]
+        boot = stats.boot_share_sum.numpy()[:, :, :, _FIRST] / boot_n[:, None, None, None]  # [R, Ly, H, 2]
+        counts = stats.category_count.numpy()
+        fx = stats.category_fx_sum.numpy()  # [Ly, H, C]
+        fx_first = fx[:, :, _FIRST] / counts[_FIRST]
+        fx_other = (fx.sum(axis=-1) - fx[:, :, _FIRST]) / (counts.sum() - counts[_FIRST])
+    low, high = _percentile_interval(boot, confidence)
+    pairs = pd.DataFrame(stats.pooled_pairs["cls"].numpy()) if "cls" in stats.pooled_pairs else pd.DataFrame()
+    by_head = dict(list(pairs.groupby(["layer", "head"]))) if len(pairs) else {}
+    rows = []
+    for layer in range(stats.num_layers):
+        for head in range(stats.num_heads):
+            part = by_head.get((layer, head))
+            x = part["alpha"].to_numpy(np.float64) if part is not None else np.zeros(0)
+            scale = part["row_scale"].to_numpy(np.float64) if part is not None else np.zeros(0)
+            y = x * (part["fx_norm"].to_numpy(np.float64) if part is not None else np.zeros(0)) * scale
+            r, _, rho, _ = correlations(x, y)
+            rows.append({
+                "layer": layer, "head": head, "n_queries": stats.num_queries,
+                "mean_alpha_to_first": shares[layer, head, 0], "alpha_ci_low": low[layer, head, 0],
+                "alpha_ci_high": high[layer, head, 0], "norm_share_first": shares[layer, head, 1],
+                "norm_ci_low": low[layer, head, 1], "norm_ci_high": high[layer, head, 1],
+                "mean_fx_norm_first": fx_first[layer, head], "mean_fx_norm_other": fx_other[layer, head],
+                "fx_norm_ratio": fx_first[layer, head] / fx_other[layer, head], "n_pairs": len(x),
+                "mean_row_scale": float(scale.mean()) if len(x) else math.nan,
+                "mean_afx_first": float(y.mean()) if len(x) else math.nan, "pearson_r": r, "spearman_rho": rho,
+            })
+    return pd.DataFrame(rows)
+
+
+def token_weight_norm_table(stats: CorpusNormStatistics, corpus_counts=None, *, min_count: int = 1,
+                            per_layer: bool = False) -> pd.DataFrame:
+    """Every token type of the sample seen at least ``min_count`` times: its frequency, the weight it receives and
+    its ``||f(x)||`` (Kobayashi Sec. 4.3, Fig. 5, with the weight beside the norm).
+
+    ``mean_alpha``: the mean over the type's occurrences and the heads of the weight a key receives, the mean
+    ``alpha_ij`` over the query rows ``i`` that may see it (for a decoder: the later positions within the window, so
+    it also depends on where the token sits); ``mean_fx_norm``: the mean over its occurrences and the heads of
+    ``||f^h(x)||``.  Both averaged over the layers, or one row per layer with ``per_layer=True``.
+    ``corpus_count``: the type's count in ``corpus_counts`` (one count per token id, e.g.
+    :func:`papa_lib.analysis.norm_findings.corpus_token_counts` over the corpus the sample comes from), or its count in
+    the sample when ``corpus_counts`` is ``None``; ``log_frequency``: its natural log (NaN for a count of 0).
+
+    Columns: token_id, token, category, count, corpus_count, log_frequency, [layer,] mean_alpha, mean_fx_norm.
+    """
+    if min_count < 1:
+        raise ValueError(f"min_count must be >= 1, got {min_count}")
+    sample_counts = stats.token_count.numpy()
+    ids = np.nonzero(sample_counts >= min_count)[0]
+    if corpus_counts is None:
+        counted = sample_counts
+    else:
+        counted = np.asarray(corpus_counts, dtype=np.int64)
+        if counted.ndim != 1:
+            raise ValueError("corpus_counts must be one count per token id")
+        counted = np.concatenate([counted, np.zeros(max(0, len(sample_counts) - len(counted)), dtype=np.int64)])
+    with np.errstate(divide="ignore"):
+        log_frequency = np.where(counted[ids] > 0, np.log(np.maximum(counted[ids], 1)), np.nan)
+    alpha = stats.token_alpha_sum.numpy()[:, ids] / sample_counts[ids]  # [Ly, T]
+    fx = stats.token_fx_sum.numpy()[:, ids] / sample_counts[ids]
+    base = {"token_id": ids, "token": [stats.token_strings.get(int(i), str(int(i))) for i in ids],
+            "category": [stats.token_categories.get(int(i), "") for i in ids], "count": sample_counts[ids],
+            "corpus_count": counted[ids], "log_frequency": log_frequency}
+    if not per_layer:
+        return pd.DataFrame({**base, "mean_alpha": alpha.mean(axis=0), "mean_fx_norm": fx.mean(axis=0)})
+    return pd.concat([pd.DataFrame({**base, "layer": layer, "mean_alpha": alpha[layer], "mean_fx_norm": fx[layer]})
+                      for layer in range(stats.num_layers)], ignore_index=True)
+
+
+def frequency_weight_norm_correlation(stats: CorpusNormStatistics, corpus_counts=None, *, min_count: int = 1,
+                                      exclude: tuple[str, ...] = (), per_layer: bool = False,
+                                      confidence: float = 0.95) -> pd.DataFrame:
+    """Across token types: Pearson and Spearman correlation of log frequency with the weight a type receives
+    (quantity "alpha") and with its ``||f(x)||`` (quantity "fx_norm"), from :func:`token_weight_norm_table`.
+
+    Kobayashi (Sec. 4.3) finds frequent tokens get short ``f(x)`` (a positive correlation of frequency *rank* with
+    ``||f(x)||``, i.e. a negative one of log frequency with it) while the weight does not discount them.  Types with
+    a corpus count of 0 and those whose category is in ``exclude`` (e.g. ``("cls",)``: a decoder's ``<bos>``, the
+    attention sink at position 0, whose weight and norm are positional rather than a frequency effect) are left out.
+    Intervals: Fisher z over the types (Spearman with variance 1.06/(n-3)), ignoring the noise of each type's mean.
+
+    Columns: [layer,] quantity, n_token_types, pearson_r, pearson_p, pearson_ci_low, pearson_ci_high,
+    spearman_rho, spearman_p, spearman_ci_low, spearman_ci_high.
+    """
+    check_confidence(confidence)
+    unknown = set(exclude) - set(CATEGORY_NAMES)
+    if unknown:
+        raise ValueError(f"exclude names unknown categories {sorted(unknown)}; choose from {CATEGORY_NAMES}")
+    table = token_weight_norm_table(stats, corpus_counts, min_count=min_count, per_layer=per_layer)
+    table = table[table["log_frequency"].notna() & ~table["category"].isin(exclude)]
+    groups = table.groupby("layer") if per_layer else [(None, table)]
+    rows = []
+    for layer, part in groups:
+        x = part["log_frequency"].to_numpy(float)
+        for quantity, column in (("alpha", "mean_alpha"), ("fx_norm", "mean_fx_norm")):
+            r, r_p, rho, rho_p = correlations(x, part[column].to_numpy(float))
+            r_low, r_high = fisher_interval(r, len(part), confidence)
+            s_low, s_high = fisher_interval(rho, len(part), confidence, 1.06)
+            row = {} if layer is None else {"layer": int(layer)}
+            rows.append({**row, "quantity": quantity, "n_token_types": len(part), "pearson_r": r, "pearson_p": r_p,
+                         "pearson_ci_low": r_low, "pearson_ci_high": r_high, "spearman_rho": rho,
+                         "spearman_p": rho_p, "spearman_ci_low": s_low, "spearman_ci_high": s_high})
     return pd.DataFrame(rows)

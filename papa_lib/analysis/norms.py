@@ -13,13 +13,36 @@ weight ``alpha_ij`` alone does not tell how much token ``j`` contributes to ``y_
                                       ``output_attentions=True``; under a PAPA override these are the constant or mixed
                                       weights, PAPA Sec. 3.1-3.2, so they are never recomputed here),
 * ``fx_norm``          [B, H, L]     ``||f^h(x_j)||``,
-* ``afx_norm``         [B, H, L, L]  ``||alpha^h_ij f^h(x_j)|| = |alpha^h_ij| * ||f^h(x_j)||``,
+* ``afx_norm``         [B, H, L, L]  ``||alpha^h_ij f^h(x_j)|| = |alpha^h_ij| * ||f^h(x_j)||`` (times ``r_i`` below),
 * ``summed_afx_norm``  [B, L, L]     ``||sum_h alpha^h_ij f^h(x_j)||`` (the heads-combined contribution, Kobayashi Sec.
 5),
 
 and checks that the decomposition is exact (:func:`decomposition_check`, Eq. 5-7 against the model's own output).
 Streaming these quantities over a corpus (Kobayashi Sec. 4) is :mod:`papa_lib.analysis.norm_statistics`; norm-weighted
 constant matrices and label-free head rankings (beyond both papers) are :mod:`papa_lib.analysis.norm_rankings`.
+
+**Decoders** (Gemma 3, Llama, GPT-2; :func:`is_causal`) go through the same functions.  Their layers are pre-norm, so
+``x_j`` is the hidden state *after* the layer's input norm (``input_layernorm``, GPT-2's ``ln_1``): what actually
+enters attention, captured from the attention module's input.  ``alpha`` is per *query* head, causal and cut to the
+layer's sliding window (``LayerNorms.allowed``); under grouped-query attention the value head a group shares is
+repeated for each of its query heads (``AttentionProjections`` holds the repeated rows, in ``repeat_kv``'s order), while
+``W_O^h`` is each query head's own slice of ``o_proj``.  Gemma 3 has no norm on the values (``q_norm`` and ``k_norm``
+act on queries and keys only, so they shape ``alpha`` and are not part of ``f``), but it normalises the summed
+attention output before the residual: the layer adds ``post_attention_layernorm(o_i) = o_i / rms(o_i) * (1 + w)``
+with ``o_i = sum_h sum_j alpha^h_ij f^h(x_j) + b_O``.  Both factors enter here:
+
+* the elementwise ``(1 + w)`` is a fixed linear map, folded into ``f``: ``f'^h(x) = diag(1 + w) W_O^h W_V^h x``
+  (and ``b_O' = (1 + w) * b_O``); ``fx_norm`` is ``||f'^h(x_j)||``;
+* ``r_i = 1 / rms(o_i) = (mean_d o_id^2 + eps)^(-1/2)`` is one scalar per query position ``i`` that depends on the whole
+  summed output (every head, every key).  It scales every term of row ``i`` alike, so it changes no ranking or share of
+  keys within a row, but it does change comparisons across rows (and the weight of the first token's contribution
+  in rows whose output is small).  ``LayerNorms.row_scale`` holds it; by default ``afx_norm`` and ``summed_afx_norm``
+  include it (``||alpha_ij f'(x_j)|| * r_i``, the size of what reaches the residual stream, and
+  ``sum_h sum_j alpha_ij f'^h(x_j) r_i + b_O' r_i`` is exactly the norm's output); ``scale_rows=False`` drops it.
+  ``fx_norm`` never includes it (it belongs to the query, not to the key ``j``).
+
+Llama's ``post_attention_layernorm`` is, despite its name, the norm before the MLP (it acts on the residual stream, not
+on the attention output), so Llama and GPT-2 have ``r_i = 1`` (``row_scale`` is ``None``).
 
 Memory (per layer, batch ``B``, heads ``H``, length ``L``, hidden size ``D``): the transformed vectors ``f^h(x_j)``
 take ``B*H*L*D`` values of the model dtype; ``afx_norm`` and ``alpha`` take ``B*H*L*L`` each.  A ``[B, H, L, L, D]``
@@ -28,10 +51,11 @@ tensor is never built: ``afx_norm`` uses the identity above and ``summed_afx_nor
 ``||sum_h a_h f^h||^2 = sum_{h,k} a_h a_k G_hk``; this is evaluated in float64 in chunks of query rows holding at
 most ``_SUMMED_NORM_CHUNK_ELEMENTS`` float64 values (128 MiB) at a time.  ``attention_norms`` returns all layers at
 once (``2*B*H*L*L + B*H*L + B*L*L`` values per layer); the corpus statistics keep only one layer's norms alive at a
-time (:func:`iter_layer_norms`).
+time (:func:`iter_layer_norms`).  A decoder's run also keeps every layer's attention input (``B*L*D`` values each).
 
-Architectures are described by one small function each in ``_PROJECTION_GETTERS`` (keyed by ``config.model_type``),
-returning the value and output projections of one encoder layer.
+Architectures are described by one small record each in ``_ARCHITECTURES`` (keyed by ``config.model_type``): where
+the layers are, a function returning the value and output projections of one layer, and, for decoders, which modules
+give the attention input, the output the decomposition rebuilds and the row scale.
 """
 
 from __future__ import annotations
@@ -47,6 +71,7 @@ __all__ = [
     "AttentionProjections",
     "LayerNorms",
     "supported_model_types",
+    "is_causal",
     "attention_projections",
     "encoder_layers",
     "transformed_vectors",
@@ -72,7 +97,10 @@ class AttentionProjections:
 
     ``value_weight`` [H*d', D] and ``value_bias`` [H*d'] map the layer input to the concatenated per-head values
     (head ``h`` owns rows ``h*d':(h+1)*d'``); ``output_weight`` [D, H*d'] and ``output_bias`` [D] are the attention
-    output projection (head ``h`` owns columns ``h*d':(h+1)*d'``).
+    output projection (head ``h`` owns columns ``h*d':(h+1)*d'``).  ``H`` counts query heads: under grouped-query
+    attention the rows of the value head a group shares are repeated for each of its query heads.  For Gemma 3 the
+    post-attention norm's ``(1 + w)`` is folded into ``output_weight`` and ``output_bias`` (module docstring).  A
+    projection without a bias has a zero bias here.
     """
 
     value_weight: torch.Tensor
@@ -128,62 +156,165 @@ def _deberta_v2_projections(layer: torch.nn.Module) -> AttentionProjections:
     return _with_output_projection(layer, value.weight, value.bias)
 
 
-_PROJECTION_GETTERS: dict[str, Callable[[torch.nn.Module], AttentionProjections]] = {
-    "bert": _bert_like_projections,
-    "roberta": _bert_like_projections,
-    "electra": _bert_like_projections,
-    "deberta": _deberta_projections,
-    "deberta-v2": _deberta_v2_projections,
+def _zero_bias(linear: torch.nn.Module, size: int, like: torch.Tensor) -> torch.Tensor:
+    bias = getattr(linear, "bias", None)
+    return bias.detach() if bias is not None else torch.zeros(size, dtype=like.dtype, device=like.device)
+
+
+def _grouped_query_projections(layer: torch.nn.Module,
+                               output_scale: torch.Tensor | None = None) -> AttentionProjections:
+    """Llama-style decoder attention (``self_attn.v_proj``/``o_proj``), grouped-query heads expanded per query head.
+
+    Key/value head ``g`` serves query heads ``g*G:(g+1)*G`` (``G = H / H_kv``, the order of transformers'
+    ``repeat_kv``), so its value rows are repeated ``G`` times.  ``output_scale`` (Gemma's ``1 + w``) multiplies the
+    output projection's rows: ``diag(output_scale) W_O``.
+    """
+    attention = layer.self_attn
+    head_size = int(attention.head_dim)
+    value, output = attention.v_proj, attention.o_proj
+    num_heads, kv_heads = output.in_features // head_size, value.out_features // head_size
+    hidden, groups = value.in_features, num_heads // kv_heads
+    with torch.no_grad():
+        value_weight = value.weight.detach().view(kv_heads, head_size, hidden)
+        value_weight = value_weight.repeat_interleave(groups, dim=0).reshape(num_heads * head_size, hidden)
+        value_bias = _zero_bias(value, kv_heads * head_size, value_weight).view(kv_heads, head_size)
+        value_bias = value_bias.repeat_interleave(groups, dim=0).reshape(-1)
+        output_weight = output.weight.detach()
+        output_bias = _zero_bias(output, output.out_features, output_weight)
+        if output_scale is not None:
+            scale = output_scale.detach().to(output_weight.dtype)
+            output_weight, output_bias = output_weight * scale[:, None], output_bias * scale
+    return AttentionProjections(value_weight=value_weight, value_bias=value_bias, output_weight=output_weight,
+                                output_bias=output_bias, num_heads=num_heads, head_size=head_size)
+
+
+def _llama_projections(layer: torch.nn.Module) -> AttentionProjections:
+    """Llama: ``self_attn.v_proj`` and ``self_attn.o_proj`` (grouped-query)."""
+    return _grouped_query_projections(layer)
+
+
+def _gemma3_projections(layer: torch.nn.Module) -> AttentionProjections:
+    """Gemma 3: as Llama, with the post-attention RMSNorm's ``(1 + w)`` folded into the output projection."""
+    return _grouped_query_projections(layer, 1.0 + layer.post_attention_layernorm.weight.detach().float())
+
+
+def _gpt2_projections(layer: torch.nn.Module) -> AttentionProjections:
+    """GPT-2: ``attn.c_attn`` and ``attn.c_proj`` are ``Conv1D`` (``y = x W + b``, ``W`` [in, out]); the value is the
+    last third of ``c_attn``'s outputs."""
+    attention = layer.attn
+    hidden = attention.embed_dim
+    with torch.no_grad():
+        value_weight = attention.c_attn.weight.detach()[:, 2 * hidden:].t()
+        value_bias = attention.c_attn.bias.detach()[2 * hidden:]
+        output_weight = attention.c_proj.weight.detach().t()
+        output_bias = attention.c_proj.bias.detach()
+    return AttentionProjections(value_weight=value_weight, value_bias=value_bias, output_weight=output_weight,
+                                output_bias=output_bias, num_heads=int(attention.num_heads),
+                                head_size=int(attention.head_dim))
+
+
+@dataclass(frozen=True)
+class _Architecture:
+    """Where one architecture keeps what the decomposition needs (dotted paths from ``model.base_model`` / a layer).
+
+    ``attention``: for decoders, the module whose input is the hidden state that enters attention (after the
+    layer's input norm); ``None``: the layer input (an encoder's ``hidden_states[layer]``).  ``output``: the module
+    whose output :func:`decomposition_check` rebuilds.  ``row_norm``: the RMSNorm on the summed attention output whose
+    ``1 / rms_i`` is the row scale (Gemma 3's ``post_attention_layernorm``).
+    """
+
+    projections: Callable[[torch.nn.Module], AttentionProjections]
+    layers: str = "encoder.layer"
+    output: str = "attention.output.dense"
+    attention: str | None = None
+    row_norm: str | None = None
+    causal: bool = False
+
+
+_ARCHITECTURES: dict[str, _Architecture] = {
+    "bert": _Architecture(_bert_like_projections),
+    "roberta": _Architecture(_bert_like_projections),
+    "electra": _Architecture(_bert_like_projections),
+    "deberta": _Architecture(_deberta_projections),
+    "deberta-v2": _Architecture(_deberta_v2_projections),
+    "gemma3_text": _Architecture(_gemma3_projections, layers="layers", output="post_attention_layernorm",
+                                 attention="self_attn", row_norm="post_attention_layernorm", causal=True),
+    "llama": _Architecture(_llama_projections, layers="layers", output="self_attn.o_proj", attention="self_attn",
+                           causal=True),
+    "gpt2": _Architecture(_gpt2_projections, layers="h", output="attn.c_proj", attention="attn", causal=True),
 }
 
 
-def supported_model_types() -> tuple[str, ...]:
-    """The ``config.model_type`` values this module knows how to decompose."""
-    return tuple(sorted(_PROJECTION_GETTERS))
+def supported_model_types(causal: bool | None = False) -> tuple[str, ...]:
+    """The ``config.model_type`` values this module knows how to decompose: the encoders (default), the decoder LMs
+    (``causal=True``) or both (``causal=None``)."""
+    return tuple(sorted(name for name, arch in _ARCHITECTURES.items() if causal is None or arch.causal == causal))
 
 
-def _projection_getter(model: torch.nn.Module) -> Callable[[torch.nn.Module], AttentionProjections]:
+def _architecture(model: torch.nn.Module) -> _Architecture:
     model_type = getattr(getattr(model, "config", None), "model_type", None)
-    if model_type not in _PROJECTION_GETTERS:
+    if model_type not in _ARCHITECTURES:
         raise ValueError(
             f"attention norms are not implemented for model_type={model_type!r}; "
-            f"supported model types: {', '.join(supported_model_types())}"
+            f"supported model types: {', '.join(supported_model_types())} "
+            f"(decoders: {', '.join(supported_model_types(causal=True))})"
         )
-    return _PROJECTION_GETTERS[model_type]
+    return _ARCHITECTURES[model_type]
+
+
+def _submodule(obj: torch.nn.Module, dotted: str) -> torch.nn.Module:
+    for name in dotted.split("."):
+        obj = getattr(obj, name, None)
+        if obj is None:
+            raise ValueError(f"expected a module at {dotted!r} (missing {name!r}); is this a Hugging Face model?")
+    return obj
+
+
+def is_causal(model: torch.nn.Module) -> bool:
+    """Whether ``model`` is a decoder LM of a supported type (causal attention, pre-norm layers)."""
+    return _architecture(model).causal
 
 
 def encoder_layers(model: torch.nn.Module) -> torch.nn.ModuleList:
-    """The encoder's layer list (``model.base_model.encoder.layer``) of a supported Hugging Face encoder.
+    """The layer list of a supported model: an encoder's ``model.base_model.encoder.layer``, a decoder's decoder
+    layers (``model.base_model.layers``; GPT-2's ``h``).
 
-    Works for bare models (``BertModel``) and task models (``BertForSequenceClassification``) alike.
+    Works for bare models (``BertModel``, ``Gemma3TextModel``) and task or LM models (``BertForSequenceClassification``,
+    ``Gemma3ForCausalLM``) alike.
     """
-    _projection_getter(model)
+    arch = _architecture(model)
     base = getattr(model, "base_model", model)
-    layers = getattr(getattr(base, "encoder", None), "layer", None)
-    if layers is None:
-        raise ValueError(f"{type(model).__name__} has no encoder.layer list; expected a Hugging Face encoder model")
-    return layers
+    try:
+        return _submodule(base, arch.layers)
+    except ValueError:
+        kind = "decoder" if arch.causal else "encoder"
+        raise ValueError(
+            f"{type(model).__name__} has no {arch.layers} list; expected a Hugging Face {kind} model"
+        ) from None
 
 
 def attention_projections(model: torch.nn.Module, layer_index: int) -> AttentionProjections:
-    """Value/output projections of encoder layer ``layer_index`` (see ``AttentionProjections``)."""
+    """Value/output projections of layer ``layer_index`` (see ``AttentionProjections``)."""
     layers = encoder_layers(model)
     if not -len(layers) <= layer_index < len(layers):
         raise ValueError(f"layer_index {layer_index} out of range for a model with {len(layers)} layers")
-    return _projection_getter(model)(layers[layer_index])
+    return _architecture(model).projections(layers[layer_index])
 
 
 def transformed_vectors(model: torch.nn.Module, layer_index: int, hidden_states: torch.Tensor) -> torch.Tensor:
     """``f^h(x_j) = (x_j W_V^h + b_V^h) W_O^h`` for every head and token of one layer (Kobayashi Eq. 7).
 
     Args:
-        model: a supported encoder.
-        layer_index: which encoder layer.
-        hidden_states: ``[B, L, D]`` input of that layer (``hidden_states[layer_index]`` of the model output).
+        model: a supported encoder or decoder.
+        layer_index: which layer.
+        hidden_states: ``[B, L, D]`` input of that layer's attention: for an encoder the layer input
+            (``hidden_states[layer_index]`` of the model output); for a decoder the hidden state after the layer's
+            input norm.
 
     Returns:
         ``[B, H, L, D]`` tensor; ``sum_h sum_j alpha^h_ij f^h(x_j) + b_O`` is the attention output projection's
-        output (before dropout, residual and LayerNorm).  The output bias ``b_O`` is not included.
+        output (before dropout, residual and LayerNorm); for Gemma 3, ``f`` includes the post-attention norm's
+        ``(1 + w)`` and the sum times ``r_i`` is that norm's output.  The output bias ``b_O`` is not included.
     """
     if hidden_states.dim() != 3:
         raise ValueError(f"hidden_states must be [batch, length, hidden], got shape {tuple(hidden_states.shape)}")
@@ -213,11 +344,16 @@ class LayerNorms:
     """Attention weights and vector norms of one layer for one batch (shapes use B batch, H heads, L length).
 
     Attributes:
-        layer: 0-based encoder layer index.
+        layer: 0-based layer index.
         alpha: [B, H, L, L] attention weights used by the layer (query i, key j).
-        fx_norm: [B, H, L] ``||f^h(x_j)||``.
-        afx_norm: [B, H, L, L] ``||alpha^h_ij f^h(x_j)||``.
-        summed_afx_norm: [B, L, L] ``||sum_h alpha^h_ij f^h(x_j)||``.
+        fx_norm: [B, H, L] ``||f^h(x_j)||`` (Gemma 3: ``||f'^h(x_j)||``, the ``(1 + w)`` folded in; never ``r_i``).
+        afx_norm: [B, H, L, L] ``||alpha^h_ij f^h(x_j)||``, times ``row_scale[b, i]`` where the run scaled rows.
+        summed_afx_norm: [B, L, L] ``||sum_h alpha^h_ij f^h(x_j)||``, likewise times ``row_scale[b, i]``.
+        allowed: decoders only, [B, 1, L, L] bool: the keys each query may see (``j <= i``, within the layer's
+            sliding window, real tokens); ``alpha`` of a real query is zero elsewhere (a padded query's row is
+            whatever the model computed).  ``None`` for encoders (every real key).
+        row_scale: Gemma 3 only, [B, L] ``r_i = 1 / rms(o_i)`` of the post-attention norm (module docstring), reported
+            whether or not ``afx_norm`` includes it; ``None`` where the architecture has no such norm.
     """
 
     layer: int
@@ -225,12 +361,16 @@ class LayerNorms:
     fx_norm: torch.Tensor
     afx_norm: torch.Tensor
     summed_afx_norm: torch.Tensor
+    allowed: torch.Tensor | None = None
+    row_scale: torch.Tensor | None = None
 
 
 _MODEL_INPUT_KEYS = ("input_ids", "attention_mask", "token_type_ids")
 
 
 def prepare_batch(model: torch.nn.Module, batch: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The model inputs of ``batch`` (``input_ids``, ``attention_mask``, ``token_type_ids`` where the model has
+    segments) on the model's device; a missing ``attention_mask`` is all ones."""
     if not isinstance(batch, Mapping) or "input_ids" not in batch:
         raise ValueError("batch must be a mapping with at least 'input_ids' (and usually 'attention_mask')")
     device = next(model.parameters()).device
@@ -238,8 +378,9 @@ def prepare_batch(model: torch.nn.Module, batch: Mapping[str, torch.Tensor]) -> 
     for key in _MODEL_INPUT_KEYS:
         if key in batch and batch[key] is not None:
             inputs[key] = torch.as_tensor(batch[key]).to(device)
-    if int(getattr(model.config, "type_vocab_size", 2) or 0) <= 1:
-        inputs.pop("token_type_ids", None)  # single-segment models (RoBERTa, DeBERTa): the default ids are all zero
+    decoder = getattr(_ARCHITECTURES.get(getattr(model.config, "model_type", None)), "causal", False)
+    if int(getattr(model.config, "type_vocab_size", 2) or 0) <= 1 or decoder:
+        inputs.pop("token_type_ids", None)  # single-segment models (RoBERTa, DeBERTa, decoders): no segment ids
     if inputs["input_ids"].dim() != 2:
         raise ValueError(f"input_ids must be [batch, length], got shape {tuple(inputs['input_ids'].shape)}")
     if "attention_mask" not in inputs:
@@ -269,67 +410,145 @@ def _summed_norm(alpha: torch.Tensor, vectors: torch.Tensor) -> torch.Tensor:
     return out.clamp_min_(0.0).sqrt_().to(alpha.dtype)
 
 
-def _attentions_and_hidden_states(model: torch.nn.Module, inputs: Mapping[str, torch.Tensor]):
-    """Run the model once (no grad) on prepared inputs; return ``(getter, layers, attentions, hidden_states)``.
+@dataclass
+class _Run:
+    """One forward pass: per layer the weights used, the attention input, and for decoders the allowed keys and the
+    row scale; ``outputs`` the output modules' outputs when captured (:func:`decomposition_check`)."""
+
+    arch: _Architecture
+    layers: torch.nn.ModuleList
+    attentions: tuple
+    inputs: list
+    allowed: list
+    row_scales: list
+    outputs: dict
+
+
+def _causal_keys(real: torch.Tensor, window) -> torch.Tensor:
+    """``[B, 1, L, L]`` bool: key j is visible to query i when j <= i, i - j < ``window`` (a local layer) and j is
+    real -- the rule of the override seam's causal branch and of transformers' sliding-window masks."""
+    index = torch.arange(real.shape[1], device=real.device)
+    band = index[None, :] <= index[:, None]
+    if window is not None:
+        band = band & (index[:, None] - index[None, :] < int(window))
+    return band[None, None] & real.bool()[:, None, None, :]
+
+
+def _forward(model: torch.nn.Module, inputs: Mapping[str, torch.Tensor], capture_outputs: bool = False) -> _Run:
+    """Run the model once (no grad) on prepared inputs.
 
     Raises if the model is training (dropout would perturb alpha) or does not return one attention tensor per layer
-    and ``num_layers + 1`` hidden states.
+    (and, for an encoder, ``num_layers + 1`` hidden states).
     """
-    getter = _projection_getter(model)
+    arch = _architecture(model)
     if model.training:
         raise ValueError("model is in training mode (dropout would perturb alpha); call model.eval() first")
     base = getattr(model, "base_model", model)
     layers = encoder_layers(model)
-    with torch.no_grad():
-        outputs = base(**inputs, output_attentions=True, output_hidden_states=True, return_dict=True)
-    attentions, hidden_states = outputs.attentions, outputs.hidden_states
+    captured_inputs: dict[int, torch.Tensor] = {}
+    scales: dict[int, torch.Tensor] = {}
+    outputs: dict[int, torch.Tensor] = {}
+    handles = []
+
+    def keep_input(module, args, kwargs, k):
+        captured_inputs[k] = kwargs.get("hidden_states", args[0] if args else None).detach()
+
+    def keep_scale(module, args, output, k):
+        summed = args[0].detach().float()
+        eps = getattr(module, "eps", getattr(module, "variance_epsilon", 0.0))
+        scales[k] = torch.rsqrt(summed.pow(2).mean(-1) + eps)
+
+    try:
+        for k, layer in enumerate(layers):
+            if arch.attention is not None:
+                handles.append(_submodule(layer, arch.attention).register_forward_pre_hook(
+                    lambda m, a, kw, k=k: keep_input(m, a, kw, k), with_kwargs=True))
+            if arch.row_norm is not None:
+                handles.append(_submodule(layer, arch.row_norm).register_forward_hook(
+                    lambda m, a, o, k=k: keep_scale(m, a, o, k)))
+            if capture_outputs:
+                handles.append(_submodule(layer, arch.output).register_forward_hook(
+                    lambda m, a, o, k=k: outputs.__setitem__(k, o.detach())))
+        extra = {"use_cache": False} if arch.causal else {"output_hidden_states": True}
+        with torch.no_grad():
+            result = base(**inputs, output_attentions=True, return_dict=True, **extra)
+    finally:
+        for handle in handles:
+            handle.remove()
+    attentions = result.attentions
     if attentions is None or len(attentions) != len(layers) or any(a is None for a in attentions):
         raise ValueError(
             "the model did not return one attention tensor per layer; load it with "
             "attn_implementation='eager' so that output_attentions=True works"
         )
-    if hidden_states is None or len(hidden_states) != len(layers) + 1:
-        raise ValueError("the model did not return num_layers + 1 hidden states with output_hidden_states=True")
-    return getter, layers, attentions, hidden_states
+    if arch.causal:
+        if len(captured_inputs) != len(layers):
+            raise ValueError("the attention modules were not called once per layer; cannot read their inputs")
+        layer_inputs = [captured_inputs[k] for k in range(len(layers))]
+        real = inputs["attention_mask"].bool()
+        allowed = [_causal_keys(real, getattr(_submodule(layer, arch.attention), "sliding_window", None))
+                   for layer in layers]
+    else:
+        hidden_states = result.hidden_states
+        if hidden_states is None or len(hidden_states) != len(layers) + 1:
+            raise ValueError("the model did not return num_layers + 1 hidden states with output_hidden_states=True")
+        layer_inputs, allowed = list(hidden_states[:-1]), [None] * len(layers)
+    row_scales = [scales.get(k) for k in range(len(layers))]
+    return _Run(arch, layers, attentions, layer_inputs, allowed, row_scales, outputs)
 
 
-def iter_layer_norms(model: torch.nn.Module, batch: Mapping[str, torch.Tensor]):
-    """Run the model once and yield ``LayerNorms`` layer by layer (shared by the public functions)."""
-    getter, layers, attentions, hidden_states = _attentions_and_hidden_states(model, prepare_batch(model, batch))
+def iter_layer_norms(model: torch.nn.Module, batch: Mapping[str, torch.Tensor], *, scale_rows: bool = True):
+    """Run the model once and yield ``LayerNorms`` layer by layer (shared by the public functions).
+
+    ``scale_rows``: multiply ``afx_norm`` and ``summed_afx_norm`` by the row scale ``r_i`` where the architecture has
+    one (Gemma 3's post-attention norm; module docstring); no effect elsewhere.
+    """
+    run = _forward(model, prepare_batch(model, batch))
     with torch.no_grad():
-        for index, layer in enumerate(layers):
-            alpha = attentions[index]
-            proj = getter(layer)
+        for index, layer in enumerate(run.layers):
+            alpha = run.attentions[index]
+            proj = run.arch.projections(layer)
             if alpha.shape[1] != proj.num_heads:
                 raise ValueError(
                     f"layer {index}: attentions have {alpha.shape[1]} heads, the layer has {proj.num_heads}"
                 )
-            vectors = _transformed_vectors(proj, hidden_states[index])
+            vectors = _transformed_vectors(proj, run.inputs[index])
             fx_norm = torch.linalg.vector_norm(vectors, dim=-1)  # [B, H, L]
             alpha_for_norm = alpha.to(fx_norm.dtype)
             afx_norm = alpha_for_norm.abs() * fx_norm[:, :, None, :]
             summed = _summed_norm(alpha_for_norm, vectors)
             del vectors
-            yield LayerNorms(layer=index, alpha=alpha, fx_norm=fx_norm, afx_norm=afx_norm, summed_afx_norm=summed)
+            scale = run.row_scales[index]
+            if scale is not None and scale_rows:
+                afx_norm = afx_norm * scale.to(afx_norm.dtype)[:, None, :, None]
+                summed = summed * scale.to(summed.dtype)[:, :, None]
+            yield LayerNorms(layer=index, alpha=alpha, fx_norm=fx_norm, afx_norm=afx_norm, summed_afx_norm=summed,
+                             allowed=run.allowed[index], row_scale=scale)
 
 
-def attention_norms(model: torch.nn.Module, batch: Mapping[str, torch.Tensor]) -> list[LayerNorms]:
+def attention_norms(model: torch.nn.Module, batch: Mapping[str, torch.Tensor], *,
+                    scale_rows: bool = True) -> list[LayerNorms]:
     """Attention weights and Kobayashi norms of every layer for one batch.
 
     Args:
-        model: a Hugging Face encoder of a supported ``model_type`` (``supported_model_types()``), in eval mode and
-            loaded with ``attn_implementation="eager"``; may be wrapped in a PAPA override, whose returned (constant
-            or mixed) weights are then used as ``alpha``.
+        model: a Hugging Face encoder of a supported ``model_type`` (``supported_model_types()``), or a decoder LM
+            (``supported_model_types(causal=True)``: Gemma 3, Llama, GPT-2), in eval mode and loaded with
+            ``attn_implementation="eager"``; may be wrapped in a PAPA override, whose returned (constant or mixed)
+            weights are then used as ``alpha``.
         batch: mapping with ``input_ids`` [B, L], usually ``attention_mask`` [B, L] and optionally
             ``token_type_ids`` (dropped for models with a single token type); other keys (e.g. ``labels``) are
-            ignored.  Tensors are moved to the model's device.
+            ignored.  Tensors are moved to the model's device.  A decoder's batch is right-padded (the layout of
+            :func:`papa_lib.encode` for a decoder tokenizer).
+        scale_rows: Gemma 3: include the post-attention norm's ``r_i = 1 / rms_i`` in ``afx_norm`` and
+            ``summed_afx_norm`` (the default: the size of what reaches the residual stream); ``False`` leaves it out
+            (``LayerNorms.row_scale`` holds it either way).  No effect on other architectures.
 
     Returns:
-        One ``LayerNorms`` per encoder layer, in layer order.  Padded positions are kept (mask them with the
+        One ``LayerNorms`` per layer, in layer order.  Padded positions are kept (mask them with the
         batch's ``attention_mask``).  Memory: ``2*B*H*L*L + B*H*L + B*L*L`` values per layer in the result, plus the
         transient ``B*H*L*D`` transformed vectors of one layer.
     """
-    return list(iter_layer_norms(model, batch))
+    return list(iter_layer_norms(model, batch, scale_rows=scale_rows))
 
 
 def _fx_norms(proj: AttentionProjections,
@@ -355,10 +574,10 @@ def _fx_norms(proj: AttentionProjections,
 
 def iter_alpha_and_fx_norms(model: torch.nn.Module, inputs: Mapping[str, torch.Tensor]):
     """Run the model once; yield ``(layer, alpha [B, H, L, L], fx_norm [B, H, L])`` layer by layer (inputs prepared)."""
-    getter, layers, attentions, hidden_states = _attentions_and_hidden_states(model, inputs)
-    for index, layer in enumerate(layers):
+    run = _forward(model, inputs)
+    for index, layer in enumerate(run.layers):
         with torch.no_grad():
-            yield index, attentions[index], _fx_norms(getter(layer), hidden_states[index])
+            yield index, run.attentions[index], _fx_norms(run.arch.projections(layer), run.inputs[index])
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -369,34 +588,27 @@ def iter_alpha_and_fx_norms(model: torch.nn.Module, inputs: Mapping[str, torch.T
 def decomposition_check(model: torch.nn.Module, batch: Mapping[str, torch.Tensor]) -> pd.DataFrame:
     """Check Kobayashi's Eq. 5-7 on one batch: ``sum_h sum_j alpha_ij f^h(x_j) + b_O`` against the model's own output.
 
-    The attention output projection of every layer is hooked while the model runs; its output (before dropout,
-    residual and LayerNorm) is compared with the rebuilt sum over the real query positions.
+    The module that outputs the attention sum of every layer is hooked while the model runs (an encoder's attention
+    output projection, before dropout, residual and LayerNorm; Llama's ``o_proj``, GPT-2's ``c_proj``; for Gemma 3 the
+    post-attention norm, rebuilt as ``r_i (sum_h sum_j alpha_ij f'^h(x_j) + b_O')``), and its output is compared with
+    the rebuilt sum over the real query positions, from the same forward pass.
     Columns: layer, n_positions, max_abs_error, max_abs_output, relative_error (= max_abs_error / max_abs_output).
     """
-    layers = encoder_layers(model)
     inputs = prepare_batch(model, batch)
-    captured: dict[int, torch.Tensor] = {}
-    handles = [
-        layer.attention.output.dense.register_forward_hook(lambda m, i, o, k=k: captured.__setitem__(k, o.detach()))
-        for k, layer in enumerate(layers)
-    ]
-    try:
-        results = attention_norms(model, inputs)
-        with torch.no_grad():
-            hidden = getattr(model, "base_model", model)(**inputs, output_hidden_states=True).hidden_states
-    finally:
-        for handle in handles:
-            handle.remove()
+    run = _forward(model, inputs, capture_outputs=True)
     real = inputs["attention_mask"].bool()
     rows = []
-    for layer_norms in results:
-        index = layer_norms.layer
+    for index, layer in enumerate(run.layers):
+        proj = run.arch.projections(layer)
+        captured = run.outputs[index]
         with torch.no_grad():
-            vectors = transformed_vectors(model, index, hidden[index])  # [B, H, L, D]
-            rebuilt = torch.einsum("bhij,bhjd->bid", layer_norms.alpha.to(vectors.dtype), vectors)
-            rebuilt = rebuilt + attention_projections(model, index).output_bias
-        error = (rebuilt - captured[index])[real].abs().max().item()
-        scale = captured[index][real].abs().max().item()
+            vectors = _transformed_vectors(proj, run.inputs[index])  # [B, H, L, D]
+            rebuilt = torch.einsum("bhij,bhjd->bid", run.attentions[index].to(vectors.dtype), vectors)
+            rebuilt = rebuilt + proj.output_bias
+            if run.row_scales[index] is not None:
+                rebuilt = rebuilt * run.row_scales[index].to(rebuilt.dtype)[..., None]
+        error = (rebuilt - captured)[real].abs().max().item()
+        scale = captured[real].abs().max().item()
         rows.append({"layer": index, "n_positions": int(real.sum()), "max_abs_error": error, "max_abs_output": scale,
                      "relative_error": error / scale if scale else math.nan})
     return pd.DataFrame(rows)
