@@ -36,8 +36,32 @@ When the fast path steps aside (the reference path of :mod:`papa_lib.core.overri
   reaches it only after the softmax (the ``probs_hook`` route), so there is nothing to skip there; the reference path
   is used.
 
+**Decoders** (the causal branch of :mod:`papa_lib.core.override`; Gemma 3, Llama, GPT-2), :func:`fast_causal_attention`:
+
+* the replaced heads' matrices are cut to the causal band (key j <= query i, and i - j < the window on local layers)
+  and row-normalised once per layer and length (a row with no mass becomes uniform over its band, as in the reference
+  path), and shared by the whole batch: ``[H, L, L]`` times V, no per-example ``[B, H, L, L]`` tensor. This is exact
+  for an unpadded or right-padded batch: a real query i only sees keys j <= i, which are all real, so no row needs a
+  per-example renormalisation; padded query rows are set to 0 (the reference path's value). Other key masks (left
+  padding) take the encoders' way, ``C (m_k ⊙ V) / (C m_k)``, with the causal uniform fallback for empty rows.
+* grouped-query attention: the replaced query heads that share a key/value head are stacked into one ``[g·L, L]``
+  matrix, so the values are multiplied once per key/value head and never repeated (when every key/value head serves
+  as many of them, as when every head is replaced; otherwise each head takes its own key/value head's values).
+* ``constant``, ``toeplitz``, ``previous`` and ``uniform`` heads take the shared product; ``identity`` and ``zeros``
+  heads are as for encoders; ``original`` heads of a partially replaced layer get the model's softmax (soft-cap,
+  float32 softmax) for those heads only.
+* the query and key projections (``q_proj``, ``k_proj``; :func:`skip_causal_projections`) are skipped in a layer
+  where no head reads the input attention (no ``original`` or ``mix`` head; Gemma's ``q_norm``/``k_norm``, which
+  map 0 to 0, are skipped with them; rotary embeddings run on the zeros, which costs O(n·d)); in a partially
+  replaced layer only the query rows of the heads that read the input are computed, and the key rows of the
+  key/value heads that serve one. GPT-2's fused ``c_attn`` projection is never skipped.
+* the fast path steps aside (the reference path runs) in the same cases as for encoders (``mix``/``trainable``
+  heads, dropout, ``output_attentions=True``), with packed position ids, and when transformers' 4D mask forbids
+  anything beyond the causal band and the padded keys (a document mask).
+
 ``AttentionOverride(..., fast=False)`` (or ``override(..., fast=False)``) switches the fast path off, so the
-reference path stays testable; :mod:`tests.test_fastpath` checks that both agree.
+reference path stays testable; :mod:`tests.test_fastpath` and :mod:`tests.test_fastpath_decoders` check that both
+agree.
 """
 
 from __future__ import annotations
@@ -48,12 +72,17 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from .masks import real_tokens_from_additive_mask
+from .masks import allowed_pairs_from_additive_mask, real_tokens_from_additive_mask
 
 #: Modes the fast path can compute for a layer (a layer with any other mode uses the reference path).
 FAST_MODES = frozenset({"original", "constant", "identity", "zeros", "toeplitz"})
 #: Modes whose weights are a (masked, row-normalised) fixed matrix.
 MATRIX_MODES = frozenset({"constant", "toeplitz"})
+#: On a decoder, the data-free alternatives ``previous`` and ``uniform`` are fixed matrices too.
+CAUSAL_MATRIX_MODES = MATRIX_MODES | {"previous", "uniform"}
+#: The query and key projections, and the norms applied to their outputs (Gemma 3), of the decoders' attention modules.
+CAUSAL_PROJECTIONS = ("q_proj", "k_proj")
+CAUSAL_PROJECTION_NORMS = ("q_norm", "k_norm")
 
 
 @dataclass(frozen=True)
@@ -70,16 +99,18 @@ class LayerPlan:
         return len(self.original) + len(self.matrix) + len(self.identity) + len(self.zeros)
 
 
-def layer_plan(modes: list[str]) -> LayerPlan | None:
+def layer_plan(modes: list[str], causal: bool = False) -> LayerPlan | None:
     """Group a layer's head modes for the fast path, or ``None`` when the layer must use the reference path.
 
-    ``None`` for a layer whose heads are all ``original`` (nothing to save) or that has a ``mix``/``trainable`` head.
+    ``None`` for a layer whose heads are all ``original`` (nothing to save) or that has a ``mix``/``trainable`` head
+    (on an encoder also a ``previous``/``uniform`` one; on a decoder, ``causal=True``, those are matrix heads).
     """
-    if all(m == "original" for m in modes) or any(m not in FAST_MODES for m in modes):
+    matrix_modes = CAUSAL_MATRIX_MODES if causal else MATRIX_MODES
+    if all(m == "original" for m in modes) or any(m not in FAST_MODES | matrix_modes for m in modes):
         return None
     groups = {"original": [], "matrix": [], "identity": [], "zeros": []}
     for head, mode in enumerate(modes):
-        groups["matrix" if mode in MATRIX_MODES else mode].append(head)
+        groups["matrix" if mode in matrix_modes else mode].append(head)
     return LayerPlan(**{k: tuple(v) for k, v in groups.items()})
 
 
@@ -107,6 +138,49 @@ def _skipped_projection(out_features: int) -> Callable[[torch.Tensor], torch.Ten
     return forward
 
 
+def _partial_projection(linear: nn.Linear, runs: list[tuple[int, int]]) -> Callable[[torch.Tensor], torch.Tensor]:
+    """A forward of ``linear`` that computes only the output features in ``runs`` (``[start, stop)`` ranges; the
+    weight rows are sliced, not copied) and leaves the others 0."""
+
+    def forward(hidden_states: torch.Tensor) -> torch.Tensor:
+        output = hidden_states.new_zeros(*hidden_states.shape[:-1], linear.out_features)
+        for start, stop in runs:
+            bias = None if linear.bias is None else linear.bias[start:stop]
+            output[..., start:stop] = nn.functional.linear(hidden_states, linear.weight[start:stop], bias)
+        return output
+
+    forward.papa_partial_projection = tuple(runs)
+    return forward
+
+
+def _passed_through(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor
+
+
+def _replace_forward(module: nn.Module, forward: Callable) -> Callable[[], None]:
+    """Set ``module``'s instance ``forward`` (parameters, buffers, hooks and the module tree are left alone); return
+    the function that restores whatever instance attribute was there before."""
+    missing = object()
+    previous = module.__dict__.get("forward", missing)
+    module.__dict__["forward"] = forward
+
+    def restore():
+        if previous is missing:
+            module.__dict__.pop("forward", None)
+        else:
+            module.__dict__["forward"] = previous
+
+    return restore
+
+
+def _undo_all(restores: list[Callable[[], None]]) -> Callable[[], None]:
+    def undo():
+        for restore in reversed(restores):
+            restore()
+
+    return undo
+
+
 def skip_query_key_projections(
     self_attention: nn.Module, names: tuple[str, str] = ("query", "key")
 ) -> Callable[[], None]:
@@ -124,28 +198,75 @@ def skip_query_key_projections(
                 f"{type(self_attention).__name__}.{name} is {type(linear).__name__}, not nn.Linear; "
                 "the fast path cannot skip this projection"
             )
-        missing = object()
-        previous = linear.__dict__.get("forward", missing)
-        linear.__dict__["forward"] = _skipped_projection(linear.out_features)
+        restores.append(_replace_forward(linear, _skipped_projection(linear.out_features)))
+    return _undo_all(restores)
 
-        def restore(linear=linear, previous=previous, missing=missing):
-            if previous is missing:
-                linear.__dict__.pop("forward", None)
-            else:
-                linear.__dict__["forward"] = previous
 
-        restores.append(restore)
+def _row_runs(heads: list[int], width: int) -> list[tuple[int, int]]:
+    """The output features of ``heads`` (each ``width`` wide, ascending) as merged ``[start, stop)`` ranges."""
+    runs: list[tuple[int, int]] = []
+    for head in heads:
+        start, stop = head * width, (head + 1) * width
+        if runs and runs[-1][1] == start:
+            runs[-1] = (runs[-1][0], stop)
+        else:
+            runs.append((start, stop))
+    return runs
 
-    def undo():
-        for restore in reversed(restores):
-            restore()
 
-    return undo
+def _maps_zero_to_zero(norm: nn.Module, width: int) -> bool:
+    """Whether a (row-wise) norm gives 0 for a 0 input, so that skipping it on skipped projections is exact."""
+    parameter = next(norm.parameters(), None)
+    zeros = torch.zeros(1, width, device=None if parameter is None else parameter.device,
+                        dtype=torch.float32 if parameter is None else parameter.dtype)
+    with torch.no_grad():
+        return bool((norm(zeros) == 0).all())
+
+
+def skip_causal_projections(self_attention: nn.Module, num_heads: int, reading: set[int]) -> Callable[[], None]:
+    """Skip what a decoder attention module computes for heads that do not read the input attention; return the
+    function that undoes it.
+
+    ``reading`` are the query heads whose mode needs the model's own attention (``original``, ``mix``). When it is
+    empty, ``q_proj`` and ``k_proj`` return a zero-stride view of one zero (as :func:`skip_query_key_projections`)
+    and the ``q_norm``/``k_norm`` applied to their outputs (Gemma 3) pass it through when they map 0 to 0 (RMSNorm).
+    Otherwise only the query rows of the reading heads are computed, and the key rows of the key/value heads that
+    serve one of them (grouped-query attention: query head h reads key/value head h // (num_heads / kv heads)); the
+    other rows are 0. A module without two ``nn.Linear`` ``q_proj``/``k_proj`` (GPT-2's fused ``c_attn``) is left
+    alone. Only instance ``forward`` attributes are replaced.
+    """
+    query, key = (getattr(self_attention, name, None) for name in CAUSAL_PROJECTIONS)
+    if not (isinstance(query, nn.Linear) and isinstance(key, nn.Linear)) or query.out_features % num_heads:
+        return _undo_all([])
+    head_dim = query.out_features // num_heads
+    if key.out_features % head_dim or num_heads % (key.out_features // head_dim):
+        return _undo_all([])
+    groups = num_heads // (key.out_features // head_dim)
+    restores = []
+    if not reading:
+        for linear in (query, key):
+            restores.append(_replace_forward(linear, _skipped_projection(linear.out_features)))
+        for name in CAUSAL_PROJECTION_NORMS:
+            norm = getattr(self_attention, name, None)
+            if isinstance(norm, nn.Module) and _maps_zero_to_zero(norm, head_dim):
+                restores.append(_replace_forward(norm, _passed_through))
+        return _undo_all(restores)
+    kv_reading = sorted({head // groups for head in reading})
+    for linear, heads, total in ((query, sorted(reading), num_heads), (key, kv_reading, num_heads // groups)):
+        if len(heads) < total:
+            restores.append(_replace_forward(linear, _partial_projection(linear, _row_runs(heads, head_dim))))
+    return _undo_all(restores)
 
 
 def projection_is_skipped(linear: nn.Module) -> bool:
     """Whether ``linear`` currently runs the skipped (no-compute) forward of :func:`skip_query_key_projections`."""
     return getattr(linear.__dict__.get("forward"), "papa_skipped_projection", False)
+
+
+def projection_rows(linear: nn.Module) -> tuple[tuple[int, int], ...] | None:
+    """The ``[start, stop)`` output ranges ``linear`` computes under :func:`skip_causal_projections` in a partially
+    replaced layer, or ``None`` when it runs its own forward (or is skipped entirely)."""
+    return getattr(linear.__dict__.get("forward"), "papa_partial_projection", None)
 
 
 # ---------------------------------------------------------------------------------------------- the attention
@@ -249,5 +370,157 @@ def fast_attention(
             scores = scores + attention_mask
         attention = nn.functional.softmax(scores, dim=-1)
         output[:, :, idx] = torch.matmul(attention.to(value.dtype), value[:, idx]).transpose(1, 2)
+
+    return output, None
+
+
+# ---------------------------------------------------------------------------------------------- decoders
+def causal_band(length: int, window: int | None, device) -> torch.Tensor:
+    """``[L, L]`` bool: the (query i, key j) pairs a decoder layer may use: j <= i, and i - j < ``window`` on a local
+    (sliding-window) layer."""
+    index = torch.arange(length, device=device)
+    band = index[None, :] <= index[:, None]
+    if window is not None:
+        band = band & (index[:, None] - index[None, :] < int(window))
+    return band
+
+
+def _causal_matrix_heads(override, layer: int, plan: LayerPlan, length: int, window, device, dtype,
+                         normalised: bool) -> torch.Tensor:
+    """The matrices ``[m, L, L]`` of the layer's matrix heads cut to the causal band, row-normalised (a row with no
+    mass: uniform over its band) or not; built in float32 like the reference path's replacement and cached while the
+    override is applied."""
+    key = ("causal-fast", normalised, layer, length, window, str(device), dtype)
+    cache = override._dynamic_cache
+    if key not in cache:
+        source = override._replacement_source(layer, length, device, torch.float32)  # [H, L, L]; checks L
+        if len(plan.matrix) != source.shape[0]:
+            source = source[list(plan.matrix)]
+        band = causal_band(length, window, device).to(torch.float32)
+        matrices = source * band
+        if normalised:
+            row_sums = matrices.sum(-1, keepdim=True)
+            uniform = band / band.sum(-1, keepdim=True)
+            normalised_rows = matrices / row_sums.clamp_min(torch.finfo(torch.float32).tiny)
+            matrices = torch.where(row_sums <= 0, uniform, normalised_rows)
+        cache[key] = matrices.to(dtype).contiguous()
+    return cache[key]
+
+
+def _key_value_groups(heads: tuple[int, ...], groups: int) -> tuple[list[int], int]:
+    """``(key/value heads, query heads per key/value head)`` that let the query ``heads`` (ascending) be stacked per
+    key/value head: the distinct key/value heads when each serves the same number of ``heads``, else one entry per
+    head (a head's own key/value head)."""
+    kv_of = [head // groups for head in heads]
+    distinct = sorted(set(kv_of))
+    counts = {kv_of.count(kv) for kv in distinct}
+    if len(counts) == 1:
+        return distinct, counts.pop()
+    return kv_of, 1
+
+
+def fast_causal_attention(
+    override,
+    layer: int,
+    module: nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    scaling: float | None,
+    dropout: float,
+    window: int | None = None,
+    softcap: float | None = None,
+) -> tuple[torch.Tensor, None] | None:
+    """Attention output ``[B, L, H, d′]`` of one decoder layer without the work replaced heads do not need.
+
+    ``key`` and ``value`` are the model's (grouped-query: ``[B, H_kv, L, d′]``, not repeated). Returns ``None`` when
+    the fast path does not apply (see the module docstring); the caller then runs the reference path. The second
+    element of the returned pair (the attention weights) is always ``None``.
+    """
+    if (module.training and dropout > 0) or override.positions is not None:
+        return None
+    plan = layer_plan(override.layer_modes(layer), causal=True)
+    if plan is None or attentions_requested():
+        return None
+    batch, heads, length, _ = query.shape
+    kv_heads, head_size = value.shape[1], value.shape[-1]
+    if heads % kv_heads:
+        return None
+    groups = heads // kv_heads
+    dtype, device = value.dtype, value.device
+    real = real_tokens_from_additive_mask(attention_mask, batch, length, device)  # [B, L] bool
+    band = causal_band(length, window, device)
+    if attention_mask is not None and attention_mask.dim() == 4 and attention_mask.shape[-1] == length:
+        # The shared matrices assume the mask forbids the band's complement and padded keys, and nothing else.
+        allowed = allowed_pairs_from_additive_mask(attention_mask, length)[:, 0]
+        if not torch.equal(allowed, band[None] & real[:, None, :]):
+            return None
+    unpadded = bool(real.all())
+    counts = real.sum(-1, keepdim=True)
+    right_padded = unpadded or torch.equal(real, torch.arange(length, device=device)[None] < counts)
+    real_f = real.to(dtype)
+    fused = not (torch.is_grad_enabled() and value.requires_grad)
+    all_matrix = len(plan.matrix) == heads
+    output = None if all_matrix else value.new_zeros(batch, length, heads, head_size)
+
+    if plan.matrix:
+        m = len(plan.matrix)
+        kv_list, per_kv = _key_value_groups(plan.matrix, groups)
+        values = value if kv_list == list(range(kv_heads)) else value[:, kv_list]
+        values = values.permute(1, 2, 0, 3)  # [k, L, B, d′]: one [c·L, L] x [L, B·d′] product per key/value head
+        k = len(kv_list)
+        matrices = _causal_matrix_heads(override, layer, plan, length, window, device, dtype, right_padded)
+        stacked = matrices.view(k, per_kv * length, length)  # the query heads of one key/value head, stacked
+        if right_padded:
+            # A real query i sees keys j <= i, all real: the shared normalised rows are exact; padded rows are 0.
+            summed = torch.matmul(stacked, values.reshape(k, length, batch * head_size))
+            result = summed.view(m, length, batch, head_size).permute(2, 1, 0, 3)  # [B, L, m, d′]
+            if not unpadded and all_matrix and fused:  # zero the padded rows and lay out in one pass
+                output = torch.empty((batch, length, heads, head_size), dtype=dtype, device=device)
+                torch.mul(result, real_f[:, :, None, None], out=output)
+                result = None
+            elif not unpadded:
+                result = result * real_f[:, :, None, None]
+        else:
+            # Any other key mask: (C ⊙ m_k) V = C (m_k ⊙ V), divided by the per-example row sums C m_k.
+            masked = values * real_f.t()[None, :, :, None]  # [k, L, B, d′]
+            flat = masked.reshape(k, length, batch * head_size)
+            summed = torch.matmul(stacked, flat).view(m, length, batch, head_size)
+            row_sums = torch.matmul(matrices, real_f.t())  # [m, L(q), B]
+            scale = (real_f.t()[None] / row_sums.clamp_min(torch.finfo(dtype).tiny))[..., None]
+            result = summed * scale
+            empty = (row_sums <= 0) & real.t()[None]
+            if bool(empty.any()):
+                # A real query with no mass on its real keys: uniform over the real keys of its band.
+                band_f = band.to(dtype)
+                visible = torch.matmul(band_f, real_f.t()).clamp_min(1.0)  # [L, B]
+                uniform = (torch.matmul(band_f, flat).view(k, length, batch, head_size) / visible[None, :, :, None])
+                uniform = uniform.repeat_interleave(per_kv, dim=0)  # [m, L, B, d′]
+                result = torch.where(empty[..., None], uniform, result)
+            result = result.permute(2, 1, 0, 3)  # [B, L, m, d′]
+        if result is not None:
+            if all_matrix:
+                output = result.contiguous()
+            else:
+                output[:, :, list(plan.matrix)] = result
+
+    if plan.identity:
+        idx = list(plan.identity)
+        kv_idx = [head // groups for head in idx]
+        output[:, :, idx] = value[:, kv_idx].transpose(1, 2) * real_f[:, :, None, None]
+
+    if plan.original:
+        idx = list(plan.original)
+        kv_idx = [head // groups for head in idx]
+        if scaling is None:
+            scaling = query.size(-1) ** -0.5
+        scores = torch.matmul(query[:, idx], key[:, kv_idx].transpose(2, 3)) * scaling
+        if softcap is not None:
+            scores = torch.tanh(scores / softcap) * softcap
+        allowed = band[None, None] & real[:, None, None, :]
+        scores = scores.masked_fill(~allowed, torch.finfo(scores.dtype).min)
+        attention = nn.functional.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
+        output[:, :, idx] = torch.matmul(attention.to(dtype), value[:, kv_idx]).transpose(1, 2)
 
     return output, None

@@ -58,7 +58,13 @@ from contextlib import contextmanager
 import torch
 from torch import nn
 
-from .fastpath import fast_attention, skip_query_key_projections
+from .fastpath import (
+    causal_band,
+    fast_attention,
+    fast_causal_attention,
+    skip_causal_projections,
+    skip_query_key_projections,
+)
 from .masks import allowed_pairs_from_additive_mask, real_tokens_from_additive_mask, real_tokens_from_pair_mask
 from .models import adapter_for, model_device, num_layers_and_heads, prepare_model, self_attention_modules
 
@@ -354,6 +360,10 @@ class AttentionOverride(nn.Module):
                     handle = module.register_forward_pre_hook(hook.read_mask, with_kwargs=True)
                     undo.append(lambda module=module, hook=hook, handle=handle: (
                         handle.remove(), setattr(module, adapter.dropout, hook.inner)))
+                elif self.fast and self.causal:  # Sec. 3.4 on a decoder: no Q/K rows for heads that do not read
+                    reading = {h for i in layers for h, m in enumerate(self.layer_modes(i))
+                               if m in _USES_INPUT_ATTENTION}
+                    undo.append(skip_causal_projections(module, self.num_heads, reading))
                 elif (self.fast and adapter.projections is not None
                       and not any(self.needs_input_attention(i) for i in layers)):
                     undo.append(skip_query_key_projections(module, adapter.projections))  # Sec. 3.4: no Q, no K
@@ -444,11 +454,7 @@ def _causal_allowed(attention_mask, batch: int, length: int, window, device) -> 
     """``(real [B, L], allowed [B, 1, L, L])`` for a decoder: key j <= query i, i - j < ``window`` (a local layer),
     j a real token, and whatever a 4D mask from transformers also forbids (``None``: no padding)."""
     real = real_tokens_from_additive_mask(attention_mask, batch, length, device)
-    index = torch.arange(length, device=device)
-    band = index[None, :] <= index[:, None]
-    if window is not None:
-        band = band & (index[:, None] - index[None, :] < int(window))
-    allowed = band[None, None] & real[:, None, None, :]
+    allowed = causal_band(length, window, device)[None, None] & real[:, None, None, :]
     if attention_mask is not None and attention_mask.dim() == 4 and attention_mask.shape[-1] == length:
         allowed = allowed & allowed_pairs_from_additive_mask(attention_mask, length)
     return real, allowed
@@ -457,7 +463,9 @@ def _causal_allowed(attention_mask, batch: int, length: int, window, device) -> 
 def _causal_attention(state, module, query, key, value, attention_mask, scaling, dropout, **kwargs):
     """The decoder branch of :func:`papa_attention_function`: causality, the sliding window and the real keys are
     imposed here (not left to the mask), grouped-query keys/values are repeated per query head, and the model's own
-    A (softmax in float32, Gemma's optional logit soft-cap) is computed only where some head of the layer needs it."""
+    A (softmax in float32, Gemma's optional logit soft-cap) is computed only where some head of the layer needs it.
+    With ``fast`` on, :func:`papa_lib.core.fastpath.fast_causal_attention` computes the layer when it can (the same
+    outputs without Q·K, softmax or per-example weights for the replaced heads)."""
     override_, layer = state
     batch, heads, length, _ = query.shape
     if key.shape[-2] != length:
@@ -465,11 +473,16 @@ def _causal_attention(state, module, query, key, value, attention_mask, scaling,
             f"the PAPA override runs whole sequences: got {length} queries for {key.shape[-2]} keys (a KV cache?); "
             "call the model with use_cache=False and the full input"
         )
+    window = kwargs.get("sliding_window", getattr(module, "sliding_window", None))
+    if override_.fast:
+        result = fast_causal_attention(override_, layer, module, query, key, value, attention_mask, scaling, dropout,
+                                       window, kwargs.get("softcap"))
+        if result is not None:
+            return result
     groups = heads // key.shape[1]
     if groups > 1:  # grouped-query attention: one key/value head serves `groups` query heads (repeat_kv's order)
         key = key.repeat_interleave(groups, dim=1)
         value = value.repeat_interleave(groups, dim=1)
-    window = kwargs.get("sliding_window", getattr(module, "sliding_window", None))
     real, allowed = _causal_allowed(attention_mask, batch, length, window, query.device)
     attention = None
     if override_.needs_input_attention(layer):

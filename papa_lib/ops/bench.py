@@ -1,12 +1,13 @@
 """Speed and memory benchmarks of the library (paper Sec. 3.4 "Potential Computational Gains", and our own tools).
 
-Run ``python -m papa_lib.ops.bench [averaging|probe|seeds|constant|packing|memory|store|all] [--quick]`` (also
-``papa bench``).
+Run ``python -m papa_lib.ops.bench [averaging|probe|seeds|constant|packing|memory|store|all|decoder] [--quick]``
+(also ``papa bench``).
 Every figure
 is printed as one ``name: value`` line (lines starting with ``#`` are context); all are measured in one run, side by
 side, on the embedded all-MiniLM-L6-v2 unless ``--model`` (or the ``PAPA_BENCH_MODEL`` environment variable) says
 otherwise (``tiny`` is a 2-layer random BERT used by the tests; ``all-mpnet-base-v2`` the second real model, from the
-``mpnet`` extra).
+``mpnet`` extra). ``all`` is every encoder benchmark; ``decoder`` runs on a decoder LM, the packaged Gemma 3 270M
+unless ``--decoder-model`` says otherwise (``tiny``: a random 2-layer Gemma 3, for the tests), and only when named.
 
 Figures
 -------
@@ -63,11 +64,42 @@ Figures
     Target >= 1.5 (the in-memory way holds the features twice while it saves). ``feature_store_peak_vs_size_*`` give
     each way's growth over the stored bytes (in place: about 1; the file's pages can be written back and reclaimed).
 
+Decoder figures (``papa bench decoder``; L = 512, batch 2, random ids, every token real)
+---------------------------------------------------------------------------------------
+``decoder_constant_vs_original_L512``
+    Speed-up of the decoder's block stack (the bare model, ``model.base_model``: embeddings, layers, final norm;
+    no LM head) with every head ``constant`` (fast path, :func:`papa_lib.core.fastpath.fast_causal_attention`: no
+    Q/K projections, no Q·K, no softmax, one shared ``[H, L, L]`` matrix times V) over the original eager forward;
+    median of four interleaved repetitions after a warm-up, the matrix cache warm, as for encoders.
+    ``decoder_{original,constant}_tokens_per_s_L512`` are the two throughputs (tokens of the batch / median time),
+    ``decoder_constant_reference_vs_original_L512`` the same speed-up for the reference path (``fast=False``) and
+    ``decoder_fast_vs_reference_max_abs_diff_L512`` the largest difference of the two paths' last hidden states.
+``decoder_flop_limit_L512``
+    The FLOP-count limit of that speed-up for the blocks only (the LM head excluded, as in the timed forward):
+    :func:`flop_limit` with the decoder's shapes (grouped-query key/value width, gated feed-forward block; see
+    :func:`layer_flops` and :func:`~papa_lib.ops.bench_support.decoder_shape`). ``decoder_constant_speedup_over_limit``
+    = measured / limit; ``decoder_flop_limit_with_lm_head_L512`` is the limit of a forward that also computes the
+    logits (Gemma's 262k-word LM head, which the replacement leaves alone, is most of that forward's FLOPs).
+``decoder_full_vs_chunked_nll_peak_L512``
+    Peak memory growth of the summed next-token NLL with the full ``[tokens, vocabulary]`` logits at once
+    (:func:`~papa_lib.core.decoders.next_token_nll` with one chunk) over that of its chunked LM head (256 positions
+    at a time); one fresh process each, measured as ``averaging_peak_mem_ratio`` is (``VmHWM`` reset after the model is
+    loaded and warmed up). ``decoder_nll_peak_growth_mb_*`` and ``decoder_nll_peak_mb_*`` give the growth and the peak
+    of each (the model's weights are in the peak); ``decoder_nll_chunked_minus_full_L512`` the difference of the
+    two sums (nats).
+``decoder_cached_load_s``
+    One :func:`papa_lib.load_decoder` call in a fresh process with the converted folder in the cache
+    (``decoder_cached_load_peak_mb``: the process's peak RSS, imports included). With ``--gguf-load``, first
+    ``decoder_gguf_load_s``: the first-time load (join the GGUF chunks, dequantize, convert the tokenizer, save, load;
+    minutes on a CPU) into a temporary cache root, which the cached reload then reads, so the real cache is not
+    touched; ``decoder_gguf_vs_cached_load`` is their ratio.
+
 Sentences come from ``../shared/data/glue/SST-2/dev.tsv`` next to the repository (cycled when more are needed), or
 are generated from a fixed word list when that file is absent (the figure lines do not change).
 
-``--quick`` shrinks every size so that the whole run takes well under a minute on two CPU cores; the figures then
-are only a smoke test. ``--device cuda`` and ``--dtype bf16`` run on a GPU; timings synchronise the device.
+``--quick`` shrinks every size so that the whole run takes well under a minute on two CPU cores (the decoder
+benchmark: L = 128, batch 1); the figures then are only a smoke test. ``--device cuda`` and ``--dtype bf16`` run on a
+GPU; timings synchronise the device.
 """
 
 from __future__ import annotations
@@ -84,16 +116,29 @@ from pathlib import Path
 
 import torch
 
-from .bench_memory import bench_memory, bench_store, memory_child, store_child  # noqa: F401  (bench.bench_memory ...)
+from .bench_memory import (  # noqa: F401  (bench.bench_memory ...)
+    bench_decoder_load,
+    bench_decoder_memory,
+    bench_memory,
+    bench_store,
+    decoder_load_child,
+    decoder_memory_child,
+    memory_child,
+    random_decoder_batch,
+    store_child,
+)
 from .bench_support import (  # noqa: F401  (re-exported: bench.flop_limit, bench.load_bench_model, ...)
+    DEFAULT_DECODER,
     DTYPES,
     MODEL_ENV,
     BenchSizes,
     current_rss_kb,
+    decoder_shape,
     flop_limit,
     format_figure,
     frozen_parameters,
     layer_flops,
+    load_bench_decoder,
     load_bench_model,
     median_ratio,
     peak_rss_kb,
@@ -101,7 +146,9 @@ from .bench_support import (  # noqa: F401  (re-exported: bench.flop_limit, benc
     synchronize_device,
 )
 
-BENCHMARK_NAMES = ("averaging", "probe", "seeds", "constant", "packing", "memory", "store")
+#: The encoder benchmarks (what ``all`` runs).
+ENCODER_BENCHMARKS = ("averaging", "probe", "seeds", "constant", "packing", "memory", "store")
+BENCHMARK_NAMES = (*ENCODER_BENCHMARKS, "decoder")
 SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 SST2_DEV = SHARED_DATA / "glue" / "SST-2" / "dev.tsv"
 #: How time is read: wall-clock (default) or the CPU time of this process (all its threads), which is much less
@@ -115,7 +162,7 @@ QUICK = BenchSizes(
     averaging_sentences=32, averaging_batch=16, averaging_repeats=2, probe_sentences=32, probe_batch=16,
     probe_repeats=1, constant_batch=1, constant_repeats=2, memory_sentences=(32, 128), memory_batch=8,
     packing_sentences=64, packing_batch=16, packing_repeats=1, seeds_sentences=32, seeds_repeats=1,
-    store_sentences=512, store_batch=8,
+    store_sentences=512, store_batch=8, decoder_length=128, decoder_batch=1, decoder_repeats=2,
 )
 
 
@@ -431,12 +478,88 @@ def bench_constant(model, tokenizer, sizes: BenchSizes, device) -> dict[str, flo
     return figures
 
 
+def bench_decoder(model, tokenizer, sizes: BenchSizes, device) -> dict[str, float]:
+    """``decoder_constant_vs_original_L*``, ``decoder_flop_limit_L*``: the decoder's block stack with every head
+    constant (fast path) vs the original forward, tokens/s of each, and the FLOP-count limit of the blocks."""
+    from ..core.models import num_layers_and_heads
+    from ..core.override import AttentionOverride
+
+    layers, heads = num_layers_and_heads(model)
+    shape = decoder_shape(model.config)
+    base = model.base_model  # the blocks, without the LM head
+    length, count = sizes.decoder_length, sizes.decoder_batch
+    inputs = random_decoder_batch(shape["vocab"], count, length, tokenizer.bos_token_id, seed=length)
+    inputs = {k: v.to(device) for k, v in inputs.items()}
+    # Timing does not depend on the values: random positive matrices stand in for averaged ones (the causal band
+    # cuts them).
+    matrices = torch.rand(layers, heads, length, length, generator=torch.Generator().manual_seed(length)) + 1e-3
+    overrides = {
+        "constant": AttentionOverride(model, matrices, mode="constant", fast=True),
+        "reference": AttentionOverride(model, matrices, mode="constant", fast=False),
+    }
+    caches: dict[str, dict] = {name: {} for name in overrides}
+    outputs: dict[str, torch.Tensor] = {}
+
+    def original():
+        with torch.inference_mode():
+            base(**inputs, use_cache=False)
+
+    def replaced(name):
+        state = overrides[name]
+        with torch.inference_mode(), state.applied(model):
+            state._dynamic_cache.update(caches[name])  # steady state: keep the per-override matrix cache warm
+            outputs[name] = base(**inputs, use_cache=False).last_hidden_state
+            caches[name] = dict(state._dynamic_cache)
+
+    times = _interleaved(
+        {"original": original, "constant": lambda: replaced("constant"), "reference": lambda: replaced("reference")},
+        sizes.decoder_repeats,
+        device,
+    )
+    flop_shape = {k: shape[k] for k in ("attention_width", "kv_width", "ffn_matrices")}
+    limit = flop_limit(length, shape["hidden"], shape["intermediate"], **flop_shape)
+    speedup = median_ratio(times["original"], times["constant"])
+    tokens = count * length
+    lm_head = length * shape["hidden"] * shape["vocab"] * 2
+    return {
+        f"decoder_original_tokens_per_s_L{length}": tokens / statistics.median(times["original"]),
+        f"decoder_constant_tokens_per_s_L{length}": tokens / statistics.median(times["constant"]),
+        f"decoder_constant_vs_original_L{length}": speedup,
+        f"decoder_flop_limit_L{length}": limit,
+        f"decoder_constant_speedup_over_limit_L{length}": speedup / limit,
+        f"decoder_flop_limit_with_lm_head_L{length}": flop_limit(
+            length, shape["hidden"], shape["intermediate"], **flop_shape, layers=shape["layers"], other_flops=lm_head),
+        f"decoder_constant_reference_vs_original_L{length}": median_ratio(times["original"], times["reference"]),
+        f"decoder_fast_vs_reference_max_abs_diff_L{length}": float(
+            (outputs["constant"].float() - outputs["reference"].float()).abs().max()),
+    }
+
+
+def run_decoder_benchmark(spec: str | None, sizes: BenchSizes, device: str, dtype: str, threads: int | None,
+                          gguf_load: bool, say: Callable[[str], None]) -> dict[str, float]:
+    """The ``decoder`` benchmark: :func:`bench_decoder` in this process, then the LM-loss memory
+    (:func:`~papa_lib.ops.bench_memory.bench_decoder_memory`) and the load times
+    (:func:`~papa_lib.ops.bench_memory.bench_decoder_load`) in fresh processes."""
+    model, tokenizer = load_bench_decoder(spec, device, dtype)
+    shape = decoder_shape(model.config)
+    heads = int(getattr(model.config, "text_config", model.config).num_attention_heads)
+    kv_heads = shape["kv_width"] * heads // shape["attention_width"]
+    say(f"# decoder: {getattr(model, 'papa_model_id', '?')}, {shape['layers']} layers, {heads} query heads, "
+        f"{kv_heads} key/value head(s), vocabulary {shape['vocab']}; L = {sizes.decoder_length}, "
+        f"batch {sizes.decoder_batch}; timed: the blocks (no LM head)")
+    figures = bench_decoder(model, tokenizer, sizes, device)
+    del model
+    figures.update(bench_decoder_memory(spec, sizes, device, dtype, threads))
+    figures.update(bench_decoder_load(spec, device, dtype, threads, gguf_load, say))
+    return figures
+
+
 # ---------------------------------------------------------------------------------------------- entry points
 def _expand(names: Iterable[str]) -> list[str]:
     selected: list[str] = []
     for name in names:
         if name == "all":
-            selected.extend(n for n in BENCHMARK_NAMES if n not in selected)
+            selected.extend(n for n in ENCODER_BENCHMARKS if n not in selected)
         elif name in BENCHMARK_NAMES:
             if name not in selected:
                 selected.append(name)
@@ -458,9 +581,11 @@ def run_benchmarks(
     emit: Callable[[str], None] | None = print,
     sizes: BenchSizes | None = None,
     clock: str = "wall",
+    decoder_model: str | None = None,
+    gguf_load: bool = False,
 ) -> dict[str, float]:
-    """Run the named benchmarks (``averaging``, ``probe``, ``constant``, ``packing``, ``memory``, ``store`` or
-    ``all``).
+    """Run the named benchmarks (``averaging``, ``probe``, ``seeds``, ``constant``, ``packing``, ``memory``, ``store``,
+    ``all`` (those seven) or ``decoder``).
 
     Args:
         names: which benchmarks to run.
@@ -472,6 +597,8 @@ def run_benchmarks(
         emit: called with each ``name: value`` line as soon as it is measured (``None``: silent).
         sizes: explicit problem sizes (overrides ``quick``; the tests use very small ones).
         clock: ``wall`` (default) or ``process`` (CPU time of this process; see :data:`CLOCKS`).
+        decoder_model: the ``decoder`` benchmark's model: ``gemma-3-270m`` (default), ``tiny`` or a decoder folder.
+        gguf_load: the ``decoder`` benchmark also times the first-time GGUF load (minutes), into a temporary cache.
 
     Returns:
         ``{figure name: value}`` in the order measured (the figures of every benchmark run).
@@ -495,6 +622,10 @@ def run_benchmarks(
             started = time.perf_counter()
             if name in ("memory", "store"):
                 result = (bench_memory if name == "memory" else bench_store)(model, sizes, device, dtype, threads)
+            elif name == "decoder":
+                say(f"# device {device}, dtype {dtype}, torch threads {torch.get_num_threads()}, {clock} clock, "
+                    f"{label} sizes")
+                result = run_decoder_benchmark(decoder_model, sizes, device, dtype, threads, gguf_load, say)
             else:
                 if loaded is None:
                     loaded = load_bench_model(model, device, dtype)
@@ -514,13 +645,14 @@ def run_benchmarks(
 
 
 def main(argv: list[str] | None = None, parser_class: type[argparse.ArgumentParser] = argparse.ArgumentParser) -> int:
-    """Command line: ``python -m papa_lib.ops.bench [averaging|probe|seeds|constant|packing|memory|store|all] [--quick]
-    [--device cuda] ...``.
+    """Command line: ``python -m papa_lib.ops.bench [averaging|probe|seeds|constant|packing|memory|store|all|decoder]
+    [--quick] [--device cuda] [--gguf-load] ...``.
 
     ``papa bench ...`` calls this with its own ``parser_class`` (one-line errors, exit status 2).
     """
     parser = parser_class(prog="papa bench", description="PAPA library speed and memory benchmarks")
-    parser.add_argument("benchmarks", nargs="*", default=["all"], help=f"any of {', '.join(BENCHMARK_NAMES)}, or all")
+    parser.add_argument("benchmarks", nargs="*", default=["all"],
+                        help=f"any of {', '.join(BENCHMARK_NAMES)}, or all (every one but decoder)")
     parser.add_argument("--quick", action="store_true", help="small sizes (a smoke run, < 60 s)")
     parser.add_argument("--device", default="cpu", help="cpu (default) or cuda")
     parser.add_argument("--dtype", default="fp32", choices=sorted(DTYPES), help="parameter dtype (default fp32)")
@@ -529,7 +661,16 @@ def main(argv: list[str] | None = None, parser_class: type[argparse.ArgumentPars
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     parser.add_argument("--clock", default="wall", choices=sorted(CLOCKS),
                         help="wall (default) or process: CPU time of this process, robust to a busy shared machine")
+    parser.add_argument("--decoder-model", default=None,
+                        help=f"the decoder benchmark's model: {DEFAULT_DECODER} (default; the gemma extra), tiny (a "
+                             "random 2-layer Gemma 3) or a decoder folder")
+    parser.add_argument("--gguf-load", action="store_true",
+                        help="decoder benchmark: also time the first-time GGUF load (join, dequantize, convert: "
+                             "minutes), into a temporary cache")
     parser.add_argument("--memory-child", type=int, default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--decoder-memory-child", type=int, default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--decoder-load-child", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--length", type=int, default=512, help=argparse.SUPPRESS)
     parser.add_argument("--store-child", type=int, nargs=2, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--batch", type=int, default=32, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -539,6 +680,13 @@ def main(argv: list[str] | None = None, parser_class: type[argparse.ArgumentPars
         texts = benchmark_sentences(args.memory_child)[0]
         print(json.dumps(memory_child(texts, args.batch, args.model, args.device, args.dtype)))
         return 0
+    if args.decoder_memory_child is not None:
+        print(json.dumps(decoder_memory_child(args.decoder_model, args.length, args.batch, args.decoder_memory_child,
+                                              args.device, args.dtype)))
+        return 0
+    if args.decoder_load_child:
+        print(json.dumps(decoder_load_child(args.decoder_model, args.device, args.dtype)))
+        return 0
     if args.store_child is not None:
         texts, labels, _ = benchmark_sentences(args.store_child[0])
         print(json.dumps(store_child(texts, labels, args.batch, args.model, args.device, args.dtype,
@@ -547,7 +695,8 @@ def main(argv: list[str] | None = None, parser_class: type[argparse.ArgumentPars
     started = time.perf_counter()
     try:
         run_benchmarks(args.benchmarks, args.quick, model=args.model, device=args.device, dtype=args.dtype,
-                       threads=args.threads, emit=lambda line: print(line, flush=True), clock=args.clock)
+                       threads=args.threads, emit=lambda line: print(line, flush=True), clock=args.clock,
+                       decoder_model=args.decoder_model, gguf_load=args.gguf_load)
     except ValueError as error:
         parser.error(str(error))
     print(f"# total wall time {time.perf_counter() - started:.1f} s")
