@@ -77,6 +77,9 @@ class _Parser(argparse.ArgumentParser):
         raise UsageError(f"{message} (see '{self.prog} --help')")
 
 
+#: the name ``papa grid --blocks`` gives a grid file's ``language_model`` section
+LM_SECTION = "language_model"
+
 def _positive_int(text: str) -> int:
     try:
         value = int(text)
@@ -115,7 +118,8 @@ def _shared(parser: argparse.ArgumentParser, task_required: bool = True, custom:
     group.add_argument(
         "--model",
         default=None,
-        help="hub id, local folder or all-mpnet-base-v2 (the mpnet extra); default: the embedded all-MiniLM-L6-v2",
+        help="hub id, local folder, all-mpnet-base-v2 (the mpnet extra) or the decoder LM gemma-3-270m (the gemma "
+             "extra); default: the embedded all-MiniLM-L6-v2",
     )
     if custom:
         group.add_argument("--task", required=task_required, choices=sorted(TASKS) + [CUSTOM],
@@ -270,10 +274,10 @@ def _check_length(model, lengths, where: str = "--max-length") -> None:
 
 
 def _load_model(name, device):
-    from .core.models import load_encoder
+    from .core.decoders import load_model
 
     try:
-        return load_encoder(name, device=device)
+        return load_model(name, device=device)
     except OSError as error:  # transformers' "not found / could not connect" (an unreachable hub), a bad folder
         raise PapaInputError(f"could not load the model {name!r}: {error}") from error
 
@@ -412,12 +416,16 @@ def cmd_grid(args) -> int:
         spec["blocks"] = [b for b in spec["blocks"] if args.task in b.tasks]
         for block in spec["blocks"]:
             block.tasks = [args.task]
+        spec["language_model"] = None  # a probe task: the language-model section is not one
     if args.blocks:
         names = args.blocks.split(",")
-        unknown = sorted(set(names) - {b.name for b in spec["blocks"]})
+        sections = {b.name for b in spec["blocks"]} | ({LM_SECTION} if spec.get("language_model") else set())
+        unknown = sorted(set(names) - sections)
         if unknown:
             raise UsageError(f"{args.grid}: no block named {', '.join(unknown)}")
         spec["blocks"] = [b for b in spec["blocks"] if b.name in names]
+        if LM_SECTION not in names:
+            spec["language_model"] = None
     if args.plan:
         from .ops.plan import plan_grid
 
@@ -683,7 +691,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "an estimated time from throughput measured here, for the runs not yet in the results folder "
                         "(reading the matrices and λ saved there); run nothing")
     p.add_argument("--blocks", default=None,
-                   help="run only these blocks of the file (comma-separated names; default: every block)")
+                   help="run only these blocks of the file (comma-separated names; language_model: that section; "
+                        "default: every block and the section)")
     p.add_argument("--only-seed", type=int, action="append", default=None,
                    help="run only this seed of the file's seeds (repeatable); training subsets stay those of the "
                         "full grid, so shards run in parallel give the same records; with --plan, the shard's plan "
@@ -791,7 +800,7 @@ def main(argv=None) -> int:
             from .ops import bench
 
             return int(bench.main(argv[1:], parser_class=_Parser) or 0)
-        if argv == ["--version"]:  # before build_parser, which imports the experiments (and torch)
+        if argv == ["--version"]:  # before build_parser; the papa script answers it in papa_entry.py, without torch
             from . import __version__
 
             print(f"papa {__version__}")

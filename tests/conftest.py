@@ -1,4 +1,5 @@
-"""Shared fixtures: tiny random encoders of every supported architecture, tokenizers, and the real data folder."""
+"""Shared fixtures: tiny random encoders of every supported architecture, tiny random decoder LMs, tokenizers, and
+the real data folder."""
 
 from __future__ import annotations
 
@@ -30,6 +31,35 @@ kernelspec:
 ---
 """
 from papa_lib.smoke import ARCHITECTURES, tiny_config, tiny_model  # noqa: F401  (re-exported for the tests)
+
+TINY_DECODER_VOCAB = 96
+TINY_DECODER_WINDOW = 3  # the tiny Gemma's sliding window (layers 0 and 1; layer 2 is global)
+
+
+def tiny_decoder(model_type: str = "gemma3_text", seed: int = 0, vocab_size: int = TINY_DECODER_VOCAB):
+    """A tiny random causal LM in eval mode with eager attention (Gemma 3: 1 key/value head for 4 query heads)."""
+    from transformers import AutoModelForCausalLM, Gemma3TextConfig, GPT2Config, LlamaConfig
+
+    common = dict(vocab_size=vocab_size, pad_token_id=0, bos_token_id=1, eos_token_id=2)
+    if model_type == "gemma3_text":
+        config = Gemma3TextConfig(hidden_size=32, intermediate_size=48, num_hidden_layers=3, num_attention_heads=4,
+                                  num_key_value_heads=1, head_dim=8, query_pre_attn_scalar=8,
+                                  sliding_window=TINY_DECODER_WINDOW,
+                                  layer_types=["sliding_attention", "sliding_attention", "full_attention"],
+                                  max_position_embeddings=64, **common)
+    elif model_type == "llama":
+        config = LlamaConfig(hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
+                             num_key_value_heads=2, max_position_embeddings=64, **common)
+    else:
+        config = GPT2Config(n_embd=32, n_layer=2, n_head=4, n_positions=64, **common)
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config, attn_implementation="eager")
+    if model_type == "gemma3_text":  # random weights at init scale give near-uniform attention: sharpen them
+        with torch.no_grad():
+            for layer in model.model.layers:
+                layer.self_attn.q_norm.weight.normal_(0, 2.0)
+                layer.self_attn.k_norm.weight.normal_(0, 2.0)
+    return model.eval()
 
 
 def random_batch(batch: int = 3, length: int = 12, vocab: int = 120, seed: int = 0, lengths=None):

@@ -15,40 +15,16 @@ import pytest
 import torch
 
 import papa_lib
+from conftest import TINY_DECODER_VOCAB, TINY_DECODER_WINDOW, tiny_decoder
 from papa_lib.core import decoders
 from papa_lib.core.decoders import PackagedDecoder, decoder_model_dir, load_decoder, next_token_nll
 from papa_lib.core.models import ADAPTERS, GPT2_ADAPTER, adapter_for, model_inputs
 from papa_lib.core.override import MODES, AttentionOverride
 from papa_lib.core.packaged import PackagedModelError
 
-VOCAB = 96
+VOCAB = TINY_DECODER_VOCAB
 DECODERS = ("gemma3_text", "llama", "gpt2")
-WINDOW = 3  # the tiny Gemma's sliding window (layers 0 and 1; layer 2 is global)
-
-
-def tiny_decoder(model_type: str, seed: int = 0):
-    """A tiny random causal LM in eval mode with eager attention (Gemma 3: 1 key/value head for 4 query heads)."""
-    from transformers import AutoModelForCausalLM, Gemma3TextConfig, GPT2Config, LlamaConfig
-
-    common = dict(vocab_size=VOCAB, pad_token_id=0, bos_token_id=1, eos_token_id=2)
-    if model_type == "gemma3_text":
-        config = Gemma3TextConfig(hidden_size=32, intermediate_size=48, num_hidden_layers=3, num_attention_heads=4,
-                                  num_key_value_heads=1, head_dim=8, query_pre_attn_scalar=8, sliding_window=WINDOW,
-                                  layer_types=["sliding_attention", "sliding_attention", "full_attention"],
-                                  max_position_embeddings=64, **common)
-    elif model_type == "llama":
-        config = LlamaConfig(hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
-                             num_key_value_heads=2, max_position_embeddings=64, **common)
-    else:
-        config = GPT2Config(n_embd=32, n_layer=2, n_head=4, n_positions=64, **common)
-    torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(config, attn_implementation="eager")
-    if model_type == "gemma3_text":  # random weights at init scale give near-uniform attention: sharpen them
-        with torch.no_grad():
-            for layer in model.model.layers:
-                layer.self_attn.q_norm.weight.normal_(0, 2.0)
-                layer.self_attn.k_norm.weight.normal_(0, 2.0)
-    return model.eval()
+WINDOW = TINY_DECODER_WINDOW  # the tiny Gemma's sliding window (layers 0 and 1; layer 2 is global)
 
 
 def right_padded(lengths, width: int = 10, seed: int = 0) -> dict:

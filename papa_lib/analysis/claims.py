@@ -363,6 +363,8 @@ MODEL_PARAMETERS = {"all-MiniLM-L6-v2": 22.7e6, "all-mpnet-base-v2": 109.5e6, "b
                     "deberta-v3-large": 435e6, "RoBERTa-base": 125e6, "RoBERTa-large": 355e6}
 #: C8's rows, by claim id: the finding of ``kobayashi_findings.csv`` that measures it
 NORM_FINDINGS = {"C8a": "sep_weight_vs_norm", "C8b": "cls_weight_vs_norm", "C8c": "frequency_rank_vs_norm"}
+#: the same for a decoder LM: no [CLS] or [SEP]; C9 asks Kobayashi's [SEP] question of the first token
+DECODER_NORM_FINDINGS = {"C8c": "frequency_rank_vs_norm", "C9": "first_token_weight_vs_norm"}
 NOT_TESTABLE = {"C7": "needs MLM-pretrained models with their pretrained MLM heads beside ELECTRA; the records hold "
                       "{models} with a trained MLM probe only"}
 
@@ -616,10 +618,17 @@ def _c1(frame, tasks, rule, combine):
 C2_SHARE = 0.25
 
 
+def lambda_order(frame: pd.DataFrame) -> str:
+    """The λ order of one model's records: ``lambda`` (λ learned per task with its probe), or ``lm_lambda`` for a
+    decoder whose records rank heads by the λ learned on its own LM loss (decision rule R10)."""
+    orders = set(frame.selection_order.dropna()) if "selection_order" in frame else set()
+    return "lm_lambda" if "lm_lambda" in orders and "lambda" not in orders else "lambda"
+
+
 def _c2(frame, tasks, rule):
     """C2: drop(½, λ order) - ¼ · drop(all constant), seed-paired (the combination is one relative drop of the
     per-seed score ``s_½ + ¼ (s_orig - s_0)``); at most 0 keeps three quarters of what constant heads lose."""
-    half = _by_seed(_select(frame, "average", 0.5, "lambda"))
+    half = _by_seed(_select(frame, "average", 0.5, lambda_order(frame)))
     zero = _by_seed(_select(frame, "average", 0.0))
     orig = _by_seed(original_rows(frame))
     combined = {}
@@ -842,22 +851,30 @@ def cross_model_claims(frames: Mapping[str, pd.DataFrame]) -> list[dict]:
 
 
 def norm_claims(analysis_dir: str | Path, model: str = "") -> list[dict]:
-    """C8a-c from the norm analyses' ``kobayashi_findings.csv`` in ``analysis_dir``
+    """C8a-c (C8c and C9 for a decoder LM) from the norm analyses' ``kobayashi_findings.csv`` in ``analysis_dir``
     (:mod:`papa_lib.analysis.norm_findings`); see :func:`norm_claims_from`."""
     path = Path(analysis_dir) / "kobayashi_findings.csv"
     types = Path(analysis_dir) / "corpus_frequency.csv"
     return norm_claims_from(pd.read_csv(path) if path.exists() else None, model, str(path),
-                            per_type_correlation(pd.read_csv(types)) if types.exists() else None)
+                            per_type_correlation(pd.read_csv(types)) if types.exists() else None,
+                            findings_of=DECODER_NORM_FINDINGS if _is_decoder(model) else NORM_FINDINGS)
+
+
+def _is_decoder(model: str) -> bool:
+    from ..core.models import DECODER_NAMES
+
+    return str(model) in DECODER_NAMES or str(model).split("/")[-1] in DECODER_NAMES
 
 
 def norm_claims_from(findings: pd.DataFrame | None, model: str = "", source: str = "kobayashi_findings.csv",
-                     per_type: tuple | None = None) -> list[dict]:
-    """C8a-c from a ``kobayashi_findings`` table: Spearman ρ with its cluster-bootstrap interval over sequences,
-    decided by the ``correlation`` test (minimum |ρ| 0.1); ``not measured`` rows for findings it lacks."""
+                     per_type: tuple | None = None, findings_of: Mapping[str, str] = NORM_FINDINGS) -> list[dict]:
+    """C8a-c (``findings_of``: claim -> finding; C8c and C9 for a decoder) from a ``kobayashi_findings`` table:
+    Spearman ρ with its cluster-bootstrap interval over sequences, decided by the ``correlation`` test (minimum
+    |ρ| 0.1); ``not measured`` rows for findings it lacks."""
     table = rules()
     found = findings.set_index("finding") if findings is not None and len(findings) else pd.DataFrame()
     rows = []
-    for claim, finding in NORM_FINDINGS.items():
+    for claim, finding in findings_of.items():
         rule = table.loc[claim]
         if finding not in found.index:
             rows.append(_row(model, claim, rule, None, "", None, f"not measured: needs {source} with a {finding} row"))
@@ -881,6 +898,48 @@ def norm_claims_from(findings: pd.DataFrame | None, model: str = "", source: str
         row["unit_dependent"] = "yes" if row["verdict_per_type"] and row["verdict_per_type"] != verdict else "no"
         rows.append(row)
     return rows
+
+
+def objective_claims(frame: pd.DataFrame, lm_records: Sequence[Mapping], model: str) -> list[dict]:
+    """C10 for one decoder (decision rule R12): the share of its advantage over a no-information baseline that every
+    head constant loses on its own LM loss (windows resampled, :func:`papa_lib.experiments.lm.constant_share`)
+    minus the same share on its probes (C1a's statistic in the chance-corrected unit, on the tasks R3 includes);
+    decided by the two intervals (the LM's above the probes': agrees), with C1a's relative drop as the sensitivity
+    unit."""
+    from ..experiments.lm import constant_share
+
+    rule, c1a = rules().loc["C10"], rules().loc["C1a"]
+    every = _order(set(frame.task))
+    needed = {("original", "none"), ("average", "all"), ("unigram", "none")}
+    if not len(frame) or not needed <= {(r["matrix_type"], r["order"]) for r in lm_records}:
+        why = "needs the decoder's probe records and its LM records (original, every head constant, unigram)"
+        return [_row(model, "C10", rule, None, "", None, f"not measured: {why}")]
+    with _reading() as read_every:
+        _c1(frame, every, c1a, "average")
+    included = [t for t in every if not below_floor(frame, read_every, t)]
+    per_unit = {}
+    for unit, lm_unit in (("chance", "chance"), ("declared", "relative")):
+        with _in_unit(unit, frame) if unit != "declared" else nullcontext():
+            probes = _c1(frame, included, c1a, "average").estimate
+        lm = constant_share(lm_records, lm_unit)
+        low, high = lm.low - probes.high, lm.high - probes.low
+        per_unit[lm_unit] = (lm, probes, Measured(Estimate(lm.value - probes.value, float("nan"), float("nan")),
+                                                  decide(rule.test, low, high, rule.low, rule.high), included, [],
+                                                  ""), low, high)
+    lm, probes, measured, low, high = per_unit["chance"]
+    text = (f"LM: {sig3(lm.value)} [{sig3(lm.low)}, {sig3(lm.high)}] of its advantage over the unigram baseline "
+            f"(bootstrap over {len(lm_records[0]['window_nll'])} test windows); probes: {sig3(probes.value)} "
+            f"[{sig3(probes.low)}, {sig3(probes.high)}] of theirs over the majority class, on "
+            f"{', '.join(included) or 'no task'}")
+    row = _row(model, "C10", rule, measured, text, None)
+    row.update(ci_low=low, ci_high=high, df=float("nan"))
+    r_lm, r_probes, r_measured, r_low, r_high = per_unit["relative"]
+    row["absolute"] = ours_text({"ours": r_measured.estimate.value, "ci_low": r_low, "ci_high": r_high})
+    row["verdict_absolute"] = r_measured.verdict
+    row["tasks"] += (f"; relative drop (sensitivity): LM {sig3(r_lm.value)} [{sig3(r_lm.low)}, {sig3(r_lm.high)}], "
+                     f"probes {sig3(r_probes.value)} [{sig3(r_probes.low)}, {sig3(r_probes.high)}]")
+    row["unit_dependent"] = "yes" if r_measured.verdict != measured.verdict else "no"
+    return [row]
 
 
 def per_type_correlation(types: pd.DataFrame | None) -> tuple[float, float, float, int] | None:
@@ -907,10 +966,12 @@ def _analysis_model(analysis_dir: Path) -> str | None:
 
 
 def claims_table(frame: pd.DataFrame | Mapping[str, pd.DataFrame],
-                 analysis_dir: str | Path | Mapping[str, str | Path] | None = None) -> pd.DataFrame:
+                 analysis_dir: str | Path | Mapping[str, str | Path] | None = None,
+                 lm: Mapping[str, Sequence[Mapping]] | None = None) -> pd.DataFrame:
     """Every claim's verdict: per model (``frame`` may hold several models' records, or map model -> records),
-    the cross-model C3, C7, and C8 from each model's norm analyses (``analysis_dir``: one folder, for the first
-    model, or model -> folder)."""
+    the cross-model C3, C7, C8 (C9 for a decoder) from each model's norm analyses (``analysis_dir``: one folder,
+    for the first model, or model -> folder), and C10 for each decoder whose LM records ``lm`` maps it to
+    (:func:`papa_lib.experiments.lm.lm_records`)."""
     if isinstance(frame, Mapping):
         frames = {m: f for m, f in frame.items() if len(f)}
     else:
@@ -930,6 +991,8 @@ def claims_table(frame: pd.DataFrame | Mapping[str, pd.DataFrame],
     for model in frames:
         if model in analysis_dir:
             rows += norm_claims(analysis_dir[model], model)
+    for model, records in (lm or {}).items():
+        rows += objective_claims(frames.get(model, pd.DataFrame()), records, model)
     order = {c: i for i, c in enumerate(table.index)}
     return (pd.DataFrame(rows, columns=COLUMNS).sort_values("claim", key=lambda c: c.map(order), kind="stable")
             .reset_index(drop=True))
@@ -937,8 +1000,19 @@ def claims_table(frame: pd.DataFrame | Mapping[str, pd.DataFrame],
 
 # ---------------------------------------------------------------------------------------------- files
 #: the committed local results folders whose records meet in one claims table (one per model)
-LOCAL_FOLDERS = ("local-minilm", "local-mpnet")
-NORMS_FOLDERS = {"all-MiniLM-L6-v2": "norms-minilm/analysis"}
+LOCAL_FOLDERS = ("local-minilm", "local-mpnet", "local-gemma")
+NORMS_FOLDERS = {"all-MiniLM-L6-v2": "norms-minilm/analysis", "gemma-3-270m": "local-gemma/analysis"}
+
+
+def read_lm(folders: Sequence[str | Path]) -> dict[str, list[dict]]:
+    """model -> the LM records (:func:`papa_lib.experiments.lm.lm_records`) of each folder that has some."""
+    from ..experiments.lm import lm_records
+
+    out: dict[str, list[dict]] = {}
+    for folder in folders:
+        for record in lm_records(folder):
+            out.setdefault(str(record["model"]), []).append(record)
+    return out
 
 
 def read_folders(folders: Sequence[str | Path]) -> dict[str, pd.DataFrame]:
@@ -957,8 +1031,9 @@ def local_claims(root: str | Path) -> pd.DataFrame:
     """The claims of the committed local records under ``root/data/results`` (every model of
     :data:`LOCAL_FOLDERS`; C8 from :data:`NORMS_FOLDERS`)."""
     results = Path(root) / "data" / "results"
-    frames = read_folders([results / f for f in LOCAL_FOLDERS])
-    return claims_table(frames, {m: results / f for m, f in NORMS_FOLDERS.items() if m in frames})
+    folders = [results / f for f in LOCAL_FOLDERS]
+    frames = read_folders(folders)
+    return claims_table(frames, {m: results / f for m, f in NORMS_FOLDERS.items() if m in frames}, read_lm(folders))
 
 
 def write_claims(results_dir: str | Path, analysis_dir: str | Path | Mapping | None = None,
@@ -966,7 +1041,8 @@ def write_claims(results_dir: str | Path, analysis_dir: str | Path | Mapping | N
     """:func:`claims_table` of ``results_dir/results.csv`` (and of the folders ``also``), written to
     ``results_dir/claims.csv``."""
     results_dir = Path(results_dir)
-    table = claims_table(read_folders([results_dir, *also]), analysis_dir)
+    folders = [results_dir, *also]
+    table = claims_table(read_folders(folders), analysis_dir, read_lm(folders))
     path = results_dir / "claims.csv"
     table.to_csv(path, index=False, float_format="%.4g")
     return path
@@ -999,4 +1075,4 @@ def for_setup(setup) -> pd.DataFrame | None:
     frames = read_folders(folders)
     if not frames:
         return None
-    return claims_table(frames, {m: f for m, f in norms.items() if m in frames})
+    return claims_table(frames, {m: f for m, f in norms.items() if m in frames}, read_lm(folders))

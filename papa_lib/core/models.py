@@ -22,7 +22,8 @@ all-mpnet-base-v2 (``"all-mpnet-base-v2"``, :mod:`papa_lib.core.packaged`).
 
 Decoder LMs have adapters here too (``gemma3_text``, ``gemma3``, ``llama``; GPT-2's is :data:`GPT2_ADAPTER`, to be
 registered), marked ``causal=True``: the override then imposes causality, the sliding window and grouped-query heads
-itself. They load with :func:`papa_lib.core.decoders.load_decoder`; :func:`load_encoder` refuses them in one line.
+itself. They load with :func:`papa_lib.core.decoders.load_decoder`; :func:`load_encoder` refuses them in one line
+(:class:`DecoderModelError`), and :func:`papa_lib.core.decoders.load_model` loads either kind.
 """
 
 from __future__ import annotations
@@ -45,6 +46,11 @@ EMBEDDED_MODEL_NAME = "sentence-transformers/all-MiniLM-L6-v2 (embedded, gt-all-
 
 class UnsupportedModelError(PapaInputError):
     """Raised for an encoder whose architecture PAPA does not support."""
+
+
+class DecoderModelError(UnsupportedModelError):
+    """Raised by :func:`load_encoder` for a decoder LM (a name in :data:`DECODER_NAMES`, or a checkpoint whose adapter
+    is causal); :func:`papa_lib.core.decoders.load_model` loads it with the decoder loader instead."""
 
 
 @dataclass(frozen=True)
@@ -410,19 +416,20 @@ def load_encoder(
 
     Raises:
         UnsupportedModelError: the checkpoint's type has no adapter (:func:`supported_model_types`).
+        DecoderModelError: a decoder LM (:func:`papa_lib.core.decoders.load_model` loads either kind).
         PackagedModelError: ``"all-mpnet-base-v2"`` without its packages, or with a damaged piece (an ``OSError``).
     """
     from transformers import AutoModel, AutoModelForMaskedLM, AutoTokenizer
 
     if name_or_path is not None and str(name_or_path) in DECODER_NAMES:
-        raise UnsupportedModelError(
+        raise DecoderModelError(
             f"{str(name_or_path)!r} is a decoder LM, not an encoder: load it with papa_lib.load_decoder"
         )
     path, model_id = resolve_model_path(name_or_path)
     config, path, model_id = config_or_packaged(path, model_id, name_or_path, packaged_model_for, installed,
                                                 packaged_model_dir)
     if adapter_for(config).causal:
-        raise UnsupportedModelError(
+        raise DecoderModelError(
             f"{model_id!r} is a decoder LM ({config.model_type!r}), not an encoder: load it with papa_lib.load_decoder"
         )
     kwargs = {"attn_implementation": "eager"}
@@ -440,7 +447,8 @@ def load_encoder(
 
 
 def model_id(model: nn.Module) -> str:
-    """Readable id of a model loaded by :func:`load_encoder` (falls back to the config's name or type)."""
+    """Readable id of a model loaded by :func:`load_encoder` or :func:`~papa_lib.core.decoders.load_decoder` (falls
+    back to the config's name or type)."""
     return getattr(model, "papa_model_id", None) or getattr(model.config, "name_or_path", "") or model.config.model_type
 
 
@@ -504,6 +512,16 @@ def model_inputs(model: nn.Module, batch: dict) -> dict:
     keys = ("input_ids", "attention_mask", "token_type_ids", "position_ids")
     out = {k: batch[k].to(device) for k in keys if k in batch and batch[k] is not None}
     return with_app_a_positions(out, batch, model)
+
+
+def run_backbone(model: nn.Module, inputs: dict, **kwargs):
+    """The outputs of ``model``'s transformer on ``inputs`` (:func:`model_inputs`), without a head: an encoder is called
+    as it is; a decoder LM's bare decoder (``model.base_model``) runs with ``use_cache=False``, so neither the LM
+    head's ``[tokens, vocabulary]`` logits (262k columns for Gemma) nor a key/value cache is computed.
+    ``kwargs`` (``output_hidden_states=True``, ``output_attentions=True``) go to the call."""
+    if adapter_for(model).causal:
+        return getattr(model, "base_model", model)(**inputs, use_cache=False, **kwargs)
+    return model(**inputs, **kwargs)
 
 
 def with_app_a_positions(inputs, batch, model):

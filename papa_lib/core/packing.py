@@ -55,7 +55,8 @@ class PackedBatch(dict):
 
 
 def supports_packing(model) -> bool:
-    """Whether ``model``'s positions come from position ids alone (BERT, RoBERTa, ELECTRA; not DeBERTa)."""
+    """Whether ``model``'s positions come from position ids alone (BERT, RoBERTa, ELECTRA; not DeBERTa, not decoder
+    LMs, which run right-padded)."""
     return adapter_for(model).packable
 
 
@@ -63,9 +64,10 @@ _warned: set[str] = set()
 
 
 def packing_notice(model) -> None:
-    """Log once per architecture that it runs padded (its relative positions follow sequence indices)."""
+    """Log once per architecture that it runs padded (its relative positions follow sequence indices); a decoder LM
+    runs padded by design (the causal layout is right-padded), without a notice."""
     kind = model.config.model_type
-    if kind not in _warned:
+    if kind not in _warned and not adapter_for(model).causal:
         _warned.add(kind)
         logger.warning("%s computes relative positions from sequence indices: running padded (no packing)", kind)
 

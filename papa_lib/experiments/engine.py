@@ -46,7 +46,8 @@ from pathlib import Path
 
 import torch
 
-from ..core.models import load_encoder
+from ..core.decoders import load_model
+from ..core.models import load_encoder  # noqa: F401  (papa_lib.ops.executors loads its workers' model through it)
 from ..core.override import AttentionOverride
 from . import overrides, runs, selection, stages  # noqa: F401  (selection: engine.selection.ORDERS for callers)
 from .features import BackboneRunner, RaggedRows
@@ -68,15 +69,15 @@ def all_orders() -> tuple[str, ...]:
 
 class TaskExperiment(Workspace):
     """All PAPA runs of one (model, task): a :class:`~papa_lib.experiments.workspace.Workspace` (loading the
-    configured model when none is given) with the stage functions of :mod:`~papa_lib.experiments.stages`,
-    :mod:`~papa_lib.experiments.overrides` and :mod:`~papa_lib.experiments.runs` as methods; each product is computed
-    once (in memory, and on disk under
+    configured model, encoder or decoder LM, with :func:`~papa_lib.core.decoders.load_model` when none is given)
+    with the stage functions of :mod:`~papa_lib.experiments.stages`, :mod:`~papa_lib.experiments.overrides` and
+    :mod:`~papa_lib.experiments.runs` as methods; each product is computed once (in memory, and on disk under
     ``results_dir``: ``matrices/``, ``lambdas/``, ``features/``)."""
 
     def __init__(self, config: ExperimentConfig, model=None, tokenizer=None, results_dir: str | Path | None = None,
                  progress: bool = True):
         if model is None:
-            model, tokenizer = load_encoder(config.model, device=config.device)
+            model, tokenizer = load_model(config.model, device=config.device)
         super().__init__(config, model, tokenizer, results_dir=results_dir, progress=progress)
 
     # stage 1: task data and seeds

@@ -32,10 +32,17 @@ import torch
 
 from ..core.artefacts import set_aside, write_atomic
 from ..core.layout import EncodedBatch
-from ..core.models import model_inputs
+from ..core.models import adapter_for, model_inputs, run_backbone
 from ..core.packing import pack, packing_notice, supports_packing
 from ..errors import PapaInputError
 from .probes import RaggedSentences
+
+#: The largest float16: the features are stored saturated at it. An encoder's hidden states stay far below; a decoder
+#: LM's first token (the attention sink) reaches about 1e5 in the middle layers of Gemma 3 270M, which float16 would
+#: store as inf (and the probe would turn into NaN); its state is the same for every input (position 0 sees only
+#: itself), so saturating it loses nothing. Gemma's other tokens stay below it (at most 4.6e4 on 1,000 SST-2
+#: sentences).
+FLOAT16_MAX = float(torch.finfo(torch.float16).max)
 
 #: Default budget for cached features: a quarter of the machine's memory (the files are memory-mapped, so the
 #: page cache holds what the probes read every epoch), at most half of the free disk space of the results folder.
@@ -181,25 +188,46 @@ def length_sorted_chunks(lengths: torch.Tensor, batch_size: int, rows=None):
     return [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
 
 
+def decoder_features(hidden: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    """A decoder LM's probe features (decision rule R14): each layer's hidden state of each token divided by its root
+    mean square over the hidden dimension (an RMSNorm without weight), in float32.
+
+    Why: Gemma 3's residual stream grows to magnitudes of 10^2-10^4 in the middle layers (its first token's to about
+    10^5, beyond float16), and its own RMSNorms, not the raw states, are what every later block reads; the paper's
+    probe (a tanh MLP over a learned mix of the layers) fed the raw states stays at the majority class."""
+    hidden = hidden.float()
+    return hidden * torch.rsqrt(hidden.pow(2).mean(dim=-1, keepdim=True) + eps)
+
+
 class BackboneRunner:
     """Runs the frozen (possibly overridden) backbone on a set of examples and returns their :class:`RaggedRows`.
 
     Packed by default (:func:`papa_lib.core.packing.pack`); models whose adapter cannot pack (DeBERTa's relative
-    positions follow sequence indices) run padded, and the real rows are taken from the padded output — the same rows.
+    positions follow sequence indices; decoder LMs, right-padded) run padded, and the real rows are taken from the
+    padded output — the same rows. A decoder LM's bare decoder runs (:func:`papa_lib.core.models.run_backbone`), never
+    its LM head.
     """
 
     def __init__(self, model, encoded: EncodedBatch, labels: torch.Tensor, kind: str, batch_size: int = 64,
                  packed: bool = True):
         self.model, self.encoded, self.labels, self.kind = model, encoded, labels, kind
         self.batch_size = batch_size
-        self.packed = bool(packed) and supports_packing(model)
-        if packed and not self.packed:
+        self.causal = bool(adapter_for(model).causal)
+        self.packed = bool(packed) and supports_packing(model) and not self.causal
+        if packed and not self.packed and not self.causal:
             packing_notice(model)
         self.lengths = encoded["attention_mask"].sum(dim=1).long()
         self.counts = row_counts(encoded, labels, kind)
 
     def _forward(self, part: EncodedBatch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         """Hidden states of the real rows of one batch: ``(values, positions, word columns)`` per example order."""
+        if self.causal:  # right-padded: cut the batch to its longest real row (a causal row never sees padding)
+            width = int(part["attention_mask"].sum(dim=1).max())
+            inputs = {"input_ids": part["input_ids"][:, :width], "attention_mask": part["attention_mask"][:, :width]}
+            outputs = run_backbone(self.model, inputs, output_hidden_states=True)
+            hidden = decoder_features(torch.stack(outputs.hidden_states, dim=2)).to(torch.float16).cpu()
+            real = inputs["attention_mask"].bool()
+            return hidden[real], torch.arange(width).expand_as(real)[real], None
         if self.packed:
             inputs = pack(part, model=self.model)
             real, positions, word_index = inputs.real, inputs.positions, inputs.word_index
@@ -208,9 +236,11 @@ class BackboneRunner:
             real = part["attention_mask"].bool()
             positions = torch.arange(part.max_length).expand_as(real)
             word_index = part.word_index
-        # App. A position ids: the packed batch's, else the padded batch's own or layout_position_ids (model_inputs)
-        outputs = self.model(**model_inputs(self.model, inputs), output_hidden_states=True)
-        hidden = torch.stack(outputs.hidden_states, dim=2).to(torch.float16).cpu()  # [B, W, layers+1, D]
+        # App. A position ids: the packed batch's, else the padded batch's own or layout_position_ids (model_inputs);
+        # a decoder LM runs its bare decoder (run_backbone): no LM-head logits, no key/value cache
+        outputs = run_backbone(self.model, model_inputs(self.model, inputs), output_hidden_states=True)
+        hidden = torch.stack(outputs.hidden_states, dim=2)  # [B, W, layers+1, D]
+        hidden = hidden.clamp(-FLOAT16_MAX, FLOAT16_MAX).to(torch.float16).cpu()  # saturate, never inf
         if self.kind == "token":
             keep = word_index >= 0
             batch_rows = torch.arange(hidden.shape[0])[:, None].expand_as(word_index)

@@ -14,7 +14,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..core.models import load_encoder, resolve_device
+from ..core.decoders import load_model
+from ..core.models import resolve_device
 from . import custom, results, selection
 from .engine import ExperimentConfig, TaskExperiment, Variant
 from .features import parse_bytes
@@ -79,7 +80,8 @@ def run_grid(spec: dict, results_dir: str | Path, model=None, tokenizer=None, pr
     ``inloop_epochs``, ``inloop_limit``, ``matrix_learning_rate``,
     ``lambda_learning_rate``, ``learning_rate``, ``batch_size``, ``device`` (each of
     the per-task ones may be a mapping ``{task: value, default: value}``). ``overrides`` replace top-level keys (the
-    CLI's flags).
+    CLI's flags). A ``language_model`` section (a decoder's own next-token loss, :mod:`papa_lib.experiments.lm`)
+    runs before the blocks, resuming the same way; its records go to ``results_dir/lm/results.csv``.
     ``only_seeds`` runs a subset of the seeds (a shard); subsets and stores stay those of the full seed list.
     """
     from tqdm.auto import tqdm
@@ -87,8 +89,13 @@ def run_grid(spec: dict, results_dir: str | Path, model=None, tokenizer=None, pr
     custom.register_custom_tasks(spec.get("custom_tasks"))  # tasks of your own (issue 11), registered by load_grid too
     settings, seeds = grid_settings(spec, overrides)
     if model is None:
-        model, tokenizer = load_encoder(settings.get("model"), device=settings.get("device", "cpu"))
+        model, tokenizer = load_model(settings.get("model"), device=settings.get("device", "cpu"))
     store = results.ResultsStore(results_dir)
+    if spec.get("language_model") is not None:  # first: its λ ranks the heads of the blocks' lm_lambda order
+        from . import lm
+
+        lm.run_language_model(model, tokenizer, lm.LMSettings.from_mapping(spec["language_model"]), results_dir,
+                              settings.get("data_dir"), progress=progress)
     plan = grid_runs(spec["blocks"])
     run_seeds = [s for s in seeds if only_seeds is None or s in only_seeds]
     total = sum(len(v) for v in plan.values()) * len(run_seeds)

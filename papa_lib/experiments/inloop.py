@@ -2,7 +2,8 @@
 
 The backbone stays frozen and in eval mode; what trains is the probe plus the override's own parameters (θ, with
 λ = σ(θ), or the trainable matrices). Every step runs the backbone on a packed batch (real tokens only, App. A
-positions) under the override. With a held-out slice, training stops after ``patience`` epochs without improvement
+positions; a padded one where the model cannot pack, e.g. a decoder LM, whose bare decoder runs without its LM head)
+under the override. With a held-out slice, training stops after ``patience`` epochs without improvement
 and restores the best probe and override parameters — the same budget as the probes on frozen features.
 """
 
@@ -44,10 +45,14 @@ class BackboneProbe(nn.Module):
         else:
             inputs, real, word_index = part, part["attention_mask"].bool(), part.word_index
             positions = torch.arange(part.max_length).expand_as(real)
-        from ..core.models import model_inputs
+        from ..core.models import adapter_for, model_inputs, run_backbone
+        from .features import decoder_features
 
         feed = model_inputs(self.backbone, inputs)  # App. A position ids, packed or padded
-        hidden = torch.stack(self.backbone(**feed, output_hidden_states=True).hidden_states, dim=1)  # [B, n, W, D]
+        outputs = run_backbone(self.backbone, feed, output_hidden_states=True)  # a decoder LM: its bare decoder
+        hidden = torch.stack(outputs.hidden_states, dim=1)  # [B, n, W, D]
+        if adapter_for(self.backbone).causal:  # a decoder's probe features (decision rule R14), as the frozen runs'
+            hidden = decoder_features(hidden)
         if self.kind == "token":
             keep = word_index >= 0
             rows = torch.arange(hidden.shape[0])[:, None].expand_as(word_index)

@@ -2,7 +2,9 @@
 
 A ranking either fixes the order (``first_to_last``, ``last_to_first``, ``random``; Sec. 5.4) or scores every head
 ``[layers, heads]`` (low score = least input-dependent = replaced first): ``lambda`` uses the λ learned by mixing
-B = λA + (1-λ)C (Sec. 3.2, Eq. 3); ``reversed`` replaces the largest λ first. Label-free scores (beyond the paper)
+B = λA + (1-λ)C (Sec. 3.2, Eq. 3); ``reversed`` replaces the largest λ first. ``lm_lambda`` (a decoder LM, beyond the
+paper) uses the λ learned once on the decoder's own next-token loss (:mod:`papa_lib.experiments.lm`, read from the
+results folder's ``lm/lambdas.safetensors``), the same for every task and seed. Label-free scores (beyond the paper)
 are registered in :mod:`papa_lib.analysis.norm_rankings`, which ``import papa_lib`` imports.
 
 Every ranking reads a variant's ``fraction`` the same way: the share of heads that **stay input-dependent**
@@ -29,7 +31,10 @@ class HeadRanking:
     """``scores(experiment, matrices_from, seed) -> Tensor [layers, heads]`` (None for fixed orders); ``order`` is
     the :func:`papa_lib.experiments.selection.heads_to_replace` order that uses the scores; ``learned`` rankings
     depend on λ training settings (they enter the run id); ``label`` names it in tables and charts;
-    ``replaced_first`` says which heads go first, i.e. which ``1 - fraction`` of them a variant replaces."""
+    ``replaced_first`` says which heads go first, i.e. which ``1 - fraction`` of them a variant replaces;
+    ``depends_on(experiment) -> dict``: what scores read from elsewhere depend on (e.g. a fingerprint of a file),
+    which enters the run id, so that other scores never reuse a stored record; ``same_for_every_seed``: the scores do
+    not depend on the run's seed, so every seed's probe trains on one backbone pass."""
 
     name: str
     order: str
@@ -37,6 +42,8 @@ class HeadRanking:
     learned: bool = False
     label: str = ""
     replaced_first: str = ""
+    depends_on: Callable | None = None
+    same_for_every_seed: bool = False
 
     @property
     def scored(self) -> bool:
@@ -48,13 +55,14 @@ HEAD_RANKINGS: Registry = Registry("selection order")
 
 def register_head_ranking(name: str, scores: Callable | None = None, *, order: str | None = None,
                           learned: bool = False, label: str | None = None,
-                          replaced_first: str | None = None) -> HeadRanking:
+                          replaced_first: str | None = None, depends_on: Callable | None = None,
+                          same_for_every_seed: bool = False) -> HeadRanking:
     """Register a ranking; with ``scores`` the heads are replaced in ascending score order (the smallest first)."""
     order = order or ("lambda" if scores is not None else name)
     if replaced_first is None:
         replaced_first = (f"smallest {name} score first" if order == "lambda"
                           else "largest score first" if order == "reversed" else f"{name} order")
-    entry = HeadRanking(name, order, scores, learned, label or name, replaced_first)
+    entry = HeadRanking(name, order, scores, learned, label or name, replaced_first, depends_on, same_for_every_seed)
     HEAD_RANKINGS[name] = entry
     return entry
 
@@ -74,6 +82,28 @@ def _learned_lambdas(workspace, matrices_from, seed):
     return learn_lambdas(workspace, matrices_from, lambda_seed(workspace, seed))
 
 
+def _lm_lambdas(workspace, matrices_from=None, seed=0):
+    """The λ learned on the decoder's LM loss (:func:`papa_lib.experiments.lm.read_lm_lambdas`), checked against the
+    model's ``[layers, heads]``; one line (:class:`~papa_lib.errors.PapaInputError`) when there is none."""
+    from ..errors import PapaInputError
+    from .lm import lm_lambdas_path, read_lm_lambdas
+
+    if workspace.results_dir is None:
+        raise PapaInputError("the lm_lambda order reads the λ learned on the LM loss from a results folder "
+                             "(lm/lambdas.safetensors): give the experiment one")
+    lambdas = read_lm_lambdas(workspace.results_dir)
+    if tuple(lambdas.shape) != (workspace.layers, workspace.heads):
+        raise PapaInputError(f"{lm_lambdas_path(workspace.results_dir)}: λ of shape {list(lambdas.shape)}, but the "
+                             f"model has {workspace.layers} layers x {workspace.heads} heads")
+    return lambdas
+
+
+def _lm_lambdas_fingerprint(workspace) -> dict:
+    from .workspace import fingerprint
+
+    return {"lm_lambdas": fingerprint(_lm_lambdas(workspace).float().contiguous())}
+
+
 register_head_ranking("lambda", _learned_lambdas, order="lambda", learned=True,          # Sec. 3.2
                       label="λ (smallest first)", replaced_first="smallest learned λ first")
 register_head_ranking("reversed", _learned_lambdas, order="reversed", learned=True,      # Sec. 5.4
@@ -83,3 +113,6 @@ register_head_ranking("first_to_last", label="first layer → last",            
 register_head_ranking("last_to_first", label="last layer → first",
                       replaced_first="last layer first, heads in the model's order")
 register_head_ranking("random", label="random", replaced_first="a random permutation drawn from the seed")
+register_head_ranking("lm_lambda", _lm_lambdas, order="lambda", label="LM λ (smallest first)",  # a decoder's LM loss
+                      replaced_first="smallest λ learned on the LM loss first", depends_on=_lm_lambdas_fingerprint,
+                      same_for_every_seed=True)

@@ -25,6 +25,7 @@ from .loop import EpochCheckpoint, optimizer_for
 from .matrices import matrix_type
 from .overrides import cached_rows, features_key, override_for, runner, use_cache
 from .provenance import run_provenance
+from .rankings import head_ranking
 from .stages import data_files, data_key, data_source, new_probe, seed_plan, split, store_rows
 from .training import predict_rows, train_seeds
 from .variants import Variant
@@ -178,7 +179,8 @@ def train_inside(ws: Workspace, variant: Variant, seed: int) -> dict:
 # ---------------------------------------------------------------------- stage 6: records
 def relevant_config(ws: Workspace, variant: Variant) -> dict:
     """The settings that can change this variant's number (λ settings only for λ orders, in-loop epochs only for
-    variants trained inside the backbone), so unrelated changes to a grid do not invalidate finished runs."""
+    variants trained inside the backbone, what a ranking's scores are read from: its ``depends_on``), so unrelated
+    changes to a grid do not invalidate finished runs."""
     cfg = asdict(ws.config)
     for key in NOT_IN_RUN_ID:
         cfg.pop(key)
@@ -192,6 +194,8 @@ def relevant_config(ws: Workspace, variant: Variant) -> dict:
         cfg.update(lambda_epochs=ws.config.lambda_epochs, lambda_learning_rate=ws.config.lambda_learning_rate)
         if ws.config.lambda_seed is not None:  # one λ for every seed: other numbers than per-seed λ, other ids
             cfg.update(lambda_seed=ws.config.lambda_seed)
+    if variant.needs_scores and head_ranking(variant.selection_order).depends_on is not None:
+        cfg.update(head_ranking(variant.selection_order).depends_on(ws))  # e.g. the LM λ file's contents
     if not variant.frozen:
         cfg.update(inloop_epochs=ws.config.inloop_epochs, inloop_limit=ws.config.inloop_limit,
                    matrix_learning_rate=ws.config.matrix_learning_rate, inloop="train-then-probe")

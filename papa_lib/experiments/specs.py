@@ -33,8 +33,8 @@ from pydantic import (
 
 from ..errors import PapaInputError
 
-__all__ = ["BlockSpec", "CustomTaskSpec", "GridSpec", "SpecError", "at", "grid_reference", "line_of", "validate",
-           "validate_grid", "yaml_nodes"]
+__all__ = ["BlockSpec", "CustomTaskSpec", "GridSpec", "LanguageModelSpec", "SpecError", "at", "grid_reference",
+           "line_of", "validate", "validate_grid", "yaml_nodes"]
 
 
 class SpecError(PapaInputError):
@@ -119,6 +119,13 @@ def _key(default: Any = None, kind: str = "", text: str = "", factory=None, per_
         return Field(default_factory=factory, description=text, json_schema_extra=extra, min_length=1)
     return Field(default, description=text, json_schema_extra=extra)
 
+
+
+def _check_fractions(value: list) -> list:
+    for i, fraction in enumerate(value):
+        if not _is_number(fraction) or not 0 <= fraction <= 1:
+            raise _At((i,), f"a fraction of input-dependent heads must be a number in [0, 1], got {fraction!r}")
+    return value
 
 
 class _Strict(BaseModel):
@@ -214,10 +221,81 @@ class BlockSpec(_Strict):
     @field_validator("fractions")
     @classmethod
     def _fractions(cls, value):
-        for i, fraction in enumerate(value):
-            if not _is_number(fraction) or not 0 <= fraction <= 1:
-                raise _At((i,), f"a fraction of input-dependent heads must be a number in [0, 1], got {fraction!r}")
+        return _check_fractions(value)
+
+
+class LanguageModelSpec(_Strict):
+    """A grid's ``language_model:`` section: PAPA on a decoder's own next-token loss
+    (:class:`papa_lib.experiments.lm.LMSettings`; the grid's model must be a decoder LM)."""
+
+    corpus: Literal["wikitext-2", "wikitext-103"] = _key("wikitext-2", "wikitext-2 or wikitext-103",
+                                                         "the corpus: test windows scored, validation windows for "
+                                                         "the constants and λ")
+    length: Any = _key(1024, "integer of at least 4", "tokens per window, <bos> included")
+    test_windows: Any = _key(32, "positive integer", "test windows scored (evenly spaced over the split)")
+    average_windows: Any = _key(32, "positive integer", "validation windows the constant matrices average over")
+    lambda_windows: Any = _key(32, "positive integer", "validation windows λ is learned on (the LM loss)")
+    lambda_epochs: Any = _key(2, "positive integer", "epochs of λ training")
+    lambda_learning_rate: Any = _key(0.05, "positive number", "Adam's learning rate for θ (λ = σ(θ))")
+    lambda_seed: Any = _key(0, "non-negative integer", "seed of the window order in λ training")
+    orders: list[str] = _key(kind="list of orders", factory=lambda: ["lambda", "reversed", "random"],
+                             text="head orders of the LM curve: lambda, reversed, random, first_to_last, "
+                                  "last_to_first (λ: learned on the LM loss)")
+    random_seeds: list[Any] = _key(kind="list of non-negative integers", factory=lambda: [0, 1, 2],
+                                   text="one random order per seed")
+    fractions: list[Any] = _key(kind="list of numbers in [0, 1]", factory=lambda: [1, 0.5, 0.125, 0.0625, 0],
+                                text="fractions of heads kept input-dependent")
+    alternatives: list[str] = _key(kind="list of data-free modes", factory=lambda: ["identity", "zeros", "previous",
+                                                                                     "uniform"],
+                                   text="data-free replacements of every head")
+    resamples: Any = _key(2000, "positive integer", "bootstrap resamples of test windows for intervals")
+    bootstrap_seed: Any = _key(0, "non-negative integer", "seed of the bootstrap")
+
+    @field_validator("length")
+    @classmethod
+    def _length(cls, value):
+        return _check(value, "length")
+
+    @field_validator("test_windows", "average_windows", "lambda_windows", "lambda_epochs", "resamples")
+    @classmethod
+    def _counts(cls, value):
+        return _check(value, "positive_int")
+
+    @field_validator("lambda_learning_rate")
+    @classmethod
+    def _rate(cls, value):
+        return _check(value, "positive_number")
+
+    @field_validator("lambda_seed", "bootstrap_seed")
+    @classmethod
+    def _seed(cls, value):
+        return _check(value, "non_negative_int")
+
+    @field_validator("random_seeds")
+    @classmethod
+    def _seeds(cls, value):
+        for i, seed in enumerate(value):
+            _check(seed, "non_negative_int", (i,))
         return value
+
+    @field_validator("orders")
+    @classmethod
+    def _orders(cls, value):
+        from .selection import ORDERS
+
+        return _all_known(value, ORDERS, "order")
+
+    @field_validator("alternatives")
+    @classmethod
+    def _alternatives(cls, value):
+        from .lm import DATA_FREE
+
+        return _all_known(value, DATA_FREE, "data-free mode")
+
+    @field_validator("fractions")
+    @classmethod
+    def _fractions(cls, value):
+        return _check_fractions(value)
 
 
 _DEVICE = re.compile(r"^(auto|cpu|mps|cuda(:\d+)?)$")
@@ -227,8 +305,9 @@ class GridSpec(_Strict):
     """A grid file: top-level settings (see :func:`papa_lib.experiments.grid.run_grid`), ``custom_tasks`` and
     ``blocks``. Settings marked per task take one value or a mapping ``{task: value, default: value}``."""
 
-    model: str | None = _key(None, "string", "hub id, local folder or all-mpnet-base-v2 (the mpnet extra); null: the "
-                                             "embedded all-MiniLM-L6-v2")
+    model: str | None = _key(None, "string", "hub id, local folder, all-mpnet-base-v2 (the mpnet extra) or the "
+                                             "decoder LM gemma-3-270m (the gemma extra); null: the embedded "
+                                             "all-MiniLM-L6-v2")
     data_dir: str | None = _key(None, "path", "data folder laid out like ../shared/data, relative to the working "
                                               "directory; null: the dataset hub. When it lacks SST-2 and every task "
                                               "is sst2, papa grid uses the packaged sample and says so")
@@ -267,6 +346,9 @@ class GridSpec(_Strict):
                                                                 "a GPU)")
     custom_tasks: list[CustomTaskSpec] | None = _key(None, "list of custom tasks",
                                                      "tasks of your own from TSV/CSV files (keys: custom_tasks[])")
+    language_model: LanguageModelSpec | None = _key(None, "language-model section",
+                                                    "a decoder's own next-token loss under PAPA, run before the "
+                                                    "blocks (keys: language_model.)")
     blocks: list[BlockSpec] = Field(description="the runs: each block is its tasks x matrix types x orders x "
                                     "fractions, for every seed (keys: blocks[])",
                                     json_schema_extra={"kind": "list of blocks"})
@@ -346,7 +428,8 @@ def grid_reference():
         return ", ".join(map(str, value)) if isinstance(value, list) else str(value)
 
     rows = []
-    for where, model in (("top level", GridSpec), ("blocks[]", BlockSpec), ("custom_tasks[]", CustomTaskSpec)):
+    for where, model in (("top level", GridSpec), ("blocks[]", BlockSpec), ("custom_tasks[]", CustomTaskSpec),
+                         ("language_model.", LanguageModelSpec)):
         for key, field in model.model_fields.items():
             rows.append({"where": where, "key": key, "type": (field.json_schema_extra or {}).get("kind", ""),
                          "default": shown(field), "description": field.description or ""})
@@ -436,7 +519,7 @@ def _model_at(model: type[BaseModel], loc: tuple):
         if annotation is None:
             return model
         text = str(annotation.annotation)
-        model = BlockSpec if "BlockSpec" in text else CustomTaskSpec if "CustomTaskSpec" in text else model
+        model = next((m for m in (BlockSpec, CustomTaskSpec, LanguageModelSpec) if m.__name__ in text), model)
     return model
 
 

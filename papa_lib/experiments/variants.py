@@ -47,7 +47,10 @@ class Variant:
 
     @property
     def seed_dependent(self) -> bool:
-        """Whether the backbone differs between seeds (λ is learned per seed; random orders are drawn per seed)."""
+        """Whether the backbone differs between seeds (λ is learned per seed; random orders are drawn per seed; a
+        ranking whose scores are the same for every seed, such as ``lm_lambda``, is not)."""
+        if self.needs_scores and HEAD_RANKINGS[self.selection_order].same_for_every_seed:
+            return False
         return self.needs_scores or self.selection_order == "random"
 
     def backbone_per_seed(self, lambda_seed: int | None = None) -> bool:

@@ -18,6 +18,7 @@ import torch
 
 from ..core import layout
 from ..core.models import num_layers_and_heads
+from ..errors import PapaInputError
 from . import probes, results, tasks
 from .features import FeatureStore
 
@@ -87,7 +88,8 @@ NOT_IN_RUN_ID = ("device", "feature_batch_size", "lambda_epochs", "lambda_learni
 
 @dataclass
 class EncodedSplit:
-    """A task split encoded in the PAPA layout, with labels (word-level labels padded with -100 for token tasks)."""
+    """A task split encoded in the PAPA layout (a decoder LM's: the causal one), with labels (word-level labels padded
+    with -100 for token tasks)."""
 
     encoded: layout.EncodedBatch
     labels: torch.Tensor
@@ -99,8 +101,14 @@ class EncodedSplit:
 
 
 def encode_split(tokenizer, spec: tasks.TaskSpec, examples, max_length: int) -> EncodedSplit:
-    """Encode a task split (App. A layout); token tasks get word-aligned labels (-100 where no first sub-token)."""
+    """Encode a task split: the App. A layout, or for a decoder LM's tokenizer (``papa_layout = "causal"``) the causal
+    one, ``[bos] a <separator> b``, a pair joined by the layout's declared separator
+    (:data:`~papa_lib.core.layout.DEFAULT_SEPARATOR`). Token tasks get word-aligned labels (-100 where no first
+    sub-token); they run on encoders only (a :class:`~papa_lib.errors.PapaInputError` for a decoder's tokenizer)."""
     if spec.kind == "token":
+        if getattr(tokenizer, "papa_layout", None) == "causal":
+            raise PapaInputError(f"{spec.name} is a token task, which PAPA probes on encoders only: the decoder layout "
+                                 "has no word-aligned encoding")
         encoded = layout.encode_words(tokenizer, examples.words, max_length=max_length)
         labels = torch.full(encoded.word_index.shape, probes.IGNORE_INDEX, dtype=torch.long)
         for row, tags in enumerate(examples.tags):

@@ -89,18 +89,20 @@ class Stored:
 
 def measure_throughput(model, device="cpu", tokens: int = 24, batch: int = 64, repeats: int = 3) -> tuple[float, float]:
     """(real tokens per second of a packed forward with all hidden states, seconds per probe step) on ``device``."""
+    from ..core.models import adapter_for
     from ..experiments.probes import adamw, make_probe
 
     model = model.to(device).eval()
+    runner = getattr(model, "base_model", model) if adapter_for(model).causal else model  # no 262k-column logits
     vocab = int(model.config.vocab_size)
     ids = torch.randint(5, max(6, vocab - 1), (batch, tokens), device=device)
     inputs = {"input_ids": ids, "attention_mask": torch.ones_like(ids),
               "position_ids": torch.arange(tokens, device=device).expand(batch, tokens)}
     with torch.inference_mode():
-        model(**inputs, output_hidden_states=True)
+        runner(**inputs, output_hidden_states=True)
         started = time.perf_counter()
         for _ in range(repeats):
-            model(**inputs, output_hidden_states=True)
+            runner(**inputs, output_hidden_states=True)
         if str(device).startswith("cuda"):
             torch.cuda.synchronize()
     tokens_per_second = batch * tokens * repeats / (time.perf_counter() - started)
@@ -303,12 +305,12 @@ KNOWN_CONFIGURATIONS = {
 
 
 def _model_for_timing(name: str | None, device: str):
-    """(model, tokenizer or None, how it was obtained): the real encoder if its weights load, else a random one built
-    from its configuration (a local folder or the hub), else a clear error."""
-    from ..core.models import load_encoder
+    """(model, tokenizer or None, how it was obtained): the real model (encoder or decoder LM) if its weights load,
+    else a random encoder built from its configuration (a local folder or the hub), else a clear error."""
+    from ..core.decoders import load_model
 
     try:
-        model, tokenizer = load_encoder(name, device=device)
+        model, tokenizer = load_model(name, device=device)
         return model, tokenizer, "weights"
     except Exception as weights_error:  # noqa: BLE001 - fall back to the configuration below
         from transformers import AutoConfig, AutoModel
@@ -445,5 +447,27 @@ def plan_grid(spec: dict, overrides: dict | None = None, model_name: str | None 
             )
         )
     label = f"{name or 'embedded all-MiniLM-L6-v2'} ({how})"
-    return format_plan(plans, model=label, device=device, tokens_per_second=tokens_per_second,
+    text = format_plan(plans, model=label, device=device, tokens_per_second=tokens_per_second,
                        step_seconds=step_seconds, budget=budget, together=together, results_dir=results_dir)
+    if spec.get("language_model") is not None:
+        text += "\n" + format_language_model_plan(model, spec["language_model"], results_dir)
+    return text
+
+
+def format_language_model_plan(model, section: dict, results_dir=None) -> str:
+    """The plan of a grid's ``language_model`` section (:func:`papa_lib.experiments.lm.plan_language_model`) in one
+    line: runs declared, stored, left, and the time of what is left at the measured speed."""
+    from ..experiments import lm
+
+    settings = lm.LMSettings.from_mapping(section)
+    plan = lm.plan_language_model(model, settings, results_dir or None)
+    stored = []
+    if plan["constants_stored"]:
+        stored.append("constants")
+    if plan["lambdas_stored"]:
+        stored.append("λ")
+    return (f"language model ({settings.corpus}, {settings.test_windows} test windows of {settings.length} tokens): "
+            f"{plan['runs']} runs, {plan['stored']} stored, {plan['left']} left"
+            + (f" ({' and '.join(stored)} stored)" if stored else "")
+            + f"; about {plan['seconds'] / 3600:.2f} h left at the measured {plan['tokens_per_second']:,.0f} "
+              "tokens/s (model and chunked LM loss)")
