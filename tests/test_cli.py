@@ -38,7 +38,6 @@ def restore_tasks(monkeypatch):
 def tiny(monkeypatch):
     """Every model the command loads is the tiny random BERT (160 positions)."""
     monkeypatch.setattr(models, "load_encoder", lambda *a, **k: smoke.tiny_encoder("bert"))
-    monkeypatch.setattr(engine, "load_encoder", lambda *a, **k: smoke.tiny_encoder("bert"))
 
 
 def _rows(n: int, seed: int, pair: bool):

@@ -370,7 +370,6 @@ def test_cli_probe_runs_on_local_files(tmp_path, data_dir, monkeypatch):
     from papa_lib.core import models
 
     monkeypatch.setattr(models, "load_encoder", lambda *a, **k: smoke.tiny_encoder("bert"))
-    monkeypatch.setattr(engine, "load_encoder", lambda *a, **k: smoke.tiny_encoder("bert"))
     code = cli.main(
         [
             "probe",

@@ -47,7 +47,6 @@ from pathlib import Path
 import torch
 
 from ..core.decoders import load_model
-from ..core.models import load_encoder  # noqa: F401  (papa_lib.ops.executors loads its workers' model through it)
 from ..core.override import AttentionOverride
 from . import overrides, runs, selection, stages  # noqa: F401  (selection: engine.selection.ORDERS for callers)
 from .features import BackboneRunner, RaggedRows

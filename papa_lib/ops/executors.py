@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..core import registry
+from ..core.decoders import load_model
 from ..errors import PapaInputError
 from ..experiments import engine, matrices, rankings, results, runs
 from ..experiments.features import FeatureStore
@@ -309,7 +310,7 @@ class RayExecutor:
             raise PapaInputError(f"device {settings['device']} needs GPUs per run (--gpus-per-run 1, or 0.5 for two "
                                  "runs on a GPU): Ray hides the GPUs from tasks that do not ask for them")
         if model is None:
-            model, tokenizer = engine.load_encoder(settings.get("model"), device="cpu")
+            model, tokenizer = load_model(settings.get("model"), device="cpu")  # encoder or decoder LM
         plan = plan_grid_units(spec, results_dir, model, tokenizer, settings, seeds, only_seeds)
         if not plan.units:
             return store
