@@ -5,7 +5,7 @@ What their deleted page modules were tested for is checked on the executed noteb
 matrices, the by-hand Eq. 2 over MNLI pairs and the by-hand weight on L/2 equal the library's; Table 1 names its rows
 as the matrix-type registry does, in its order, draws the majority-class row and marks the rows at or below it;
 the head-weight figure has one row of data-free panels and one of average heads; the C4 and C5 sentences carry the
-verdicts of ``claims.csv``; no output reads ``nan``.
+verdicts of ``claims.csv`` in the words of what was tested (``verdict_text``); no output reads ``nan``.
 """
 
 from __future__ import annotations
@@ -23,8 +23,9 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _verdict(claim: str) -> str:
+    """The committed verdict of ``claim`` in the words of what its rule tested (``verdict_text``)."""
     committed = pd.read_csv(ROOT / "data" / "results" / "local-minilm" / "claims.csv")
-    return committed[(committed.model == "all-MiniLM-L6-v2") & (committed.claim == claim)].verdict.iloc[0]
+    return committed[(committed.model == "all-MiniLM-L6-v2") & (committed.claim == claim)].verdict_text.iloc[0]
 
 
 def _differences(notebook) -> list[float]:

@@ -83,14 +83,14 @@ def test_claim_sentences_carry_the_verdicts_of_claims_csv(local):
     text = "\n".join(chapter_outputs(local, "text/markdown"))
     for claim in ("C1a", "C1b", "C2"):
         sentence = next(s for s in text.split("\n") if s.startswith(f"- **{claim}** (all-MiniLM-L6-v2)"))
-        assert f"the verdict is **{_committed(claim).verdict}**" in sentence, sentence
+        assert f"verdict: **{_committed(claim).verdict_text}**" in sentence, sentence
     c3 = _engine()
     c3 = c3[(c3.claim == "C3") & c3.model.str.contains(" vs ")]
-    if len(c3) and "verdict **" in text.split("**C3**")[-1]:
-        assert f"verdict **{c3.verdict.iloc[0]}**" in text.split("**C3**")[1]
+    if len(c3) and "verdict: **" in text.split("**C3**")[-1]:
+        assert f"verdict: **{c3.verdict_text.iloc[0]}**" in text.split("**C3**")[1]
     found = next(t for t in chapter_outputs(local, "text/markdown")
                  if t.startswith("On all-MiniLM-L6-v2 (local profile)"))
-    assert f"C1a {_committed('C1a').verdict}" in found and f"C1b is {_committed('C1b').verdict}" in found
+    assert f"C1a: {_committed('C1a').verdict_text}" in found and f"C1b: {_committed('C1b').verdict_text}" in found
     assert not re.search(r"\bnan\b", text.lower()) and not re.search(r"\bNone\b(?! of)", text)
 
 
