@@ -450,8 +450,32 @@ def cmd_grid(args) -> int:
         store = executor.run_grid(spec, results_dir, model, tokenizer, overrides=overrides, only_seeds=args.only_seed)
     except ImportError as error:  # --executor ray without Ray installed
         raise UsageError(str(error)) from error
-    _report(_grid_records(spec, store, model, args.only_seed, overrides), stored, store.path)
+    if spec.get("language_model") is not None:
+        _report_language_model(spec["language_model"], results_dir)
+    if spec["blocks"]:
+        _report(_grid_records(spec, store, model, args.only_seed, overrides), stored, store.path)
     return 0
+
+
+def _report_language_model(section: dict, results_dir) -> None:
+    """The closing lines of a grid's language-model section: each configuration's mean next-token NLL with its
+    bootstrap interval over test windows (:mod:`papa_lib.experiments.lm`)."""
+    from .experiments import lm
+
+    records = lm.lm_records(results_dir)
+    settings = lm.LMSettings.from_mapping(section)
+    seen = []
+    for record in records:
+        key = (record["matrix_type"], record["order"], record["fraction"])
+        if key not in seen:
+            seen.append(key)
+    for kind, order, fraction in seen:
+        runs = lm.runs_of(records, kind, order, fraction)
+        interval = lm.nll_interval(runs, settings.resamples, settings.bootstrap_seed)
+        seeds = f" ({len(runs)} seeds)" if len(runs) > 1 else ""
+        print(f"lm\t{kind}\t{order}\t{fraction:g}\tnll={interval.value:.4f} [{interval.low:.4f}, "
+              f"{interval.high:.4f}]{seeds}")
+    print(f"{len(records)} language-model records in {lm.lm_results_path(results_dir)}")
 
 
 def _grid_sample(spec) -> str | None:
