@@ -197,3 +197,24 @@ def test_real_gemma_features_and_pairs(data):
     assert ids[0] == tokenizer.bos_token_id and ids[1:1 + len(first) + len(newline)] == first + newline
     rows = overrides.runner(run, "train").rows(torch.arange(4))
     assert rows.values.shape[1:] == (19, 640) and bool(torch.isfinite(rows.values).all())
+
+
+def test_a_grid_with_a_language_model_section_learns_the_lambda_its_probes_read(decoder_folder, data, tmp_path,
+                                                                                 capsys):
+    out = tmp_path / "results"
+    grid = tmp_path / "grid.yaml"
+    grid.write_text(yaml.safe_dump({
+        "model": str(decoder_folder), "data_dir": str(data), "seeds": 1, "epochs": 1, "max_length": 16,
+        "language_model": {"length": 8, "test_windows": 2, "average_windows": 2, "lambda_windows": 2,
+                           "lambda_epochs": 1, "orders": ["lambda"], "fractions": [1, 0.5, 0],
+                           "alternatives": ["identity"]},
+        "blocks": [{"name": "decoder", "tasks": ["sst2"], "matrix_types": ["average"], "orders": ["lm_lambda"],
+                    "fractions": [0.5]}]}))
+    assert cli.main(["grid", str(grid), "--results-dir", str(out), "--blocks", "decoder"]) == 2  # no λ yet
+    assert cli.main(["grid", str(grid), "--results-dir", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "lm\toriginal\tnone\t1\tnll=" in printed and "5 language-model records" in printed
+    assert lm_lambdas_path(out).is_file() and len(results.ResultsStore(out).frame()) == 1
+    assert cli.main(["grid", str(grid), "--results-dir", str(out), "--blocks", "language_model,decoder",
+                     "--plan"]) == 0
+    assert "5 runs, 5 stored, 0 left" in capsys.readouterr().out
