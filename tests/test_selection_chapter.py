@@ -5,7 +5,8 @@ What its deleted page module (papa_lib/book/selection_pages.py) was tested for i
 outputs: Eq. 3 on one head by hand equals the seam's B and head output, the λ-training loop equals
 ``inloop.learn_lambdas``, the head order by hand equals the library's ranking (on the demonstration's λ and on the
 committed λ), the seed-paired leads equal the claims engine's, the C6a and C6b sentences carry the verdicts of
-``claims.csv`` in the words of what was tested, Fig. 5 names its metric and draws the majority-class baseline, and no output reads ``nan``.
+``claims.csv`` in the words of what was tested, Fig. 5 names its metric and draws the majority-class baseline, and
+no output reads ``nan``.
 """
 
 from __future__ import annotations

@@ -44,9 +44,9 @@ Figures
     cache stays warm).
     ``constant_reference_vs_original_L*`` is the same for the reference path (``fast=False``).
 ``flop_limit_L{128,256,512}``
-    The FLOP-count limit of that speed-up, :func:`flop_limit`: FLOPs of the original layer stack over FLOPs of the
-    all-constant stack (see :func:`layer_flops`). ``constant_speedup_over_limit_L*`` = measured / limit (target:
-    within 5% of 1).
+    The FLOP-count limit of that speed-up, :func:`~papa_lib.ops.costs.flop_limit`: FLOPs of the original layer
+    stack over FLOPs of the all-constant stack (see :func:`~papa_lib.ops.costs.layer_flops`, the cost model's
+    per-layer count). ``constant_speedup_over_limit_L*`` = measured / limit (target: within 5% of 1).
 ``averaging_peak_mem_ratio``
     Peak memory of averaging over a corpus 4x larger divided by the peak over the smaller one (256 and 1024
     sentences, batch 32; each size in a fresh subprocess). On CPU the peak is the resident set size (``VmHWM``,
@@ -76,10 +76,11 @@ Decoder figures (``papa bench decoder``; L = 512, batch 2, random ids, every tok
     ``decoder_fast_vs_reference_max_abs_diff_L512`` the largest difference of the two paths' last hidden states.
 ``decoder_flop_limit_L512``
     The FLOP-count limit of that speed-up for the blocks only (the LM head excluded, as in the timed forward):
-    :func:`flop_limit` with the decoder's shapes (grouped-query key/value width, gated feed-forward block; see
-    :func:`layer_flops` and :func:`~papa_lib.ops.bench_support.decoder_shape`). ``decoder_constant_speedup_over_limit``
-    = measured / limit; ``decoder_flop_limit_with_lm_head_L512`` is the limit of a forward that also computes the
-    logits (Gemma's 262k-word LM head, which the replacement leaves alone, is most of that forward's FLOPs).
+    :func:`~papa_lib.ops.costs.flop_limit` with the decoder's shapes (grouped-query key/value width, gated
+    feed-forward block; see :func:`~papa_lib.ops.costs.layer_flops` and :func:`~papa_lib.ops.costs.decoder_shape`).
+    ``decoder_constant_speedup_over_limit`` = measured / limit; ``decoder_flop_limit_with_lm_head_L512`` is the
+    limit of a forward that also computes the logits (:func:`~papa_lib.ops.costs.lm_head_flops`: Gemma's 262k-word
+    LM head, which the replacement leaves alone, is most of that forward's FLOPs).
 ``decoder_full_vs_chunked_nll_peak_L512``
     Peak memory growth of the summed next-token NLL with the full ``[tokens, vocabulary]`` logits at once
     (:func:`~papa_lib.core.decoders.next_token_nll` with one chunk) over that of its chunked LM head (256 positions
@@ -127,17 +128,14 @@ from .bench_memory import (  # noqa: F401  (bench.bench_memory ...)
     random_decoder_batch,
     store_child,
 )
-from .bench_support import (  # noqa: F401  (re-exported: bench.flop_limit, bench.load_bench_model, ...)
+from .bench_support import (  # noqa: F401  (re-exported: bench.load_bench_model, bench.BenchSizes, ...)
     DEFAULT_DECODER,
     DTYPES,
     MODEL_ENV,
     BenchSizes,
     current_rss_kb,
-    decoder_shape,
-    flop_limit,
     format_figure,
     frozen_parameters,
-    layer_flops,
     load_bench_decoder,
     load_bench_model,
     median_ratio,
@@ -145,6 +143,7 @@ from .bench_support import (  # noqa: F401  (re-exported: bench.flop_limit, benc
     reset_peak_rss,
     synchronize_device,
 )
+from .costs import decoder_shape, flop_limit, layer_flops, lm_head_flops  # noqa: F401  (the one cost model's)
 
 #: The encoder benchmarks (what ``all`` runs).
 ENCODER_BENCHMARKS = ("averaging", "probe", "seeds", "constant", "packing", "memory", "store")
@@ -520,7 +519,7 @@ def bench_decoder(model, tokenizer, sizes: BenchSizes, device) -> dict[str, floa
     limit = flop_limit(length, shape["hidden"], shape["intermediate"], **flop_shape)
     speedup = median_ratio(times["original"], times["constant"])
     tokens = count * length
-    lm_head = length * shape["hidden"] * shape["vocab"] * 2
+    lm_head = lm_head_flops(length, shape["hidden"], shape["vocab"])
     return {
         f"decoder_original_tokens_per_s_L{length}": tokens / statistics.median(times["original"]),
         f"decoder_constant_tokens_per_s_L{length}": tokens / statistics.median(times["constant"]),

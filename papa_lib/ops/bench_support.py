@@ -1,6 +1,6 @@
-"""What :mod:`papa_lib.ops.bench` builds on: the FLOP model of the all-constant speed-up (paper Sec. 3.4; encoders and
-decoders), the problem sizes, the benchmark models, device synchronisation and the process's resident memory.
-Re-exported by :mod:`papa_lib.ops.bench`."""
+"""What :mod:`papa_lib.ops.bench` builds on: the problem sizes, the benchmark models, device synchronisation and the
+process's resident memory. Re-exported by :mod:`papa_lib.ops.bench`. (The FLOP model of the all-constant speed-up is
+the cost model's, :mod:`papa_lib.ops.costs`.)"""
 
 from __future__ import annotations
 
@@ -49,68 +49,6 @@ class BenchSizes:
 def format_figure(name: str, value: float) -> str:
     """One output line, ``name: value``."""
     return f"{name}: {value:.4g}"
-
-
-# ---------------------------------------------------------------------------------------------- the FLOP model
-def layer_flops(length: int, hidden: int, intermediate: int, constant: bool, *, attention_width: int | None = None,
-                kv_width: int | None = None, ffn_matrices: int = 2) -> int:
-    """FLOPs of one transformer layer on one sequence of ``length`` tokens (1 multiply-add = 2 FLOPs).
-
-    Original layer: the Q, K, V and O projections ``n·d·(a + 2·a_kv + a)·2`` (a = H·d′ the width of the query
-    heads, a_kv = H_kv·d′ that of the key/value heads; an encoder has a = a_kv = d, so ``4·n·d²·2``), the scores QKᵀ
-    and the product AV ``2·n²·a·2`` (summed over heads; grouped-query attention still computes them per query head)
-    and the feed-forward block's ``ffn_matrices`` matrices ``m·n·d·d_ff·2`` (2 for BERT's, 3 for the gated blocks of
-    Gemma and Llama). All-constant layer: only the V and O projections ``n·d·(a_kv + a)·2``, the product CV
-    ``n²·a·2`` and the same feed-forward block.
-
-    This is the paper's per-head count (Sec. 3.4: 2n²d′ + 3nd′² → n²d′ + nd′² multiply-adds, with the projection
-    term read as n·d·d′ per head) summed over the H heads, plus the output projection and the feed-forward block,
-    which the replacement does not touch. A decoder's causal mask and sliding window do not reduce the count: the
-    eager attention and the fast path both compute the full ``n × n`` products. Softmax, scaling, masking, layer
-    norms, rotary embeddings, activations and biases are not counted (they are O(n²·H) or O(n·d), small next to the
-    matrix products in FLOPs, though not always in time).
-    """
-    n, d, f = int(length), int(hidden), int(intermediate)
-    a = d if attention_width is None else int(attention_width)
-    a_kv = a if kv_width is None else int(kv_width)
-    feed_forward = int(ffn_matrices) * n * d * f * 2
-    if constant:
-        return n * d * (a_kv + a) * 2 + n * n * a * 2 + feed_forward
-    return n * d * (2 * a + 2 * a_kv) * 2 + 2 * n * n * a * 2 + feed_forward
-
-
-def flop_limit(length: int, hidden: int, intermediate: int, *, attention_width: int | None = None,
-               kv_width: int | None = None, ffn_matrices: int = 2, layers: int = 1, other_flops: int = 0) -> float:
-    """The FLOP-count limit of the all-constant speed-up: FLOPs(original stack) / FLOPs(all-constant stack).
-
-    Every layer has the same shape, so without ``other_flops`` this is the per-layer ratio of :func:`layer_flops`.
-    ``other_flops`` are the FLOPs of one sequence outside the ``layers`` layers that the replacement leaves alone (a
-    decoder's LM head, ``n·d·V·2``): counted on both sides, they pull the limit towards 1.
-    """
-    shape = dict(attention_width=attention_width, kv_width=kv_width, ffn_matrices=ffn_matrices)
-    original = layers * layer_flops(length, hidden, intermediate, False, **shape) + other_flops
-    constant = layers * layer_flops(length, hidden, intermediate, True, **shape) + other_flops
-    return original / constant
-
-
-def decoder_shape(config) -> dict[str, int]:
-    """The :func:`layer_flops` shape of a decoder's layers from its (text) config: ``hidden``, ``intermediate``,
-    ``attention_width`` (H·d′), ``kv_width`` (H_kv·d′), ``ffn_matrices`` (3: the gated blocks of Gemma and Llama;
-    2 for GPT-2), ``layers`` and ``vocab``."""
-    config = getattr(config, "text_config", config)
-    if getattr(config, "model_type", None) == "gpt2":
-        hidden, heads = int(config.n_embd), int(config.n_head)
-        intermediate, kv_heads, matrices = int(config.n_inner or 4 * hidden), heads, 2
-        layers = int(config.n_layer)
-        head_dim = hidden // heads
-    else:
-        hidden, heads = int(config.hidden_size), int(config.num_attention_heads)
-        intermediate, matrices, layers = int(config.intermediate_size), 3, int(config.num_hidden_layers)
-        kv_heads = int(getattr(config, "num_key_value_heads", None) or heads)
-        head_dim = int(getattr(config, "head_dim", None) or hidden // heads)
-    return {"hidden": hidden, "intermediate": intermediate, "attention_width": heads * head_dim,
-            "kv_width": kv_heads * head_dim, "ffn_matrices": matrices, "layers": layers,
-            "vocab": int(config.vocab_size)}
 
 
 def load_bench_model(spec: str | None, device: str = "cpu", dtype: str = "fp32"):

@@ -1,5 +1,9 @@
-"""What a grid costs: compute estimates from the wall times of finished runs, scaled to other encoders and to the
-paper's data sizes (the scale chapter), and the feature-cache bytes of a task.
+"""What a run costs, in one model: the FLOPs of a transformer layer (:func:`layer_flops`; the benchmarks' limit of the
+all-constant speed-up, :func:`flop_limit`, and the encoders' relative compute, :func:`encoder_cost_ratio`, both come
+from it), the bytes of a task's frozen features (:func:`feature_rows_bytes`; the scale chapter's
+:func:`feature_cache_bytes` and ``papa grid --plan`` both come from it), and the scale chapter's compute estimates
+from the wall times of finished runs, scaled to other encoders and to the paper's data sizes (:func:`run_costs`,
+:func:`estimate_compute`, :func:`grid_plan`).
 
 The paper's training-set sizes are those of its Sec. 4.1 datasets; model shapes are the published configurations.
 """
@@ -31,24 +35,120 @@ MODEL_SHAPES = {
 }
 
 
-def encoder_cost_ratio(shape: Sequence[int], reference: Sequence[int] = MODEL_SHAPES["all-MiniLM-L6-v2"]) -> float:
-    """Per-token compute of an encoder relative to ``reference``, from (layers, hidden, feed-forward) sizes.
+# ---------------------------------------------------------------------------------------------- the FLOP model
+def layer_flops(length: int, hidden: int, intermediate: int, constant: bool, *, attention_width: int | None = None,
+                kv_width: int | None = None, ffn_matrices: int = 2, attention_products: bool = True) -> int:
+    """FLOPs of one transformer layer on one sequence of ``length`` tokens (1 multiply-add = 2 FLOPs).
 
-    A layer costs about ``4 d^2`` (Q, K, V, output projections) + ``2 d d_ff`` (feed-forward) multiply-adds per
-    token; the attention product itself (``~2 L d`` per token) is small at L <= 256 and left out.
+    Original layer: the Q, K, V and O projections ``n·d·(a + 2·a_kv + a)·2`` (a = H·d′ the width of the query
+    heads, a_kv = H_kv·d′ that of the key/value heads; an encoder has a = a_kv = d, so ``4·n·d²·2``), the scores QKᵀ
+    and the product AV ``2·n²·a·2`` (summed over heads; grouped-query attention still computes them per query head)
+    and the feed-forward block's ``ffn_matrices`` matrices ``m·n·d·d_ff·2`` (2 for BERT's, 3 for the gated blocks of
+    Gemma and Llama). All-constant layer: only the V and O projections ``n·d·(a_kv + a)·2``, the product CV
+    ``n²·a·2`` and the same feed-forward block. ``attention_products=False`` leaves the n² products (QKᵀ, AV, CV)
+    out: what is left is linear in n, the same per token at every length.
+
+    This is the paper's per-head count (Sec. 3.4: 2n²d′ + 3nd′² → n²d′ + nd′² multiply-adds, with the projection
+    term read as n·d·d′ per head) summed over the H heads, plus the output projection and the feed-forward block,
+    which the replacement does not touch. A decoder's causal mask and sliding window do not reduce the count: the
+    eager attention and the fast path both compute the full ``n × n`` products. Softmax, scaling, masking, layer
+    norms, rotary embeddings, activations and biases are not counted (they are O(n²·H) or O(n·d), small next to the
+    matrix products in FLOPs, though not always in time).
     """
+    n, d, f = int(length), int(hidden), int(intermediate)
+    a = d if attention_width is None else int(attention_width)
+    a_kv = a if kv_width is None else int(kv_width)
+    feed_forward = int(ffn_matrices) * n * d * f * 2
+    products = int(bool(attention_products))
+    if constant:
+        return n * d * (a_kv + a) * 2 + products * n * n * a * 2 + feed_forward
+    return n * d * (2 * a + 2 * a_kv) * 2 + products * 2 * n * n * a * 2 + feed_forward
+
+
+def lm_head_flops(length: int, hidden: int, vocab: int) -> int:
+    """FLOPs of a decoder's LM head on one sequence of ``length`` tokens: the logits, ``n·d·V·2``."""
+    return int(length) * int(hidden) * int(vocab) * 2
+
+
+def flop_limit(length: int, hidden: int, intermediate: int, *, attention_width: int | None = None,
+               kv_width: int | None = None, ffn_matrices: int = 2, layers: int = 1, other_flops: int = 0) -> float:
+    """The FLOP-count limit of the all-constant speed-up: FLOPs(original stack) / FLOPs(all-constant stack).
+
+    Every layer has the same shape, so without ``other_flops`` this is the per-layer ratio of :func:`layer_flops`.
+    ``other_flops`` are the FLOPs of one sequence outside the ``layers`` layers that the replacement leaves alone (a
+    decoder's LM head, :func:`lm_head_flops`): counted on both sides, they pull the limit towards 1.
+    """
+    shape = dict(attention_width=attention_width, kv_width=kv_width, ffn_matrices=ffn_matrices)
+    original = layers * layer_flops(length, hidden, intermediate, False, **shape) + other_flops
+    constant = layers * layer_flops(length, hidden, intermediate, True, **shape) + other_flops
+    return original / constant
+
+
+def decoder_shape(config) -> dict[str, int]:
+    """The :func:`layer_flops` shape of a decoder's layers from its (text) config: ``hidden``, ``intermediate``,
+    ``attention_width`` (H·d′), ``kv_width`` (H_kv·d′), ``ffn_matrices`` (3: the gated blocks of Gemma and Llama;
+    2 for GPT-2), ``layers`` and ``vocab``."""
+    config = getattr(config, "text_config", config)
+    if getattr(config, "model_type", None) == "gpt2":
+        hidden, heads = int(config.n_embd), int(config.n_head)
+        intermediate, kv_heads, matrices = int(config.n_inner or 4 * hidden), heads, 2
+        layers = int(config.n_layer)
+        head_dim = hidden // heads
+    else:
+        hidden, heads = int(config.hidden_size), int(config.num_attention_heads)
+        intermediate, matrices, layers = int(config.intermediate_size), 3, int(config.num_hidden_layers)
+        kv_heads = int(getattr(config, "num_key_value_heads", None) or heads)
+        head_dim = int(getattr(config, "head_dim", None) or hidden // heads)
+    return {"hidden": hidden, "intermediate": intermediate, "attention_width": heads * head_dim,
+            "kv_width": kv_heads * head_dim, "ffn_matrices": matrices, "layers": layers,
+            "vocab": int(config.vocab_size)}
+
+
+def encoder_cost_ratio(shape: Sequence[int], reference: Sequence[int] = MODEL_SHAPES["all-MiniLM-L6-v2"],
+                       length: int | None = None) -> float:
+    """Per-token compute of an encoder relative to ``reference``, from (layers, hidden, feed-forward) sizes: the
+    ratio of their stacks' :func:`layer_flops` (original layers, a = a_kv = d, two feed-forward matrices).
+
+    Without ``length`` the attention products are left out (``attention_products=False``): a layer then costs
+    ``4 d^2`` (Q, K, V, output projections) + ``2 d d_ff`` (feed-forward) multiply-adds per token, whatever the
+    length; the products themselves (``~2 L d`` per token) are small at L <= 256. With ``length`` they are counted
+    at that sequence length L, for both encoders.
+    """
+    if length is not None and int(length) <= 0:
+        raise ValueError(f"encoder_cost_ratio: length must be > 0, got {length}")
+
     def per_token(dims: Sequence[int]) -> float:
         if len(dims) != 3 or any(int(v) <= 0 for v in dims):
             raise ValueError(f"encoder_cost_ratio: a shape is (layers, hidden, feed_forward) > 0, got {tuple(dims)}")
         layers, hidden, ff = (int(v) for v in dims)
-        return layers * (4 * hidden * hidden + 2 * hidden * ff)
+        if length is None:
+            return layers * layer_flops(1, hidden, ff, False, attention_products=False)
+        return layers * layer_flops(length, hidden, ff, False) / int(length)
 
     return per_token(shape) / per_token(reference)
 
 
+# ---------------------------------------------------------------------------------------------- feature bytes
+def feature_rows_bytes(rows: float, layers: int, hidden: int, kind: str = "sentence", *, positions: bool = False,
+                       bytes_per_value: int = 2) -> int:
+    """Bytes of ``rows`` rows of frozen features, each a vector of every layer and the embeddings: ``rows x
+    (layers+1) x hidden x bytes_per_value`` (float16 by default), the layout of
+    :class:`papa_lib.experiments.features.FeatureStore`. ``rows`` may be an estimate (fractional).
+
+    ``positions``: also count the int16 App. A position the store keeps with each row of a sentence task (2 bytes a
+    row; a token task keeps none), as :func:`papa_lib.experiments.features.feature_bytes` does for encoded rows.
+    """
+    if kind not in ("sentence", "token"):
+        raise ValueError(f"feature_rows_bytes: kind must be 'sentence' or 'token', got {kind!r}")
+    values = rows * (int(layers) + 1) * int(hidden) * int(bytes_per_value)
+    return int(values + (rows * 2 if positions and kind == "sentence" else 0))
+
+
 def feature_cache_bytes(kind: str, examples: int, layers: int, hidden: int, length: int | None = None,
-                        bytes_per_value: int = 2, tokens_per_example: float | None = None) -> int:
-    """Bytes of frozen features of one split, float16, every layer and the embeddings.
+                        bytes_per_value: int = 2, tokens_per_example: float | None = None,
+                        positions: bool = False) -> int:
+    """Bytes of frozen features of one split, float16, every layer and the embeddings (:func:`feature_rows_bytes`
+    of the split's rows; ``positions`` as there, left out by default).
 
     The feature store (:class:`papa_lib.experiments.features.FeatureStore`) keeps real tokens only: for a sentence
     task ``examples x tokens_per_example x (layers+1) x D``. Without ``tokens_per_example``, a sentence task counts
@@ -59,8 +159,9 @@ def feature_cache_bytes(kind: str, examples: int, layers: int, hidden: int, leng
         raise ValueError(f"feature_cache_bytes: kind must be 'sentence' or 'token', got {kind!r}")
     if kind == "sentence" and not length and not tokens_per_example:
         raise ValueError("feature_cache_bytes: a sentence task needs its length L or its real tokens per example")
-    positions = (tokens_per_example or length) if kind == "sentence" else 1
-    return int(int(examples) * (int(layers) + 1) * int(hidden) * positions * int(bytes_per_value))
+    per_example = (tokens_per_example or length) if kind == "sentence" else 1
+    return feature_rows_bytes(int(examples) * per_example, layers, hidden, kind, positions=positions,
+                              bytes_per_value=bytes_per_value)
 
 
 def _run_kind(matrix_type: str) -> str:

@@ -17,6 +17,10 @@ recorded, the constant matrices and λ already saved (a run stopped after learni
 resumed run reads it), and, for the variants whose seeds train together, their cached features when whole and the
 probe epochs their seeds' states hold (``checkpoints/``: a run stopped mid-training goes on from there).
 
+Feature bytes are the cost model's (:func:`papa_lib.ops.costs.feature_rows_bytes`): the store's rows (a sentence task's
+real tokens; a token task's words, estimated as 0.6 of its sub-tokens) x (layers+1) x hidden x 2 bytes, plus the 2-byte
+position of each row of a sentence task.
+
 The backbone passes alone give a floor no probe speed-up can lower; the plan prints it twice: as the grid declares
 it, and as it would be with λ learned once per task (and one random order) instead of once per seed, the largest
 saving a budget could buy without touching the data, the seeds or the probes.
@@ -42,9 +46,10 @@ import torch
 
 from ..experiments import tasks
 from ..experiments.features import DEFAULT_BUDGET_FRACTION  # noqa: F401  (the default budget the plan compares against)
+from .costs import PAPER_TRAIN_SIZES, feature_rows_bytes  # the one cost model's training sizes and feature bytes
 
-#: Training-set sizes of the paper's data (GLUE train, CoNLL-2003 eng.train), used when the data is not at hand.
-PAPER_TRAIN_SIZES = {"cola": 8551, "sst2": 67349, "mrpc": 3668, "mnli": 392702, "ner": 14041, "pos": 14041}
+#: Validation-set sizes of the paper's data; with :data:`~papa_lib.ops.costs.PAPER_TRAIN_SIZES` (the training sets),
+#: used when the data is not at hand.
 PAPER_VALIDATION_SIZES = {"cola": 1043, "sst2": 872, "mrpc": 408, "mnli": 9832, "ner": 3250, "pos": 3250}
 #: Typical real tokens per example (measured on ../shared/data with the MiniLM tokenizer), for data not at hand.
 TYPICAL_TOKENS = {"cola": 11.0, "sst2": 13.3, "mrpc": 53.0, "mnli": 42.0, "ner": 24.0, "pos": 24.0}
@@ -210,7 +215,8 @@ def plan_task(task: str, variants, config, *, layers: int, hidden: int, tokens_p
     store_rows = (round(n_train * (1 - (1 - per_seed / n_train) ** running))
                   if config.limit and config.limit < n_train else n_train)
     rows_per_example = tokens if spec.kind == "sentence" else tokens * 0.6  # token tasks keep first sub-tokens only
-    feature_bytes = int((store_rows + n_val) * rows_per_example * (layers + 1) * hidden * 2)
+    feature_bytes = feature_rows_bytes((store_rows + n_val) * rows_per_example, layers, hidden, spec.kind,
+                                       positions=True)  # what the store keeps, sentence positions included
     mode = "cache" if feature_bytes <= budget else "stream"
     frozen = [v for v in variants if v.frozen]
     inloop = [v for v in variants if not v.frozen]
