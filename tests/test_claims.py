@@ -19,10 +19,12 @@ ROOT = Path(__file__).resolve().parents[1]
 # ---------------------------------------------------------------------------------------------- rules
 def test_the_rules_are_declared_in_one_file_with_one_row_per_claim():
     table = claims.rules()
-    assert list(table.index) == ["C1a", "C1b", "C2", "C3", "C4", "C5", "C6a", "C6b", "C7", "C8a", "C8b", "C8c"]
+    assert list(table.index) == ["C1a", "C1b", "C2", "C3", "C4", "C5", "C6a", "C6b", "C7", "C8a", "C8b", "C8c", "C9",
+                                 "C10"]
     assert set(table.test) == {"band", "band_every", "direction", "correlation", "not_testable"}
     assert (table.loc[["C1a", "C1b"], "high"] == 0.20).all()
-    assert (table.loc[["C8a", "C8b", "C8c"], "min_effect"] == 0.1).all()
+    assert (table.loc[["C8a", "C8b", "C8c", "C9"], "min_effect"] == 0.1).all()
+    assert (table.loc[["C9", "C10"], "relative_to_data"].str.startswith("before")).all()
     assert all(str(c).endswith(".md") and (ROOT / "book" / c).exists() for c in table.chapter)
 
 
