@@ -17,6 +17,11 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 # ---------------------------------------------------------------------------------------------- rules
+def test_c10_without_probe_records_is_not_measured():
+    rows = claims.claims_table({}, lm={"gemma-3-270m": [{"matrix_type": "original", "order": "none"}]})
+    assert list(rows.claim) == ["C3", "C7", "C10"] and rows.verdict.iloc[-1].startswith("not measured")
+
+
 def test_the_rules_are_declared_in_one_file_with_one_row_per_claim():
     table = claims.rules()
     assert list(table.index) == ["C1a", "C1b", "C2", "C3", "C4", "C5", "C6a", "C6b", "C7", "C8a", "C8b", "C8c", "C9",
@@ -264,6 +269,10 @@ def test_every_chapter_renders_the_verdict_of_claims_csv():
     # alternatives (C4) and transfer (C5): their executed chapters, tests/test_alternatives_transfer_chapters.py;
     # probing (C1a, C1b, C2, C3): its executed chapter, tests/test_probing_chapter.py;
     # selection (C6a, C6b): its executed chapter, tests/test_selection_chapter.py
+    # the decoder chapter renders C1a-C2, C9 and C10 of the decoder from the engine (tests/test_decoder_chapter.py)
+    decoder = (ROOT / "book" / "decoder.md").read_text()
+    assert "claims.claims_table(" in decoder and "claims.norm_claims(" in decoder
+    assert set(claims.rules().loc[["C9", "C10"], "chapter"]) == {"decoder.md"}
     kobayashi = pd.DataFrame(claims.norm_claims(analysis, "all-MiniLM-L6-v2"))  # the norms chapter's rows
     assert list(kobayashi.verdict) == list(committed.loc[["C8a", "C8b", "C8c"], "verdict"])
 

@@ -55,7 +55,17 @@ def test_intro_at_local_shows_the_claims_engine_rows_and_the_eq3_check(tmp_path)
     rows = pd.read_csv(claims_csv)
     c1a = rows[(rows.claim == "C1a") & (rows.model == "all-MiniLM-L6-v2")].iloc[0]
     found = next(t for t in texts if t.startswith("On all-MiniLM-L6-v2 ("))
-    assert f"verdict is **{c1a.verdict}**" in found
+    assert f"reads it as **{c1a.verdict_text}**" in found
+    if (rows.model == "gemma-3-270m").any():  # the decoder's paragraph, from its LM records and C9/C10
+        from papa_lib.experiments import lm
+
+        decoder = next(t for t in texts if t.startswith("On gemma-3-270m, making every one"))
+        records = lm.lm_records(REPO / "data" / "results" / "local-gemma")
+        nll = lm.nll_interval(lm.runs_of(records, "original", "none")).value
+        assert f"from {nll:.3g} to " in decoder
+        for claim in ("C9", "C10"):
+            row = rows[(rows.claim == claim) & (rows.model == "gemma-3-270m")].iloc[0]
+            assert f"{row.verdict_text} (claim {claim})" in decoder
     table = next(t for t in texts if t.startswith("| claim | model |"))
     for row in rows.itertuples():
         line = next(line for line in table.splitlines() if line.startswith(f"| {row.claim} | {row.model} |"))

@@ -909,11 +909,11 @@ def objective_claims(frame: pd.DataFrame, lm_records: Sequence[Mapping], model: 
     from ..experiments.lm import constant_share
 
     rule, c1a = rules().loc["C10"], rules().loc["C1a"]
-    every = _order(set(frame.task))
     needed = {("original", "none"), ("average", "all"), ("unigram", "none")}
-    if not len(frame) or not needed <= {(r["matrix_type"], r["order"]) for r in lm_records}:
+    if not len(frame) or "task" not in frame or not needed <= {(r["matrix_type"], r["order"]) for r in lm_records}:
         why = "needs the decoder's probe records and its LM records (original, every head constant, unigram)"
         return [_row(model, "C10", rule, None, "", None, f"not measured: {why}")]
+    every = _order(set(frame.task))
     with _reading() as read_every:
         _c1(frame, every, c1a, "average")
     included = [t for t in every if not below_floor(frame, read_every, t)]

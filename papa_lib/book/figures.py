@@ -13,6 +13,8 @@ only chooses *which rows* feed them:
 * :func:`matrix_type_summary`, :func:`matrix_type_table`, :func:`average_vs_data_free` -- Table 1 / Table 4.
 * :func:`transfer_summary`, :func:`transfer_table`, :func:`transfer_differences` -- Table 2 / Table 5.
 * :func:`with_paper` -- our numbers beside the paper's (``papa_lib.analysis.paper``), in one long frame for a chart.
+* :func:`lm_curve`, :func:`lm_difference` -- a decoder's own objective (:mod:`papa_lib.experiments.lm`): next-token
+  NLL per point with its interval over test windows, and paired differences between two orders or from the original.
 * :func:`stored_matrices`, :func:`column_mass`, :func:`diagonal_mass`, :func:`position_coverage` -- where the
   stored constant matrices put their weight (Sec. 5.1, 5.3), how often a position holds a real token (App. A);
   :func:`grid_coverage`, :func:`task_lengths`, :func:`per_task_setting` -- what a declared grid asks for and which
@@ -70,6 +72,9 @@ __all__ = [
     "fraction_label",
     "grid_coverage",
     "half_heads_drop",
+    "lm_curve",
+    "lm_difference",
+    "lm_groups",
     "load_matrices",
     "matrix_type_summary",
     "matrix_type_table",
@@ -514,3 +519,80 @@ def with_paper(ours: pd.DataFrame, paper_long: pd.DataFrame, key: str, ours_labe
         paper = paper.merge(wanted, on=[key, "task"], how="inner")
     out = pd.concat([mine[columns], paper[columns]], ignore_index=True)
     return out
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# A decoder's own objective: the LM experiment (papa_lib.experiments.lm)
+# ----------------------------------------------------------------------------------------------------------------
+
+#: The columns of :func:`lm_curve`.
+LM_CURVE_COLUMNS = ["matrix_type", "order", "fraction", "fraction_label", "nll", "ci_low", "ci_high", "runs",
+                    "input_dependent", "replaced", "windows", "tokens"]
+#: The columns of :func:`lm_difference`.
+LM_DIFFERENCE_COLUMNS = ["fraction", "fraction_label", "difference", "ci_low", "ci_high"]
+
+
+def lm_groups(records: Iterable[dict]) -> dict[tuple[str, str, float], list[dict]]:
+    """The LM records (:func:`papa_lib.experiments.lm.lm_records`) grouped by ``(matrix_type, order, fraction)``, in
+    the order they ran: a ``random`` order's seeds share one group, every other group holds one run."""
+    groups: dict[tuple[str, str, float], list[dict]] = {}
+    for record in records:
+        key = (str(record["matrix_type"]), str(record["order"]), round(float(record["fraction"]), 9))
+        groups.setdefault(key, []).append(record)
+    return groups
+
+
+def lm_curve(records: Iterable[dict], resamples: int = 2000, seed: int = 0) -> pd.DataFrame:
+    """One row per point of the LM experiment: mean next-token NLL (nats per predicted token) and its percentile
+    bootstrap 95% interval over the test windows (:func:`papa_lib.experiments.lm.nll_interval`; a ``random``
+    order's seeds averaged window by window, ``runs`` of them). Columns :data:`LM_CURVE_COLUMNS`; the original first,
+    then each order by decreasing fraction, every head constant, the data-free alternatives, then any baseline without
+    attention (the ``unigram`` one). No records: empty."""
+    from ..experiments.lm import DATA_FREE, nll_interval
+
+    rows = []
+    for (matrix_type, order, fraction), group in lm_groups(records).items():
+        interval = nll_interval(group, resamples=resamples, seed=seed)
+        first = group[0]
+        rows.append({"matrix_type": matrix_type, "order": order, "fraction": fraction,
+                     "fraction_label": fraction_label(fraction), "nll": interval.value, "ci_low": interval.low,
+                     "ci_high": interval.high, "runs": len(group), "input_dependent": int(first["input_dependent"]),
+                     "replaced": int(first["replaced"]), "windows": int(first["windows"]),
+                     "tokens": int(first["tokens"])})
+    if not rows:
+        return empty_frame(LM_CURVE_COLUMNS)
+    frame = pd.DataFrame(rows)
+    ranks = {"original": 0, "average": 1, **dict.fromkeys(DATA_FREE, 2)}
+    rank = frame["matrix_type"].map(lambda t: ranks.get(t, 3))  # then baselines without attention (unigram)
+    all_heads = (frame["order"] == "all").astype(int)
+    frame = frame.assign(_rank=rank, _all=all_heads, _fraction=-frame["fraction"])
+    frame = frame.sort_values(["_rank", "_all", "order", "_fraction"], kind="stable")
+    return frame.drop(columns=["_rank", "_all", "_fraction"]).reset_index(drop=True)[LM_CURVE_COLUMNS]
+
+
+def lm_difference(records: Iterable[dict], variant: tuple[str, str], reference: tuple[str, str],
+                  resamples: int = 2000, seed: int = 0) -> pd.DataFrame:
+    """``variant − reference`` mean NLL per fraction, with the paired bootstrap interval over test windows
+    (:func:`papa_lib.experiments.lm.paired_difference`: the same windows resampled for both; positive = the variant
+    predicts worse). ``variant`` and ``reference`` are ``(matrix_type, order)`` pairs (``("average", "lambda")``,
+    ``("original", "none")``); the original is compared at every fraction of the other side. One row per fraction
+    the two share (decreasing); columns :data:`LM_DIFFERENCE_COLUMNS`."""
+    from ..experiments.lm import paired_difference
+
+    groups = lm_groups(list(records))
+
+    def points(side):
+        return {fraction: group for (matrix_type, order, fraction), group in groups.items()
+                if (matrix_type, order) == tuple(side)}
+
+    mine, theirs = points(variant), points(reference)
+    if tuple(reference)[0] == "original" and theirs:
+        theirs = dict.fromkeys(mine, next(iter(theirs.values())))
+    if tuple(variant)[0] == "original" and mine:
+        mine = dict.fromkeys(theirs, next(iter(mine.values())))
+    rows = []
+    for fraction in sorted(set(mine) & set(theirs), reverse=True):
+        interval = paired_difference(mine[fraction], theirs[fraction], resamples=resamples, seed=seed)
+        rows.append({"fraction": fraction, "fraction_label": fraction_label(fraction), "difference": interval.value,
+                     "ci_low": interval.low, "ci_high": interval.high})
+    return pd.DataFrame(rows, columns=LM_DIFFERENCE_COLUMNS)

@@ -122,7 +122,7 @@ def committed_facts(frame: pd.DataFrame | None, folder: str | os.PathLike | None
     if where:
         pieces.append(f"ran on {where} (BENCHMARKS.md has the timings)")
     place = f"`{_relative(folder, root)}`, " if folder is not None else ""
-    return f"{place}{len(frame)} records: " + "; ".join(pieces)
+    return f"{place}{len(frame)} record{'s' if len(frame) != 1 else ''}: " + "; ".join(pieces)
 
 
 def live_facts(setup, what: str | None = None) -> str:

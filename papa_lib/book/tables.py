@@ -25,7 +25,9 @@ MISSING = "—"
 
 def plural(count: int, word: str, number: bool = True) -> str:
     """``'1 task'``, ``'6 tasks'`` (``number=False``: the word alone, in the form ``count`` needs): no ``task(s)``."""
-    form = word if int(count) == 1 else (word + "es" if word.endswith(("s", "x", "ch", "sh")) else word + "s")
+    irregular = {"epoch": "epochs"}  # a "ch" said as "k" takes a plain "s"
+    form = word if int(count) == 1 else irregular.get(word) or (
+        word + "es" if word.endswith(("s", "x", "ch", "sh")) else word + "s")
     return f"{count} {form}" if number else form
 
 
