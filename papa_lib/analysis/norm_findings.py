@@ -304,9 +304,14 @@ def kobayashi_findings(stats: CorpusNormStatistics, corpus_counts, *, replicates
         "frequency_rank_vs_norm": occurrence_frequency_correlation(stats, corpus_counts, replicates=replicates,
                                                                    confidence=confidence, seed=seed),
     }
+    return _finding_rows(results, FINDINGS)
+
+
+def _finding_rows(results: dict, table: dict) -> pd.DataFrame:
+    """One row per finding: ``table``'s source, observation and sign beside the correlation's result."""
     rows = []
     for finding, result in results.items():
-        source, observation, sign = FINDINGS[finding]
+        source, observation, sign = table[finding]
         rows.append({"finding": finding, "source": source, "observation": observation, "paper_sign": sign,
                      **{key: result[key] for key in ("n", "n_seen", "n_clusters", "spearman_rho", "ci_low",
                                                      "ci_high")}})
@@ -629,13 +634,7 @@ def decoder_findings(stats: CorpusNormStatistics, corpus_counts, unnormed: np.nd
                                                    seed=seed), "n_seen": int(sample.seen)} for name, y in ys.items()}
     results["frequency_rank_vs_norm"] = occurrence_frequency_correlation(stats, corpus_counts, replicates=replicates,
                                                                          confidence=confidence, seed=seed)
-    rows = []
-    for finding, result in results.items():
-        source, observation, sign = DECODER_FINDINGS[finding]
-        rows.append({"finding": finding, "source": source, "observation": observation, "paper_sign": sign,
-                     **{key: result[key] for key in ("n", "n_seen", "n_clusters", "spearman_rho", "ci_low",
-                                                     "ci_high")}})
-    return pd.DataFrame(rows)
+    return _finding_rows(results, DECODER_FINDINGS)
 
 
 def run_decoder_analyses(model: torch.nn.Module, tokenizer, data_dir, out_dir, n_windows: int = 64,
