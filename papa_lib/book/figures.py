@@ -596,3 +596,56 @@ def lm_difference(records: Iterable[dict], variant: tuple[str, str], reference: 
         rows.append({"fraction": fraction, "fraction_label": fraction_label(fraction), "difference": interval.value,
                      "ci_low": interval.low, "ci_high": interval.high})
     return pd.DataFrame(rows, columns=LM_DIFFERENCE_COLUMNS)
+
+
+# ---------------------------------------------------------------------------------------------- the decoder's picture
+def causal_picture(matrices, config, windows: int, blocks: int = 32) -> dict:
+    """What the decoder chapter draws of causal constant matrices ``[layers, heads, L, L]``: each head's matrix in
+    ``blocks`` x ``blocks`` blocks of positions (a block's share of a query's attention, averaged over its queries),
+    the first-token column and the diagonal for queries 1 to L-1, the largest entry outside a local layer's sliding
+    window (per layer), and the shape (``layers``, ``heads``, ``length``, ``window``, ``kinds``, ``block``,
+    ``windows`` averaged)."""
+    import torch
+
+    M = torch.as_tensor(matrices).float()
+    layers, heads, length, _ = M.shape
+    block = max(1, length // blocks)
+    n = length // block
+    pooled = M[..., :n * block, :n * block].reshape(layers, heads, n, block, n, block).sum(-1).mean(-2)
+    window = int(getattr(config, "sliding_window", None) or length)
+    outside = torch.arange(length)[:, None] - torch.arange(length)[None, :] >= window
+    kinds = ["global" if kind == "full_attention" else "local"
+             for kind in getattr(config, "layer_types", ["full_attention"] * layers)]
+    return {"pooled": pooled, "first": M[..., 1:, 0], "diagonal": M.diagonal(dim1=-2, dim2=-1)[..., 1:],
+            "outside_window": M[..., outside].amax(dim=(1, 2)) if bool(outside.any()) else torch.zeros(layers),
+            "layers": layers, "heads": heads, "length": length, "window": window, "kinds": kinds, "block": block,
+            "windows": int(windows)}
+
+
+_PICTURE_TENSORS = ("pooled", "first", "diagonal", "outside_window")
+
+
+def save_causal_picture(picture: dict, path) -> None:
+    """Write :func:`causal_picture`'s output as safetensors (its shape in the metadata)."""
+    import json
+    from pathlib import Path
+
+    from safetensors.torch import save_file
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tensors = {key: picture[key].contiguous().float() for key in _PICTURE_TENSORS}
+    meta = {key: value for key, value in picture.items() if key not in _PICTURE_TENSORS}
+    save_file(tensors, str(path), metadata={"picture": json.dumps(meta)})
+
+
+def load_causal_picture(path) -> dict:
+    """:func:`causal_picture`'s output from a file :func:`save_causal_picture` wrote."""
+    import json
+
+    from safetensors import safe_open
+    from safetensors.torch import load_file
+
+    with safe_open(str(path), framework="pt") as handle:
+        meta = json.loads(handle.metadata()["picture"])
+    return {**load_file(str(path)), **meta}
