@@ -31,6 +31,7 @@ from __future__ import annotations
 import os
 import types
 from collections.abc import Callable
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -450,6 +451,20 @@ def model_id(model: nn.Module) -> str:
     """Readable id of a model loaded by :func:`load_encoder` or :func:`~papa_lib.core.decoders.load_decoder` (falls
     back to the config's name or type)."""
     return getattr(model, "papa_model_id", None) or getattr(model.config, "name_or_path", "") or model.config.model_type
+
+
+@contextmanager
+def frozen_parameters(model: nn.Module):
+    """Temporarily stop ``model``'s parameters from requiring gradients (restored exactly on exit): train an
+    override's θ or a probe through a frozen backbone."""
+    flags = [(p, p.requires_grad) for p in model.parameters()]
+    try:
+        for p, _ in flags:
+            p.requires_grad_(False)
+        yield model
+    finally:
+        for p, flag in flags:
+            p.requires_grad_(flag)
 
 
 def model_device(model: nn.Module) -> torch.device:

@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..core.models import frozen_parameters
 from ..core.packing import pack, supports_packing
 from .features import select_rows
 from .loop import Member, RandomStream, TrainedProbe, fit
@@ -173,13 +174,6 @@ def learn_lambdas(model, constants, probe: nn.Module, joint, batches_fn, *, seed
         for inputs, targets in batches_fn(epoch):
             yield [(member, inputs, targets)]
 
-    flags = [(p, p.requires_grad) for p in model.parameters()]
-    for parameter, _ in flags:
-        parameter.requires_grad_(False)
-    try:
-        with state.applied(model):
-            fit([member], steps, epochs=epochs, learning_rate=learning_rate, device=device, progress=progress)
-    finally:
-        for parameter, flag in flags:
-            parameter.requires_grad_(flag)
+    with frozen_parameters(model), state.applied(model):
+        fit([member], steps, epochs=epochs, learning_rate=learning_rate, device=device, progress=progress)
     return state.lambdas()

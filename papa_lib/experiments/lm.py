@@ -36,6 +36,7 @@ import io
 import json
 import time
 from collections.abc import Callable, Iterable
+from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -45,7 +46,7 @@ import torch
 from ..core.artefacts import write_atomic
 from ..core.averaging import ConstantAttention, average_attention
 from ..core.decoders import next_token_nll, next_token_nll_backward
-from ..core.models import model_device, num_layers_and_heads
+from ..core.models import frozen_parameters, model_device, model_id, num_layers_and_heads
 from ..core.override import AttentionOverride, override
 from .provenance import config_hash, run_provenance
 from .selection import num_input_dependent, replacement_order
@@ -195,13 +196,10 @@ def unigram_nll(tokenizer, reference_lines: Iterable[str], windows: torch.Tensor
 def window_nll(model, windows: torch.Tensor, state: AttentionOverride | None = None) -> np.ndarray:
     """Mean next-token NLL (nats per predicted token) of each window, under ``state`` (``None``: the original)."""
     values = []
-    for row in windows:
-        if state is None:
+    with override(model, state=state) if state is not None else nullcontext():
+        for row in windows:
             total, count = next_token_nll(model, _batch(row))
-        else:
-            with override(model, state=state):
-                total, count = next_token_nll(model, _batch(row))
-        values.append(total / count)
+            values.append(total / count)
     return np.asarray(values, dtype=np.float64)
 
 
@@ -213,26 +211,19 @@ def learn_lm_lambdas(model, constants: ConstantAttention, windows: torch.Tensor,
     state = AttentionOverride(model, constants, heads="all", mode="mix")
     optimizer = torch.optim.Adam([state.theta], lr=learning_rate)
     generator = torch.Generator().manual_seed(seed)
-    frozen = [(p, p.requires_grad) for p in model.parameters()]
     losses: list[float] = []
-    try:
-        for p, _ in frozen:
-            p.requires_grad_(False)
-        step = 0
+    step = 0
+    with frozen_parameters(model), override(model, state=state):
         for _ in range(epochs):
             total = tokens = 0
             for index in torch.randperm(len(windows), generator=generator).tolist():
                 optimizer.zero_grad(set_to_none=True)
-                with override(model, state=state):
-                    loss, count = next_token_nll_backward(model, _batch(windows[index]))
+                loss, count = next_token_nll_backward(model, _batch(windows[index]))
                 optimizer.step()
                 total, tokens, step = total + loss, tokens + count, step + 1
                 if progress is not None:
                     progress(step, loss / count)
             losses.append(total / tokens)
-    finally:
-        for p, flag in frozen:
-            p.requires_grad_(flag)
     return state.lambdas().detach().cpu(), losses
 
 
@@ -305,9 +296,9 @@ def run_language_model(model, tokenizer, settings: LMSettings, results_dir: str 
     from tqdm.auto import tqdm
 
     results_dir = Path(results_dir)
-    model_id = getattr(model, "papa_model_id", None) or getattr(model.config, "_name_or_path", "model")
+    name = model_id(model)
     done = {row["run_id"] for row in lm_records(results_dir)}
-    runs = [run for run in lm_runs(settings) if run_id(model_id, settings, run) not in done]
+    runs = [run for run in lm_runs(settings) if run_id(name, settings, run) not in done]
     if not runs:
         return lm_records(results_dir)
     windows = corpus_windows(tokenizer, settings, data_dir)
@@ -334,7 +325,7 @@ def run_language_model(model, tokenizer, settings: LMSettings, results_dir: str 
             values = window_nll(model, windows["test"], state)
             replaced = num_layers * num_heads if heads == "all" else len(heads)
         record = {
-            "run_id": run_id(model_id, settings, run), "model": model_id, "corpus": f"{settings.corpus} test",
+            "run_id": run_id(name, settings, run), "model": name, "corpus": f"{settings.corpus} test",
             "length": settings.length, "matrix_type": run.matrix_type, "order": run.order,
             "fraction": run.fraction, "seed": run.seed,
             "input_dependent": 0 if run.matrix_type == UNIGRAM else num_layers * num_heads - replaced,
@@ -358,8 +349,27 @@ def _data_files(data_dir, corpus: str) -> dict[str, Path]:
     return {f"{corpus}/{name}": folder / name for name in ("wiki.valid.tokens", "wiki.test.tokens")}
 
 
+def _constants_path(results_dir: str | Path, settings: LMSettings) -> Path:
+    """Where the constants of ``settings`` (averaged over its ``average_windows``) are cached."""
+    name = f"average-{settings.corpus}-L{settings.length}-n{settings.average_windows}.safetensors"
+    return Path(results_dir) / "lm" / "matrices" / name
+
+
+def _lambda_settings(settings: LMSettings) -> dict:
+    """What the learned λ depends on (kept beside it, so a changed setting learns it again)."""
+    return {k: getattr(settings, k) for k in ("corpus", "length", "average_windows", "lambda_windows",
+                                              "lambda_epochs", "lambda_learning_rate", "lambda_seed")}
+
+
+def _lambdas_stored(results_dir: str | Path, settings: LMSettings) -> bool:
+    """Whether λ learned under ``settings`` is stored."""
+    path = lm_lambdas_path(results_dir)
+    meta = path.with_suffix(".json")
+    return path.is_file() and meta.is_file() and json.loads(meta.read_text())["settings"] == _lambda_settings(settings)
+
+
 def _constants(model, settings: LMSettings, windows: torch.Tensor, results_dir: Path, log) -> ConstantAttention:
-    path = results_dir / "lm" / "matrices" / f"average-{settings.corpus}-L{settings.length}-n{len(windows)}.safetensors"
+    path = _constants_path(results_dir, settings)
     if path.is_file():
         return ConstantAttention.load(path)
     started = time.time()
@@ -373,18 +383,16 @@ def _constants(model, settings: LMSettings, windows: torch.Tensor, results_dir: 
 
 def _lambdas(model, constants, settings: LMSettings, windows: torch.Tensor, results_dir: Path, log) -> torch.Tensor:
     path = lm_lambdas_path(results_dir)
-    meta = path.with_suffix(".json")
-    wanted = {k: getattr(settings, k) for k in ("corpus", "length", "average_windows", "lambda_windows",
-                                                 "lambda_epochs", "lambda_learning_rate", "lambda_seed")}
-    if path.is_file() and meta.is_file() and json.loads(meta.read_text())["settings"] == wanted:
+    if _lambdas_stored(results_dir, settings):
         return read_lambdas(path)
     started = time.time()
     lambdas, losses = learn_lm_lambdas(model, constants, windows, epochs=settings.lambda_epochs,
                                        learning_rate=settings.lambda_learning_rate, seed=settings.lambda_seed)
     write_lambdas(path, lambdas)
     seconds = round(time.time() - started, 1)
-    write_atomic(meta, lambda tmp: tmp.write_text(json.dumps(
-        {"settings": wanted, "epoch_loss": losses, "seconds": seconds}, indent=1) + "\n"), sums=False)
+    write_atomic(path.with_suffix(".json"), lambda tmp: tmp.write_text(json.dumps(
+        {"settings": _lambda_settings(settings), "epoch_loss": losses, "seconds": seconds}, indent=1) + "\n"),
+        sums=False)
     log(f"lm λ: {settings.lambda_epochs} epochs on {len(windows)} windows in {seconds:.0f} s; "
         f"epoch losses {', '.join(f'{v:.4f}' for v in losses)}")
     return lambdas
@@ -409,21 +417,30 @@ def _per_window(records: list[dict]) -> np.ndarray:
     return np.mean(arrays, axis=0)
 
 
-def _bootstrap(values: np.ndarray, resamples: int, seed: int) -> Interval:
+def _bootstrap(statistic: Callable[[np.ndarray], np.ndarray], windows: int, resamples: int, seed: int) -> Interval:
+    """``statistic`` of the windows (it maps index arrays ``[..., windows]`` to values) with its percentile
+    bootstrap 95% interval: ``resamples`` draws of the windows with replacement, the same draws for every series the
+    statistic reads (paired)."""
     rng = np.random.default_rng(seed)
-    draws = values[rng.integers(0, len(values), size=(resamples, len(values)))].mean(axis=1)
+    draws = statistic(rng.integers(0, windows, size=(resamples, windows)))
     low, high = np.quantile(draws, [0.025, 0.975])
-    return Interval(float(values.mean()), float(low), float(high), resamples)
+    return Interval(float(statistic(np.arange(windows))), float(low), float(high), resamples)
+
+
+def _mean_of(values: np.ndarray) -> Callable[[np.ndarray], np.ndarray]:
+    return lambda index: values[index].mean(axis=-1)
 
 
 def nll_interval(records: list[dict], resamples: int = 2000, seed: int = 0) -> Interval:
     """Mean NLL of ``records`` (one run, or a random order's seeds) with its bootstrap interval over windows."""
-    return _bootstrap(_per_window(records), resamples, seed)
+    values = _per_window(records)
+    return _bootstrap(_mean_of(values), len(values), resamples, seed)
 
 
 def paired_difference(variant: list[dict], reference: list[dict], resamples: int = 2000, seed: int = 0) -> Interval:
     """``variant − reference`` mean NLL (positive: the variant predicts worse), windows resampled in pairs."""
-    return _bootstrap(_per_window(variant) - _per_window(reference), resamples, seed)
+    values = _per_window(variant) - _per_window(reference)
+    return _bootstrap(_mean_of(values), len(values), resamples, seed)
 
 
 def runs_of(records: list[dict], matrix_type: str, order: str = "all", fraction: float | None = None) -> list[dict]:
@@ -449,10 +466,7 @@ def constant_share(records: list[dict], unit: str = "chance", resamples: int = 2
         o, c = original[index].mean(axis=-1), constant[index].mean(axis=-1)
         return (c - o) / ((floor[index].mean(axis=-1) - o) if floor is not None else o)
 
-    rng = np.random.default_rng(seed)
-    draws = share(rng.integers(0, len(original), size=(resamples, len(original))))
-    low, high = np.quantile(draws, [0.025, 0.975])
-    return Interval(float(share(np.arange(len(original)))), float(low), float(high), resamples)
+    return _bootstrap(share, len(original), resamples, seed)
 
 
 def plan_language_model(model, settings: LMSettings, results_dir: str | Path | None = None) -> dict:
@@ -461,18 +475,16 @@ def plan_language_model(model, settings: LMSettings, results_dir: str | Path | N
     ids already in the records), ``left``, whether constants and λ are stored, and ``seconds``, an estimate of what
     is left (a scored window per test window and run; λ training as three forward passes per step; averaging as
     one pass per window)."""
-    model_id = getattr(model, "papa_model_id", None) or getattr(model.config, "_name_or_path", "model")
     runs = lm_runs(settings)
     done = {row["run_id"] for row in lm_records(results_dir)} if results_dir is not None else set()
-    left = [run for run in runs if run_id(model_id, settings, run) not in done]
+    left = [run for run in runs if run_id(model_id(model), settings, run) not in done]
     vocabulary = int(getattr(model.config, "vocab_size", 1000))
     window = torch.randint(0, vocabulary, (settings.length,))
     started = time.time()
     window_nll(model, window[None])
     per_window = time.time() - started
-    lambdas_stored = results_dir is not None and lm_lambdas_path(results_dir).is_file()
-    matrices = Path(results_dir or ".") / "lm" / "matrices"
-    constants_stored = results_dir is not None and matrices.is_dir() and any(matrices.glob("average-*.safetensors"))
+    lambdas_stored = results_dir is not None and _lambdas_stored(results_dir, settings)
+    constants_stored = results_dir is not None and _constants_path(results_dir, settings).is_file()
     scored = sum(run.matrix_type != UNIGRAM for run in left) * settings.test_windows
     seconds = scored * per_window
     if any(run.uses_lambda for run in left) and not lambdas_stored:

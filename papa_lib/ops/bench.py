@@ -117,6 +117,7 @@ from pathlib import Path
 
 import torch
 
+from ..core.models import frozen_parameters
 from .bench_memory import (  # noqa: F401  (bench.bench_memory ...)
     bench_decoder_load,
     bench_decoder_memory,
@@ -135,7 +136,6 @@ from .bench_support import (  # noqa: F401  (re-exported: bench.load_bench_model
     BenchSizes,
     current_rss_kb,
     format_figure,
-    frozen_parameters,
     load_bench_decoder,
     load_bench_model,
     median_ratio,

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import statistics
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -122,19 +121,6 @@ def synchronize_device(device) -> None:
 
 def median_ratio(numerators: list[float], denominators: list[float]) -> float:
     return statistics.median(a / b for a, b in zip(numerators, denominators))
-
-
-@contextmanager
-def frozen_parameters(model):
-    """Temporarily stop ``model``'s parameters from requiring gradients (restored exactly on exit)."""
-    flags = [(p, p.requires_grad) for p in model.parameters()]
-    try:
-        for p, _ in flags:
-            p.requires_grad_(False)
-        yield model
-    finally:
-        for p, flag in flags:
-            p.requires_grad_(flag)
 
 
 def current_rss_kb() -> int | None:
