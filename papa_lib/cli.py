@@ -459,22 +459,16 @@ def cmd_grid(args) -> int:
 
 def _report_language_model(section: dict, results_dir) -> None:
     """The closing lines of a grid's language-model section: each configuration's mean next-token NLL with its
-    bootstrap interval over test windows (:mod:`papa_lib.experiments.lm`)."""
+    bootstrap interval over test windows (:func:`papa_lib.book.figures.lm_curve`)."""
+    from .book.figures import lm_curve
     from .experiments import lm
 
     records = lm.lm_records(results_dir)
     settings = lm.LMSettings.from_mapping(section)
-    seen = []
-    for record in records:
-        key = (record["matrix_type"], record["order"], record["fraction"])
-        if key not in seen:
-            seen.append(key)
-    for kind, order, fraction in seen:
-        runs = lm.runs_of(records, kind, order, fraction)
-        interval = lm.nll_interval(runs, settings.resamples, settings.bootstrap_seed)
-        seeds = f" ({len(runs)} seeds)" if len(runs) > 1 else ""
-        print(f"lm\t{kind}\t{order}\t{fraction:g}\tnll={interval.value:.4f} [{interval.low:.4f}, "
-              f"{interval.high:.4f}]{seeds}")
+    for row in lm_curve(records, settings.resamples, settings.bootstrap_seed).itertuples():
+        seeds = f" ({row.runs} seeds)" if row.runs > 1 else ""
+        print(f"lm\t{row.matrix_type}\t{row.order}\t{row.fraction:g}\tnll={row.nll:.4f} [{row.ci_low:.4f}, "
+              f"{row.ci_high:.4f}]{seeds}")
     print(f"{len(records)} language-model records in {lm.lm_results_path(results_dir)}")
 
 
