@@ -589,7 +589,7 @@ def unnormed_first_token_norms(model: torch.nn.Module, bos_token_id: int) -> np.
     """``||W_O^h W_V^h x~_0||`` per layer and query head ([layers, heads]) for a decoder's first token: Kobayashi's
     f(x) with no part of the post-attention norm. Position 0 attends only to itself, so ``x~_0`` (the input-normed
     hidden state entering attention) is the same in every sequence; one forward pass of ``[bos]`` gives it."""
-    from .norms import encoder_layers
+    from .norms import encoder_layers, transformed_vectors
 
     layers = encoder_layers(model)
     captured: dict[int, torch.Tensor] = {}
@@ -603,19 +603,9 @@ def unnormed_first_token_norms(model: torch.nn.Module, bos_token_id: int) -> np.
     finally:
         for hook in hooks:
             hook.remove()
-    out = []
-    with torch.no_grad():
-        for i, layer in enumerate(layers):
-            attention = layer.self_attn
-            heads, kv_heads = model.config.num_attention_heads, model.config.num_key_value_heads
-            size = attention.head_dim
-            value = attention.v_proj(captured[i][0, 0].float())  # [kv_heads * d]
-            norms = []
-            for h in range(heads):
-                v = value[(h // (heads // kv_heads)) * size:(h // (heads // kv_heads) + 1) * size]
-                norms.append(float((attention.o_proj.weight[:, h * size:(h + 1) * size].float() @ v).norm()))
-            out.append(norms)
-    return np.asarray(out)
+    with torch.no_grad():  # [1, H, 1, D] per layer: f^h(x~_0) without the norm's weight
+        return np.stack([transformed_vectors(model, i, captured[i].float(), fold_norm=False).norm(dim=-1)[0, :, 0]
+                         .numpy() for i in range(len(layers))])
 
 
 def decoder_findings(stats: CorpusNormStatistics, corpus_counts, unnormed: np.ndarray, *, replicates: int = 200,

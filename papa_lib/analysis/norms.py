@@ -220,7 +220,8 @@ class _Architecture:
     ``attention``: for decoders, the module whose input is the hidden state that enters attention (after the
     layer's input norm); ``None``: the layer input (an encoder's ``hidden_states[layer]``).  ``output``: the module
     whose output :func:`decomposition_check` rebuilds.  ``row_norm``: the RMSNorm on the summed attention output whose
-    ``1 / rms_i`` is the row scale (Gemma 3's ``post_attention_layernorm``).
+    ``1 / rms_i`` is the row scale (Gemma 3's ``post_attention_layernorm``).  ``unfolded``: the projections without
+    that norm's weight folded in (Kobayashi's own f(x)); ``None``: the same as ``projections``.
     """
 
     projections: Callable[[torch.nn.Module], AttentionProjections]
@@ -229,6 +230,7 @@ class _Architecture:
     attention: str | None = None
     row_norm: str | None = None
     causal: bool = False
+    unfolded: Callable[[torch.nn.Module], AttentionProjections] | None = None
 
 
 _ARCHITECTURES: dict[str, _Architecture] = {
@@ -238,7 +240,8 @@ _ARCHITECTURES: dict[str, _Architecture] = {
     "deberta": _Architecture(_deberta_projections),
     "deberta-v2": _Architecture(_deberta_v2_projections),
     "gemma3_text": _Architecture(_gemma3_projections, layers="layers", output="post_attention_layernorm",
-                                 attention="self_attn", row_norm="post_attention_layernorm", causal=True),
+                                 attention="self_attn", row_norm="post_attention_layernorm", causal=True,
+                                 unfolded=_grouped_query_projections),
     "llama": _Architecture(_llama_projections, layers="layers", output="self_attn.o_proj", attention="self_attn",
                            causal=True),
     "gpt2": _Architecture(_gpt2_projections, layers="h", output="attn.c_proj", attention="attn", causal=True),
@@ -293,15 +296,20 @@ def encoder_layers(model: torch.nn.Module) -> torch.nn.ModuleList:
         ) from None
 
 
-def attention_projections(model: torch.nn.Module, layer_index: int) -> AttentionProjections:
-    """Value/output projections of layer ``layer_index`` (see ``AttentionProjections``)."""
+def attention_projections(model: torch.nn.Module, layer_index: int, *, fold_norm: bool = True
+                          ) -> AttentionProjections:
+    """Value/output projections of layer ``layer_index`` (see ``AttentionProjections``); ``fold_norm=False`` leaves
+    out Gemma 3's post-attention norm weight (Kobayashi's own f(x)); other architectures have none to fold."""
     layers = encoder_layers(model)
     if not -len(layers) <= layer_index < len(layers):
         raise ValueError(f"layer_index {layer_index} out of range for a model with {len(layers)} layers")
-    return _architecture(model).projections(layers[layer_index])
+    arch = _architecture(model)
+    projections = arch.projections if fold_norm or arch.unfolded is None else arch.unfolded
+    return projections(layers[layer_index])
 
 
-def transformed_vectors(model: torch.nn.Module, layer_index: int, hidden_states: torch.Tensor) -> torch.Tensor:
+def transformed_vectors(model: torch.nn.Module, layer_index: int, hidden_states: torch.Tensor, *,
+                        fold_norm: bool = True) -> torch.Tensor:
     """``f^h(x_j) = (x_j W_V^h + b_V^h) W_O^h`` for every head and token of one layer (Kobayashi Eq. 7).
 
     Args:
@@ -314,11 +322,12 @@ def transformed_vectors(model: torch.nn.Module, layer_index: int, hidden_states:
     Returns:
         ``[B, H, L, D]`` tensor; ``sum_h sum_j alpha^h_ij f^h(x_j) + b_O`` is the attention output projection's
         output (before dropout, residual and LayerNorm); for Gemma 3, ``f`` includes the post-attention norm's
-        ``(1 + w)`` and the sum times ``r_i`` is that norm's output.  The output bias ``b_O`` is not included.
+        ``(1 + w)`` (unless ``fold_norm=False``) and the sum times ``r_i`` is that norm's output.  The output bias
+        ``b_O`` is not included.
     """
     if hidden_states.dim() != 3:
         raise ValueError(f"hidden_states must be [batch, length, hidden], got shape {tuple(hidden_states.shape)}")
-    proj = attention_projections(model, layer_index)
+    proj = attention_projections(model, layer_index, fold_norm=fold_norm)
     if hidden_states.shape[-1] != proj.value_weight.shape[1]:
         raise ValueError(
             f"hidden_states has size {hidden_states.shape[-1]} but layer {layer_index} "
