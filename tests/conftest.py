@@ -36,8 +36,12 @@ TINY_DECODER_VOCAB = 96
 TINY_DECODER_WINDOW = 3  # the tiny Gemma's sliding window (layers 0 and 1; layer 2 is global)
 
 
-def tiny_decoder(model_type: str = "gemma3_text", seed: int = 0, vocab_size: int = TINY_DECODER_VOCAB):
-    """A tiny random causal LM in eval mode with eager attention (Gemma 3: 1 key/value head for 4 query heads)."""
+def tiny_decoder(model_type: str = "gemma3_text", seed: int = 0, vocab_size: int = TINY_DECODER_VOCAB, *,
+                 with_biases: bool = False):
+    """A tiny random causal LM in eval mode with eager attention (Gemma 3: 1 key/value head for 4 query heads).
+
+    ``with_biases``: biases on everywhere, drawn at random (GPT-2 initialises them at 0), and Gemma's post-attention
+    norm weights too (so that its ``1 + w`` is not 1) -- what the norm decomposition's tests need."""
     from transformers import AutoModelForCausalLM, Gemma3TextConfig, GPT2Config, LlamaConfig
 
     common = dict(vocab_size=vocab_size, pad_token_id=0, bos_token_id=1, eos_token_id=2)
@@ -46,7 +50,7 @@ def tiny_decoder(model_type: str = "gemma3_text", seed: int = 0, vocab_size: int
                                   num_key_value_heads=1, head_dim=8, query_pre_attn_scalar=8,
                                   sliding_window=TINY_DECODER_WINDOW,
                                   layer_types=["sliding_attention", "sliding_attention", "full_attention"],
-                                  max_position_embeddings=64, **common)
+                                  max_position_embeddings=64, attention_bias=with_biases, **common)
     elif model_type == "llama":
         config = LlamaConfig(hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
                              num_key_value_heads=2, max_position_embeddings=64, **common)
@@ -54,11 +58,19 @@ def tiny_decoder(model_type: str = "gemma3_text", seed: int = 0, vocab_size: int
         config = GPT2Config(n_embd=32, n_layer=2, n_head=4, n_positions=64, **common)
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config, attn_implementation="eager")
-    if model_type == "gemma3_text":  # random weights at init scale give near-uniform attention: sharpen them
-        with torch.no_grad():
+    with torch.no_grad():
+        if model_type == "gemma3_text":  # random weights at init scale give near-uniform attention: sharpen them
             for layer in model.model.layers:
                 layer.self_attn.q_norm.weight.normal_(0, 2.0)
                 layer.self_attn.k_norm.weight.normal_(0, 2.0)
+                if with_biases:
+                    layer.post_attention_layernorm.weight.normal_(0, 0.5)
+                    for name in ("q_proj", "k_proj", "v_proj", "o_proj"):
+                        getattr(layer.self_attn, name).bias.normal_(0, 0.1)
+        if with_biases:
+            for parameter in model.parameters():
+                if parameter.dim() == 1 and not parameter.abs().sum():
+                    parameter.normal_(0, 0.05)
     return model.eval()
 
 

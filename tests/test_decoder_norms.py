@@ -9,6 +9,7 @@ import pandas as pd
 import pytest
 import torch
 
+import conftest
 import papa_lib
 from papa_lib.analysis import norm_findings, norm_statistics, norms
 
@@ -20,35 +21,9 @@ SENTENCES = ["the cat sat on the mat .", "a dog ran , the cat sat .", "the big r
 
 
 def tiny_decoder(model_type: str, seed: int = 0):
-    """A tiny random causal LM in eval mode with eager attention.  Gemma 3: 4 query heads share 1 key/value head,
-    biases on, random post-attention norm weights (so that ``1 + w`` is not 1); Llama: 4 query heads, 2 kv heads."""
-    from transformers import AutoModelForCausalLM, Gemma3TextConfig, GPT2Config, LlamaConfig
-
-    common = dict(vocab_size=VOCAB, pad_token_id=0, bos_token_id=1, eos_token_id=2)
-    if model_type == "gemma3_text":
-        config = Gemma3TextConfig(hidden_size=32, intermediate_size=48, num_hidden_layers=3, num_attention_heads=4,
-                                  num_key_value_heads=1, head_dim=8, query_pre_attn_scalar=8, sliding_window=WINDOW,
-                                  layer_types=["sliding_attention", "sliding_attention", "full_attention"],
-                                  max_position_embeddings=64, attention_bias=True, **common)
-    elif model_type == "llama":
-        config = LlamaConfig(hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
-                             num_key_value_heads=2, max_position_embeddings=64, **common)
-    else:
-        config = GPT2Config(n_embd=32, n_layer=2, n_head=4, n_positions=64, **common)
-    torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(config, attn_implementation="eager")
-    with torch.no_grad():
-        if model_type == "gemma3_text":
-            for layer in model.model.layers:
-                layer.self_attn.q_norm.weight.normal_(0, 2.0)  # sharper attention than at init scale
-                layer.self_attn.k_norm.weight.normal_(0, 2.0)
-                layer.post_attention_layernorm.weight.normal_(0, 0.5)
-                for name in ("q_proj", "k_proj", "v_proj", "o_proj"):
-                    getattr(layer.self_attn, name).bias.normal_(0, 0.1)
-        for parameter in model.parameters():  # random biases everywhere (GPT-2 initialises them at 0)
-            if parameter.dim() == 1 and not parameter.abs().sum():
-                parameter.normal_(0, 0.05)
-    return model.eval()
+    """conftest's tiny random decoder with random biases and (Gemma 3) post-attention norm weights, so that the
+    decomposition has every term to get right."""
+    return conftest.tiny_decoder(model_type, seed, VOCAB, with_biases=True)
 
 
 def decoder_tokenizer(eos: bool = True):
