@@ -179,3 +179,12 @@ def test_lm_lambda_trains_every_seed_from_one_backbone_pass():
     assert shared.needs_scores and not shared.needs_lambdas and not shared.seed_dependent
     assert Variant.make("average", "random", 0.5).seed_dependent
     assert Variant.make("average", "lambda", 0.5).seed_dependent
+
+
+def test_a_random_seed_listed_twice_is_one_line(tmp_path):
+    from papa_lib.experiments.grid import load_grid
+
+    path = tmp_path / "grid.yaml"
+    path.write_text("language_model:\n  random_seeds: [0, 0]\nblocks:\n  - name: b\n    tasks: [sst2]\n")
+    with pytest.raises(SpecError, match=r"grid.yaml:2: language_model.random_seeds: lists a seed twice"):
+        load_grid(path)

@@ -121,6 +121,17 @@ def _key(default: Any = None, kind: str = "", text: str = "", factory=None, per_
 
 
 
+def _check_seed_list(value: list) -> list:
+    """A list of seeds: at least one, each a non-negative integer, none twice."""
+    if not value:
+        raise ValueError("must list at least one seed")
+    for i, seed in enumerate(value):
+        _check(seed, "non_negative_int", (i,))
+    if len(set(value)) != len(value):
+        raise ValueError(f"lists a seed twice: {value}")
+    return value
+
+
 def _check_fractions(value: list) -> list:
     for i, fraction in enumerate(value):
         if not _is_number(fraction) or not 0 <= fraction <= 1:
@@ -274,9 +285,7 @@ class LanguageModelSpec(_Strict):
     @field_validator("random_seeds")
     @classmethod
     def _seeds(cls, value):
-        for i, seed in enumerate(value):
-            _check(seed, "non_negative_int", (i,))
-        return value
+        return _check_seed_list(value)
 
     @field_validator("orders")
     @classmethod
@@ -357,13 +366,7 @@ class GridSpec(_Strict):
     @classmethod
     def _seeds(cls, value):
         if isinstance(value, list):
-            if not value:
-                raise ValueError("must list at least one seed")
-            for i, seed in enumerate(value):
-                _check(seed, "non_negative_int", (i,))
-            if len(set(value)) != len(value):
-                raise ValueError(f"lists a seed twice: {value}")
-            return value
+            return _check_seed_list(value)
         if not _is_int(value) or value < 1:
             raise ValueError(f"must be a number of seeds (a positive integer) or a list of non-negative integers, "
                              f"got {value!r}")
