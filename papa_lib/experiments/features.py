@@ -37,13 +37,6 @@ from ..core.packing import pack, packing_notice, supports_packing
 from ..errors import PapaInputError
 from .probes import RaggedSentences
 
-#: The largest float16: the features are stored saturated at it. An encoder's hidden states stay far below; a decoder
-#: LM's first token (the attention sink) reaches about 1e5 in the middle layers of Gemma 3 270M, which float16 would
-#: store as inf (and the probe would turn into NaN); its state is the same for every input (position 0 sees only
-#: itself), so saturating it loses nothing. Gemma's other tokens stay below it (at most 4.6e4 on 1,000 SST-2
-#: sentences).
-FLOAT16_MAX = float(torch.finfo(torch.float16).max)
-
 #: Default budget for cached features: a quarter of the machine's memory (the files are memory-mapped, so the
 #: page cache holds what the probes read every epoch), at most half of the free disk space of the results folder.
 DEFAULT_BUDGET_FRACTION = 0.25
@@ -236,11 +229,9 @@ class BackboneRunner:
             real = part["attention_mask"].bool()
             positions = torch.arange(part.max_length).expand_as(real)
             word_index = part.word_index
-        # App. A position ids: the packed batch's, else the padded batch's own or layout_position_ids (model_inputs);
-        # a decoder LM runs its bare decoder (run_backbone): no LM-head logits, no key/value cache
+        # App. A position ids: the packed batch's, else the padded batch's own or layout_position_ids (model_inputs)
         outputs = run_backbone(self.model, model_inputs(self.model, inputs), output_hidden_states=True)
-        hidden = torch.stack(outputs.hidden_states, dim=2)  # [B, W, layers+1, D]
-        hidden = hidden.clamp(-FLOAT16_MAX, FLOAT16_MAX).to(torch.float16).cpu()  # saturate, never inf
+        hidden = torch.stack(outputs.hidden_states, dim=2).to(torch.float16).cpu()  # [B, W, layers+1, D]
         if self.kind == "token":
             keep = word_index >= 0
             batch_rows = torch.arange(hidden.shape[0])[:, None].expand_as(word_index)
