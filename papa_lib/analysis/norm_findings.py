@@ -589,6 +589,7 @@ def unnormed_first_token_norms(model: torch.nn.Module, bos_token_id: int) -> np.
     """``||W_O^h W_V^h x~_0||`` per layer and query head ([layers, heads]) for a decoder's first token: Kobayashi's
     f(x) with no part of the post-attention norm. Position 0 attends only to itself, so ``x~_0`` (the input-normed
     hidden state entering attention) is the same in every sequence; one forward pass of ``[bos]`` gives it."""
+    from ..core.models import run_backbone
     from .norms import encoder_layers, transformed_vectors
 
     layers = encoder_layers(model)
@@ -598,8 +599,7 @@ def unnormed_first_token_norms(model: torch.nn.Module, bos_token_id: int) -> np.
         with_kwargs=True) for i, layer in enumerate(layers)]
     try:
         with torch.no_grad():
-            base = getattr(model, "base_model", model)
-            base(input_ids=torch.tensor([[bos_token_id]]), use_cache=False)
+            run_backbone(model, {"input_ids": torch.tensor([[bos_token_id]])})
     finally:
         for hook in hooks:
             hook.remove()

@@ -94,20 +94,19 @@ class Stored:
 
 def measure_throughput(model, device="cpu", tokens: int = 24, batch: int = 64, repeats: int = 3) -> tuple[float, float]:
     """(real tokens per second of a packed forward with all hidden states, seconds per probe step) on ``device``."""
-    from ..core.models import adapter_for
+    from ..core.models import run_backbone  # a decoder LM's bare decoder: no 262k-column logits
     from ..experiments.probes import adamw, make_probe
 
     model = model.to(device).eval()
-    runner = getattr(model, "base_model", model) if adapter_for(model).causal else model  # no 262k-column logits
     vocab = int(model.config.vocab_size)
     ids = torch.randint(5, max(6, vocab - 1), (batch, tokens), device=device)
     inputs = {"input_ids": ids, "attention_mask": torch.ones_like(ids),
               "position_ids": torch.arange(tokens, device=device).expand(batch, tokens)}
     with torch.inference_mode():
-        runner(**inputs, output_hidden_states=True)
+        run_backbone(model, inputs, output_hidden_states=True)
         started = time.perf_counter()
         for _ in range(repeats):
-            runner(**inputs, output_hidden_states=True)
+            run_backbone(model, inputs, output_hidden_states=True)
         if str(device).startswith("cuda"):
             torch.cuda.synchronize()
     tokens_per_second = batch * tokens * repeats / (time.perf_counter() - started)
