@@ -779,6 +779,15 @@ def _with_units(row: dict, alternatives: Mapping[str, Measured]) -> dict:
     return row
 
 
+def inclusion(frame: pd.DataFrame, compute, rule, every: Sequence[str]) -> tuple[Measured, dict[str, list]]:
+    """Decision rule R3 for one claim: ``(the claim on every task, {task left out: the configurations it reads there
+    that are not above the majority baseline})``. A task enters when every configuration the claim reads on it is
+    above guessing."""
+    with _reading() as read_every:
+        sensitivity = compute(frame, every, rule)
+    return sensitivity, {t: why for t in every if (why := below_floor(frame, read_every, t))}
+
+
 def model_claims(frame: pd.DataFrame, model: str | None = None) -> list[dict]:
     """C1a-C6b for one model's records (the rows' ``model``), each on the included tasks and on every task."""
     table = rules()
@@ -787,10 +796,7 @@ def model_claims(frame: pd.DataFrame, model: str | None = None) -> list[dict]:
     rows = []
     for claim, compute in PER_MODEL.items():
         rule = table.loc[claim]
-        with _reading() as read_every:
-            sensitivity = compute(frame, every, rule)
-        # decision rule R3: a task enters when every configuration the claim reads on it is above guessing
-        left_out = {t: why for t in every if (why := below_floor(frame, read_every, t))}
+        sensitivity, left_out = inclusion(frame, compute, rule, every)
         included = [t for t in every if t not in left_out]
         with _reading() as read:
             measured = compute(frame, included, rule)
@@ -914,9 +920,8 @@ def objective_claims(frame: pd.DataFrame, lm_records: Sequence[Mapping], model: 
         why = "needs the decoder's probe records and its LM records (original, every head constant, unigram)"
         return [_row(model, "C10", rule, None, "", None, f"not measured: {why}")]
     every = _order(set(frame.task))
-    with _reading() as read_every:
-        _c1(frame, every, c1a, "average")
-    included = [t for t in every if not below_floor(frame, read_every, t)]
+    left_out = inclusion(frame, PER_MODEL["C1a"], c1a, every)[1]
+    included = [t for t in every if t not in left_out]
     per_unit = {}
     for unit, lm_unit in (("chance", "chance"), ("declared", "relative")):
         with _in_unit(unit, frame) if unit != "declared" else nullcontext():
