@@ -101,7 +101,7 @@ class LMSettings:
     lambda_seed: int = 0
     orders: tuple[str, ...] = ("lambda", "reversed", "random")
     random_seeds: tuple[int, ...] = (0, 1, 2)
-    fractions: tuple[float, ...] = (1.0, 0.5, 0.125, 0.0625, 0.0)
+    fractions: tuple[float, ...] = (1, 0.5, 0.125, 0.0625, 0)
     alternatives: tuple[str, ...] = DATA_FREE
     resamples: int = 2000
     bootstrap_seed: int = 0

@@ -32,6 +32,7 @@ from pydantic import (
 )
 
 from ..errors import PapaInputError
+from .lm import DATA_FREE, LMSettings
 
 __all__ = ["BlockSpec", "CustomTaskSpec", "GridSpec", "LanguageModelSpec", "SpecError", "at", "grid_reference",
            "line_of", "validate", "validate_grid", "yaml_nodes"]
@@ -235,32 +236,37 @@ class BlockSpec(_Strict):
         return _check_fractions(value)
 
 
+_LM = LMSettings()  # the section's defaults are the experiment's own
+
+
 class LanguageModelSpec(_Strict):
     """A grid's ``language_model:`` section: PAPA on a decoder's own next-token loss
     (:class:`papa_lib.experiments.lm.LMSettings`; the grid's model must be a decoder LM)."""
 
-    corpus: Literal["wikitext-2", "wikitext-103"] = _key("wikitext-2", "wikitext-2 or wikitext-103",
+    corpus: Literal["wikitext-2", "wikitext-103"] = _key(_LM.corpus, "wikitext-2 or wikitext-103",
                                                          "the corpus: test windows scored, validation windows for "
                                                          "the constants and λ")
-    length: Any = _key(1024, "integer of at least 4", "tokens per window, <bos> included")
-    test_windows: Any = _key(32, "positive integer", "test windows scored (evenly spaced over the split)")
-    average_windows: Any = _key(32, "positive integer", "validation windows the constant matrices average over")
-    lambda_windows: Any = _key(32, "positive integer", "validation windows λ is learned on (the LM loss)")
-    lambda_epochs: Any = _key(2, "positive integer", "epochs of λ training")
-    lambda_learning_rate: Any = _key(0.05, "positive number", "Adam's learning rate for θ (λ = σ(θ))")
-    lambda_seed: Any = _key(0, "non-negative integer", "seed of the window order in λ training")
-    orders: list[str] = _key(kind="list of orders", factory=lambda: ["lambda", "reversed", "random"],
+    length: Any = _key(_LM.length, "integer of at least 4", "tokens per window, <bos> included")
+    test_windows: Any = _key(_LM.test_windows, "positive integer", "test windows scored (evenly spaced over the split)")
+    average_windows: Any = _key(_LM.average_windows, "positive integer",
+                                "validation windows the constant matrices average over")
+    lambda_windows: Any = _key(_LM.lambda_windows, "positive integer",
+                               "validation windows λ is learned on (the LM loss)")
+    lambda_epochs: Any = _key(_LM.lambda_epochs, "positive integer", "epochs of λ training")
+    lambda_learning_rate: Any = _key(_LM.lambda_learning_rate, "positive number",
+                                     "Adam's learning rate for θ (λ = σ(θ))")
+    lambda_seed: Any = _key(_LM.lambda_seed, "non-negative integer", "seed of the window order in λ training")
+    orders: list[str] = _key(kind="list of orders", factory=lambda: list(_LM.orders),
                              text="head orders of the LM curve: lambda, reversed, random, first_to_last, "
                                   "last_to_first (λ: learned on the LM loss)")
-    random_seeds: list[Any] = _key(kind="list of non-negative integers", factory=lambda: [0, 1, 2],
+    random_seeds: list[Any] = _key(kind="list of non-negative integers", factory=lambda: list(_LM.random_seeds),
                                    text="one random order per seed")
-    fractions: list[Any] = _key(kind="list of numbers in [0, 1]", factory=lambda: [1, 0.5, 0.125, 0.0625, 0],
+    fractions: list[Any] = _key(kind="list of numbers in [0, 1]", factory=lambda: list(_LM.fractions),
                                 text="fractions of heads kept input-dependent")
-    alternatives: list[str] = _key(kind="list of data-free modes", factory=lambda: ["identity", "zeros", "previous",
-                                                                                     "uniform"],
+    alternatives: list[str] = _key(kind="list of data-free modes", factory=lambda: list(_LM.alternatives),
                                    text="data-free replacements of every head")
-    resamples: Any = _key(2000, "positive integer", "bootstrap resamples of test windows for intervals")
-    bootstrap_seed: Any = _key(0, "non-negative integer", "seed of the bootstrap")
+    resamples: Any = _key(_LM.resamples, "positive integer", "bootstrap resamples of test windows for intervals")
+    bootstrap_seed: Any = _key(_LM.bootstrap_seed, "non-negative integer", "seed of the bootstrap")
 
     @field_validator("length")
     @classmethod
@@ -297,8 +303,6 @@ class LanguageModelSpec(_Strict):
     @field_validator("alternatives")
     @classmethod
     def _alternatives(cls, value):
-        from .lm import DATA_FREE
-
         return _all_known(value, DATA_FREE, "data-free mode")
 
     @field_validator("fractions")
