@@ -354,12 +354,7 @@ def next_token_nll_backward(model: nn.Module, batch: dict, *, chunk_size: int = 
     """
     if chunk_size < 1:
         raise ValueError(f"chunk_size must be positive, got {chunk_size}")
-    base, head = _final_hidden_and_head(model)
-    ids, mask = _ids_and_mask(model, batch)
-    hidden = base(input_ids=ids, attention_mask=mask, use_cache=False).last_hidden_state
-    valid = (mask[:, :-1] > 0) & (mask[:, 1:] > 0)
-    states = hidden[:, :-1][valid]
-    targets = ids[:, 1:][valid]
+    head, states, targets = _predictions(model, batch)
     count = int(targets.shape[0])
     if count == 0:
         return 0.0, 0
@@ -374,11 +369,17 @@ def next_token_nll_backward(model: nn.Module, batch: dict, *, chunk_size: int = 
     return total, count
 
 
-def _ids_and_mask(model: nn.Module, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
+def _predictions(model: nn.Module, batch: dict) -> tuple[nn.Module, torch.Tensor, torch.Tensor]:
+    """``(LM head, final hidden states [N, d], next tokens [N])`` of the positions that predict a real next token
+    (token t+1 from position t, both real); the decoder runs once (without a key/value cache)."""
+    base, head = _final_hidden_and_head(model)
     device = model_device(model)
     ids = batch["input_ids"].to(device)
     mask = batch.get("attention_mask")
-    return ids, (torch.ones_like(ids) if mask is None else mask.to(device))
+    mask = torch.ones_like(ids) if mask is None else mask.to(device)
+    hidden = base(input_ids=ids, attention_mask=mask, use_cache=False).last_hidden_state  # [B, T, d]
+    valid = (mask[:, :-1] > 0) & (mask[:, 1:] > 0)
+    return head, hidden[:, :-1][valid], ids[:, 1:][valid]
 
 
 def _logits(model: nn.Module, head: nn.Module, states: torch.Tensor) -> torch.Tensor:
@@ -389,13 +390,8 @@ def _logits(model: nn.Module, head: nn.Module, states: torch.Tensor) -> torch.Te
 
 
 def _next_token_nll(model: nn.Module, batch: dict, chunk_size: int) -> tuple[float, int]:
-    base, head = _final_hidden_and_head(model)
-    ids, mask = _ids_and_mask(model, batch)
-    hidden = base(input_ids=ids, attention_mask=mask, use_cache=False).last_hidden_state  # [B, T, d]
-    valid = (mask[:, :-1] > 0) & (mask[:, 1:] > 0)
-    states = hidden[:, :-1][valid]  # [N, d]
-    targets = ids[:, 1:][valid]  # [N]
-    total = torch.zeros((), dtype=torch.float64, device=ids.device)
+    head, states, targets = _predictions(model, batch)
+    total = torch.zeros((), dtype=torch.float64, device=states.device)
     for start in range(0, states.shape[0], chunk_size):
         logits = _logits(model, head, states[start:start + chunk_size])
         total += nn.functional.cross_entropy(logits, targets[start:start + chunk_size], reduction="sum").double()
