@@ -1177,3 +1177,23 @@ def test_norms_chapter_at_local_follows_the_records(tmp_path):
     assert "share of the loss" not in html + text
     assert not re.search(r"\bnan\b|\bNone\b", text)
     assert "## " not in text and "{glue" not in text
+
+
+def test_matched_reference_keeps_only_the_norm_records_seeds_and_training_rows():
+    """Decision rule R15: a PAPA row enters the norm-aware comparison only with a (task, seed, training rows) that
+    the norm-aware records have; no norm-aware record, no reference row."""
+    import pandas as pd
+
+    def rows(matrix_type, order, fraction, seeds, train_size, task="sst2"):
+        return [{**_record(task, matrix_type, order, fraction, s, 0.8), "train_size": train_size} for s in seeds]
+
+    reference = pd.DataFrame(rows("original", "none", 1.0, range(10), 8000)
+                             + rows("average", "lambda", 0.5, range(10), 8000)
+                             + rows("original", "none", 1.0, [0], 1000, task="cola"))
+    norm = pd.DataFrame(rows("norm_average", "none", 0.0, [0, 1, 2], 8000)
+                        + rows("norm_average", "none", 0.0, [0], 8551, task="cola"))
+    matched = norm_rankings.matched_reference(norm, reference)
+    assert sorted(set(matched["seed"])) == [0, 1, 2] and len(matched) == 6
+    assert "cola" not in set(matched["task"])  # cola's reference row has other training rows
+    assert norm_rankings.matched_reference(norm.iloc[:0], reference).empty
+    assert list(norm_rankings.matched_reference(norm, reference).columns) == list(reference.columns)

@@ -369,7 +369,8 @@ def norm_aware_results(setup, tasks: Iterable[str], ranking_tasks: Iterable[str]
     With ``run_missing``, first runs what :func:`norm_aware_grid` (with the profile's grid settings, ``ranking_tasks``
     for the label-free orders, ``tasks`` for norm-weighted matrices) still lacks.  The smoke profile's grid is
     self-contained (``with_reference=True``, one folder); other profiles compare with the profile's main results
-    (blocks fig2 and table1, also run when ``run_missing``).
+    (blocks fig2 and table1, also run when ``run_missing``), cut to the seeds and training rows of the norm-aware
+    records (:func:`matched_reference`, decision rule R15).
     """
     from ..experiments.grid import run_grid
     from ..experiments.results import ResultsStore
@@ -388,7 +389,20 @@ def norm_aware_results(setup, tasks: Iterable[str], ranking_tasks: Iterable[str]
     if self_contained:
         return norm_frame, norm_frame
     reference = setup.results(run_missing=run_missing, blocks=["fig2", "table1"], progress=progress)
-    return norm_frame, reference
+    return norm_frame, matched_reference(norm_frame, reference)
+
+
+def matched_reference(norm_frame: pd.DataFrame, reference: pd.DataFrame) -> pd.DataFrame:
+    """Decision rule R15: the rows of ``reference`` whose (task, seed, training rows) the norm-aware records have.
+
+    A norm-aware configuration is compared only with PAPA rows of the same seeds and the same training subset, so a
+    difference between them is the matrices' (or the head order's), not the data's.  No norm-aware record, no row.
+    """
+    keys = ["task", "seed", "train_size"]
+    if norm_frame.empty or reference.empty:
+        return reference.iloc[:0]
+    made = set(norm_frame[keys].astype(str).itertuples(index=False, name=None))
+    return reference[[row in made for row in reference[keys].astype(str).itertuples(index=False, name=None)]]
 
 
 def _empty_frame() -> pd.DataFrame:
