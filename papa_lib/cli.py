@@ -305,8 +305,10 @@ def _experiment(args):
 
 
 def cmd_averages(args) -> int:
+    from .experiments import engine
+
     experiment = _experiment(args)
-    constants = experiment.constants(args.matrices_from)
+    constants = engine.constants(experiment, args.matrices_from)
     out = Path(
         args.out
         or Path(args.results_dir)
@@ -321,10 +323,11 @@ def cmd_averages(args) -> int:
 
 
 def cmd_select(args) -> int:
+    from .experiments import engine
     from .experiments.selection import replacement_order
 
     experiment = _experiment(args)
-    lambdas = experiment.learn_lambdas(args.matrices_from)
+    lambdas = engine.learn_lambdas(experiment, args.matrices_from)
     order = replacement_order("lambda", experiment.layers, experiment.heads, lambdas=lambdas)
     print("layer\thead\tlambda  (replacement order: first line is replaced first)")
     for layer, head in order:

@@ -566,7 +566,7 @@ def test_damaged_matrices_and_lambdas_are_set_aside_and_recomputed(tmp_path, pai
     recomputed = ConstantAttention.load(matrices)  # the same numbers again (the metadata holds the time taken)
     (tmp_path / "old.safetensors").write_bytes(matrices_bytes)
     assert torch.equal(recomputed.matrices, ConstantAttention.load(tmp_path / "old.safetensors").matrices)
-    from papa_lib.experiments.stages import read_lambdas
+    from papa_lib.experiments.engine import read_lambdas
 
     (tmp_path / "old.safetensors").write_bytes(lambda_bytes)
     assert torch.equal(read_lambdas(lambdas), read_lambdas(tmp_path / "old.safetensors"))

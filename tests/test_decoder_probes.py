@@ -21,11 +21,10 @@ from papa_lib.core.decoders import load_decoder, load_model, mark_causal_tokeniz
 from papa_lib.core.layout import DEFAULT_SEPARATOR
 from papa_lib.core.models import model_inputs
 from papa_lib.errors import PapaInputError
-from papa_lib.experiments import overrides, results
-from papa_lib.experiments.engine import ExperimentConfig, TaskExperiment, Variant
+from papa_lib.experiments import engine, results
+from papa_lib.experiments.engine import ExperimentConfig, TaskExperiment, Variant, write_lambdas
 from papa_lib.experiments.features import decoder_features
 from papa_lib.experiments.lm import lm_lambdas_path
-from papa_lib.experiments.stages import write_lambdas
 
 QUICK = ["--seeds", "1", "--epochs", "1", "--max-length", "16", "--limit", "16"]
 
@@ -121,11 +120,11 @@ def test_a_grid_probes_a_decoder_original_constant_and_lm_lambda(decoder_folder,
 def test_lm_lambda_replaces_the_heads_with_the_smallest_lm_lambda(decoder_folder, data, tmp_path):
     lambdas = write_lm_lambdas(tmp_path, seed=3)
     run = experiment(decoder_folder, data, tmp_path)
-    state = run.override_for(Variant.make("average", "lm_lambda", 0.5), seed=1)
+    state = engine.override_for(run, Variant.make("average", "lm_lambda", 0.5), seed=1)
     replaced = {head for head, mode in state.plan.items() if mode != "original"}
     smallest = {divmod(int(i), 4) for i in lambdas.flatten().argsort()[:6]}
     assert replaced == smallest and len(replaced) == 6
-    assert torch.equal(run.head_scores("lm_lambda"), lambdas)
+    assert torch.equal(engine.head_scores(run, "lm_lambda"), lambdas)
     assert not Variant.make("average", "lm_lambda", 0.5).needs_lambdas  # not learned per task
 
 
@@ -139,15 +138,15 @@ def test_a_missing_lm_lambda_file_is_one_line(decoder_folder, data, tmp_path, ca
     assert cli.main(common + ["--order", "lm_lambda", "--fraction", "0.5"]) == 2
     assert "λ of shape [2, 4], but the model has 3 layers x 4 heads" in capsys.readouterr().err
     with pytest.raises(PapaInputError, match="from a results folder"):  # no results folder at all
-        experiment(decoder_folder, data).head_scores("lm_lambda")
+        engine.head_scores(experiment(decoder_folder, data), "lm_lambda")
 
 
 # --------------------------------------------------------------------------------------- features
 def test_features_are_the_bare_decoders_rms_normed_states_at_real_tokens(decoder_folder, data):
     run = experiment(decoder_folder, data)
-    train = run.split("train")
+    train = engine.split(run, "train")
     assert train.encoded.layout == "causal" and bool((train.encoded["input_ids"][:, 0] == 2).all())  # [CLS] as bos
-    rows = overrides.runner(run, "train").rows(torch.arange(len(train)))
+    rows = engine.runner(run, "train").rows(torch.arange(len(train)))
     model = run.model
     with torch.no_grad():  # the plain padded run, through the LM (its head's hook removed for it)
         model.lm_head._forward_hooks.clear()
@@ -164,15 +163,15 @@ def test_features_are_the_bare_decoders_rms_normed_states_at_real_tokens(decoder
 
 
 def test_a_pair_task_is_joined_by_the_declared_separator(decoder_folder, data):
-    pair = experiment(decoder_folder, data, task="mrpc").split("train")
+    pair = engine.split(experiment(decoder_folder, data, task="mrpc"), "train")
     assert pair.encoded.layout == "causal" and pair.encoded.separator == DEFAULT_SEPARATOR
     with pytest.raises(PapaInputError, match="token task, which PAPA probes on encoders only"):
-        experiment(decoder_folder, data, task="ner").split("train")
+        engine.split(experiment(decoder_folder, data, task="ner"), "train")
 
 
 def test_lambda_and_trainable_matrices_train_through_the_bare_decoder(decoder_folder, data, tmp_path):
     run = experiment(decoder_folder, data, tmp_path, limit=12)
-    lambdas = run.learn_lambdas(seed=0)
+    lambdas = engine.learn_lambdas(run, seed=0)
     assert lambdas.shape == (3, 4) and bool(((lambdas > 0) & (lambdas < 1)).all())
     record = run.compute_record(Variant.make("trainable_average", "lambda", 0.5), 0)
     assert record["matrix_updates"] > 0 and 0 <= record["value"] <= 1
@@ -190,12 +189,12 @@ def test_real_gemma_features_and_pairs(data):
     model.lm_head.register_forward_hook(_fail)
     config = ExperimentConfig(task="mrpc", data_dir=str(data), max_length=32, limit=4, eval_limit=4, seeds=(0,))
     run = TaskExperiment(config, model, tokenizer, progress=False)
-    train = run.split("train")
+    train = engine.split(run, "train")
     newline = tokenizer(DEFAULT_SEPARATOR, add_special_tokens=False)["input_ids"]
     first = tokenizer(train.examples.texts[0], add_special_tokens=False)["input_ids"]
     ids = train.encoded["input_ids"][0].tolist()
     assert ids[0] == tokenizer.bos_token_id and ids[1:1 + len(first) + len(newline)] == first + newline
-    rows = overrides.runner(run, "train").rows(torch.arange(4))
+    rows = engine.runner(run, "train").rows(torch.arange(4))
     assert rows.values.shape[1:] == (19, 640) and bool(torch.isfinite(rows.values).all())
 
 

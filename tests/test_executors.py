@@ -75,7 +75,7 @@ def test_plan_groups_runs_into_tasks(tiny, data_dir, tmp_path):
     assert {u.seeds for u in streamed.units if u.variant.selection_order == "first_to_last"} == {(0, 1)}
     # run ids are the engine's
     experiment = engine.TaskExperiment(task_config(settings, "sst2", seeds), model, tokenizer, progress=False)
-    assert first.run_ids == (experiment.run_id(Variant.make("average", "first_to_last", 0.5), 0),)
+    assert first.run_ids == (engine.run_id(experiment, Variant.make("average", "first_to_last", 0.5), 0),)
 
 
 def test_executor_options(capsys, tmp_path, monkeypatch):

@@ -91,35 +91,34 @@ def test_each_seed_draws_its_own_subset_and_heldout_slice(tiny, data_dir):
     model, tokenizer = tiny
     experiment = TaskExperiment(ExperimentConfig("sst2", data_dir=str(data_dir), max_length=16, limit=20), model,
                                 tokenizer, progress=False)
-    plans = [experiment.seed_plan(seed) for seed in (0, 1)]
+    plans = [engine.seed_plan(experiment, seed) for seed in (0, 1)]
     for plan in plans:
         assert len(plan.train) + len(plan.heldout) == 20
         assert not set(plan.train.tolist()) & set(plan.heldout.tolist())
     assert set(plans[0].train.tolist()) != set(plans[1].train.tolist())
-    assert experiment.seed_plan(0).train.tolist() == plans[0].train.tolist()  # seeded
+    assert engine.seed_plan(experiment, 0).train.tolist() == plans[0].train.tolist()  # seeded
     full = TaskExperiment(ExperimentConfig("sst2", data_dir=str(data_dir), max_length=16), model, tokenizer,
                           progress=False)
-    assert sorted(full.seed_rows(0).tolist()) == list(range(len(full.split("train"))))
+    assert sorted(engine.seed_rows(full, 0).tolist()) == list(range(len(engine.split(full, "train"))))
 
 
 def test_the_feature_store_covers_only_the_seeds_a_call_trains(tiny, data_dir):
-    from papa_lib.experiments.overrides import variant_feature_bytes
-    from papa_lib.experiments.stages import store_rows
+    from papa_lib.experiments.engine import store_rows, variant_feature_bytes
 
     model, tokenizer = tiny
     experiment = TaskExperiment(ExperimentConfig("sst2", data_dir=str(data_dir), max_length=16, limit=12,
                                                  seeds=(0, 1, 2)), model, tokenizer, progress=False)
     one = set(store_rows(experiment, [2]).tolist())
-    assert one == set(experiment.seed_rows(2).tolist())
+    assert one == set(engine.seed_rows(experiment, 2).tolist())
     every = set(store_rows(experiment).tolist())
-    assert every == set().union(*(set(experiment.seed_rows(s).tolist()) for s in (0, 1, 2))) and one < every
+    assert every == set().union(*(set(engine.seed_rows(experiment, s).tolist()) for s in (0, 1, 2))) and one < every
     assert variant_feature_bytes(experiment, [2]) < variant_feature_bytes(experiment)
 
 
 def test_seeds_run_in_separate_calls_share_one_store_of_their_rows(tiny, data_dir, tmp_path, monkeypatch):
     """What a Ray executor's one-seed units do (``store_seeds``): with a ``limit``, the second seed reads the store the
     first one made over both seeds' rows, and makes no backbone pass of its own."""
-    from papa_lib.experiments.overrides import BackboneRunner
+    from papa_lib.experiments.engine import BackboneRunner
 
     model, tokenizer = tiny
     config = ExperimentConfig("sst2", data_dir=str(data_dir), max_length=16, epochs=1, limit=12, seeds=(0, 1),
@@ -201,7 +200,7 @@ def test_records_carry_baseline_curve_and_mode(tiny, data_dir, tmp_path):
     assert record["peak_memory_mb"] > 0
     frozen = experiment.run(Variant(), 0)
     assert frozen["feature_mode"] == "cached" and isinstance(frozen["single_class"], bool)
-    labels = experiment.split("validation").labels
+    labels = engine.split(experiment, "validation").labels
     share = float((labels == torch.mode(labels).values).float().mean())
     assert frozen["majority_accuracy"] == pytest.approx(share) and 0.0 <= frozen["accuracy"] <= 1.0
     assert "token_accuracy" not in frozen
@@ -220,9 +219,9 @@ def test_token_task_features_keep_one_vector_per_kept_word(tiny, data_dir):
     model, tokenizer = tiny
     experiment = TaskExperiment(ExperimentConfig("ner", data_dir=str(data_dir), max_length=16, epochs=1), model,
                                 tokenizer, progress=False)
-    split = experiment.split("train")
+    split = engine.split(experiment, "train")
     rows = torch.arange(len(split))
-    train = experiment._cached_rows(None, "train", rows)
+    train = engine.cached_rows(experiment, None, "train", rows)
     assert train.values.shape[0] == int((split.labels != -100).sum())
     assert train.values.shape[1:] == (model.config.num_hidden_layers + 1, model.config.hidden_size)
     assert train.values.dtype == torch.float16
@@ -231,7 +230,7 @@ def test_token_task_features_keep_one_vector_per_kept_word(tiny, data_dir):
 def test_lambda_learning_moves_theta(tiny, data_dir):
     model, tokenizer = tiny
     config = ExperimentConfig("sst2", data_dir=str(data_dir), max_length=16, epochs=1, lambda_learning_rate=0.1)
-    lambdas = TaskExperiment(config, model, tokenizer, progress=False).learn_lambdas()
+    lambdas = engine.learn_lambdas(TaskExperiment(config, model, tokenizer, progress=False))
     assert lambdas.shape == (2, 4)
     assert not torch.allclose(lambdas, torch.full_like(lambdas, 0.5))
 
@@ -241,24 +240,23 @@ def test_lambda_learning_shows_its_progress(tiny, data_dir, capsys):
     of minutes with MPNet. With progress on, it says so; without, it prints nothing."""
     model, tokenizer = tiny
     config = ExperimentConfig("sst2", data_dir=str(data_dir), max_length=16, epochs=1, lambda_epochs=1)
-    TaskExperiment(config, model, tokenizer, progress=False).learn_lambdas()
+    engine.learn_lambdas(TaskExperiment(config, model, tokenizer, progress=False))
     assert "learning λ" not in capsys.readouterr().err
-    TaskExperiment(config, model, tokenizer, progress=True).learn_lambdas()
+    engine.learn_lambdas(TaskExperiment(config, model, tokenizer, progress=True))
     assert "learning λ (sst2, seed 0)" in capsys.readouterr().err
 
 
 def test_a_shared_lambda_seed_learns_lambda_once_for_every_seed(tiny, data_dir, tmp_path, monkeypatch):
     """``lambda_seed``: every seed's λ-order run ranks heads by one λ (learned once, on that seed's rows); the runs'
     ids change (other numbers), the ids of runs that learn no λ do not."""
-    from papa_lib.experiments import runs, stages
     from papa_lib.experiments.grid import run_grid
 
     model, tokenizer = tiny
     learned, trained = [], []
-    original, frozen = stages.learn_lambdas, runs.train_frozen
-    monkeypatch.setattr(stages, "learn_lambdas",
+    original, frozen = engine.learn_lambdas, engine.train_frozen
+    monkeypatch.setattr(engine, "learn_lambdas",
                         lambda ws, source=None, seed=0: learned.append(seed) or original(ws, source, seed))
-    monkeypatch.setattr(runs, "train_frozen",
+    monkeypatch.setattr(engine, "train_frozen",
                         lambda ws, variant, seeds, state=None, **kw: trained.append((variant.fraction, list(seeds)))
                         or frozen(ws, variant, seeds, state, **kw))
     spec = {"data_dir": str(data_dir), "profile": "smoke", "seeds": [0, 1, 2], "max_length": 16, "epochs": 1,

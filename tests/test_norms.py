@@ -24,7 +24,7 @@ from transformers import (
 )
 
 from papa_lib.analysis import norm_findings, norm_rankings, norm_statistics, norms
-from papa_lib.experiments.stages import write_lambdas
+from papa_lib.experiments.engine import write_lambdas
 
 LAYERS, HEADS, HIDDEN = 2, 4, 32
 _COMMON = dict(
@@ -959,15 +959,15 @@ def test_norm_aware_grid_runs_through_the_experiments(smoke_setup, tmp_path):
     # the label-free order replaces the heads with the lowest score first
     config = engine.ExperimentConfig(task="sst2", data_dir=str(data_dir), profile="smoke", max_length=16, epochs=1)
     experiment = engine.TaskExperiment(config, model, tokenizer, progress=False)
-    scores = experiment.head_scores("norm_variance")
-    split = experiment.split("train")
+    scores = engine.head_scores(experiment, "norm_variance")
+    split = engine.split(experiment, "train")
     from papa_lib.core import layout
 
     expected = norm_rankings.input_dependence_scores(
         model, layout.batched(split.encoded, 64), weighting="norm", progress=False
     )
     torch.testing.assert_close(scores, expected)
-    state = experiment.override_for(engine.Variant.make("average", "norm_variance", 0.5))
+    state = engine.override_for(experiment, engine.Variant.make("average", "norm_variance", 0.5))
     order = np.argsort(expected.numpy().ravel(), kind="stable")[:4]  # 8 heads, half replaced: the 4 lowest scores
     assert set(state.plan) == {divmod(int(i), 4) for i in order}
 
@@ -1122,7 +1122,7 @@ def test_head_score_table_and_agreement(smoke_setup, tmp_path):
     from papa_lib.experiments import engine
 
     config = engine.ExperimentConfig(task="sst2", data_dir=str(data_dir), profile="smoke", max_length=16)
-    split = engine.TaskExperiment(config, model, tokenizer, progress=False).split("train")
+    split = engine.split(engine.TaskExperiment(config, model, tokenizer, progress=False), "train")
     expected = norm_rankings.input_dependence_scores(model, layout.batched(split.encoded, 64), progress=False)
     np.testing.assert_allclose(sst2["attention_variance"], expected.numpy().ravel())
     agreement = norm_rankings.score_agreement(table)

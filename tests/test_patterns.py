@@ -15,7 +15,7 @@ from conftest import random_batch
 from papa_lib.analysis import patterns
 from papa_lib.book import charts
 from papa_lib.experiments import selection
-from papa_lib.experiments.stages import write_lambdas
+from papa_lib.experiments.engine import write_lambdas
 from papa_lib.smoke import tiny_model
 
 

@@ -215,16 +215,16 @@ def _label_free_scores(weighting: str):
     training text."""
 
     def scores(workspace, matrices_from, seed):
-        from ..experiments import overrides, stages
+        from ..experiments import engine
 
         def compute():
-            split = stages.split(workspace, "train")
-            batches = stages.packed_batches(workspace.model, split.encoded, workspace.config.feature_batch_size,
-                                            stages.seed_rows(workspace, seed), use_packing=False)
+            split = engine.split(workspace, "train")
+            batches = engine.packed_batches(workspace.model, split.encoded, workspace.config.feature_batch_size,
+                                            engine.seed_rows(workspace, seed), use_packing=False)
             return input_dependence_scores(workspace.model, batches, weighting=weighting,
                                            progress=workspace.progress)
 
-        return overrides.cached_scores(workspace, f"{weighting}-variance-{seed}", compute)
+        return engine.cached_scores(workspace, f"{weighting}-variance-{seed}", compute)
 
     return scores
 
@@ -496,7 +496,7 @@ def head_score_table(model: torch.nn.Module, tokenizer, spec: Mapping, tasks: It
     """
     from pathlib import Path
 
-    from ..experiments.engine import ExperimentConfig, TaskExperiment
+    from ..experiments.engine import ExperimentConfig, TaskExperiment, head_scores
 
     def per_task(value, task):
         return value.get(task, value.get("default")) if isinstance(value, Mapping) else value
@@ -507,14 +507,14 @@ def head_score_table(model: torch.nn.Module, tokenizer, spec: Mapping, tasks: It
                                   limit=spec.get("limit"), max_length=per_task(spec.get("max_length"), task),
                                   device=str(next(model.parameters()).device))
         experiment = TaskExperiment(config, model, tokenizer, progress=progress)
-        scores = {order: experiment.head_scores(order).numpy() for order in NORM_AWARE_ORDERS}
+        scores = {order: head_scores(experiment, order).numpy() for order in NORM_AWARE_ORDERS}
         layers, heads = scores[NORM_AWARE_ORDERS[0]].shape
         lambdas = np.full((layers, heads), np.nan)
         folder = Path(lambdas_dir) if lambdas_dir is not None else None
         files = (sorted(folder.glob(f"{task}-from-{task}-*.safetensors"), key=lambda p: p.stat().st_mtime)
                  if folder and folder.is_dir() else [])
         if files:
-            from ..experiments.stages import read_lambdas
+            from ..experiments.engine import read_lambdas
 
             lambdas = read_lambdas(files[-1]).to(torch.float64).numpy().reshape(layers, heads)
         layer, head = np.meshgrid(np.arange(layers), np.arange(heads), indexing="ij")

@@ -30,7 +30,7 @@ Patterns of the constant matrices (Sec. 5.1)
 
 λ and head orders (Sec. 3.2, 5.4)
     :func:`read_lambda_files` reads the learned λ saved by
-    :meth:`papa_lib.experiments.engine.TaskExperiment.learn_lambdas`;
+    :func:`papa_lib.experiments.engine.learn_lambdas`;
     :func:`kept_until` turns λ into the fraction of input-dependent heads down to which each head survives;
     :func:`order_curves` and :func:`compare_orders` put the Fig. 5 runs of a results table into curves and rank them.
 
@@ -384,7 +384,7 @@ def read_lambda_files(folder: str | Path) -> list[dict]:
     if not folder.is_dir():
         return []
     records = []
-    from ..experiments.stages import read_lambdas
+    from ..experiments.engine import read_lambdas
 
     for path in sorted(folder.glob("*.safetensors")):
         match = LAMBDA_FILE_RE.match(path.name)

@@ -141,7 +141,7 @@ def stored_matrices(results_dir, source: str, max_length: int, model: str | None
     """The constant matrices a grid saved under ``results_dir/matrices`` for text of ``source`` at length L, else
     their committed compact copy under ``results_dir/shown`` (:func:`matrix_files`).
 
-    Files are named ``<source>-L<L>-<hash>.safetensors`` (:meth:`papa_lib.experiments.engine.TaskExperiment.constants`);
+    Files are named ``<source>-L<L>-<hash>.safetensors`` (:func:`papa_lib.experiments.engine.constants`);
     when several match (other data folders, sizes or models), the newest one (for ``model`` when given) is returned.
     ``None`` when there is none.
     """

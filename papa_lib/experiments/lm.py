@@ -50,8 +50,8 @@ from ..core.models import frozen_parameters, model_device, model_id, num_layers_
 from ..core.override import AttentionOverride, override
 from .provenance import config_hash, run_provenance
 from .selection import num_input_dependent, replacement_order
-from .stages import read_lambdas, write_lambdas
 from .tasks import load_wikitext
+from .workspace import read_lambdas, write_lambdas
 
 __all__ = [
     "DATA_FREE",

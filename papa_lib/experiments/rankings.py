@@ -30,7 +30,10 @@ from ..core.registry import Registry
 class HeadRanking:
     """``scores(experiment, matrices_from, seed) -> Tensor [layers, heads]`` (None for fixed orders); ``order`` is
     the :func:`papa_lib.experiments.selection.heads_to_replace` order that uses the scores; ``learned`` rankings
-    depend on λ training settings (they enter the run id); ``label`` names it in tables and charts;
+    depend on λ training settings (they enter the run id), and without ``scores`` of their own are scored by the λ
+    the experiment learns (:func:`papa_lib.experiments.engine.learn_lambdas`, which
+    :func:`~papa_lib.experiments.engine.head_scores` calls: this registry sits below the engine, which imports it);
+    ``label`` names it in tables and charts;
     ``replaced_first`` says which heads go first, i.e. which ``1 - fraction`` of them a variant replaces;
     ``depends_on(experiment) -> dict``: what scores read from elsewhere depend on (e.g. a fingerprint of a file),
     which enters the run id, so that other scores never reuse a stored record; ``same_for_every_seed``: the scores do
@@ -47,7 +50,8 @@ class HeadRanking:
 
     @property
     def scored(self) -> bool:
-        return self.scores is not None
+        """Whether heads are ordered by per-head scores (registered ones, or the learned λ)."""
+        return self.scores is not None or self.learned
 
 
 HEAD_RANKINGS: Registry = Registry("selection order")
@@ -58,7 +62,7 @@ def register_head_ranking(name: str, scores: Callable | None = None, *, order: s
                           replaced_first: str | None = None, depends_on: Callable | None = None,
                           same_for_every_seed: bool = False) -> HeadRanking:
     """Register a ranking; with ``scores`` the heads are replaced in ascending score order (the smallest first)."""
-    order = order or ("lambda" if scores is not None else name)
+    order = order or ("lambda" if scores is not None or learned else name)
     if replaced_first is None:
         replaced_first = (f"smallest {name} score first" if order == "lambda"
                           else "largest score first" if order == "reversed" else f"{name} order")
@@ -74,12 +78,6 @@ def head_ranking(name: str) -> HeadRanking:
 def ranking_label(name: str) -> str:
     """How tables name a ranking; an unregistered name (or ``none``) as it is."""
     return HEAD_RANKINGS[name].label if name in HEAD_RANKINGS else name
-
-
-def _learned_lambdas(workspace, matrices_from, seed):
-    from .stages import lambda_seed, learn_lambdas
-
-    return learn_lambdas(workspace, matrices_from, lambda_seed(workspace, seed))
 
 
 def _lm_lambdas(workspace, matrices_from=None, seed=0):
@@ -104,9 +102,9 @@ def _lm_lambdas_fingerprint(workspace) -> dict:
     return {"lm_lambdas": fingerprint(_lm_lambdas(workspace).float().contiguous())}
 
 
-register_head_ranking("lambda", _learned_lambdas, order="lambda", learned=True,          # Sec. 3.2
+register_head_ranking("lambda", order="lambda", learned=True,                            # Sec. 3.2
                       label="λ (smallest first)", replaced_first="smallest learned λ first")
-register_head_ranking("reversed", _learned_lambdas, order="reversed", learned=True,      # Sec. 5.4
+register_head_ranking("reversed", order="reversed", learned=True,                        # Sec. 5.4
                       label="reversed λ", replaced_first="largest learned λ first")
 register_head_ranking("first_to_last", label="first layer → last",                       # Sec. 5.4
                       replaced_first="first layer first, heads in the model's order")

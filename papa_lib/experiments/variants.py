@@ -43,7 +43,7 @@ class Variant:
 
     @property
     def needs_scores(self) -> bool:
-        return self.selection_order != "none" and HEAD_RANKINGS[self.selection_order].scores is not None
+        return self.selection_order != "none" and HEAD_RANKINGS[self.selection_order].scored
 
     @property
     def seed_dependent(self) -> bool:

@@ -1,9 +1,10 @@
 """What one (model, task) experiment works with: its settings and its workspace (paths and caches).
 
-The stages of :mod:`papa_lib.experiments.engine` (:mod:`~papa_lib.experiments.stages`,
-:mod:`~papa_lib.experiments.overrides`, :mod:`~papa_lib.experiments.runs`) are functions of a :class:`Workspace`: the
-resolved :class:`ExperimentConfig`, the frozen backbone, where results, matrices, λ and features are written, and
-what is computed once and reused (encoded splits, constant matrices, per-head scores).
+The stages of :mod:`papa_lib.experiments.engine` are functions of a :class:`Workspace`: the resolved
+:class:`ExperimentConfig`, the frozen backbone, where results, matrices, λ and features are written, and what is
+computed once and reused (encoded splits, constant matrices, per-head scores). The λ file format
+(:func:`write_lambdas`, :func:`read_lambdas`) is here, below the engine and the head-ranking registry, so that the
+decoder LM's λ (:mod:`papa_lib.experiments.lm`), which a ranking reads, shares it without an import cycle.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from pathlib import Path
 import torch
 
 from ..core import layout
+from ..core.artefacts import write_atomic
 from ..core.models import num_layers_and_heads
 from ..errors import PapaInputError
 from . import probes, results, tasks
@@ -35,7 +37,7 @@ class ExperimentConfig:
     cached features are deleted once its records are written unless ``keep_features``. ``lambda_seed``: learn λ once,
     on that seed's training rows, and rank the heads of every seed's run by it (None: each seed learns its own λ, as
     the MiniLM runs do); it costs one λ training per matrices source instead of one per seed. ``inloop_*`` and
-    ``matrix_learning_rate``: see :func:`papa_lib.experiments.runs.train_inside`."""
+    ``matrix_learning_rate``: see :func:`papa_lib.experiments.engine.train_inside`."""
 
     task: str
     model: str | None = None
@@ -186,3 +188,24 @@ def peak_memory_mb(device: str) -> float:
     if str(device).startswith("cuda") and torch.cuda.is_available():
         return round(torch.cuda.max_memory_allocated() / 2**20, 1)
     return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
+
+
+#: λ files are safetensors, like the constant matrices: one tensor ``lambda`` of shape [layers, heads].
+LAMBDA_SUFFIX = ".safetensors"
+
+
+def write_lambdas(path: Path, lambdas: torch.Tensor) -> None:
+    """Save λ ``[layers, heads]`` atomically (with its checksum file) as safetensors."""
+    from safetensors.torch import save_file
+
+    write_atomic(path, lambda tmp: save_file({"lambda": lambdas.detach().float().contiguous().cpu()}, str(tmp)))
+
+
+def read_lambdas(path: Path) -> torch.Tensor:
+    """λ ``[layers, heads]`` from a file :func:`write_lambdas` wrote."""
+    from safetensors.torch import load_file
+
+    tensors = load_file(str(path))
+    if "lambda" not in tensors:
+        raise ValueError(f"{path}: no 'lambda' tensor (found {sorted(tensors)})")
+    return tensors["lambda"]

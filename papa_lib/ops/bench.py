@@ -20,7 +20,7 @@ Figures
     Time of one probing epoch that recomputes the frozen backbone at every step divided by the time of one epoch on
     features cached once by :class:`papa_lib.experiments.features.BackboneRunner` (256 sentences, L = 64, batch 32,
     the same batches and probe initialisation; median of three interleaved repetitions). The cached path is the one
-    the engine (:mod:`papa_lib.experiments.runs`) uses for frozen variants; the recomputing path is
+    the engine (:func:`papa_lib.experiments.engine.train_frozen`) uses for frozen variants; the recomputing path is
     :class:`~papa_lib.experiments.inloop.BackboneProbe` with the backbone's weights not requiring gradients (what a
     frozen variant would cost without the cache). ``feature_extraction_s`` is the one-off caching cost.
 ``probe_seeds_batched_vs_sequential_{sentence,token}``

@@ -40,7 +40,7 @@ from pathlib import Path
 from ..core import registry
 from ..core.decoders import load_model
 from ..errors import PapaInputError
-from ..experiments import engine, matrices, rankings, results, runs
+from ..experiments import engine, matrices, rankings, results
 from ..experiments.features import FeatureStore
 from ..experiments.grid import grid_runs, grid_settings, run_grid, task_config
 
@@ -113,8 +113,8 @@ def plan_grid_units(spec: dict, results_dir, model, tokenizer, settings: dict, s
                                            results_dir=results_dir, progress=False)
         needs: list[tuple] = []
         for variant in variants:
-            ids = {seed: experiment.run_id(variant, seed) for seed in run_seeds}
-            pending = runs.pending_seeds(experiment, variant, run_seeds, done, ids)
+            ids = {seed: engine.run_id(experiment, variant, seed) for seed in run_seeds}
+            pending = engine.pending_seeds(experiment, variant, run_seeds, done, ids)
             plan.total += len(run_seeds)
             plan.finished += len(run_seeds) - len(pending)
             if not pending:
@@ -126,7 +126,7 @@ def plan_grid_units(spec: dict, results_dir, model, tokenizer, settings: dict, s
                     needs.append(need)
             shared = variant.frozen and not variant.backbone_per_seed(experiment.config.lambda_seed) \
                 and len(pending) > 1
-            if shared and not experiment.use_cache(pending):  # streamed: all seeds in one backbone pass
+            if shared and not engine.use_cache(experiment, pending):  # streamed: all seeds in one backbone pass
                 plan.units.append(Unit(task, variant, tuple(pending), tuple(ids[s] for s in pending),
                                        _folder(ids[pending[0]])))
             elif shared:  # the first seed caches the features, the others read them
@@ -234,14 +234,14 @@ def constants_task(context: WorkerContext, boxed: list, task: str, needs, *depen
     """Ray task: a task's constant matrices (Eq. 2) for every ``(source, kind)`` its runs use, saved to disk."""
     experiment = _open(context, boxed, task)
     for source, kind in needs:
-        experiment.constants(source, kind)
+        engine.constants(experiment, source, kind)
     return list(needs)
 
 
 def scores_task(context: WorkerContext, boxed: list, task: str, order: str, matrices_from, seed: int,
                 *dependencies):
     """Ray task: per-head scores of a scored order for one seed (λ, Sec. 3.2, or a label-free score)."""
-    return _open(context, boxed, task).head_scores(order, matrices_from, seed)
+    return engine.head_scores(_open(context, boxed, task), order, matrices_from, seed)
 
 
 def run_task(context: WorkerContext, boxed: list, unit: Unit, score_keys: list, *dependencies) -> list[dict]:
@@ -435,4 +435,4 @@ class RayExecutor:
                                    "papa_lib?")
             if not store.has(record["run_id"]):
                 store.append(record)
-            runs.drop_checkpoint(store.root, record["run_id"])
+            engine.drop_checkpoint(store.root, record["run_id"])

@@ -208,7 +208,7 @@ def plan_task(task: str, variants, config, *, layers: int, hidden: int, tokens_p
     todo = {v: (planned if left is None else int(left.get(v, planned))) for v in variants}
     variants = [v for v in variants if todo[v] > 0]
     per_seed = min(config.limit, n_train) if config.limit else n_train
-    # the store covers the union of the seeds a variant still runs (stages.store_rows): independent subsets of
+    # the store covers the union of the seeds a variant still runs (engine.store_rows): independent subsets of
     # per_seed rows leave each row out with probability (1 - per_seed / n_train) per seed
     running = max(todo.values(), default=0) or planned
     store_rows = (round(n_train * (1 - (1 - per_seed / n_train) ** running))
@@ -339,31 +339,31 @@ def pending_runs(variants, ws, done: set, only_seeds=None) -> dict:
     """The seeds of each variant (of ``only_seeds`` alone, when given: a shard) whose run id is not in ``done``
     (the ids already stored; the same run ids as :func:`papa_lib.experiments.grid.run_grid`, which skips the stored
     ones when it resumes). ``ws``: the task's :class:`~papa_lib.experiments.engine.TaskExperiment`; nothing runs."""
-    from ..experiments import runs
+    from ..experiments import engine
 
     config = ws.config
     seeds = [s for s in config.seeds if only_seeds is None or s in only_seeds]
-    return {v: runs.pending_seeds(ws, v, seeds, done) for v in variants}
+    return {v: engine.pending_seeds(ws, v, seeds, done) for v in variants}
 
 
 def stored_stages(ws, pending: dict) -> Stored:
     """What a resumed grid reads from ``ws.results_dir`` instead of computing, for the ``pending`` runs (variant ->
-    seeds, :func:`pending_runs`): the files :func:`papa_lib.experiments.stages.constants_path` and
-    :func:`~papa_lib.experiments.stages.lambda_path` name (a run stopped after its λ was saved is planned without
+    seeds, :func:`pending_runs`): the files :func:`papa_lib.experiments.engine.constants_path` and
+    :func:`~papa_lib.experiments.engine.lambda_path` name (a run stopped after its λ was saved is planned without
     it) and, for the variants whose seeds train together, their cached features and their seeds' saved probe
     epochs (:func:`saved_work`)."""
-    from ..experiments import stages
+    from ..experiments import engine
 
     config = ws.config
     sources = {v.matrices_from or config.task for v, seeds in pending.items()
                if seeds and v.matrix_type in ("average", "trainable_average")}
-    on_disk = {source for source in sources if stages.constants_path(ws, source).is_file()}
+    on_disk = {source for source in sources if engine.constants_path(ws, source).is_file()}
     wanted: dict = {}  # matrices source -> the seeds whose λ the pending runs read
     for variant, seeds in pending.items():
         if variant.needs_lambdas:
             wanted.setdefault(variant.matrices_from or config.task, set()).update(
-                stages.lambda_seed(ws, seed) for seed in seeds)
-    lambdas_left = {source: sum(not stages.lambda_path(ws, source, seed).is_file() for seed in seeds)
+                engine.lambda_seed(ws, seed) for seed in seeds)
+    lambdas_left = {source: sum(not engine.lambda_path(ws, source, seed).is_file() for seed in seeds)
                     for source, seeds in wanted.items()}
     features, epochs = saved_work(ws, pending)
     return Stored(on_disk, lambdas_left, features, epochs)
@@ -372,28 +372,26 @@ def stored_stages(ws, pending: dict) -> Stored:
 def saved_work(ws, pending: dict) -> tuple[set, dict]:
     """(the variants whose cached features are whole in the store, {variant: probe epochs its pending seeds' saved
     states hold}), for the frozen variants whose seeds train together (a run killed mid-training leaves both). The
-    feature keys are the run's own (:func:`papa_lib.experiments.overrides.features_key`); a variant whose override
+    feature keys are the run's own (:func:`papa_lib.experiments.engine.features_key`); a variant whose override
     needs work first (matrices not yet stored, head scores) has none stored."""
-    from ..experiments import stages
+    from ..experiments import engine
     from ..experiments.matrices import matrix_type
-    from ..experiments.overrides import features_key, override_for, use_cache
-    from ..experiments.runs import epoch_checkpoint
 
     config, features, epochs = ws.config, set(), {}
     for variant, seeds in pending.items():
         if not seeds or not variant.frozen or variant.backbone_per_seed(config.lambda_seed):
             continue
-        checkpoint = epoch_checkpoint(ws, variant, seeds)  # where the run keeps its seeds' states
+        checkpoint = engine.epoch_checkpoint(ws, variant, seeds)  # where the run keeps its seeds' states
         epochs[variant] = sum(checkpoint.saved_epochs(seed) for seed in seeds)
         entry = matrix_type(variant.matrix_type) if variant.matrix_type != "original" else None
         needs_work = variant.needs_scores or (
             entry is not None and entry.constants
-            and not stages.constants_path(ws, variant.matrices_from, entry.constants).is_file())
-        if ws.features_store is None or needs_work or not use_cache(ws, seeds):
+            and not engine.constants_path(ws, variant.matrices_from, entry.constants).is_file())
+        if ws.features_store is None or needs_work or not engine.use_cache(ws, seeds):
             continue
-        state = override_for(ws, variant, seeds[0])
-        keys = {"train": stages.store_rows(ws, seeds), "validation": torch.arange(len(stages.split(ws, "validation")))}
-        if all(ws.features_store.has(features_key(ws, state, name, rows), name) for name, rows in keys.items()):
+        state = engine.override_for(ws, variant, seeds[0])
+        keys = {"train": engine.store_rows(ws, seeds), "validation": torch.arange(len(engine.split(ws, "validation")))}
+        if all(ws.features_store.has(engine.features_key(ws, state, name, rows), name) for name, rows in keys.items()):
             features.add(variant)
     return features, epochs
 
