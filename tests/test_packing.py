@@ -72,6 +72,7 @@ def test_packed_average_equals_padded_average(arch):
     padded = papa_lib.average_attention(model, with_ids, progress=False)
     packed = papa_lib.average_attention(model, [pack(b, model=model) for b in batches], progress=False)
     assert packed.max_length == 20
+    assert packed.metadata["layout"] == padded.metadata["layout"] == "papa"  # the layout survives packing
     assert torch.equal(packed.counts, padded.counts)
     assert torch.allclose(packed.matrices, padded.matrices, atol=1e-6)
 

@@ -43,11 +43,13 @@ class PackedBatch(dict):
         real: ``[B, W]`` bool, True at real tokens.
         length: L, the width of the App. A layout the batch came from.
         word_index: ``[B, words]`` packed column of each word's first sub-token (-1 kept), or ``None``.
+        layout: the layout of the batch it was packed from (``"papa"`` for App. A), or ``None`` when unknown.
     """
 
-    def __init__(self, tensors: dict, *, positions, real, length: int, word_index=None):
+    def __init__(self, tensors: dict, *, positions, real, length: int, word_index=None, layout=None):
         super().__init__(tensors)
         self.positions, self.real, self.length, self.word_index = positions, real, int(length), word_index
+        self.layout = layout
 
     @property
     def batch_size(self) -> int:
@@ -140,7 +142,8 @@ def pack(batch, model=None) -> PackedBatch:
         column = torch.full((size, length), -1, dtype=torch.long)
         column.scatter_(1, order, torch.arange(width).expand(size, width).clone())
         word_index = torch.where(word_index >= 0, torch.gather(column, 1, word_index.clamp_min(0)), word_index)
-    return PackedBatch(tensors, positions=positions, real=real, length=length, word_index=word_index)
+    return PackedBatch(tensors, positions=positions, real=real, length=length, word_index=word_index,
+                       layout=getattr(batch, "layout", None))
 
 
 class _TypeOnly:
