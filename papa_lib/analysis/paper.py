@@ -50,12 +50,3 @@ def table_long(name: str) -> pd.DataFrame:
     return long
 
 
-def captioned(name: str):
-    """One of the paper's tables as the book shows it: indexed by its row labels, two decimals, and a caption that
-    names its source, model and data (a pandas Styler)."""
-    reported = table(name)
-    index = [c for c in ("construction", "matrix_type", "matrices_from", "task") if c in reported.columns]
-    data = "" if name == "table3" else ", data: GLUE / CoNLL-2003 validation"
-    caption = f"{reported.attrs['source']} — model: {reported.attrs['model']}{data}"
-    shown = reported.set_index(index) if index else reported
-    return shown.style.set_caption(caption).format(precision=2)

@@ -28,8 +28,6 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .tables import task_name
-
 PROFILES = ("smoke", "local", "paper")
 RESULT_FOLDERS = {"smoke": "runs/smoke/results", "local": "data/results/local-minilm", "paper": "data/results/paper"}
 PAPER_MODELS = ("bert-base-uncased", "roberta-base", "microsoft/deberta-base", "bert-large-uncased", "roberta-large",
@@ -248,19 +246,3 @@ def resolve(profile: str = "local", model_name: str | None = None, data_dir: str
     return Setup(profile, root, model_name, Path(data_dir) if data_dir else None, folder, device)
 
 
-def training_description(spec) -> str:
-    """How a grid trains its probes, in words: the training-set sizes (``limit``, one number or per task) and seeds."""
-    seeds = spec.get("seeds", 3)
-    n_seeds = seeds if isinstance(seeds, int) else len(seeds)
-    limit = spec.get("limit")
-    if isinstance(limit, dict):
-        default = limit.get("default")
-        capped = {task: n for task, n in limit.items() if task != "default" and n is not None}
-        parts = [f"{task_name(task)}: {n:,} per seed" for task, n in capped.items()]
-        base = "the full training sets" if default is None else f"at most {default:,} training examples per task"
-        training = base + (f" ({'; '.join(parts)})" if parts else "")
-    elif limit is None:
-        training = "the full training sets"
-    else:
-        training = f"at most {limit:,} training examples per task"
-    return f"with {training} and {n_seeds} {'seed' if n_seeds == 1 else 'seeds'} per setting"

@@ -381,11 +381,3 @@ def _npy(array: np.ndarray):
             np.save(handle, array)
     return write
 
-
-def estimate_seconds(examples: int, tokens_per_example: float, tokens_per_second: float) -> float:
-    """Backbone time for ``examples`` of ``tokens_per_example`` real tokens at a measured throughput."""
-    return examples * tokens_per_example / max(tokens_per_second, 1e-9)
-
-
-def chunk_count(n: int, chunk: int) -> int:
-    return max(1, math.ceil(n / max(chunk, 1)))
