@@ -419,14 +419,36 @@ def test_plan_counts_work_without_running_anything(tiny, data_dir, monkeypatch):
     assert 0 <= at_least <= at_most and "backbone passes alone" in text  # the floor never exceeds the estimate
     assert 0 <= shared <= at_least and "once per task" in text
     capped = plan.plan_grid({**spec, "average_limit": 3}, {"cache_budget": 10**12}).splitlines()
-    passes = {line.split()[0]: float(line.split()[10]) for line in capped[2:-1]}
-    assert passes["sst2"] < float(lines["sst2"][10])  # the matrices average over 3 examples, not the whole text
+    passes = {line.split()[0]: float(line.split()[11]) for line in capped[2:-1]}
+    assert passes["sst2"] < float(lines["sst2"][11])  # the matrices average over 3 examples, not the whole text
+    assert sst2[10] == "0"  # λ orders: no registered head scores to time
     monkeypatch.setattr(plan, "measure_throughput", lambda *a, **k: (0.5, 0.0))  # slow enough to read in hours
     parts = plan.plan_grid(spec, {"cache_budget": 10**12}).splitlines()[-1].split(";")
     at_least, shared = (float(parts[i].split(" h")[0].split()[-1]) for i in (2, 3))
     assert 0 < shared < at_least  # λ learned per seed, and its per-seed backbones, cost passes
     streamed = plan.plan_grid(spec, {"cache_budget": 1})
     assert all("stream" in line for line in streamed.splitlines()[2:-1])
+
+
+def test_plan_times_the_label_free_scores_per_seed(tiny, data_dir, monkeypatch):
+    """A label-free order scores each seed's training rows once (HeadRanking.score_pass): the plan counts those
+    passes and adds their measured time, which the packed throughput does not price."""
+    from papa_lib.analysis import norm_rankings  # noqa: F401  (registers the label-free orders)
+    from papa_lib.core import models
+    from papa_lib.ops import plan
+
+    monkeypatch.setattr(models, "load_encoder", lambda *a, **k: tiny)
+    spec = {"data_dir": str(data_dir), "seeds": [0, 1, 2], "max_length": 16, "epochs": 1, "limit": {"sst2": 10},
+            "blocks": [GridBlock("free", ["sst2"], orders=["attention_variance", "norm_variance"],
+                                 fractions=[0.5, 0.125])]}
+    timed = []
+    real_cost = plan.score_cost
+    monkeypatch.setattr(plan, "score_cost", lambda ws, pending: timed.append(real_cost(ws, pending)) or timed[-1])
+    row = next(line.split() for line in plan.plan_grid(spec, {"cache_budget": 10**12}).splitlines()
+               if line.startswith("sst2"))
+    assert row[10] == "6"  # two orders x three seeds, each scored once for both fractions
+    passes, seconds, once = timed[0]
+    assert passes == 6 and seconds > 0 and once == pytest.approx(seconds / 3)
 
 
 def test_plan_leaves_out_the_runs_already_stored(tiny, data_dir, monkeypatch, tmp_path):
@@ -467,7 +489,7 @@ def test_a_resumed_plan_leaves_out_the_stored_matrices_and_lambdas(tiny, data_di
     after = plan.plan_grid(spec, {"cache_budget": 10**12}, results_dir=tmp_path).splitlines()[2].split()
     assert after[5] == "2" and after[9] == "1"  # both runs left, seed 1's λ is read from disk
     train, per_seed = int(before[1]), int(before[2])
-    lambda_passes = (float(before[10]) - float(after[10]) - train) / (3 * per_seed)  # matrices: one pass of the text
+    lambda_passes = (float(before[11]) - float(after[11]) - train) / (3 * per_seed)  # matrices: one pass of the text
     assert lambda_passes == pytest.approx(1, abs=0.2)  # one λ epoch (the grid's epochs) of seed 1's rows
     shared = plan.plan_grid({**spec, "lambda_seed": 1}, {"cache_budget": 10**12}, results_dir=tmp_path)
     assert shared.splitlines()[2].split()[9] == "0"  # one λ for every seed: seed 1's, on disk

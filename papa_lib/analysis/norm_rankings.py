@@ -231,10 +231,19 @@ def _label_free_scores(weighting: str):
 
 # Beyond the paper: norm-weighted constant matrices and label-free head rankings, registered with the engine.
 register_matrix_type("norm_average", "constant", builder=norm_weighted_attention, label="Norm-weighted average")
+def _label_free_pass(weighting: str):
+    """The work of one batch of :func:`_label_free_scores` (``papa grid --plan`` times it)."""
+
+    def score_pass(model, batch):
+        input_dependence_scores(model, [batch], weighting=weighting, progress=False)
+
+    return score_pass
+
+
 register_head_ranking("attention_variance", _label_free_scores("attention"), label="attention variance (label-free)",
-                      replaced_first="smallest attention variance first")
+                      replaced_first="smallest attention variance first", score_pass=_label_free_pass("attention"))
 register_head_ranking("norm_variance", _label_free_scores("norm"), label="norm-weighted variance (label-free)",
-                      replaced_first="smallest norm-weighted variance first")
+                      replaced_first="smallest norm-weighted variance first", score_pass=_label_free_pass("norm"))
 
 
 def matrix_total_variation(first, second) -> pd.DataFrame:

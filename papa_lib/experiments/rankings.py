@@ -37,7 +37,9 @@ class HeadRanking:
     ``replaced_first`` says which heads go first, i.e. which ``1 - fraction`` of them a variant replaces;
     ``depends_on(experiment) -> dict``: what scores read from elsewhere depend on (e.g. a fingerprint of a file),
     which enters the run id, so that other scores never reuse a stored record; ``same_for_every_seed``: the scores do
-    not depend on the run's seed, so every seed's probe trains on one backbone pass."""
+    not depend on the run's seed, so every seed's probe trains on one backbone pass; ``score_pass(model, batch)``:
+    the work ``scores`` does on one padded batch of a seed's training rows (it scores every row of them), which
+    ``papa grid --plan`` times to cost the scores (None: the scores cost nothing worth planning)."""
 
     name: str
     order: str
@@ -47,6 +49,7 @@ class HeadRanking:
     replaced_first: str = ""
     depends_on: Callable | None = None
     same_for_every_seed: bool = False
+    score_pass: Callable | None = None
 
     @property
     def scored(self) -> bool:
@@ -60,13 +63,14 @@ HEAD_RANKINGS: Registry = Registry("selection order")
 def register_head_ranking(name: str, scores: Callable | None = None, *, order: str | None = None,
                           learned: bool = False, label: str | None = None,
                           replaced_first: str | None = None, depends_on: Callable | None = None,
-                          same_for_every_seed: bool = False) -> HeadRanking:
+                          same_for_every_seed: bool = False, score_pass: Callable | None = None) -> HeadRanking:
     """Register a ranking; with ``scores`` the heads are replaced in ascending score order (the smallest first)."""
     order = order or ("lambda" if scores is not None or learned else name)
     if replaced_first is None:
         replaced_first = (f"smallest {name} score first" if order == "lambda"
                           else "largest score first" if order == "reversed" else f"{name} order")
-    entry = HeadRanking(name, order, scores, learned, label or name, replaced_first, depends_on, same_for_every_seed)
+    entry = HeadRanking(name, order, scores, learned, label or name, replaced_first, depends_on, same_for_every_seed,
+                        score_pass)
     HEAD_RANKINGS[name] = entry
     return entry
 

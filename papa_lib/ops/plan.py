@@ -10,7 +10,10 @@ counts 3):
 * frozen variants: one pass over the store's rows and the validation set per distinct backbone (λ and random
   orders differ per seed) when cached; when streamed, one pass per epoch (at most ``epochs``);
 * trainable matrices (Sec. 5.2): ``inloop_epochs`` training passes per seed over at most ``inloop_limit`` of its
-  rows (the matrices' training phase), then one frozen pass over the seed's rows and the validation set.
+  rows (the matrices' training phase), then one frozen pass over the seed's rows and the validation set;
+* registered head scores (the label-free orders): one scoring pass over each seed's training rows per ranking, timed
+  directly on one padded batch of the task (:func:`score_cost`; they pad every row to L and read every head's
+  attention, so the packed throughput does not price them).
 
 With the grid's results folder (``papa grid`` passes it), what is stored there is left out: the runs already
 recorded, the constant matrices and λ already saved (a run stopped after learning its λ keeps that file, and the
@@ -80,6 +83,7 @@ class TaskPlan:
     finished: int = 0  # runs of the grid already in its results folder (skipped when it resumes)
     saved_epochs: int = 0  # probe epochs held by the pending seeds' saved states (skipped when it resumes)
     stored_features: int = 0  # variants whose cached features are whole in the results folder
+    score_passes: int = 0  # passes of registered head scores over a seed's rows (label-free orders), timed here
 
 
 @dataclass
@@ -195,12 +199,15 @@ def _task_data(task: str, config, tokenizer):
 
 def plan_task(task: str, variants, config, *, layers: int, hidden: int, tokens_per_second: float,
               step_seconds: float, budget: int, tokenizer=None, together: float = 1.0,
-              left: dict | None = None, planned: int | None = None, stored: Stored | None = None) -> TaskPlan:
+              left: dict | None = None, planned: int | None = None, stored: Stored | None = None,
+              scores: tuple[int, float, float] = (0, 0.0, 0.0)) -> TaskPlan:
     """The cost of one task's variants under one resolved :class:`~papa_lib.experiments.engine.ExperimentConfig`;
     ``together``: a step of all seeds together over as many separate steps (:func:`measure_seed_batching`);
     ``left``: how many seeds of each variant are still to run (default: all; :func:`pending_runs`); ``planned``: how
     many seeds of each variant this plan covers (default: all of the config's; fewer for a shard, ``--only-seed``);
-    ``stored``: what the results folder holds already (:func:`stored_stages`), left out of the passes."""
+    ``stored``: what the results folder holds already (:func:`stored_stages`), left out of the passes; ``scores``:
+    (passes, seconds, seconds if drawn once per task) of the registered head scores the variants need
+    (:func:`score_cost`)."""
     spec = tasks.TASKS[task]
     n_train, n_val, tokens, data = _task_data(task, config, tokenizer)
     seeds = len(config.seeds)
@@ -252,15 +259,17 @@ def plan_task(task: str, variants, config, *, layers: int, hidden: int, tokens_p
     together_runs = sum(todo[v] for v in together_variants)
     shared_steps = (together_runs * epochs - skipped) * per_seed / batch  # the seeds of one backbone step together
     probe_seconds = (steps - shared_steps + shared_steps * together) * step_seconds
-    backbone_seconds = passes * tokens / tokens_per_second
+    score_passes, score_seconds, score_once = scores
+    backbone_seconds = passes * tokens / tokens_per_second + score_seconds
     seconds = backbone_seconds + probe_seconds
     # what learning λ once per task (and drawing one random order) would leave: each seed-dependent backbone once
     shared = passes - sum(max(0, n - 1) for n in lambda_seeds.values()) * config.lambda_epochs * per_seed * 3 \
         - sum(todo[v] - 1 for v in frozen if v.backbone_per_seed(config.lambda_seed)) * per_backbone
     return TaskPlan(task, n_train, per_seed, n_val, round(tokens, 1), planned, len(variants), backbones,
                     inloop_runs, lambda_runs, passes, steps, feature_bytes, mode, seconds, data,
-                    backbone_seconds, probe_seconds, shared * tokens / tokens_per_second, runs=runs,
-                    finished=planned * len(todo) - runs, saved_epochs=skipped, stored_features=len(features_stored))
+                    backbone_seconds, probe_seconds, shared * tokens / tokens_per_second + score_once, runs=runs,
+                    finished=planned * len(todo) - runs, saved_epochs=skipped, stored_features=len(features_stored),
+                    score_passes=score_passes)
 
 
 def format_plan(plans: list[TaskPlan], *, model: str, device: str, tokens_per_second: float, step_seconds: float,
@@ -273,12 +282,12 @@ def format_plan(plans: list[TaskPlan], *, model: str, device: str, tokens_per_se
              + (f"{seeds} seeds stepping together {together * seeds:.1f}x one seed's step" if seeds > 1
                 else "one seed per variant") + f"; feature budget {budget / 2**30:.1f} GiB",
              f"{'task':6} {'train':>8} {'/seed':>7} {'valid':>6} {'tok/ex':>6} {'runs':>5} {'variants':>8} "
-             f"{'backbones':>9} {'inloop':>6} {'λ runs':>6} {'passes':>10} {'features':>10} {'mode':>6} "
+             f"{'backbones':>9} {'inloop':>6} {'λ runs':>6} {'scores':>6} {'passes':>10} {'features':>10} {'mode':>6} "
              f"{'time':>9}  data"]
     for p in plans:
         lines.append(f"{p.task:6} {p.train_examples:8d} {p.rows_per_seed:7d} {p.validation_examples:6d} "
                      f"{p.tokens_per_example:6.1f} {p.runs:5d} {p.variants:8d} {p.frozen_backbones:9d} "
-                     f"{p.inloop_runs:6d} {p.lambda_runs:6d} {p.example_passes:10.3g} "
+                     f"{p.inloop_runs:6d} {p.lambda_runs:6d} {p.score_passes:6d} {p.example_passes:10.3g} "
                      f"{p.feature_bytes / 2**30:9.2f}G {p.mode:>6} {p.seconds / 3600:8.2f}h  {p.data}")
     total = sum(p.seconds for p in plans)
     floor = sum(p.backbone_seconds for p in plans)
@@ -344,6 +353,36 @@ def pending_runs(variants, ws, done: set, only_seeds=None) -> dict:
     config = ws.config
     seeds = [s for s in config.seeds if only_seeds is None or s in only_seeds]
     return {v: engine.pending_seeds(ws, v, seeds, done) for v in variants}
+
+
+def score_cost(ws, pending: dict) -> tuple[int, float, float]:
+    """(passes, seconds, seconds if drawn once per task) of the registered head scores the ``pending`` runs (variant
+    -> seeds) need: each ranking with a ``score_pass`` (:class:`~papa_lib.experiments.rankings.HeadRanking`) scores
+    every training row of each seed it runs for (one seed for ``same_for_every_seed``), timed here on one padded
+    batch of the task's training rows. Nothing runs when no pending run needs such scores."""
+    from ..experiments import engine
+    from ..experiments.rankings import head_ranking
+
+    seeds_of: dict = {}  # ranking name -> the seeds whose scores the pending runs read
+    for variant, seeds in pending.items():
+        if variant.needs_scores and head_ranking(variant.selection_order).score_pass is not None and seeds:
+            seeds_of.setdefault(variant.selection_order, set()).update(seeds)
+    if not seeds_of:
+        return 0, 0.0, 0.0
+    split = engine.split(ws, "train")
+    first = engine.seed_rows(ws, ws.config.seeds[0])
+    batch = next(iter(engine.packed_batches(ws.model, split.encoded, ws.config.feature_batch_size,
+                                            first[:ws.config.feature_batch_size], use_packing=False)))
+    passes = seconds = once = 0.0
+    for name, seeds in seeds_of.items():
+        ranking = head_ranking(name)
+        started = time.perf_counter()
+        with torch.inference_mode():
+            ranking.score_pass(ws.model, batch)
+        per_pass = (time.perf_counter() - started) * len(first) / int(batch["input_ids"].shape[0])
+        count = 1 if ranking.same_for_every_seed else len(seeds)
+        passes, seconds, once = passes + count, seconds + count * per_pass, once + per_pass
+    return int(passes), seconds, once
 
 
 def stored_stages(ws, pending: dict) -> Stored:
@@ -432,6 +471,7 @@ def plan_grid(spec: dict, overrides: dict | None = None, model_name: str | None 
         left = {v: len(seeds) for v, seeds in pending.items()} if pending is not None else None
         stored = stored_stages(ws, pending) \
             if results_dir and pending is not None and tokenizer is not None else None
+        scores = score_cost(ws, pending or {v: planned for v in variants}) if tokenizer is not None else (0, 0.0, 0.0)
         plans.append(
             plan_task(
                 task,
@@ -447,6 +487,7 @@ def plan_grid(spec: dict, overrides: dict | None = None, model_name: str | None 
                 left=left,
                 planned=len(planned),
                 stored=stored,
+                scores=scores,
             )
         )
     label = f"{name or 'embedded all-MiniLM-L6-v2'} ({how})"
