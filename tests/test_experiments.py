@@ -431,8 +431,9 @@ def test_plan_counts_work_without_running_anything(tiny, data_dir, monkeypatch):
 
 
 def test_plan_times_the_label_free_scores_per_seed(tiny, data_dir, monkeypatch):
-    """A label-free order scores each seed's training rows once (HeadRanking.score_pass): the plan counts those
-    passes and adds their measured time, which the packed throughput does not price."""
+    """A label-free order scores each seed's training rows once (HeadRanking.score_pass) and norm-weighted matrices
+    average padded batches: the plan counts the score passes and adds the measured time of both, which the packed
+    throughput does not price."""
     from papa_lib.analysis import norm_rankings  # noqa: F401  (registers the label-free orders)
     from papa_lib.core import models
     from papa_lib.ops import plan
@@ -449,6 +450,10 @@ def test_plan_times_the_label_free_scores_per_seed(tiny, data_dir, monkeypatch):
     assert row[10] == "6"  # two orders x three seeds, each scored once for both fractions
     passes, seconds, once = timed[0]
     assert passes == 6 and seconds > 0 and once == pytest.approx(seconds / 3)
+    matrices = {**spec, "blocks": [GridBlock("nm", ["sst2"], matrix_types=["norm_average"], fractions=[0])]}
+    plan.plan_grid(matrices, {"cache_budget": 10**12})  # norm-weighted matrices average padded batches: timed once
+    passes, seconds, once = timed[1]
+    assert passes == 0 and seconds > 0 and once == seconds
 
 
 def test_plan_leaves_out_the_runs_already_stored(tiny, data_dir, monkeypatch, tmp_path):

@@ -11,7 +11,8 @@ counts 3):
   orders differ per seed) when cached; when streamed, one pass per epoch (at most ``epochs``);
 * trainable matrices (Sec. 5.2): ``inloop_epochs`` training passes per seed over at most ``inloop_limit`` of its
   rows (the matrices' training phase), then one frozen pass over the seed's rows and the validation set;
-* registered head scores (the label-free orders): one scoring pass over each seed's training rows per ranking, timed
+* registered head scores (the label-free orders): one scoring pass over each seed's training rows per ranking, and
+  constant builders that take no packed batches (the norm-weighted matrices): one pass over their text; both timed
   directly on one padded batch of the task (:func:`score_cost`; they pad every row to L and read every head's
   attention, so the packed throughput does not price them).
 
@@ -356,32 +357,53 @@ def pending_runs(variants, ws, done: set, only_seeds=None) -> dict:
 
 
 def score_cost(ws, pending: dict) -> tuple[int, float, float]:
-    """(passes, seconds, seconds if drawn once per task) of the registered head scores the ``pending`` runs (variant
-    -> seeds) need: each ranking with a ``score_pass`` (:class:`~papa_lib.experiments.rankings.HeadRanking`) scores
-    every training row of each seed it runs for (one seed for ``same_for_every_seed``), timed here on one padded
-    batch of the task's training rows. Nothing runs when no pending run needs such scores."""
+    """(passes, seconds, seconds if drawn once per task) of the work the packed throughput does not price, for the
+    ``pending`` runs (variant -> seeds), timed here on one padded batch of the task's training rows: each ranking with
+    a ``score_pass`` (:class:`~papa_lib.experiments.rankings.HeadRanking`) scores every training row of each seed it
+    runs for (one seed for ``same_for_every_seed``; these are the passes), and each constant builder that does not
+    take packed batches (:func:`papa_lib.experiments.matrices.constant_builder`, e.g. the norm-weighted matrices)
+    averages its source's text once unless its matrices are stored. Nothing runs when no pending run needs either."""
     from ..experiments import engine
+    from ..experiments.matrices import constant_builder, matrix_type
     from ..experiments.rankings import head_ranking
 
     seeds_of: dict = {}  # ranking name -> the seeds whose scores the pending runs read
+    builds: set = set()  # (source task, constants kind) built from padded batches, not yet stored
     for variant, seeds in pending.items():
-        if variant.needs_scores and head_ranking(variant.selection_order).score_pass is not None and seeds:
+        if not seeds:
+            continue
+        if variant.needs_scores and head_ranking(variant.selection_order).score_pass is not None:
             seeds_of.setdefault(variant.selection_order, set()).update(seeds)
-    if not seeds_of:
+        kind = matrix_type(variant.matrix_type).constants if variant.matrix_type != "original" else None
+        source = variant.matrices_from or ws.config.task
+        path = engine.constants_path(ws, source, kind) if kind else None
+        if kind and not constant_builder(kind)[1] and not (path is not None and path.is_file()):
+            builds.add((source, kind))
+    if not seeds_of and not builds:
         return 0, 0.0, 0.0
     split = engine.split(ws, "train")
     first = engine.seed_rows(ws, ws.config.seeds[0])
     batch = next(iter(engine.packed_batches(ws.model, split.encoded, ws.config.feature_batch_size,
                                             first[:ws.config.feature_batch_size], use_packing=False)))
+    rows = int(batch["input_ids"].shape[0])
+
+    def timed(work, *args, **kwargs) -> float:  # seconds of one padded batch
+        started = time.perf_counter()
+        with torch.inference_mode():
+            work(*args, **kwargs)
+        return time.perf_counter() - started
+
     passes = seconds = once = 0.0
     for name, seeds in seeds_of.items():
         ranking = head_ranking(name)
-        started = time.perf_counter()
-        with torch.inference_mode():
-            ranking.score_pass(ws.model, batch)
-        per_pass = (time.perf_counter() - started) * len(first) / int(batch["input_ids"].shape[0])
+        per_pass = timed(ranking.score_pass, ws.model, batch) * len(first) / rows
         count = 1 if ranking.same_for_every_seed else len(seeds)
         passes, seconds, once = passes + count, seconds + count * per_pass, once + per_pass
+    for source, kind in builds:
+        builder = constant_builder(kind)[0]
+        examples = int(engine.averaged_split(ws, source).encoded["input_ids"].shape[0])
+        build = timed(builder, ws.model, [batch], progress=False, source="plan") * examples / rows
+        seconds, once = seconds + build, once + build
     return int(passes), seconds, once
 
 
