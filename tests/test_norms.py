@@ -1042,7 +1042,7 @@ def test_label_free_and_matrix_comparisons():
         + [_record("sst2", "norm_average", "none", 0.0, s, 0.75 + 0.01 * s) for s in (0, 1)]
     )
     curves = norm_rankings.label_free_comparison(norm, reference, ["sst2"])
-    assert set(curves["order"]) == {"lambda", "attention_variance", "norm_variance"}
+    assert set(curves["order"]) == {"lambda", "norm_variance"}
     lam = curves[(curves["order"] == "lambda")].set_index("fraction")
     assert (
         lam.loc[0.5, "mean"] == pytest.approx(0.86) and lam.loc[0.5, "n"] == 2 and lam.loc[0.5, "source"] == "main grid"
@@ -1052,7 +1052,7 @@ def test_label_free_and_matrix_comparisons():
     )  # Table 2 excluded
     nv = curves[curves["order"] == "norm_variance"].set_index("fraction")
     assert list(nv.index) == [0.0, 0.5, 1.0] and nv.loc[0.5, "ci_low"] == pytest.approx(0.8)
-    assert len(curves[curves["order"] == "attention_variance"]) == 2  # only the shared end points
+    assert "attention_variance" not in set(curves["order"])  # not run: no line drawn from the end points alone
     assert "cola" not in set(curves["task"])
     assert norm_rankings.label_free_comparison(norm.iloc[:0], reference.iloc[:0], ["sst2"]).empty
 
@@ -1173,7 +1173,8 @@ def test_norms_chapter_at_local_follows_the_records(tmp_path):
     per_setting = records.groupby(["task", "matrix_type", "selection_order", "fraction"])["seed"].nunique()
     assert f"The norm-aware records hold {per_setting.min()} seeds per setting" in text
     assert all(f"{int(rows):,}" in text for rows in records["train_size"].unique())
-    assert "smaller than PAPA's own grid" in text
+    assert "By decision rule R15" in text and "compared only with PAPA's rows of the same seeds" in text
+    assert "smaller than PAPA's own grid" not in text and "different numbers of rows" not in text
     assert "share of the loss" not in html + text
     assert not re.search(r"\bnan\b|\bNone\b", text)
     assert "## " not in text and "{glue" not in text

@@ -434,7 +434,8 @@ def label_free_comparison(norm_frame: pd.DataFrame, reference: pd.DataFrame, tas
 
     Plain-average matrices only.  The λ order and the shared end points come from ``reference`` (fraction 1: the
     original model; fraction 0: every head constant, which no order changes); the label-free orders from
-    ``norm_frame``.  The end points are repeated for every order so that each curve is complete.
+    ``norm_frame``.  The end points are repeated for every order that has a record at an intermediate fraction of
+    the task, so that each measured curve is complete and an order not yet run on a task draws no line there.
     Columns: task, order, fraction, mean, ci_low, ci_high, n, source ("norm grid" / "main grid" / "shared").
     """
     from ..experiments.results import summarize
@@ -458,10 +459,13 @@ def label_free_comparison(norm_frame: pd.DataFrame, reference: pd.DataFrame, tas
         original = reference_own[reference_own["task"].isin(tasks) & (reference_own["matrix_type"] == "original")]
         constant = reference_own[reference_own["task"].isin(tasks) & (reference_own["matrix_type"] == "average")
                                  & (reference_own["fraction"] == 0)]
+        measured = pd.concat(pieces)[["task", "order"]].drop_duplicates() if pieces else pd.DataFrame(
+            columns=["task", "order"])
         for part in (original, constant):
             if not part.empty:
                 summary = summarize(part, ["task", "fraction"])
-                ends.extend(summary.assign(order=order, source="shared") for order in orders)
+                ends.extend(summary.merge(measured[measured["order"] == order], on="task").assign(source="shared")
+                            for order in orders)
     columns = ["task", "order", "fraction", "mean", "ci_low", "ci_high", "n", "source"]
     if not pieces and not ends:
         return pd.DataFrame(columns=columns)
