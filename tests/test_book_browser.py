@@ -262,6 +262,7 @@ def test_built_pages_load_the_local_vega_bundle(built_book):
     assert f'href="{repository}"' in intro, "the GitHub button must point at repository.url"
 
 
+@pytest.mark.slow
 def test_built_pages_show_no_raw_output_and_no_broken_link(built_book):
     """Every executed page, as built: no object repr, warning, machine path, traceback, raw index or identifier,
     NaN, template grammar or over-long number in its article (papa_book.page_check), and no internal link
