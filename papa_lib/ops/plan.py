@@ -374,7 +374,7 @@ def score_cost(ws, pending: dict) -> tuple[int, float, float]:
             continue
         if variant.needs_scores and head_ranking(variant.selection_order).score_pass is not None:
             seeds_of.setdefault(variant.selection_order, set()).update(seeds)
-        kind = matrix_type(variant.matrix_type).constants if variant.matrix_type != "original" else None
+        kind = matrix_type(variant.matrix_type).constants  # None for the original and the data-free types
         source = variant.matrices_from or ws.config.task
         path = engine.constants_path(ws, source, kind) if kind else None
         if kind and not constant_builder(kind)[1] and not (path is not None and path.is_file()):
