@@ -112,7 +112,7 @@ def _non_negative_float(text: str) -> float:
 
 def _shared(parser: argparse.ArgumentParser, task_required: bool = True, custom: bool = True) -> None:
     """The options every probing command shares (``custom=False``: papa grid's, whose defaults are the file's)."""
-    from .experiments.tasks import TASKS
+    from .experiments.task_specs import TASKS
 
     group = parser.add_argument_group("shared options")
     group.add_argument(
@@ -284,7 +284,8 @@ def _load_model(name, device):
 
 def _experiment(args):
     from .core.models import resolve_device
-    from .experiments.engine import ExperimentConfig, TaskExperiment
+    from .experiments.engine import TaskExperiment
+    from .experiments.workspace import ExperimentConfig
 
     custom = args.task == CUSTOM
     _register_custom(args)
@@ -343,7 +344,7 @@ def cmd_select(args) -> int:
 
 
 def cmd_probe(args) -> int:
-    from .experiments.engine import Variant
+    from .experiments.variants import Variant
 
     experiment = _experiment(args)
     seeds = range(args.seeds if args.seeds is not None else 3)
@@ -509,7 +510,8 @@ def _grid_records(spec, store, model, only_seeds, overrides) -> list[dict]:
 def _check_store(grid, results_dir) -> None:
     """Read the results table before any model loads: a torn last line is set aside (with a notice); damage before
     it is one line naming it, and how to keep every intact record."""
-    from .experiments.results import RESULTS_FILENAME, DamagedStoreError, ResultsStore
+    from .experiments.damage import DamagedStoreError
+    from .experiments.results import RESULTS_FILENAME, ResultsStore
 
     if not (Path(results_dir) / RESULTS_FILENAME).exists():
         return
@@ -634,7 +636,8 @@ def _fraction(text) -> float:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from .experiments.engine import MATRIX_TYPES, all_orders
+    from .experiments.engine import all_orders
+    from .experiments.matrices import MATRIX_TYPES
     ORDERS = all_orders()
     from .experiments.selection import PAPER_FRACTIONS
 

@@ -30,7 +30,7 @@ kernelspec:
   name: python3
 ---
 """
-from papa_lib.smoke import ARCHITECTURES, tiny_config, tiny_model  # noqa: F401  (re-exported for the tests)
+from papa_lib.smoke import ARCHITECTURES
 
 TINY_DECODER_VOCAB = 96
 TINY_DECODER_WINDOW = 3  # the tiny Gemma's sliding window (layers 0 and 1; layer 2 is global)

@@ -8,9 +8,10 @@ import pytest
 import torch
 
 import papa_lib
-from conftest import random_batch, tiny_model
+from conftest import random_batch
 from papa_lib.core import models
 from papa_lib.core.models import ArchitectureAdapter, model_inputs
+from papa_lib.smoke import tiny_model
 
 
 def run(model, batch, **kwargs):

@@ -9,9 +9,9 @@ import re
 import pytest
 import torch
 
-from papa_lib.ops import bench
+from papa_lib.ops import bench, bench_support, costs
 
-TINY_SIZES = bench.BenchSizes(
+TINY_SIZES = bench_support.BenchSizes(
     averaging_sentences=8, averaging_batch=4, averaging_repeats=1, probe_sentences=8, probe_batch=4, probe_repeats=1,
     constant_lengths=(16, 32), constant_batch=2, constant_repeats=1, memory_sentences=(4, 16), memory_batch=4,
     store_sentences=16, store_batch=4,
@@ -117,15 +117,15 @@ def test_unknown_benchmark_and_bad_options_raise():
     with pytest.raises(ValueError, match="unknown clock 'sundial'"):
         bench.run_benchmarks(["constant"], clock="sundial", emit=None)
     with pytest.raises(ValueError, match="unknown dtype"):
-        bench.load_bench_model("tiny", dtype="fp8")
+        bench_support.load_bench_model("tiny", dtype="fp8")
     if not torch.cuda.is_available():
         with pytest.raises(ValueError, match="CUDA is not available"):
-            bench.load_bench_model("tiny", device="cuda")
+            bench_support.load_bench_model("tiny", device="cuda")
 
 
 def test_model_from_environment(monkeypatch):
-    monkeypatch.setenv(bench.MODEL_ENV, "tiny")
-    model, tokenizer = bench.load_bench_model(None)
+    monkeypatch.setenv(bench_support.MODEL_ENV, "tiny")
+    model, tokenizer = bench_support.load_bench_model(None)
     assert model.papa_model_id == "tiny-random-bert"
     assert model.config.vocab_size == len(tokenizer)
 
@@ -134,13 +134,13 @@ def test_flop_model_matches_the_formula():
     n, d, f = 128, 384, 1536
     original = 4 * n * d * d * 2 + 2 * n * n * d * 2 + 2 * n * d * f * 2
     constant = 2 * n * d * d * 2 + n * n * d * 2 + 2 * n * d * f * 2
-    assert bench.layer_flops(n, d, f, constant=False) == original
-    assert bench.layer_flops(n, d, f, constant=True) == constant
-    assert bench.flop_limit(n, d, f) == pytest.approx(original / constant)
-    assert bench.flop_limit(128, 384, 1536) == pytest.approx(1.2258, abs=1e-4)
+    assert costs.layer_flops(n, d, f, constant=False) == original
+    assert costs.layer_flops(n, d, f, constant=True) == constant
+    assert costs.flop_limit(n, d, f) == pytest.approx(original / constant)
+    assert costs.flop_limit(128, 384, 1536) == pytest.approx(1.2258, abs=1e-4)
     # long sequences: the n² terms dominate and the limit tends to 2; it grows with n
-    assert bench.flop_limit(10**7, d, f) == pytest.approx(2.0, abs=1e-3)
-    assert bench.flop_limit(128, d, f) < bench.flop_limit(256, d, f) < bench.flop_limit(512, d, f)
+    assert costs.flop_limit(10**7, d, f) == pytest.approx(2.0, abs=1e-3)
+    assert costs.flop_limit(128, d, f) < costs.flop_limit(256, d, f) < costs.flop_limit(512, d, f)
 
 
 def test_benchmark_sentences_cycle_and_fall_back(monkeypatch, tmp_path):
@@ -172,8 +172,8 @@ def _task_files(tmp_path):
 def test_packing_benchmark_on_generated_task_files(tmp_path):
     """Packed and padded extraction see the same sentences; the stored bytes are exactly the real-token rows."""
     _task_files(tmp_path)
-    model, tokenizer = bench.load_bench_model("tiny")
-    sizes = bench.BenchSizes(packing_sentences=12, packing_batch=4, packing_repeats=1)
+    model, tokenizer = bench_support.load_bench_model("tiny")
+    sizes = bench_support.BenchSizes(packing_sentences=12, packing_batch=4, packing_repeats=1)
     figures = bench.bench_packing(model, tokenizer, sizes, "cpu", data_dir=tmp_path)
     for task in ("sst2", "cola"):
         assert figures[f"packed_vs_padded_{task}_L64"] > 0
@@ -192,7 +192,7 @@ def test_packing_benchmark_on_the_real_mpnet(tmp_path, mpnet):
     packed extraction gives the padded run's states and is faster on sentences of 5-22 tokens at L = 64."""
     _task_files(tmp_path)
     model, tokenizer = mpnet
-    sizes = bench.BenchSizes(packing_sentences=12, packing_batch=12, packing_repeats=1)
+    sizes = bench_support.BenchSizes(packing_sentences=12, packing_batch=12, packing_repeats=1)
     figures = bench.bench_packing(model, tokenizer, sizes, "cpu", data_dir=tmp_path)
     assert figures["packed_vs_padded_max_abs_diff_sst2"] < 1e-2  # fp16 storage rounding only
     assert figures["packed_vs_padded_sst2_L64"] > 1.5
@@ -200,7 +200,7 @@ def test_packing_benchmark_on_the_real_mpnet(tmp_path, mpnet):
 
 def test_seeds_benchmark_trains_together_what_it_trains_one_by_one():
     lines = []
-    sizes = bench.BenchSizes(seeds=3, seeds_sentences=12, seeds_repeats=1)
+    sizes = bench_support.BenchSizes(seeds=3, seeds_sentences=12, seeds_repeats=1)
     figures = bench.run_benchmarks(["seeds"], model="tiny", sizes=sizes, emit=lines.append)
     for kind in ("sentence", "token"):
         assert figures[f"probe_seeds_batched_vs_sequential_{kind}"] > 0

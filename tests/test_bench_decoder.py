@@ -12,9 +12,9 @@ import pytest
 from test_bench import parse
 
 from papa_lib.core.packaged import cache_root
-from papa_lib.ops import bench, bench_memory
+from papa_lib.ops import bench, bench_memory, bench_support, costs
 
-TINY = bench.BenchSizes(decoder_length=32, decoder_batch=2, decoder_repeats=1, decoder_chunk=8)
+TINY = bench_support.BenchSizes(decoder_length=32, decoder_batch=2, decoder_repeats=1, decoder_chunk=8)
 RATIOS = ("decoder_constant_vs_original_L32", "decoder_flop_limit_L32", "decoder_constant_speedup_over_limit_L32",
           "decoder_flop_limit_with_lm_head_L32", "decoder_constant_reference_vs_original_L32",
           "decoder_full_vs_chunked_nll_peak_L32")
@@ -90,22 +90,22 @@ def test_the_flop_model_covers_the_decoders_shapes():
 
     config = Gemma3TextConfig(vocab_size=262144, hidden_size=640, intermediate_size=2048, num_hidden_layers=18,
                               num_attention_heads=4, num_key_value_heads=1, head_dim=256)  # Gemma 3 270M's shapes
-    shape = bench.decoder_shape(config)
+    shape = costs.decoder_shape(config)
     assert shape == {"hidden": 640, "intermediate": 2048, "attention_width": 1024, "kv_width": 256,
                      "ffn_matrices": 3, "layers": 18, "vocab": 262144}
     n, d, f, a, kv = 512, 640, 2048, 1024, 256
     original = n * d * (2 * a + 2 * kv) * 2 + 2 * n * n * a * 2 + 3 * n * d * f * 2
     constant = n * d * (kv + a) * 2 + n * n * a * 2 + 3 * n * d * f * 2
     flop_shape = dict(attention_width=a, kv_width=kv, ffn_matrices=3)
-    assert bench.layer_flops(n, d, f, False, **flop_shape) == original
-    assert bench.layer_flops(n, d, f, True, **flop_shape) == constant
-    assert bench.flop_limit(n, d, f, **flop_shape) == pytest.approx(1.2547, abs=1e-4)
+    assert costs.layer_flops(n, d, f, False, **flop_shape) == original
+    assert costs.layer_flops(n, d, f, True, **flop_shape) == constant
+    assert costs.flop_limit(n, d, f, **flop_shape) == pytest.approx(1.2547, abs=1e-4)
     lm_head = n * d * 262144 * 2
-    with_head = bench.flop_limit(n, d, f, **flop_shape, layers=18, other_flops=lm_head)
+    with_head = costs.flop_limit(n, d, f, **flop_shape, layers=18, other_flops=lm_head)
     assert with_head == pytest.approx((18 * original + lm_head) / (18 * constant + lm_head))
-    assert 1 < with_head < bench.flop_limit(n, d, f, **flop_shape)
+    assert 1 < with_head < costs.flop_limit(n, d, f, **flop_shape)
     # an encoder (a = a_kv = d, two feed-forward matrices) keeps its formula
-    assert bench.layer_flops(128, 384, 1536, False) == bench.layer_flops(128, 384, 1536, False, attention_width=384,
+    assert costs.layer_flops(128, 384, 1536, False) == costs.layer_flops(128, 384, 1536, False, attention_width=384,
                                                                          kv_width=384, ffn_matrices=2)
 
 

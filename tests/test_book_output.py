@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 from papa_book import build, page_check
 
-from papa_lib.book import charts, tables
+from papa_lib.book import charts, grid_views, tables
 
 
 @pytest.mark.parametrize("text, what", [
@@ -163,30 +163,27 @@ def test_shown_matrices_are_float16_copies_found_after_the_grid_cache(tmp_path):
     import torch
     from safetensors import safe_open
 
-    from papa_lib.book import figures
     from papa_lib.core.averaging import ConstantAttention
 
     matrices = torch.rand(2, 3, 8, 8)
     constants = ConstantAttention(matrices / matrices.sum(-1, keepdim=True), torch.ones(8, 8, dtype=torch.long),
                                   {"model": "m", "max_length": 8, "num_examples": 5})
-    path = figures.save_shown(constants, tmp_path / figures.SHOWN_FOLDER, "sst2-L8-abc.safetensors")
+    path = grid_views.save_shown(constants, tmp_path / grid_views.SHOWN_FOLDER, "sst2-L8-abc.safetensors")
     with safe_open(str(path), framework="pt") as handle:
         assert handle.get_tensor("matrices").dtype == torch.float16
-    found = figures.stored_matrices(tmp_path, "sst2", 8, model="m")
+    found = grid_views.stored_matrices(tmp_path, "sst2", 8, model="m")
     assert found.matrices.dtype == torch.float32 and found.metadata["stored_as"] == "float16"
     assert torch.allclose(found.matrices, constants.matrices, atol=1e-3)
-    assert figures.stored_matrices(tmp_path, "sst2", 8, model="other") is None
+    assert grid_views.stored_matrices(tmp_path, "sst2", 8, model="other") is None
     constants.save(tmp_path / "matrices" / "sst2-L8-def.safetensors")  # the grid's own cache comes first
-    assert "stored_as" not in figures.stored_matrices(tmp_path, "sst2", 8, model="m").metadata
+    assert "stored_as" not in grid_views.stored_matrices(tmp_path, "sst2", 8, model="m").metadata
 
 
 def test_committed_shown_matrices_are_compact():
-    from papa_lib.book import figures
-
-    folder = Path(__file__).resolve().parents[1] / "data" / "results" / "local-minilm" / figures.SHOWN_FOLDER
+    folder = Path(__file__).resolve().parents[1] / "data" / "results" / "local-minilm" / grid_views.SHOWN_FOLDER
     files = sorted(folder.glob("*.safetensors"))
     assert {f.name.split("-L")[0] for f in files} >= {"sst2", "mnli"}, "transfer needs SST-2's own and MNLI's"
     assert sum(f.stat().st_size for f in files) < 2_000_000
     for path in files:
-        constants = figures.load_matrices(path)
+        constants = grid_views.load_matrices(path)
         assert constants.metadata["stored_as"] == "float16" and constants.metadata["model"] == "all-MiniLM-L6-v2"

@@ -16,7 +16,7 @@ import pytest
 
 from papa_lib import cli, smoke
 from papa_lib.core import models
-from papa_lib.experiments import engine, metrics, results, tasks
+from papa_lib.experiments import engine, metrics, results, summaries, task_specs, tasks, variants, workspace
 from papa_lib.experiments.custom import CustomTask, register_custom_task
 from papa_lib.experiments.grid import load_grid
 from papa_lib.ops import bench
@@ -27,11 +27,11 @@ ROOT = Path(__file__).resolve().parents[1]
 @pytest.fixture(autouse=True)
 def restore_tasks(monkeypatch):
     """Custom tasks register themselves in the global TASKS: put the paper's six back after each test."""
-    saved = dict(tasks.TASKS)
+    saved = dict(task_specs.TASKS)
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     yield
-    tasks.TASKS.clear()
-    tasks.TASKS.update(saved)
+    task_specs.TASKS.clear()
+    task_specs.TASKS.update(saved)
 
 
 @pytest.fixture
@@ -248,7 +248,8 @@ def test_only_the_librarys_own_errors_are_user_errors(capsys, monkeypatch, tmp_p
 
     for error in (PapaInputError, models.UnsupportedModelError, SpecError, DamagedStoreError):
         assert issubclass(error, PapaInputError) and issubclass(error, ValueError)  # callers' except ValueError holds
-    assert issubclass(tasks.HubUnavailableError, PapaError) and issubclass(PackagedModelError, (PapaError, OSError))
+    assert issubclass(task_specs.HubUnavailableError, PapaError)
+    assert issubclass(PackagedModelError, (PapaError, OSError))
 
     def boom(*args, **kwargs):
         raise ValueError("boom")
@@ -339,7 +340,7 @@ def test_probe_and_grid_end_with_a_table_and_say_what_was_reused(tmp_path, pair_
     assert len(table) == 4 and all(" ± " in row and row.split()[-1] == "2" for row in table[1:3])
     assert table[1].split()[:5] == ["reviews", "average", "none", "0", "accuracy"]
     frame = results.ResultsStore(out).frame()
-    mean, low, high = results.mean_ci(frame[frame.fraction == 0].value)  # Student-t, 2 seeds
+    mean, low, high = summaries.mean_ci(frame[frame.fraction == 0].value)  # Student-t, 2 seeds
     assert f"{mean:.4f} ± {(high - low) / 2:.4f}" in table[1]
     assert table[3] == f"4 records in {out / 'results.csv'}: 4 computed now, 0 reused (already stored)"
     assert cli.main(probe) == 0
@@ -400,7 +401,7 @@ def test_custom_pair_task_from_tsv_end_to_end(tmp_path, pair_files, tiny, capsys
     assert provenance["text_columns"] == ["review", "summary"] and provenance["label_column"] == "sentiment"
     assert provenance["delimiter"] == "\t" and provenance["labels"] == ["neg", "pos"]
     assert all(0.0 <= v <= 1.0 for v in frame.value)
-    spec = tasks.TASKS["reviews"]
+    spec = task_specs.TASKS["reviews"]
     assert spec.is_pair and spec.label_names == ("neg", "pos") and spec.max_length == 24
     # the same name with different data never reuses the earlier runs (the files' digests are in the run id)
     write_tsv(pair_files[1], _rows(10, 2, True))
@@ -445,9 +446,9 @@ def test_custom_single_text_task_from_csv(tmp_path, tiny):
     assert examples.texts[0] == rows[0][0] and "," in examples.texts[0]  # a quoted comma stays inside the field
     assert examples.labels == [spec.label_names.index(label) for _, label in rows] and examples.pairs is None
     assert metrics.compute_metric("films", [0, 1], [0, 1]) == 1.0
-    experiment = engine.TaskExperiment(engine.ExperimentConfig(task="films"), *smoke.tiny_encoder("bert"),
+    experiment = engine.TaskExperiment(workspace.ExperimentConfig(task="films"), *smoke.tiny_encoder("bert"),
                                        results_dir=tmp_path / "r", progress=False)
-    record = experiment.run(engine.Variant.make("average", "first_to_last", 0.5), seed=0)
+    record = experiment.run(variants.Variant.make("average", "first_to_last", 0.5), seed=0)
     assert record["task"] == "films" and record["metric"] == "matthews_corrcoef" and record["eval_size"] == 8
     assert record["provenance"]["text_columns"] == ["text"] and record["provenance"]["delimiter"] == ","
     assert -1.0 <= record["value"] <= 1.0
@@ -479,10 +480,10 @@ def test_grid_declares_custom_tasks(tmp_path, pair_files, tiny):
     frame = results.ResultsStore(tmp_path).frame()
     assert set(frame.task) == {"reviews"} and set(frame.metric) == {"f1"} and len(frame) == 2
     assert json.loads(frame.provenance.iloc[0])["train"] == str(pair_files[0])
-    from papa_lib.book import figures  # the chapters' helpers look tasks up in TASKS, so they accept it too
+    from papa_lib.book import grid_views  # the chapters' helpers look tasks up in TASKS, so they accept it too
 
-    assert figures.task_lengths(load_grid(grid), ["reviews"]) == {"reviews": 16}
-    assert tasks.TASKS["reviews"].max_length == 128 and tasks.TASKS["reviews"].metric == "f1"
+    assert grid_views.task_lengths(load_grid(grid), ["reviews"]) == {"reviews": 16}
+    assert task_specs.TASKS["reviews"].max_length == 128 and task_specs.TASKS["reviews"].metric == "f1"
     bad = tmp_path / "bad.yaml"
     bad.write_text(
         "custom_tasks:\n  - {name: x, train: train.tsv, validation: dev.tsv, text_columns: review, label: y}\n"
@@ -566,7 +567,7 @@ def test_damaged_matrices_and_lambdas_are_set_aside_and_recomputed(tmp_path, pai
     recomputed = ConstantAttention.load(matrices)  # the same numbers again (the metadata holds the time taken)
     (tmp_path / "old.safetensors").write_bytes(matrices_bytes)
     assert torch.equal(recomputed.matrices, ConstantAttention.load(tmp_path / "old.safetensors").matrices)
-    from papa_lib.experiments.engine import read_lambdas
+    from papa_lib.experiments.workspace import read_lambdas
 
     (tmp_path / "old.safetensors").write_bytes(lambda_bytes)
     assert torch.equal(read_lambdas(lambdas), read_lambdas(tmp_path / "old.safetensors"))

@@ -9,9 +9,10 @@ import pytest
 import torch
 
 import papa_lib
-from conftest import random_batch, tiny_model
+from conftest import random_batch
 from papa_lib.core.models import model_inputs
 from papa_lib.core.override import MODES
+from papa_lib.smoke import tiny_model
 
 
 def run(model, batch, **kwargs):

@@ -11,7 +11,7 @@ import torch
 
 import conftest
 import papa_lib
-from papa_lib.analysis import norm_findings, norm_statistics, norms
+from papa_lib.analysis import norm_corpus, norm_findings, norm_statistics, norms
 
 VOCAB = 96
 WINDOW = 3  # the tiny Gemma's sliding window (layers 0 and 1; layer 2 is global)
@@ -170,10 +170,10 @@ def test_the_norms_follow_the_weights_of_an_override():
 # ------------------------------------------------------------------------------------------------- corpus statistics
 
 def test_a_decoder_tokenizer_categorises_bos_as_the_first_token():
-    categorizer = norm_statistics.TokenCategorizer(decoder_tokenizer())
-    names = [norm_statistics.CATEGORY_NAMES[int(c)] for c in categorizer(torch.tensor([1, 2, 0, 4, 15, 16]))]
+    categorizer = norm_corpus.TokenCategorizer(decoder_tokenizer())
+    names = [norm_corpus.CATEGORY_NAMES[int(c)] for c in categorizer(torch.tensor([1, 2, 0, 4, 15, 16]))]
     assert names == ["cls", "sep", "other", "other", "punctuation", "punctuation"]
-    gpt2_like = norm_statistics.TokenCategorizer(decoder_tokenizer(eos=False))
+    gpt2_like = norm_corpus.TokenCategorizer(decoder_tokenizer(eos=False))
     assert gpt2_like.sep_token_id is None and int(gpt2_like(torch.tensor([2]))[0]) == 3  # <eos> unused: "other"
 
 
@@ -182,7 +182,7 @@ def decoder_corpus(request):
     tokenizer = decoder_tokenizer()
     model = tiny_decoder(request.param)
     data = batches(tokenizer)
-    stats = norm_statistics.corpus_norm_statistics(model, data, tokenizer, bootstrap_replicates=20, seed=0)
+    stats = norm_corpus.corpus_norm_statistics(model, data, tokenizer, bootstrap_replicates=20, seed=0)
     direct = [(batch, norms.attention_norms(model, batch)) for batch in data]
     return {"arch": request.param, "model": model, "tokenizer": tokenizer, "stats": stats, "direct": direct}
 

@@ -22,9 +22,11 @@ from papa_lib.core.layout import DEFAULT_SEPARATOR
 from papa_lib.core.models import model_inputs
 from papa_lib.errors import PapaInputError
 from papa_lib.experiments import engine, results
-from papa_lib.experiments.engine import ExperimentConfig, TaskExperiment, Variant, write_lambdas
+from papa_lib.experiments.engine import TaskExperiment
 from papa_lib.experiments.features import decoder_features
 from papa_lib.experiments.lm import lm_lambdas_path
+from papa_lib.experiments.variants import Variant
+from papa_lib.experiments.workspace import ExperimentConfig, write_lambdas
 
 QUICK = ["--seeds", "1", "--epochs", "1", "--max-length", "16", "--limit", "16"]
 

@@ -160,7 +160,7 @@ def test_another_processor_repeats_frozen_runs_exactly_and_moves_a_lambda_run_le
     assert len(frozen) == 7 and (frozen["difference"] == 0).all()  # bit for bit
     learned = check[check["selection_order"] == "lambda"]
     assert len(learned) == 1 and 0 < learned["ratio"].iloc[0] < 1
-    from papa_lib.experiments.engine import read_lambdas
+    from papa_lib.experiments.workspace import read_lambdas
 
     name = "cola-from-cola-3b64ba7295ce9b06.safetensors"
     mine, theirs = read_lambdas(PROCESSOR_CHECK / "lambdas" / name), read_lambdas(LOCAL / "lambdas" / name)

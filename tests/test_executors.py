@@ -17,9 +17,9 @@ import torch
 from papa_lib import cli, smoke
 from papa_lib.core import models
 from papa_lib.core.averaging import average_attention
-from papa_lib.experiments import engine, matrices, rankings, results
-from papa_lib.experiments.engine import Variant
+from papa_lib.experiments import engine, features, matrices, rankings, results
 from papa_lib.experiments.grid import GridBlock, grid_settings, task_config
+from papa_lib.experiments.variants import Variant
 from papa_lib.ops import executors
 
 _skip = pytest.mark.skipif(
@@ -175,8 +175,8 @@ def test_ray_records_equal_local_and_shared_work_runs_once(cluster, tiny, data_d
     feature_log = tmp_path / "features.log"
 
     def log_backbone_passes(unit):  # runs in the worker: log every backbone pass with the unit that made it
-        if not getattr(engine.BackboneRunner.rows, "logged", False):
-            original = engine.BackboneRunner.rows
+        if not getattr(features.BackboneRunner.rows, "logged", False):
+            original = features.BackboneRunner.rows
 
             def rows(self, *args, **kwargs):
                 with open(feature_log, "a") as log:
@@ -184,7 +184,7 @@ def test_ray_records_equal_local_and_shared_work_runs_once(cluster, tiny, data_d
                 return original(self, *args, **kwargs)
 
             rows.logged = True
-            engine.BackboneRunner.rows = rows
+            features.BackboneRunner.rows = rows
         os.environ["PAPA_UNIT"] = f"{unit.variant.matrix_type} {unit.variant.selection_order} " \
                                   f"{unit.variant.fraction:g} {unit.seeds}"
 

@@ -6,9 +6,11 @@ import pytest
 import torch
 
 from papa_lib import smoke
-from papa_lib.experiments import engine, results
-from papa_lib.experiments.engine import ExperimentConfig, TaskExperiment, Variant
+from papa_lib.experiments import engine, features, results, selection
+from papa_lib.experiments.engine import TaskExperiment
 from papa_lib.experiments.grid import GridBlock, grid_runs, load_grid, run_grid
+from papa_lib.experiments.variants import Variant
+from papa_lib.experiments.workspace import ExperimentConfig
 
 
 @pytest.fixture(scope="module")
@@ -44,8 +46,9 @@ def test_frozen_features_are_computed_once_and_reused(tiny, data_dir, tmp_path, 
                               keep_features=True)
     experiment = TaskExperiment(config, model, tokenizer, results_dir=tmp_path, progress=False)
     calls = []
-    original = engine.BackboneRunner.rows
-    monkeypatch.setattr(engine.BackboneRunner, "rows", lambda self, *a, **k: calls.append(1) or original(self, *a, **k))
+    original = features.BackboneRunner.rows
+    monkeypatch.setattr(features.BackboneRunner, "rows",
+                        lambda self, *a, **k: calls.append(1) or original(self, *a, **k))
     variant = Variant.make("average", "first_to_last", 0.5)
     experiment.run_variant(variant, [0, 1])
     assert len(calls) == 2  # train + validation once, shared by both seeds
@@ -118,7 +121,7 @@ def test_the_feature_store_covers_only_the_seeds_a_call_trains(tiny, data_dir):
 def test_seeds_run_in_separate_calls_share_one_store_of_their_rows(tiny, data_dir, tmp_path, monkeypatch):
     """What a Ray executor's one-seed units do (``store_seeds``): with a ``limit``, the second seed reads the store the
     first one made over both seeds' rows, and makes no backbone pass of its own."""
-    from papa_lib.experiments.engine import BackboneRunner
+    from papa_lib.experiments.features import BackboneRunner
 
     model, tokenizer = tiny
     config = ExperimentConfig("sst2", data_dir=str(data_dir), max_length=16, epochs=1, limit=12, seeds=(0, 1),
@@ -294,7 +297,7 @@ def test_one_epoch_grid_end_to_end_and_resume(tiny, data_dir, tmp_path):
                 fractions=[0],
             ),
             GridBlock("table2", ["cola"], matrices_from="mnli", fractions=[0]),
-            GridBlock("fig5", ["mnli"], orders=list(engine.selection.ORDERS), fractions=[0.5]),
+            GridBlock("fig5", ["mnli"], orders=list(selection.ORDERS), fractions=[0.5]),
         ],
     }
     store = run_grid(spec, tmp_path, model=model, tokenizer=tokenizer, progress=False)

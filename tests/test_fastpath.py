@@ -9,9 +9,10 @@ import pytest
 import torch
 
 import papa_lib
-from conftest import random_batch, tiny_model
+from conftest import random_batch
 from papa_lib.core import fastpath
 from papa_lib.core.models import model_inputs, self_attention_modules
+from papa_lib.smoke import tiny_model
 
 INTERFACE_ARCHITECTURES = ("bert", "roberta", "electra", "xlm-roberta", "distilbert", "albert", "modernbert")
 REPLACING_MODES = ("constant", "identity", "zeros", "toeplitz")

@@ -13,8 +13,9 @@ import pandas as pd
 import pytest
 
 from papa_lib.analysis import paper
-from papa_lib.book import figures
+from papa_lib.book import figures, grid_views
 from papa_lib.experiments.grid import GridBlock
+from papa_lib.experiments.matrices import MATRIX_TYPES
 from papa_lib.experiments.results import ResultsStore
 from papa_lib.ops import costs
 
@@ -26,7 +27,7 @@ def row(task, matrix_type, fraction, seed, value, order=None, matrices_from="own
     if order is None:
         order = "none" if fraction in (0, 1) else "lambda"
     if matrices_from == "own":
-        matrices_from = task if matrix_type in figures.AVERAGE_TYPES else None
+        matrices_from = task if matrix_type in MATRIX_TYPES and MATRIX_TYPES[matrix_type].from_text else None
     return {
         "run_id": f"{model}-{task}-{matrix_type}-{order}-{fraction}-{matrices_from}-{seed}",
         "model": model,
@@ -234,13 +235,13 @@ def test_grid_coverage_counts_done_and_missing():
         GridBlock(name="fig2", tasks=["sst2", "cola"], fractions=[1, 0.5, 0]),
         {"name": "table2", "tasks": ["sst2"], "matrix_types": ["average"], "matrices_from": "mnli", "fractions": [0]},
     ]}
-    coverage = figures.grid_coverage(example_frame(), spec).set_index(["block", "task"])
+    coverage = grid_views.grid_coverage(example_frame(), spec).set_index(["block", "task"])
     assert coverage.loc[("fig2", "sst2"), "expected"] == 6 and coverage.loc[("fig2", "sst2"), "done"] == 6
     assert coverage.loc[("fig2", "cola"), "done"] == 6
     assert coverage.loc[("table2", "sst2"), "done"] == 2 and coverage.loc[("table2", "sst2"), "missing"] == 0
-    only = figures.grid_coverage(example_frame().iloc[0:3], spec, blocks=["fig2"])
+    only = grid_views.grid_coverage(example_frame().iloc[0:3], spec, blocks=["fig2"])
     assert set(only.block) == {"fig2"} and only.set_index("task").loc["sst2", "done"] == 3
-    assert figures.grid_coverage(example_frame(), spec, model="other")["done"].sum() == 0
+    assert grid_views.grid_coverage(example_frame(), spec, model="other")["done"].sum() == 0
 
 
 def test_frame_from_a_results_store(tmp_path):
@@ -277,31 +278,31 @@ def _constants(tmp_path=None):
 
 def test_column_mass_and_position_coverage(tmp_path):
     constants = _constants()
-    mass = figures.column_mass(constants, 2)
+    mass = grid_views.column_mass(constants, 2)
     assert mass.values.tolist() == [[0, 0, 0.5], [0, 1, 0.0]]
-    assert figures.column_mass(constants, 3)["mass"].tolist() == [0.0, 1.0]
-    assert figures.diagonal_mass(constants)["mass"].tolist() == pytest.approx([0.5 / 3, 0.0])  # rows 0-2: 0, 0, 0.5
-    assert figures.position_coverage(constants, 2) == pytest.approx(0.4)
-    assert figures.position_coverage(constants, 3) == 0.0
+    assert grid_views.column_mass(constants, 3)["mass"].tolist() == [0.0, 1.0]
+    assert grid_views.diagonal_mass(constants)["mass"].tolist() == pytest.approx([0.5 / 3, 0.0])  # rows 0-2: 0, 0, 0.5
+    assert grid_views.position_coverage(constants, 2) == pytest.approx(0.4)
+    assert grid_views.position_coverage(constants, 3) == 0.0
     with pytest.raises(ValueError, match="outside"):
-        figures.column_mass(constants, 4)
-    assert figures.stored_matrices(tmp_path, "mnli", 4) is None
+        grid_views.column_mass(constants, 4)
+    assert grid_views.stored_matrices(tmp_path, "mnli", 4) is None
     constants.save(tmp_path / "matrices" / "mnli-L4-abc.safetensors")
-    loaded = figures.stored_matrices(tmp_path, "mnli", 4)
+    loaded = grid_views.stored_matrices(tmp_path, "mnli", 4)
     assert loaded is not None and loaded.metadata["model"] == "m"
-    assert figures.stored_matrices(tmp_path, "mnli", 4, model="other") is None
-    assert figures.stored_matrices(tmp_path, "mnli", 8) is None
+    assert grid_views.stored_matrices(tmp_path, "mnli", 4, model="other") is None
+    assert grid_views.stored_matrices(tmp_path, "mnli", 8) is None
 
 
 def test_task_lengths():
-    assert figures.task_lengths({"max_length": {"default": 64, "mnli": 128}}, ["sst2", "mnli"]) == {
+    assert grid_views.task_lengths({"max_length": {"default": 64, "mnli": 128}}, ["sst2", "mnli"]) == {
         "sst2": 64,
         "mnli": 128,
     }
-    assert figures.task_lengths({"max_length": 32}, ["ner"]) == {"ner": 32}
-    assert figures.task_lengths({}, ["mnli", "mrpc", "pos"]) == {"mnli": 256, "mrpc": 128, "pos": 128}  # Table 3
+    assert grid_views.task_lengths({"max_length": 32}, ["ner"]) == {"ner": 32}
+    assert grid_views.task_lengths({}, ["mnli", "mrpc", "pos"]) == {"mnli": 256, "mrpc": 128, "pos": 128}  # Table 3
     with pytest.raises(ValueError, match="unknown task"):
-        figures.task_lengths({}, ["qqp"])
+        grid_views.task_lengths({}, ["qqp"])
 
 
 def test_per_task_setting_and_grid_plan():
@@ -318,8 +319,8 @@ def test_per_task_setting_and_grid_plan():
             ),
         ],
     }
-    assert figures.per_task_setting(spec, "inloop_epochs", ["sst2", "cola"]) == {"sst2": 3, "cola": 5}
-    assert figures.per_task_setting(spec, "epochs", ["sst2"], {"sst2": 4}) == {"sst2": 4}
+    assert grid_views.per_task_setting(spec, "inloop_epochs", ["sst2", "cola"]) == {"sst2": 3, "cola": 5}
+    assert grid_views.per_task_setting(spec, "epochs", ["sst2"], {"sst2": 4}) == {"sst2": 4}
     plan = costs.grid_plan(spec).set_index(["block", "task", "kind"])["runs"].to_dict()
     # fig2: original, average 1/2, average 0 -> 3 variants; table1 adds identity 0 (frozen) and trainable_average 0
     assert plan == {("fig2", "sst2", "frozen"): 9, ("table1", "sst2", "frozen"): 3, ("table1", "sst2", "in-loop"): 3}

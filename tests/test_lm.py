@@ -173,7 +173,7 @@ def test_a_bad_language_model_section_is_one_line_naming_file_and_line(tmp_path)
 
 
 def test_lm_lambda_trains_every_seed_from_one_backbone_pass():
-    from papa_lib.experiments.engine import Variant
+    from papa_lib.experiments.variants import Variant
 
     shared = Variant.make("average", "lm_lambda", 0.5)
     assert shared.needs_scores and not shared.needs_lambdas and not shared.seed_dependent

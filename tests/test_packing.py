@@ -7,9 +7,9 @@ import torch
 
 import papa_lib
 from papa_lib import smoke
-from papa_lib.core.models import adapter_for, model_inputs
+from papa_lib.core.models import adapter_for, layout_position_ids, model_inputs
 from papa_lib.core.override import MODES, AttentionOverride
-from papa_lib.core.packing import layout_position_ids, pack, supports_packing, unpack
+from papa_lib.core.packing import pack, supports_packing, unpack
 
 PACKABLE = [arch for arch in smoke.ARCHITECTURES if adapter_for(smoke.tiny_config(arch)).packable]
 TEXTS = ["a b c d", "e f", "g h i j k l m", "n"]

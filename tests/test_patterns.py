@@ -15,7 +15,7 @@ from conftest import random_batch
 from papa_lib.analysis import patterns
 from papa_lib.book import charts
 from papa_lib.experiments import selection
-from papa_lib.experiments.engine import write_lambdas
+from papa_lib.experiments.workspace import write_lambdas
 from papa_lib.smoke import tiny_model
 
 
@@ -251,7 +251,7 @@ def test_order_curves_share_the_endpoints():
 
 
 def test_compare_orders_ranks_each_fraction():
-    from papa_lib.experiments.results import summarize
+    from papa_lib.experiments.summaries import summarize
 
     curves = patterns.order_curves(_results_frame(), orders=("lambda", "reversed", "random", "first_to_last"))
     table = patterns.compare_orders(summarize(curves, ["selection_order", "fraction"]))

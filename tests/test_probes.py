@@ -5,15 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from papa_lib.experiments.probes import (
-    IGNORE_INDEX,
-    SentenceProbe,
-    TokenProbe,
-    make_probe,
-    predict,
-    set_seed,
-    train_probe,
-)
+from papa_lib.experiments.loop import IGNORE_INDEX, set_seed
+from papa_lib.experiments.probes import SentenceProbe, TokenProbe, make_probe, predict, train_probe
 
 NUM_LAYERS, MAX_LEN, HIDDEN = 3, 8, 8
 
@@ -281,7 +274,8 @@ def test_ragged_sentence_rows_give_the_padded_probe_output_and_gradients():
 def test_adamw_is_fused_on_cpu_and_matches_the_default_update():
     import torch.nn.functional as F
 
-    from papa_lib.experiments.probes import TokenProbe, adamw
+    from papa_lib.experiments.loop import adamw
+    from papa_lib.experiments.probes import TokenProbe
 
     weights = {}
     for fused in (True, False):

@@ -77,8 +77,8 @@ def test_figures_and_claims_read_the_registry(uniform):
     assert summary.set_index("matrix_type").construction["uniform_test"] == "data-free"
     verdict = figures.average_vs_data_free(summary)
     assert verdict.best_data_free[0] == "uniform_test" and not verdict.beats[0]
-    assert figures.MATRIX_TYPE_LABELS["uniform_test"] == "Uniform (test)"
-    assert "uniform_test" in figures.DATA_FREE_TYPES and "uniform_test" in figures.AVERAGE_TYPES
+    assert matrices.matrix_label("uniform_test") == "Uniform (test)"
+    assert "uniform_test" in matrices.data_free_types() and matrices.MATRIX_TYPES["uniform_test"].from_text
     from papa_lib.analysis import claims
 
     assert claims.DATA_FREE == ("identity", "toeplitz", "zeros")  # C4 names the paper's three, registry or not

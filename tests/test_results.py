@@ -14,17 +14,10 @@ import pandas as pd
 import pytest
 from scipy import stats
 
-from papa_lib.experiments import results
-from papa_lib.experiments.results import (
-    RECORD_FIELDS,
-    ResultsStore,
-    config_hash,
-    mean_ci,
-    package_versions,
-    read_results,
-    relative_drop,
-    summarize,
-)
+from papa_lib.experiments import damage, results
+from papa_lib.experiments.provenance import config_hash, package_versions
+from papa_lib.experiments.results import RECORD_FIELDS, ResultsStore, read_results
+from papa_lib.experiments.summaries import mean_ci, relative_drop, summarize
 
 
 def make_record(run_id: str = "r1", **overrides) -> dict:
@@ -176,7 +169,7 @@ def test_damage_before_the_last_line_reports_file_and_line(tmp_path):
     path = tmp_path / "results.csv"
     lines = path.read_text().splitlines(keepends=True)
     path.write_text(lines[0] + "only,three,cells\n" + "".join(lines[1:]))
-    with pytest.raises(results.DamagedStoreError, match=r"results\.csv:2: row has 3 cells") as caught:
+    with pytest.raises(damage.DamagedStoreError, match=r"results\.csv:2: row has 3 cells") as caught:
         ResultsStore(tmp_path).frame()
     assert caught.value.lines == [2]
     assert path.read_text().count("\n") == 4  # nothing was rewritten
@@ -220,7 +213,7 @@ def test_repair_keeps_every_intact_record(tmp_path):
     lines[2] = lines[2][:30] + "\n"  # r1 cut short in the middle of the file
     lines[4] = lines[4].replace(",0.5,", ",half,", 1)  # r3: a fraction that is not a number
     path.write_text("".join(lines))
-    with pytest.raises(results.DamagedStoreError, match=r"results\.csv:3:.*1 more damaged"):
+    with pytest.raises(damage.DamagedStoreError, match=r"results\.csv:3:.*1 more damaged"):
         ResultsStore(tmp_path).run_ids()
     kept, damaged, side = ResultsStore(tmp_path).repair()
     assert (kept, damaged) == (2, [3, 5])

@@ -9,8 +9,7 @@ from pathlib import Path
 import pytest
 
 from papa_lib.experiments.metrics import compute_metric
-from papa_lib.experiments.tasks import (
-    CONLL_PARQUET_COMMIT,
+from papa_lib.experiments.task_specs import (
     MLM_HPARAMS,
     NER_TAG_NAMES,
     POS_TAG_NAMES,
@@ -19,10 +18,8 @@ from papa_lib.experiments.tasks import (
     SentenceExamples,
     TokenExamples,
     convert_iob1_to_iob2,
-    load_task,
-    load_wikitext,
-    unlabeled_texts,
 )
+from papa_lib.experiments.tasks import CONLL_PARQUET_COMMIT, load_task, load_wikitext, unlabeled_texts
 
 SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 

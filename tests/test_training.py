@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from papa_lib.experiments import probes, training
+from papa_lib.experiments import loop, probes, training
 from papa_lib.experiments.features import RaggedRows
 from papa_lib.experiments.loop import Member, fit
 
@@ -67,16 +67,16 @@ def test_a_run_stopped_mid_training_resumes_from_its_last_epoch_to_the_same_prob
     names = {seed: f"run-{seed}" for seed in seeds}
     # killed while scoring the 10th held-out slice: seeds 0-3 finished epochs 1 and 2, seed 0 finished epoch 3 too
     with pytest.raises(Killed):
-        _train(kind, seeds, checkpoint=training.EpochCheckpoint(tmp_path, names), stop_at=10)
+        _train(kind, seeds, checkpoint=loop.EpochCheckpoint(tmp_path, names), stop_at=10)
     saved = {seed: torch.load(tmp_path / f"run-{seed}.pt", weights_only=True)["epochs"] for seed in seeds}
     assert saved == {0: 2, 1: 2, 2: 2, 3: 2}  # an epoch is saved once every member has finished it
     # a member saved one epoch ahead of the others (its file was written just before a kill) waits for them
-    ahead = training.EpochCheckpoint(tmp_path / "ahead", names)
+    ahead = loop.EpochCheckpoint(tmp_path / "ahead", names)
     with pytest.raises(Killed):
         _train(kind, [0], checkpoint=ahead, stop_at=4)  # seed 0 alone, killed scoring epoch 4: 3 epochs saved
     (tmp_path / "ahead" / "run-0.pt").replace(tmp_path / "run-0.pt")
     (tmp_path / "ahead" / "run-0.pt.sha256").replace(tmp_path / "run-0.pt.sha256")
-    resumed = training.EpochCheckpoint(tmp_path, names)
+    resumed = loop.EpochCheckpoint(tmp_path, names)
     again = _train(kind, seeds, checkpoint=resumed, scored=again_scored)
     # the resumed run trained only the epochs after the saved ones (seed 0: after its 3)
     assert len(again_scored) == len(whole_scored) - 2 * len(seeds) - 1
@@ -126,7 +126,9 @@ def test_records_carry_provenance_and_old_records_read_it_as_empty(tmp_path):
 
     from papa_lib import smoke
     from papa_lib.experiments import results
-    from papa_lib.experiments.engine import ExperimentConfig, TaskExperiment, Variant
+    from papa_lib.experiments.engine import TaskExperiment
+    from papa_lib.experiments.variants import Variant
+    from papa_lib.experiments.workspace import ExperimentConfig
 
     data_dir = smoke.generate_data_dir(tmp_path / "data", n_train=24, n_dev=8)
     model, tokenizer = smoke.tiny_encoder("bert")
@@ -152,7 +154,8 @@ def test_records_carry_provenance_and_old_records_read_it_as_empty(tmp_path):
 
 
 def test_plan_counts_the_seeds_of_a_seed_independent_variant_stepping_together():
-    from papa_lib.experiments.engine import ExperimentConfig, Variant
+    from papa_lib.experiments.variants import Variant
+    from papa_lib.experiments.workspace import ExperimentConfig
     from papa_lib.ops import plan
 
     config = ExperimentConfig("cola", seeds=tuple(range(10)), epochs=2).resolved()
@@ -184,7 +187,7 @@ def test_a_saved_state_that_does_not_fit_is_set_aside_and_the_member_trains_from
     whole = _train("token", [0])
     (tmp_path / "run-0.pt").write_bytes(b"not a checkpoint")
     torch.save({"name": "run-0", "module": {}}, tmp_path / "run-1.pt")
-    checkpoint = training.EpochCheckpoint(tmp_path, {0: "run-0", 1: "run-1"})
+    checkpoint = loop.EpochCheckpoint(tmp_path, {0: "run-0", 1: "run-1"})
     _same(_train("token", [0], checkpoint=checkpoint)[0], whole[0])
     assert (tmp_path / "run-0.pt.damaged").exists()
     _train("token", [1], checkpoint=checkpoint)

@@ -25,7 +25,7 @@ lower); a relative change is ``(s_variant - s_reference) / |s_reference|`` (C5: 
 of the transfer chapter's changes).
 
 **One interval method.** A single configuration: the Student-t 95% interval over its seeds
-(:func:`papa_lib.experiments.results.mean_ci`). A comparison of two configurations of one task: seed-paired — runs
+(:func:`papa_lib.experiments.summaries.mean_ci`). A comparison of two configurations of one task: seed-paired — runs
 are paired by their seed id (the same probe initialisation and training subset), and the per-seed values of the
 statistic's linearisation give a Student-t interval with ``n - 1`` degrees of freedom (a plain difference is paired
 directly; a relative drop, a ratio of means, is linearised by the delta method, ``z_s = (a_s - d·b_s) / |mean b|``

@@ -49,12 +49,11 @@ from ..core.layout import batched
 from ..core.models import base_encoder, model_id, num_layers_and_heads
 from ..core.override import AttentionOverride
 from ..experiments.inloop import learn_lambdas
-from ..experiments.loop import optimizer_for
-from ..experiments.probes import set_seed
-from ..experiments.provenance import run_provenance
-from ..experiments.results import ResultsStore, config_hash, package_versions
+from ..experiments.loop import optimizer_for, set_seed
+from ..experiments.provenance import config_hash, package_versions, run_provenance
+from ..experiments.results import ResultsStore
 from ..experiments.selection import PAPER_FRACTIONS, heads_to_replace
-from ..experiments.tasks import MLM_HPARAMS
+from ..experiments.task_specs import MLM_HPARAMS
 from .mlm_probe import (
     HUB_TRAIN_SEQUENCES_DEFAULT,
     MASK_PROBABILITY,

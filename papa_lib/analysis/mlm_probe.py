@@ -47,13 +47,14 @@ Probe (:class:`MLMProbe`)
     masked tokens) and works for every model, including ELECTRA's discriminator, which has no MLM head. Only the
     features of masked positions are ever needed, so only those are extracted and cached (float16), once per
     model variant, and reused across epochs. Training: AdamW at a constant learning rate, lr 5e-4, batches of 8
-    sequences (all masked positions of 8 sequences), 2 epochs (Table 3, :data:`papa_lib.experiments.tasks.MLM_HPARAMS`).
+    sequences (all masked positions of 8 sequences), 2 epochs
+    (Table 3, :data:`papa_lib.experiments.task_specs.MLM_HPARAMS`).
     The backbone stays frozen and in eval mode (no dropout inside it).
 
 Score (:func:`sequence_log_probs`, :func:`neg_log_perplexity`)
     For each evaluation sequence, the mean log-probability of the *original* tokens at its masked positions;
     the reported value is the mean over sequences with a 95% Student-t interval
-    (:func:`papa_lib.experiments.results.mean_ci`).
+    (:func:`papa_lib.experiments.summaries.mean_ci`).
     This is the negative log perplexity (``log PPL = -mean log p``), so higher is better, 0 is perfect.
 """
 
@@ -73,9 +74,10 @@ from ..core.layout import EncodedBatch, special_token_template
 from ..core.models import base_encoder
 from ..core.override import AttentionOverride
 from ..experiments.probes import train_probe, two_layer_mlp
-from ..experiments.results import mean_ci
 from ..experiments.sample_data import describe, is_sample
-from ..experiments.tasks import MLM_HPARAMS, load_wikitext
+from ..experiments.summaries import mean_ci
+from ..experiments.task_specs import MLM_HPARAMS
+from ..experiments.tasks import load_wikitext
 
 __all__ = [
     "MASK_PROBABILITY",
@@ -494,7 +496,7 @@ def train_mlm_probe(
     """Train ``probe`` on cached masked-position features (Table 3: lr 5e-4, batch 8 sequences, 2 epochs).
 
     Sequences are shuffled each epoch with a generator seeded by ``(seed, epoch)``; call
-    :func:`papa_lib.experiments.probes.set_seed` before building the probe for a reproducible initialisation. Returns
+    :func:`papa_lib.experiments.loop.set_seed` before building the probe for a reproducible initialisation. Returns
     the mean
     loss per epoch.
     """

@@ -5,7 +5,7 @@ alive at a time; accumulators that do not grow with the corpus) into a :class:`C
 Kobayashi's categories :data:`CATEGORY_NAMES` (:class:`TokenCategorizer`; "punctuation" is Kobayashi's periods and
 commas, :data:`PUNCTUATION_MARKS`) and :class:`UniformSample` keeps the samples that
 :mod:`papa_lib.analysis.norm_findings` pools. The tables computed from the statistics are
-:mod:`papa_lib.analysis.norm_statistics` (which re-exports everything here).
+:mod:`papa_lib.analysis.norm_statistics`.
 
 Decoder LMs (:func:`papa_lib.analysis.norms.is_causal`) are streamed the same way, with two differences that the
 causal mask makes necessary: the category "cls" is the tokenizer's ``<bos>``, the first token of every input of the

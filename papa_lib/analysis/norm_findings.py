@@ -37,11 +37,10 @@ import pandas as pd
 import torch
 from scipy import stats as scipy_stats
 
+from .norm_corpus import CorpusNormStatistics, corpus_norm_statistics
 from .norm_statistics import (
-    CorpusNormStatistics,
     attention_share_by_category,
     check_confidence,
-    corpus_norm_statistics,
     frequency_norm_correlation,
     fx_norm_by_category,
     fx_norm_variation,

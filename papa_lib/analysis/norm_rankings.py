@@ -438,7 +438,7 @@ def label_free_comparison(norm_frame: pd.DataFrame, reference: pd.DataFrame, tas
     the task, so that each measured curve is complete and an order not yet run on a task draws no line there.
     Columns: task, order, fraction, mean, ci_low, ci_high, n, source ("norm grid" / "main grid" / "shared").
     """
-    from ..experiments.results import summarize
+    from ..experiments.summaries import summarize
 
     tasks, orders = list(tasks), list(orders)
     pieces = []
@@ -478,7 +478,7 @@ def matrix_comparison(norm_frame: pd.DataFrame, reference: pd.DataFrame, tasks: 
 
     Columns: task, matrix_type ("original", "average", "norm_average"), mean, ci_low, ci_high, n.
     """
-    from ..experiments.results import summarize
+    from ..experiments.summaries import summarize
 
     tasks = list(tasks)
     frames = [f for f in (_own_matrices(reference), _own_matrices(norm_frame)) if not f.empty]
@@ -509,7 +509,8 @@ def head_score_table(model: torch.nn.Module, tokenizer, spec: Mapping, tasks: It
     """
     from pathlib import Path
 
-    from ..experiments.engine import ExperimentConfig, TaskExperiment, head_scores
+    from ..experiments.engine import TaskExperiment, head_scores
+    from ..experiments.workspace import ExperimentConfig
 
     def per_task(value, task):
         return value.get(task, value.get("default")) if isinstance(value, Mapping) else value
@@ -527,7 +528,7 @@ def head_score_table(model: torch.nn.Module, tokenizer, spec: Mapping, tasks: It
         files = (sorted(folder.glob(f"{task}-from-{task}-*.safetensors"), key=lambda p: p.stat().st_mtime)
                  if folder and folder.is_dir() else [])
         if files:
-            from ..experiments.engine import read_lambdas
+            from ..experiments.workspace import read_lambdas
 
             lambdas = read_lambdas(files[-1]).to(torch.float64).numpy().reshape(layers, heads)
         layer, head = np.meshgrid(np.arange(layers), np.arange(heads), indexing="ij")

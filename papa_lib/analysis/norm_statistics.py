@@ -1,6 +1,6 @@
 """Kobayashi et al. (2020)'s corpus analyses of attention norms (their Sec. 4), streamed over a corpus.
 
-:func:`corpus_norm_statistics` (:mod:`papa_lib.analysis.norm_corpus`, re-exported here) streams
+:func:`corpus_norm_statistics` (:mod:`papa_lib.analysis.norm_corpus`) streams
 :func:`papa_lib.analysis.norms.attention_norms` over batches and the functions below turn the statistics into tidy
 tables: the coefficient of variation of ``||f(x)||`` per head (Sec. 4.1), weight-based vs norm-based attention to
 [CLS]/[SEP]/punctuation (Sec. 4.2, Fig. 3), the correlation between the weight given to [SEP] and ``||f([SEP])||``
@@ -31,23 +31,13 @@ import pandas as pd
 import torch
 from scipy import stats as scipy_stats
 
-from .norm_corpus import (  # the streamed statistics these tables read (re-exported: one import for both)
+from .norm_corpus import (  # the streamed statistics these tables read
     CATEGORY_NAMES,
-    PUNCTUATION_MARKS,
     CorpusNormStatistics,
     TokenCategorizer,
-    UniformSample,
-    corpus_norm_statistics,
-    empty_statistics,  # noqa: F401
 )
 
 __all__ = [
-    "CorpusNormStatistics",
-    "UniformSample",
-    "TokenCategorizer",
-    "CATEGORY_NAMES",
-    "PUNCTUATION_MARKS",
-    "corpus_norm_statistics",
     "fx_norm_variation",
     "attention_share_by_category",
     "sep_weight_norm_correlation",

@@ -384,7 +384,7 @@ def read_lambda_files(folder: str | Path) -> list[dict]:
     if not folder.is_dir():
         return []
     records = []
-    from ..experiments.engine import read_lambdas
+    from ..experiments.workspace import read_lambdas
 
     for path in sorted(folder.glob("*.safetensors")):
         match = LAMBDA_FILE_RE.match(path.name)

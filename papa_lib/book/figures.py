@@ -3,7 +3,7 @@
 Every function here takes the tidy results table of :class:`papa_lib.experiments.results.ResultsStore`
 (``.frame()``: one row per run, see :data:`papa_lib.experiments.results.RECORD_FIELDS`) and returns a small tidy or
 wide frame that a chapter plots or prints. Means, 95% confidence intervals and relative drops come from
-:func:`papa_lib.experiments.results.summarize` and :func:`papa_lib.experiments.results.relative_drop`; this module
+:func:`papa_lib.experiments.summaries.summarize` and :func:`papa_lib.experiments.summaries.relative_drop`; this module
 only chooses *which rows* feed them:
 
 * :func:`fraction_curves` -- Fig. 2: score vs fraction of input-dependent heads (1, 1/2, 1/8, 1/16, 0).
@@ -18,7 +18,7 @@ only chooses *which rows* feed them:
 * :func:`stored_matrices`, :func:`column_mass`, :func:`diagonal_mass`, :func:`position_coverage` -- where the
   stored constant matrices put their weight (Sec. 5.1, 5.3), how often a position holds a real token (App. A);
   :func:`grid_coverage`, :func:`task_lengths`, :func:`per_task_setting` -- what a declared grid asks for and which
-  of its runs are in the table. These live in :mod:`papa_lib.book.grid_views` and are re-exported here.
+  of its runs are in the table. These live in :mod:`papa_lib.book.grid_views`.
 * compute estimates (run costs, encoder shapes, cache bytes) live in :mod:`papa_lib.ops.costs`.
 
 Canonical rows (see :mod:`papa_lib.experiments.engine`): the model with every head input-dependent (fraction 1) is
@@ -41,78 +41,29 @@ import numpy as np
 import pandas as pd
 
 from ..experiments import matrices
-from ..experiments.results import relative_drop, summarize
-from ..experiments.summaries import curve_rows, own_text
-from .grid_views import (  # re-exported: the constant matrices on disk and grid coverage live there
-    SHOWN_FOLDER,
-    check_frame,
-    check_tasks,
-    column_mass,
-    diagonal_mass,
-    grid_coverage,
-    load_matrices,
-    matrix_files,
-    per_task_setting,
-    position_coverage,
-    save_shown,
-    stored_matrices,
-    task_lengths,
-)
+from ..experiments.summaries import curve_rows, own_text, relative_drop, summarize
+from .grid_views import check_frame, check_tasks
 
 __all__ = [
     "DropSummary",
     "PAPER_TASK_ORDER",
-    "SHOWN_FOLDER",
     "all_constant_drop",
     "average_vs_data_free",
-    "column_mass",
-    "diagonal_mass",
     "format_mean_ci",
     "fraction_curves",
     "fraction_label",
-    "grid_coverage",
     "half_heads_drop",
     "lm_curve",
     "lm_difference",
     "lm_groups",
-    "load_matrices",
     "matrix_type_summary",
     "matrix_type_table",
-    "matrix_files",
-    "per_task_setting",
-    "position_coverage",
-    "save_shown",
-    "stored_matrices",
-    "task_lengths",
     "transfer_differences",
     "transfer_summary",
     "transfer_table",
     "wide_table",
     "with_paper",
 ]
-
-# What tables need to know about each matrix type (label, what data it needs, Table 1 row, data-free or built from
-# text) is registered with it (:mod:`papa_lib.experiments.matrices`); the names below read the registry when used,
-# so a matrix type registered later appears in every table without an edit here.
-_REGISTRY_VIEWS = {
-    #: Matrix types built from (unlabeled) text; their rows record ``matrices_from``.
-    "AVERAGE_TYPES": lambda: tuple(n for n, e in matrices.MATRIX_TYPES.items() if e.from_text),
-    #: Constant matrices that need no data (Sec. 5.2 (1)-(3), and any registered as data-free).
-    "DATA_FREE_TYPES": matrices.data_free_types,
-    #: Row order of Table 1 / Table 4 (then the other registered types).
-    "TABLE1_ORDER": matrices.table_order,
-    #: Readable names of the matrix types (the paper's row labels).
-    "MATRIX_TYPE_LABELS": lambda: {n: e.label for n, e in matrices.MATRIX_TYPES.items()},
-    #: Which data each matrix type needs (Table 1's first column).
-    "CONSTRUCTION": lambda: {n: e.construction for n, e in matrices.MATRIX_TYPES.items()},
-}
-
-
-def __getattr__(name: str):
-    if name in _REGISTRY_VIEWS:
-        return _REGISTRY_VIEWS[name]()
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
 
 #: Column order of the paper's tables.
 PAPER_TASK_ORDER = ("cola", "mrpc", "sst2", "mnli", "ner", "pos")

@@ -1,6 +1,6 @@
 """What a declared grid asks for, the constant matrices it stored, and how much of it the results table holds.
 
-Split from :mod:`papa_lib.book.figures` (which re-exports every public name here):
+Beside the results' figures and tables (:mod:`papa_lib.book.figures`), this module holds:
 
 * :func:`stored_matrices`, :func:`column_mass`, :func:`diagonal_mass`, :func:`position_coverage` -- where the
   stored constant matrices put their weight (Sec. 5.1, 5.3), how often a position holds a real token (App. A);
@@ -55,13 +55,13 @@ def check_frame(frame: pd.DataFrame, what: str, extra: Sequence[str] = ()) -> pd
 
 
 def check_tasks(tasks: Iterable[str] | None, what: str) -> list[str] | None:
-    """Validate task names against :data:`papa_lib.experiments.tasks.TASKS` (a typo is an error; an absent task is
+    """Validate task names against :data:`papa_lib.experiments.task_specs.TASKS` (a typo is an error; an absent task is
     not)."""
     if tasks is None:
         return None
     if isinstance(tasks, str):
         tasks = [tasks]
-    from ..experiments.tasks import TASKS
+    from ..experiments.task_specs import TASKS
 
     tasks = list(tasks)
     unknown = [t for t in tasks if t not in TASKS]
@@ -90,8 +90,8 @@ def per_task_setting(spec: Mapping, key: str, tasks: Iterable[str],
 
 def task_lengths(spec: Mapping, tasks: Iterable[str]) -> dict[str, int]:
     """The sequence length L each task runs at under a grid: its ``max_length`` (an int, or a mapping by task with
-    a ``default``), else Table 3's length for the task (:data:`papa_lib.experiments.tasks.TASKS`)."""
-    from ..experiments.tasks import TASKS
+    a ``default``), else Table 3's length for the task (:data:`papa_lib.experiments.task_specs.TASKS`)."""
+    from ..experiments.task_specs import TASKS
 
     tasks = check_tasks(tasks, "task_lengths") or []
     table3 = {task: TASKS[task].max_length for task in tasks}
@@ -211,10 +211,10 @@ def position_coverage(constants, position: int) -> float:
 
 
 def block_variants(block) -> Iterable[tuple[str, str, object]]:
-    """(block name, task, canonical :class:`~papa_lib.experiments.engine.Variant`) for every run of a grid block,
+    """(block name, task, canonical :class:`~papa_lib.experiments.variants.Variant`) for every run of a grid block,
     without repeats inside the block (blocks are GridBlock objects or plain mappings with the same keys)."""
-    from ..experiments.engine import Variant
     from ..experiments.selection import PAPER_FRACTIONS
+    from ..experiments.variants import Variant
 
     get = block.get if isinstance(block, Mapping) else (lambda key: getattr(block, key, None))
     fractions = get("fractions") if get("fractions") is not None else list(PAPER_FRACTIONS)

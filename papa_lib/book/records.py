@@ -159,10 +159,9 @@ def diagnostic_records(results_dir, folder) -> pd.DataFrame:
 def coverage(frame: pd.DataFrame, spec: Mapping, blocks: Iterable[str], tasks: Iterable[str] | None = None,
              what: str = "declared runs") -> tuple[pd.DataFrame, str]:
     """How much of the grid's ``blocks`` the table holds: per (block, task) the expected, done and missing runs
-    (:func:`papa_lib.book.figures.grid_coverage`), and one sentence that says it, naming the tasks the grid does not
+    (:func:`papa_lib.book.grid_views.grid_coverage`), and one sentence that says it, naming the tasks the grid does not
     declare. Without a grid file (``spec["blocks"]`` empty) the sentence says so and the table is empty."""
-    from .figures import grid_coverage
-    from .grid_views import grid_seeds
+    from .grid_views import grid_coverage, grid_seeds
 
     tasks = list(tasks) if tasks is not None else None
     if not spec.get("blocks"):

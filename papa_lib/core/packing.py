@@ -27,9 +27,9 @@ import logging
 
 import torch
 
-from .models import adapter_for, check_position_ids, layout_position_ids, prepare_model
+from .models import adapter_for, check_position_ids, prepare_model
 
-__all__ = ["PackedBatch", "layout_position_ids", "pack", "packing_notice", "supports_packing", "unpack"]
+__all__ = ["PackedBatch", "pack", "packing_notice", "supports_packing", "unpack"]
 
 logger = logging.getLogger(__name__)
 _MODEL_KEYS = ("input_ids", "attention_mask", "token_type_ids")

@@ -3,8 +3,8 @@
 The paper probes six named tasks (Sec. 4.1).  A :class:`CustomTask` describes one more: a training and a validation
 file (TSV or CSV with a header row), the column(s) holding the text (one column, or two for a pair, encoded in the
 App. A layout like MRPC and MNLI), the label column and the metric.  :func:`register_custom_task` turns it into a
-:class:`~papa_lib.experiments.tasks.TaskSpec` with its own loader and adds it to
-:data:`~papa_lib.experiments.tasks.TASKS`, so :func:`~papa_lib.experiments.tasks.load_task`,
+:class:`~papa_lib.experiments.task_specs.TaskSpec` with its own loader and adds it to
+:data:`~papa_lib.experiments.task_specs.TASKS`, so :func:`~papa_lib.experiments.tasks.load_task`,
 :func:`~papa_lib.experiments.metrics.compute_metric`, :class:`~papa_lib.experiments.engine.TaskExperiment` and every
 function that looks a task up by name work for it unchanged (average matrices from its training text, Sec. 3.1; λ,
 Sec. 3.2; all variants).
@@ -40,7 +40,7 @@ from typing import Any
 
 from ..core.artefacts import checksum
 from ..errors import PapaInputError
-from .tasks import TASKS, SentenceExamples, TaskSpec
+from .task_specs import TASKS, SentenceExamples, TaskSpec
 
 __all__ = ["CustomTask", "METRICS", "register_custom_task", "register_custom_tasks"]
 
@@ -57,7 +57,8 @@ class CustomTask:
     """A classification task given by files (see the module docstring).
 
     Attributes:
-        name: the task's name in :data:`~papa_lib.experiments.tasks.TASKS` and in records (letters, digits, ``_.-``).
+        name: the task's name in :data:`~papa_lib.experiments.task_specs.TASKS` and in records (letters, digits,
+            ``_.-``).
         train, validation: the two files.
         text_columns: one column name (single text) or two (a pair); a string ``"a,b"`` is split on commas.
         label_column: the column holding the label.
@@ -243,7 +244,7 @@ def _load(task: CustomTask, label_names: tuple[str, ...], split: str) -> Sentenc
 
 
 def register_custom_task(task: CustomTask) -> TaskSpec:
-    """Check ``task``'s files, build its :class:`TaskSpec` and add it to :data:`~papa_lib.experiments.tasks.TASKS`.
+    """Check ``task``'s files, build its :class:`TaskSpec` and add it to :data:`~papa_lib.experiments.task_specs.TASKS`.
 
     Reads the training file once (for the label set) and the validation file's header. Registering a name again
     replaces the earlier custom task; the names of the paper's tasks are refused.

@@ -69,10 +69,11 @@ from .features import (
     on_device,
     select_rows,
 )
-from .loop import EpochCheckpoint, optimizer_for
-from .matrices import MATRIX_TYPES, constant_builder, matrix_type
-from .provenance import run_provenance
+from .loop import IGNORE_INDEX, EpochCheckpoint, optimizer_for, set_seed
+from .matrices import constant_builder, matrix_type
+from .provenance import config_hash, package_versions, run_provenance
 from .rankings import HEAD_RANKINGS, head_ranking
+from .task_specs import TASKS
 from .training import HELDOUT_FRACTION, SeedPlan, heldout_split, predict_rows, train_seeds
 from .variants import Variant
 from .workspace import (
@@ -91,9 +92,6 @@ from .workspace import (
 )
 
 __all__ = [
-    # re-exported from the modules the stages read: the workspace, variants, matrix types, the λ file format
-    "LAMBDA_SUFFIX", "MATRIX_TYPES", "BackboneRunner", "EncodedSplit", "ExperimentConfig", "Variant", "Workspace",
-    "encode_split", "peak_memory_mb", "read_lambdas", "write_lambdas",
     # 1. task data and seeds
     "data_files", "data_key", "data_source", "seed_plan", "seed_rows", "split", "store_rows",
     # 2. constant matrices
@@ -175,7 +173,7 @@ def unlabeled_split(ws: Workspace, source_task: str | None = None) -> EncodedSpl
     if source_task == ws.config.task:
         return split(ws, "train")
     examples = tasks.unlabeled_texts(source_task, data_dir=ws.config.data_dir)
-    return encode_split(ws.tokenizer, tasks.TASKS[source_task], examples, ws.config.max_length)
+    return encode_split(ws.tokenizer, TASKS[source_task], examples, ws.config.max_length)
 
 
 def averaged_split(ws: Workspace, source_task: str | None = None) -> EncodedSplit:
@@ -206,7 +204,7 @@ def constants_path(ws: Workspace, source_task: str | None = None, kind: str = "a
     if ws.results_dir is None:
         return None
     text = fingerprint(averaged_split(ws, source_task).encoded["input_ids"])
-    key = results.config_hash({"model": model_id(ws.model), "source": source_task, "L": ws.config.max_length,
+    key = config_hash({"model": model_id(ws.model), "source": source_task, "L": ws.config.max_length,
                                "text": text,
                                **({"kind": kind} if kind != "average" else {}), **task_provenance(source_task)})
     prefix = source_task if kind == "average" else f"{source_task}-{kind}"
@@ -243,7 +241,7 @@ def all_orders() -> tuple[str, ...]:
 
 def lambda_path(ws: Workspace, source: str, seed: int) -> Path | None:
     cfg = ws.config
-    key = results.config_hash({"model": model_id(ws.model), "task": cfg.task, "matrices_from": source,
+    key = config_hash({"model": model_id(ws.model), "task": cfg.task, "matrices_from": source,
                                "L": cfg.max_length, "limit": cfg.limit, "epochs": cfg.lambda_epochs,
                                "lr": cfg.learning_rate, "bs": cfg.batch_size, "lambda_lr": cfg.lambda_learning_rate,
                                "seed": seed, "data_seed": cfg.data_seed,
@@ -276,7 +274,7 @@ def learn_lambdas(ws: Workspace, matrices_from: str | None = None, seed: int = 0
     lambdas = read_or_heal(path, read_lambdas)  # None: absent, or damaged and set aside
     if lambdas is None:
         matrices, train = constants(ws, source), split(ws, "train")
-        probes.set_seed(seed)
+        set_seed(seed)
         probe = new_probe(ws)
         lambdas = learn(
             ws.model, matrices, probe,
@@ -345,7 +343,7 @@ def features_key(ws: Workspace, state: AttentionOverride | None, split_name: str
                 digest.update(layer_matrices.detach().cpu().numpy().tobytes())
         for learned in state.trainable.values():  # trainable matrices after their training phase
             digest.update(learned.detach().cpu().numpy().tobytes())
-    return results.config_hash({"model": model_id(ws.model), "kind": ws.spec.kind, "inputs": digest.hexdigest(),
+    return config_hash({"model": model_id(ws.model), "kind": ws.spec.kind, "inputs": digest.hexdigest(),
                                 "L": ws.config.max_length})
 
 
@@ -399,7 +397,7 @@ def score(ws: Workspace, split_name: str, examples, predictions: torch.Tensor) -
 def token_metrics(ws: Workspace, encoded: EncodedSplit, examples, predictions) -> tuple[float, float]:
     """(primary metric, token accuracy) of kept-word predictions; truncated words: 'O' for NER, wrong for POS."""
     labels = encoded.labels[examples]
-    kept = labels != probes.IGNORE_INDEX
+    kept = labels != IGNORE_INDEX
     filled = torch.full(labels.shape, -1, dtype=torch.long)
     filled[kept] = predictions
     names = ws.spec.label_names
@@ -418,7 +416,7 @@ def token_metrics(ws: Workspace, encoded: EncodedSplit, examples, predictions) -
 def validation_majority(ws: Workspace) -> tuple[torch.Tensor, int]:
     """The validation labels that are scored (kept tokens for token tasks) and their most frequent class."""
     labels = split(ws, "validation").labels
-    labels = labels[labels != probes.IGNORE_INDEX]
+    labels = labels[labels != IGNORE_INDEX]
     return labels, int(torch.mode(labels).values) if labels.numel() else 0
 
 
@@ -516,7 +514,7 @@ def train_inside(ws: Workspace, variant: Variant, seed: int) -> dict:
         rows = rows[pick[: cfg.inloop_limit]].sort().values
     train = split(ws, "train")
     initial = [p.detach().clone() for p in state.trainable.values()]
-    probes.set_seed(seed)
+    set_seed(seed)
     wrapper = BackboneProbe(ws.model, new_probe(ws), kind, cfg.packed).to(cfg.device)
     with state.applied(ws.model):
         phase1 = train_inloop(wrapper, state, train.encoded, train.labels, kind, rows, seed=seed,
@@ -557,7 +555,7 @@ def relevant_config(ws: Workspace, variant: Variant) -> dict:
 
 
 def run_id(ws: Workspace, variant: Variant, seed: int) -> str:
-    return results.config_hash({**relevant_config(ws, variant), **asdict(variant), "seed": seed})
+    return config_hash({**relevant_config(ws, variant), **asdict(variant), "seed": seed})
 
 
 def record(ws: Workspace, variant: Variant, seed: int, outcome: dict, seconds: float) -> dict:
@@ -603,10 +601,10 @@ def record(ws: Workspace, variant: Variant, seed: int, outcome: dict, seconds: f
         "matrix_updates": outcome.get("matrix_updates"),
         "peak_memory_mb": peak_memory_mb(cfg.device),
         "curve_file": curve_file,
-        "config_hash": results.config_hash(relevant_config(ws, variant)),
+        "config_hash": config_hash(relevant_config(ws, variant)),
         "profile": cfg.profile,
         "data_source": data_source(ws),
-        "versions": results.package_versions(),
+        "versions": package_versions(),
         "device": str(cfg.device),
         "wall_time_s": round(seconds, 3),
         **task_provenance(ws.spec.name),

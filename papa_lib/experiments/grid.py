@@ -3,7 +3,7 @@
 A grid file holds top-level settings (model, data, seeds, per-task limits and hyperparameters; :func:`run_grid` lists
 them) and ``blocks``: each :class:`GridBlock` is the cross product of its matrix types, orders and fractions for
 each of its tasks (the paper's Fig. 2, Tables 1-2, Fig. 5). :func:`grid_runs` turns blocks into each task's
-deduplicated canonical :class:`~papa_lib.experiments.engine.Variant` list; :func:`run_grid` runs them one after
+deduplicated canonical :class:`~papa_lib.experiments.variants.Variant` list; :func:`run_grid` runs them one after
 another with :class:`~papa_lib.experiments.engine.TaskExperiment`, resuming (finished run ids are skipped). The
 Ray executor (:mod:`papa_lib.ops.executors`) runs the same runs elsewhere.
 """
@@ -17,8 +17,10 @@ from pathlib import Path
 from ..core.decoders import load_model
 from ..core.models import resolve_device
 from . import custom, results, selection
-from .engine import ExperimentConfig, TaskExperiment, Variant
+from .engine import TaskExperiment
 from .features import parse_bytes
+from .variants import Variant
+from .workspace import ExperimentConfig
 
 __all__ = ["GridBlock", "grid_runs", "grid_settings", "load_grid", "run_grid", "task_config"]
 

@@ -18,8 +18,7 @@ from torch import nn
 from ..core.models import frozen_parameters
 from ..core.packing import pack, supports_packing
 from .features import select_rows
-from .loop import Member, RandomStream, TrainedProbe, fit
-from .probes import IGNORE_INDEX
+from .loop import IGNORE_INDEX, Member, RandomStream, TrainedProbe, fit
 from .training import flat_targets
 
 

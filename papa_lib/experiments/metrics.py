@@ -11,7 +11,7 @@ from __future__ import annotations
 import operator
 from typing import Any
 
-from .tasks import task_spec
+from .task_specs import task_spec
 
 __all__ = ["compute_metric"]
 
@@ -45,7 +45,7 @@ def compute_metric(task: str, predictions: Any, references: Any, *, ner_mode: st
     """The paper's metric for ``task`` (Sec. 4.1, footnote 10), as a float in [0, 1] (MCC: [-1, 1]).
 
     Args:
-        task: task name, a key of :data:`papa_lib.experiments.tasks.TASKS`.
+        task: task name, a key of :data:`papa_lib.experiments.task_specs.TASKS`.
         predictions, references: for sentence tasks, sequences of integer label ids; for
             ``'ner'``/``'pos'``, sequences of sentences, each a sequence of tag ids or tag
             names (``'B-PER'``, ``'NNP'``), sentence lengths matching.

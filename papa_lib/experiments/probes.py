@@ -55,18 +55,15 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from .loop import IGNORE_INDEX, Member, adamw, as_inputs, fit, set_seed, to_device
+from .loop import Member, as_inputs, fit, to_device
 
 __all__ = [
     "SentenceProbe",
     "RaggedSentences",
     "TokenProbe",
-    "adamw",
     "make_probe",
-    "set_seed",
     "train_probe",
     "predict",
-    "IGNORE_INDEX",
     "ACTIVATIONS",
 ]
 

@@ -92,7 +92,7 @@ def run_provenance(device: str, data_files: Mapping[str, str | Path] | Iterable[
 
 
 # --------------------------------------------------------------------------------------------------------------
-# Run ids and versions (re-exported by papa_lib.experiments.results)
+# Run ids and versions
 # --------------------------------------------------------------------------------------------------------------
 
 

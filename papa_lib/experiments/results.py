@@ -16,10 +16,10 @@ This module provides
   keyed by ``run_id``. Every append rewrites the table atomically (temp file in the same directory, fsync,
   ``os.replace``), so an interrupted grid never leaves a torn table, and :meth:`ResultsStore.run_many`
   resumes a grid by skipping runs whose ``run_id`` is already stored.
-* :func:`config_hash` / :func:`package_versions` -- provenance helpers for the records
-  (:mod:`papa_lib.experiments.provenance`, re-exported here).
-* :func:`mean_ci`, :func:`summarize`, :func:`relative_drop` -- the paper's summary statistics
-  (:mod:`papa_lib.experiments.summaries`, re-exported here).
+
+The provenance helpers for the records (``config_hash``, ``package_versions``) live in
+:mod:`papa_lib.experiments.provenance`, the paper's summary statistics (``mean_ci``, ``summarize``,
+``relative_drop``) in :mod:`papa_lib.experiments.summaries`.
 
 The CSV is meant to be committed and diffed: fixed column order (:data:`RECORD_FIELDS` first, then any extra
 columns in alphabetical order), rows sorted by ``finished_at`` then ``run_id``, floats written with Python's
@@ -54,22 +54,14 @@ import pandas as pd
 from ..core.artefacts import notice, write_atomic
 from ..errors import PapaInputError
 from .damage import Damage, DamagedStoreError, row_problem, scan_table, side_file
-from .provenance import config_hash, distribution_version, package_versions  # noqa: F401  (re-exported)
-from .summaries import CONFIG_COLUMNS, mean_ci, relative_drop, summarize  # noqa: F401  (re-exported)
 
 __all__ = [
     "RECORD_FIELDS",
     "REQUIRED_FIELDS",
     "PROVENANCE_FIELDS",
     "RESULTS_FILENAME",
-    "DamagedStoreError",
     "ResultsStore",
-    "config_hash",
-    "mean_ci",
-    "package_versions",
     "read_results",
-    "relative_drop",
-    "summarize",
 ]
 
 #: Where a record was made, beside ``versions`` and ``device`` (:func:`papa_lib.experiments.provenance.run_provenance`):

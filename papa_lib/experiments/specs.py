@@ -91,7 +91,7 @@ def _all_known(values: list, known, what: str) -> list:
 
 
 def _known_tasks(info: ValidationInfo) -> set[str]:
-    from .tasks import TASKS
+    from .task_specs import TASKS
 
     return set(TASKS) | set((info.context or {}).get("custom_names", ()))
 

@@ -1,5 +1,5 @@
 """The tasks' specifications (Sec. 4.1, App. B Table 3), the example containers loaders return, and the CoNLL tag
-schemes. Loading is :mod:`papa_lib.experiments.tasks` (which re-exports every name here) and, for local files,
+schemes. Loading is :mod:`papa_lib.experiments.tasks` and, for local files,
 :mod:`papa_lib.experiments.task_files`."""
 
 from __future__ import annotations

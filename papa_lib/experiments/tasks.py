@@ -55,34 +55,19 @@ from pathlib import Path
 
 from ..errors import PapaInputError
 from .task_files import iter_lines, load_local
-from .task_specs import (  # noqa: F401  (re-exported: every caller imports them from here)
-    MLM_HPARAMS,
-    NER_ENTITY_TYPES,
-    NER_TAG_NAMES,
-    POS_TAG_NAMES,
+from .task_specs import (
     SPLITS,
-    TASKS,
     HubUnavailableError,
     SentenceExamples,
     TaskSpec,
     TokenExamples,
-    convert_iob1_to_iob2,
     task_spec,
 )
 
 __all__ = [
-    "TaskSpec",
-    "TASKS",
-    "MLM_HPARAMS",
-    "NER_TAG_NAMES",
-    "POS_TAG_NAMES",
-    "SentenceExamples",
-    "TokenExamples",
-    "HubUnavailableError",
     "load_task",
     "unlabeled_texts",
     "load_wikitext",
-    "convert_iob1_to_iob2",
 ]
 
 # --------------------------------------------------------------------------------------

@@ -24,8 +24,7 @@ import torch
 import torch.nn.functional as F
 
 from .features import RaggedRows
-from .loop import IGNORE_INDEX, EpochCheckpoint, Member, RandomStream, TrainedProbe, fit, improves  # noqa: F401
-from .probes import set_seed
+from .loop import IGNORE_INDEX, EpochCheckpoint, Member, RandomStream, TrainedProbe, fit, set_seed
 
 #: Share of each seed's training rows held out for early stopping.
 HELDOUT_FRACTION = 0.1

@@ -21,8 +21,10 @@ from ..core import layout
 from ..core.artefacts import write_atomic
 from ..core.models import num_layers_and_heads
 from ..errors import PapaInputError
-from . import probes, results, tasks
+from . import results
 from .features import FeatureStore
+from .loop import IGNORE_INDEX
+from .task_specs import TASKS, TaskSpec
 
 
 @dataclass
@@ -66,8 +68,8 @@ class ExperimentConfig:
     device: str = "cpu"
 
     def resolved(self) -> ExperimentConfig:
-        """Fill unset hyperparameters from the paper's Table 3 (via :data:`papa_lib.experiments.tasks.TASKS`)."""
-        spec = tasks.TASKS[self.task]
+        """Fill unset hyperparameters from the paper's Table 3 (via :data:`papa_lib.experiments.task_specs.TASKS`)."""
+        spec = TASKS[self.task]
         return replace(
             self,
             max_length=self.max_length or spec.max_length,
@@ -102,7 +104,7 @@ class EncodedSplit:
         return int(self.labels.shape[0])
 
 
-def encode_split(tokenizer, spec: tasks.TaskSpec, examples, max_length: int) -> EncodedSplit:
+def encode_split(tokenizer, spec: TaskSpec, examples, max_length: int) -> EncodedSplit:
     """Encode a task split: the App. A layout, or for a decoder LM's tokenizer (``papa_layout = "causal"``) the causal
     one, ``[bos] a <separator> b``, a pair joined by the layout's declared separator
     (:data:`~papa_lib.core.layout.DEFAULT_SEPARATOR`). Token tasks get word-aligned labels (-100 where no first
@@ -112,11 +114,11 @@ def encode_split(tokenizer, spec: tasks.TaskSpec, examples, max_length: int) -> 
             raise PapaInputError(f"{spec.name} is a token task, which PAPA probes on encoders only: the decoder layout "
                                  "has no word-aligned encoding")
         encoded = layout.encode_words(tokenizer, examples.words, max_length=max_length)
-        labels = torch.full(encoded.word_index.shape, probes.IGNORE_INDEX, dtype=torch.long)
+        labels = torch.full(encoded.word_index.shape, IGNORE_INDEX, dtype=torch.long)
         for row, tags in enumerate(examples.tags):
             kept = encoded.word_index[row, : len(tags)] >= 0
             labels[row, : len(tags)] = torch.where(kept, torch.tensor(tags, dtype=torch.long),
-                                                   torch.tensor(probes.IGNORE_INDEX))
+                                                   torch.tensor(IGNORE_INDEX))
         return EncodedSplit(encoded, labels, examples, [len(w) for w in examples.words])
     encoded = layout.encode(tokenizer, examples.texts, examples.pairs, max_length=max_length)
     return EncodedSplit(encoded, torch.tensor(examples.labels, dtype=torch.long), examples)
@@ -137,7 +139,7 @@ class Workspace:
     def __init__(self, config: ExperimentConfig, model, tokenizer, results_dir: str | Path | None = None,
                  progress: bool = True):
         self.config = config.resolved()
-        self.spec = tasks.TASKS[self.config.task]
+        self.spec = TASKS[self.config.task]
         self.model, self.tokenizer = model, tokenizer
         self.model.requires_grad_(False)
         self.model.eval()
@@ -158,7 +160,7 @@ class Workspace:
 
 def task_provenance(task: str, key: str = "provenance") -> dict:
     """``{key: ...}`` for a task of your own (files, columns: :mod:`papa_lib.experiments.custom`), else ``{}``."""
-    provenance = tasks.TASKS[task].provenance if task in tasks.TASKS else None
+    provenance = TASKS[task].provenance if task in TASKS else None
     return {key: provenance} if provenance else {}
 
 

@@ -118,7 +118,7 @@ from pathlib import Path
 import torch
 
 from ..core.models import frozen_parameters
-from .bench_memory import (  # noqa: F401  (bench.bench_memory ...)
+from .bench_memory import (
     bench_decoder_load,
     bench_decoder_memory,
     bench_memory,
@@ -129,21 +129,18 @@ from .bench_memory import (  # noqa: F401  (bench.bench_memory ...)
     random_decoder_batch,
     store_child,
 )
-from .bench_support import (  # noqa: F401  (re-exported: bench.load_bench_model, bench.BenchSizes, ...)
+from .bench_support import (
     DEFAULT_DECODER,
     DTYPES,
     MODEL_ENV,
     BenchSizes,
-    current_rss_kb,
     format_figure,
     load_bench_decoder,
     load_bench_model,
     median_ratio,
-    peak_rss_kb,
-    reset_peak_rss,
     synchronize_device,
 )
-from .costs import decoder_shape, flop_limit, layer_flops, lm_head_flops  # noqa: F401  (the one cost model's)
+from .costs import decoder_shape, flop_limit, lm_head_flops
 
 #: The encoder benchmarks (what ``all`` runs).
 ENCODER_BENCHMARKS = ("averaging", "probe", "seeds", "constant", "packing", "memory", "store")
@@ -264,6 +261,7 @@ def bench_probe(model, tokenizer, sizes: BenchSizes, device) -> dict[str, float]
     from ..experiments import probes
     from ..experiments.features import BackboneRunner
     from ..experiments.inloop import BackboneProbe, train_inloop
+    from ..experiments.loop import adamw, set_seed
     from ..experiments.training import SeedPlan, train_seeds
 
     length, learning_rate, seed = 64, 1e-4, 0
@@ -276,7 +274,7 @@ def bench_probe(model, tokenizer, sizes: BenchSizes, device) -> dict[str, float]
     plan = SeedPlan(seed, rows, rows[:1])
 
     def new_probe(_seed=seed):
-        probes.set_seed(seed)
+        set_seed(seed)
         return probes.make_probe("sentence", layers, length, hidden, 2)
 
     extraction = []
@@ -304,7 +302,7 @@ def bench_probe(model, tokenizer, sizes: BenchSizes, device) -> dict[str, float]
     def probe_steps(ragged: bool):
         """One pass of training steps of a sentence probe: padded [B, layers, W, D] inputs or real-token rows."""
         probe = new_probe()
-        optimiser = probes.adamw(probe.parameters(), learning_rate)
+        optimiser = adamw(probe.parameters(), learning_rate)
         for part in batches:
             inputs = (features.ragged_sentences(part, device),) if ragged else features.sentence_batch(part, device)
             loss = torch.nn.functional.cross_entropy(probe(*inputs), labels[part].to(device))
@@ -390,8 +388,9 @@ def bench_packing(model, tokenizer, sizes: BenchSizes, device, data_dir: Path | 
     two runs' hidden states.
     """
     from ..experiments import tasks
-    from ..experiments.engine import encode_split
     from ..experiments.features import BackboneRunner
+    from ..experiments.task_specs import TASKS
+    from ..experiments.workspace import encode_split
 
     data_dir = Path(data_dir) if data_dir is not None else SHARED_DATA
     figures: dict[str, float] = {}
@@ -401,7 +400,7 @@ def bench_packing(model, tokenizer, sizes: BenchSizes, device, data_dir: Path | 
         except (FileNotFoundError, ValueError) as error:
             print(f"# packing: no {task} training data under {data_dir} ({error}); skipped")
             continue
-        split = encode_split(tokenizer, tasks.TASKS[task], examples, 64)
+        split = encode_split(tokenizer, TASKS[task], examples, 64)
         rows = torch.arange(len(split))
         runners = {mode: BackboneRunner(model, split.encoded, split.labels, "sentence", sizes.packing_batch,
                                         packed=(mode == "packed")) for mode in ("packed", "padded")}

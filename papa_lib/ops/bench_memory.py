@@ -124,11 +124,12 @@ def decoder_load_child(spec: str | None, device: str, dtype: str) -> dict:
     (``VmHWM``, imports included) and ``converted``: whether the packaged decoder's converted folder was absent from
     the cache root (``$PAPA_CACHE_DIR``) before, i.e. the call converted the GGUF file."""
     from ..core import decoders
+    from ..core.packaged import cache_root
 
     packaged = decoders.packaged_decoder_for(str(spec or DEFAULT_DECODER))
     folder = None
     if packaged is not None:
-        folder = decoders.cache_root() / f"{packaged.name}-{packaged.sha256[:12]}"
+        folder = cache_root() / f"{packaged.name}-{packaged.sha256[:12]}"
     present = folder is not None and (folder / ".papa-sha256").is_file()
     started = time.perf_counter()
     load_bench_decoder(spec, device, dtype)

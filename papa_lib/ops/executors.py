@@ -43,6 +43,7 @@ from ..errors import PapaInputError
 from ..experiments import engine, matrices, rankings, results
 from ..experiments.features import FeatureStore
 from ..experiments.grid import grid_runs, grid_settings, run_grid, task_config
+from ..experiments.variants import Variant
 
 #: Hidden file through which workers prove that they see the driver's results folder.
 _TOKEN_PREFIX = ".papa-ray-check-"
@@ -79,7 +80,7 @@ class Unit:
     """One Ray task's runs: a variant of a task with one seed (or, streamed, all its pending seeds)."""
 
     task: str
-    variant: engine.Variant
+    variant: Variant
     seeds: tuple[int, ...]
     run_ids: tuple[str, ...]
     features: str = ""        # folder (under results_dir/features) of its cached features

@@ -49,7 +49,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..experiments import tasks
-from ..experiments.features import DEFAULT_BUDGET_FRACTION  # noqa: F401  (the default budget the plan compares against)
+from ..experiments.task_specs import TASKS
 from .costs import PAPER_TRAIN_SIZES, feature_rows_bytes  # the one cost model's training sizes and feature bytes
 
 #: Validation-set sizes of the paper's data; with :data:`~papa_lib.ops.costs.PAPER_TRAIN_SIZES` (the training sets),
@@ -100,7 +100,8 @@ class Stored:
 def measure_throughput(model, device="cpu", tokens: int = 24, batch: int = 64, repeats: int = 3) -> tuple[float, float]:
     """(real tokens per second of a packed forward with all hidden states, seconds per probe step) on ``device``."""
     from ..core.models import run_backbone  # a decoder LM's bare decoder: no 262k-column logits
-    from ..experiments.probes import adamw, make_probe
+    from ..experiments.loop import adamw
+    from ..experiments.probes import make_probe
 
     model = model.to(device).eval()
     vocab = int(model.config.vocab_size)
@@ -202,14 +203,14 @@ def plan_task(task: str, variants, config, *, layers: int, hidden: int, tokens_p
               step_seconds: float, budget: int, tokenizer=None, together: float = 1.0,
               left: dict | None = None, planned: int | None = None, stored: Stored | None = None,
               scores: tuple[int, float, float] = (0, 0.0, 0.0)) -> TaskPlan:
-    """The cost of one task's variants under one resolved :class:`~papa_lib.experiments.engine.ExperimentConfig`;
+    """The cost of one task's variants under one resolved :class:`~papa_lib.experiments.workspace.ExperimentConfig`;
     ``together``: a step of all seeds together over as many separate steps (:func:`measure_seed_batching`);
     ``left``: how many seeds of each variant are still to run (default: all; :func:`pending_runs`); ``planned``: how
     many seeds of each variant this plan covers (default: all of the config's; fewer for a shard, ``--only-seed``);
     ``stored``: what the results folder holds already (:func:`stored_stages`), left out of the passes; ``scores``:
     (passes, seconds, seconds if drawn once per task) of the registered head scores the variants need
     (:func:`score_cost`)."""
-    spec = tasks.TASKS[task]
+    spec = TASKS[task]
     n_train, n_val, tokens, data = _task_data(task, config, tokenizer)
     seeds = len(config.seeds)
     planned = seeds if planned is None else planned
