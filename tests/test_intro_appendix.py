@@ -70,8 +70,12 @@ def test_intro_at_local_shows_the_claims_engine_rows_and_the_eq3_check(tmp_path)
     for row in rows.itertuples():
         line = next(line for line in table.splitlines() if line.startswith(f"| {row.claim} | {row.model} |"))
         label, _, why = row.verdict.partition(": ")  # a reason goes to the notes under the table
-        words = label if why else row.verdict_text  # the verdict in the words of what was tested
-        assert f"**{words}**" in line and (not why or f". {why[:1].upper()}{why[1:]}." in table), row
+        # the verdict, then what it means in the words of what was tested
+        words = "" if why or row.verdict_text == label else f": {row.verdict_text}"
+        assert f"**{label}**{words}" in line and (not why or f". {why[:1].upper()}{why[1:]}." in table), row
+        every = line.split(" | ")[6]  # "with every task": a verdict of its own, "same", or "—" when none is left out
+        assert every in ("same", "—") or every.endswith(f"**{row.verdict_all_tasks}**"), (row, every)
+        assert "****" not in line, line
     if rows.model.str.contains(" vs ").any():  # two models: the C3 sentence once
         assert sum(t.count("C3 compares") for t in texts) == 1
 
