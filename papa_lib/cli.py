@@ -557,7 +557,8 @@ def cmd_bench(args) -> int:  # reached only through build_parser(); main() hands
 
 
 def _book_tools():
-    """The book's build tooling (``book/_ext/papa_book`` of the checkout this runs in; it is not installed)."""
+    """The book's build tooling, ``(papa_book.build, papa_book.chapters)`` (``book/_ext/papa_book`` of the checkout
+    this runs in; it is not installed)."""
     import importlib
 
     from .book.profiles import find_repo_root
@@ -569,13 +570,13 @@ def _book_tools():
                          "book/_ext/papa_book)")
     if str(tools) not in sys.path:
         sys.path.insert(0, str(tools))
-    return importlib.import_module("papa_book.build")
+    return importlib.import_module("papa_book.build"), importlib.import_module("papa_book.chapters")
 
 
 def cmd_reproduce(args) -> int:
     from .core.models import resolve_device
 
-    tools = _book_tools()
+    tools, _ = _book_tools()
     ChapterExecutionError, failure_line, run_chapters = (tools.ChapterExecutionError, tools.failure_line,
                                                          tools.run_chapters)
 
@@ -604,11 +605,10 @@ def cmd_reproduce(args) -> int:
 
 
 def cmd_book(args) -> int:
-    tools = _book_tools()
-    BookBuildError, build_book, failure_line, sync_notebooks = (tools.BookBuildError, tools.build_book,
-                                                                tools.failure_line, tools.sync_notebooks)
+    tools, chapters = _book_tools()
+    BookBuildError, build_book, failure_line = tools.BookBuildError, tools.build_book, tools.failure_line
 
-    sync_notebooks("book")
+    chapters.sync_notebooks("book")
     try:
         html = build_book(".", warnings_as_errors=not args.allow_warnings)
     except BookBuildError as error:  # a page failed to execute, or Sphinx failed: the message says which

@@ -38,7 +38,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from papa_book import build, page_check, sphinx_hooks
+from papa_book import build, chapters, page_check, sphinx_hooks
 
 from conftest import JUPYTEXT_HEADER
 from papa_lib.book import charts
@@ -201,13 +201,13 @@ def executed_book(root: Path, notebooks: list[Path], extra_pages: dict[str, str]
         shutil.copytree(REPO / "book" / "_static", root / "book" / "_static", dirs_exist_ok=True)
     import nbformat
 
-    chapters = {n.stem for n in notebooks}
+    stems = {n.stem for n in notebooks}
     for notebook in notebooks:  # built from the executed twins: links to a chapter's .md lead to its .ipynb here
         executed = nbformat.read(notebook, as_version=4)
         for cell in executed.cells:
             if cell.cell_type == "markdown":
                 cell.source = re.sub(r"\]\((\w+)\.md(#[^)]*)?\)",
-                                     lambda m: f"]({m[1]}.ipynb{m[2] or ''})" if m[1] in chapters else m[0],
+                                     lambda m: f"]({m[1]}.ipynb{m[2] or ''})" if m[1] in stems else m[0],
                                      cell.source)
         nbformat.write(executed, root / "book" / notebook.name)
     toc = yaml.safe_load((REPO / "_toc.yml").read_text(encoding="utf-8"))
@@ -257,8 +257,8 @@ def test_built_pages_load_the_local_vega_bundle(built_book):
             assert 'src="data:image/svg+xml' in badge, f"{page.name}: the Colab badge is not inlined: {badge[:200]}"
     intro = (built_book / "book" / "intro.html").read_text(encoding="utf-8")
     assert intro.count(f'class="{charts.CHART_CLASS}"') >= 1
-    assert build.colab_url("book/intro.md", REPO / "_config.yml") in intro  # badge and launch button
-    repository = build.load_config(REPO / "_config.yml")["repository"]["url"]
+    assert chapters.colab_url("book/intro.md", REPO / "_config.yml") in intro  # badge and launch button
+    repository = chapters.load_config(REPO / "_config.yml")["repository"]["url"]
     assert f'href="{repository}"' in intro, "the GitHub button must point at repository.url"
 
 
@@ -648,9 +648,9 @@ def _open(chromium: _DevTools, url: str, timeout: float = 30.0) -> dict:
 @pytest.mark.browser
 @needs_chromium
 def test_chapter_pages_render_their_charts_offline(built_book, book_server, chromium):
-    chapters = {path.stem for path in build.toc_chapters(REPO)}
+    toc_stems = {path.stem for path in chapters.toc_chapters(REPO)}
     pages = _chapter_pages(built_book)
-    assert chapters <= {page.stem for page in pages}, "a chapter of _toc.yml has no page"
+    assert toc_stems <= {page.stem for page in pages}, "a chapter of _toc.yml has no page"
     for page in pages:
         url = f"{book_server}/{page.relative_to(built_book).as_posix()}"
         state = _open(chromium, url)
@@ -659,7 +659,7 @@ def test_chapter_pages_render_their_charts_offline(built_book, book_server, chro
         assert state["vegaEmbed"] == "function", f"{page.name}: the offline vega bundle did not load"
         html = page.read_text(encoding="utf-8")
         assert len(state["charts"]) == html.count(f'class="{charts.CHART_CLASS}"'), page.name
-        if page.stem in chapters - CHARTLESS_CHAPTERS:
+        if page.stem in toc_stems - CHARTLESS_CHAPTERS:
             assert state["charts"], f"{page.name}: no chart on the page"
         for chart in state["charts"]:
             assert chart["embedded"] and (chart["marks"] > 0 or chart["canvas"] > 0), (

@@ -16,7 +16,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from papa_book import build, execution
+from papa_book import build, chapters, execution
 
 from conftest import JUPYTEXT_HEADER
 from papa_lib import cli
@@ -146,7 +146,7 @@ def test_build_book_reads_the_execution_report(tmp_path, monkeypatch):
 
 
 def test_papa_book_exits_non_zero_when_the_build_fails(monkeypatch, capsys):
-    monkeypatch.setattr(build, "sync_notebooks", lambda *args, **kwargs: [])
+    monkeypatch.setattr(chapters, "sync_notebooks", lambda *args, **kwargs: [])
 
     def failing(*args, **kwargs):
         raise build.BookBuildError("1 page(s) of /x failed to execute: book/mlm (CellExecutionError, ...)")

@@ -7,7 +7,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pandas as pd
-from papa_book import offline_badge
+from papa_book import chapters, offline_badge
 from test_figures import example_frame
 
 from papa_lib.book import charts, records
@@ -73,7 +73,7 @@ def test_colab_badge_is_inlined_in_the_built_page():
     from docutils import nodes
 
     doctree = nodes.paragraph()
-    badge = nodes.image(uri=offline_badge.REMOTE_IMAGE, alt="Open In Colab")
+    badge = nodes.image(uri=chapters.COLAB_BADGE_IMAGE, alt="Open In Colab")
     other = nodes.image(uri="figure.png")
     doctree += [badge, other]
     offline_badge._local_badge(None, doctree, "book/intro")

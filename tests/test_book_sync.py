@@ -83,13 +83,13 @@ def test_no_orphan_notebooks():
 
 
 def test_check_notebooks_reports_nothing_for_the_repo():
-    assert build.check_notebooks(BOOK_DIR) == []
+    assert chapters.check_notebooks(BOOK_DIR) == []
 
 
 @pytest.mark.parametrize("chapter", CHAPTERS, ids=lambda p: p.name)
 def test_chapter_has_one_parameters_cell_defining_profile(chapter):
     notebook = jupytext.read(chapter)
-    cells = _tagged(notebook, build.PARAMETERS_TAG)
+    cells = _tagged(notebook, chapters.PARAMETERS_TAG)
     assert len(cells) == 1, f"{chapter.name}: needs exactly one code cell tagged 'parameters', found {len(cells)}"
     tree = ast.parse(cells[0][1].source)
     names = {t.id for node in tree.body if isinstance(node, ast.Assign)
@@ -156,7 +156,7 @@ def test_library_code_shown_on_the_page_fits_it(chapter):
 
 @pytest.mark.parametrize("chapter", CHAPTERS, ids=lambda p: p.name)
 def test_chapter_has_colab_badge_from_config(chapter):
-    badge = build.colab_badge(chapter.relative_to(REPO), CONFIG)
+    badge = chapters.colab_badge(chapter.relative_to(REPO), CONFIG)
     assert badge in chapter.read_text(encoding="utf-8"), (
         f"{chapter.name}: missing or stale Colab badge (expected {badge}); {HINT}"
     )
@@ -166,12 +166,12 @@ def test_chapter_has_colab_badge_from_config(chapter):
 def test_chapter_has_the_install_cell_of_the_template(chapter):
     """One install cell, before the parameters cell, whose source is the template filled from _config.yml."""
     notebook = jupytext.read(chapter)
-    cells = _tagged(notebook, build.INSTALL_TAG)
+    cells = _tagged(notebook, chapters.INSTALL_TAG)
     assert len(cells) == 1, f"{chapter.name}: needs exactly one code cell tagged 'install', found {len(cells)}"
     index, cell = cells[0]
-    parameters_index = _tagged(notebook, build.PARAMETERS_TAG)[0][0]
+    parameters_index = _tagged(notebook, chapters.PARAMETERS_TAG)[0][0]
     assert index < parameters_index, f"{chapter.name}: the install cell must come before the parameters cell"
-    assert cell.source == build.install_cell(CONFIG), (
+    assert cell.source == chapters.install_cell(CONFIG), (
         f"{chapter.name}: the install cell is not papa_book.chapters.install_cell() of _config.yml; {HINT}"
     )
 
@@ -188,7 +188,7 @@ def test_install_cell_template_is_guarded_and_clones_checks_out_installs_and_cds
     """The template, read as Python: it does everything under `"google.colab" in sys.modules` (outside Colab it
     only imports), names _config.yml's repository and version, and clones, checks out, installs the light colab
     extra and moves into the clone; its lines fit the page."""
-    source = build.install_cell(CONFIG)
+    source = chapters.install_cell(CONFIG)
     tree = ast.parse(source)
     guarded = [node for node in tree.body if not isinstance(node, (ast.Import, ast.ImportFrom))]
     assert len(guarded) == 1 and isinstance(guarded[0], ast.If), "the cell is its imports and one `if`"
@@ -196,9 +196,9 @@ def test_install_cell_template_is_guarded_and_clones_checks_out_installs_and_cds
     first = test.values[0] if isinstance(test, ast.BoolOp) and isinstance(test.op, ast.And) else test
     assert ast.unparse(first) == "'google.colab' in sys.modules", "the install cell runs in Colab only"
     assert _assigned(source, "repository") == chapters._repository(CONFIG)[0]
-    assert _assigned(source, "version") == build.repository_version(CONFIG)
+    assert _assigned(source, "version") == chapters.repository_version(CONFIG)
     body = "\n".join(ast.unparse(node) for node in guarded[0].body)
-    for step in ("'clone'", "'checkout'", "'pip', 'install'", f"'.[{build.COLAB_EXTRA}]'", "os.chdir("):
+    for step in ("'clone'", "'checkout'", "'pip', 'install'", f"'.[{chapters.COLAB_EXTRA}]'", "os.chdir("):
         assert step in body, f"the install cell must clone, check out, install and cd ({step})"
     assert max(len(line) for line in source.splitlines()) <= CODE_LINE_LIMIT
 
@@ -206,9 +206,9 @@ def test_install_cell_template_is_guarded_and_clones_checks_out_installs_and_cds
 def test_badges_and_install_cells_name_one_repository_and_version():
     """The badge (at blob/<version>), the GitHub button (Jupyter Book's theme reads repository.url) and the install
     cell all come from repository.url; badge and install cell name repository.version, a fixed tag or commit."""
-    config = build.load_config(CONFIG)["repository"]
+    config = chapters.load_config(CONFIG)["repository"]
     url = chapters._repository(CONFIG)[0]
-    version = build.repository_version(CONFIG)
+    version = chapters.repository_version(CONFIG)
     assert config["url"].rstrip("/") == url
     assert config.get("version") and version == str(config["version"]), (
         "_config.yml must name the fixed version (a tag or commit) Colab clones"
@@ -218,9 +218,9 @@ def test_badges_and_install_cells_name_one_repository_and_version():
         text = chapter.read_text(encoding="utf-8")
         badges = re.findall(r"colab\.research\.google\.com/github/([^)\s]+?)/blob/([^/)\s]+)/", text)
         assert badges == [(owner_repo, version)], f"{chapter.name}: Colab badges {badges}; {HINT}"
-        install = _tagged(jupytext.read(chapter), build.INSTALL_TAG)
+        install = _tagged(jupytext.read(chapter), chapters.INSTALL_TAG)
         assert [_assigned(c.source, "version") for _, c in install] == [version], chapter.name
-    assert build.check_install_cells(BOOK_DIR, CONFIG) == []
+    assert chapters.check_install_cells(BOOK_DIR, CONFIG) == []
 
 
 # ---------------------------------------------------------------------------------------------
@@ -234,18 +234,18 @@ def _chapter(body: str) -> str:
     return HEADER + "\n" + textwrap.dedent(body)
 
 
-def _make_book(root: Path, url: str = "https://github.com/someone/somebook", chapters: dict | None = None) -> Path:
+def _make_book(root: Path, url: str = "https://github.com/someone/somebook", pages: dict | None = None) -> Path:
     (root / "book").mkdir(parents=True)
     (root / "_config.yml").write_text(f"title: t\nrepository:\n  url: {url}\n  branch: dev\n", encoding="utf-8")
-    chapters = chapters or {}
-    names = list(chapters)
+    pages = pages or {}
+    names = list(pages)
     toc = "format: jb-book\n"
     if names:
         toc += f"root: book/{names[0]}\n"
     if names[1:]:
         toc += "chapters:\n" + "".join(f"  - file: book/{n}\n" for n in names[1:])
     (root / "_toc.yml").write_text(toc, encoding="utf-8")
-    for name, text in chapters.items():
+    for name, text in pages.items():
         (root / "book" / f"{name}.md").write_text(text, encoding="utf-8")
     return root
 
@@ -253,38 +253,38 @@ def _make_book(root: Path, url: str = "https://github.com/someone/somebook", cha
 def test_colab_badge_and_install_spec(tmp_path):
     _make_book(tmp_path)
     config = tmp_path / "_config.yml"
-    assert build.colab_url("book/ch1.md", config) == (
+    assert chapters.colab_url("book/ch1.md", config) == (
         "https://colab.research.google.com/github/someone/somebook/blob/dev/book/ch1.ipynb"
     )
-    assert build.colab_badge(tmp_path / "book" / "ch1.md", config) == (
+    assert chapters.colab_badge(tmp_path / "book" / "ch1.md", config) == (
         "[![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)]"
         "(https://colab.research.google.com/github/someone/somebook/blob/dev/book/ch1.ipynb)"
     )
-    assert build.install_spec(config) == "git+https://github.com/someone/somebook@dev"
-    cell = build.install_cell(config)  # without repository.version: the branch, as the badge
+    assert chapters.install_spec(config) == "git+https://github.com/someone/somebook@dev"
+    cell = chapters.install_cell(config)  # without repository.version: the branch, as the badge
     assert 'repository = "https://github.com/someone/somebook"' in cell and 'version = "dev"' in cell
     assert 'folder = "somebook"' in cell
-    assert build.placeholder_warning(config) is None
+    assert chapters.placeholder_warning(config) is None
     (tmp_path / "_config.yml").write_text(
-        f"repository:\n  url: {build.PLACEHOLDER_URL}\n  branch: main\n  version: abc123\n", encoding="utf-8")
-    assert build.repository_version(config) == "abc123"
-    assert build.install_spec(config).endswith("@abc123")
-    assert build.colab_url("book/ch1.md", config).endswith("/blob/abc123/book/ch1.ipynb")  # the version, not main
-    assert 'version = "abc123"' in build.install_cell(config)
-    warning = build.placeholder_warning(config)
-    assert warning.startswith("papa: warning:") and "\n" not in warning and build.PLACEHOLDER_URL in warning
+        f"repository:\n  url: {chapters.PLACEHOLDER_URL}\n  branch: main\n  version: abc123\n", encoding="utf-8")
+    assert chapters.repository_version(config) == "abc123"
+    assert chapters.install_spec(config).endswith("@abc123")
+    assert chapters.colab_url("book/ch1.md", config).endswith("/blob/abc123/book/ch1.ipynb")  # the version, not main
+    assert 'version = "abc123"' in chapters.install_cell(config)
+    warning = chapters.placeholder_warning(config)
+    assert warning.startswith("papa: warning:") and "\n" not in warning and chapters.PLACEHOLDER_URL in warning
 
 
 def test_colab_url_needs_a_github_repository(tmp_path):
     _make_book(tmp_path, url="https://gitlab.com/a/b")
     with pytest.raises(ValueError, match="GitHub"):
-        build.colab_url("book/x.md", tmp_path / "_config.yml")
+        chapters.colab_url("book/x.md", tmp_path / "_config.yml")
 
 
 def test_chapter_without_myst_header_is_rejected(tmp_path):
-    _make_book(tmp_path, chapters={"plain": "# Just markdown\n"})
+    _make_book(tmp_path, pages={"plain": "# Just markdown\n"})
     with pytest.raises(ValueError, match=r"plain\.md.*format_name: myst"):
-        build.sync_notebooks(tmp_path / "book")
+        chapters.sync_notebooks(tmp_path / "book")
 
 
 def test_sync_is_deterministic_and_refreshes_links(tmp_path):
@@ -317,41 +317,41 @@ def test_sync_is_deterministic_and_refreshes_links(tmp_path):
         ```
         """
     )
-    _make_book(tmp_path, chapters={"ch": text})
+    _make_book(tmp_path, pages={"ch": text})
     md = tmp_path / "book" / "ch.md"
     config = tmp_path / "_config.yml"
-    assert len(build.check_install_cells(tmp_path / "book")) == 2  # stale badge, stale install cell
-    written = build.sync_notebooks(tmp_path / "book")
+    assert len(chapters.check_install_cells(tmp_path / "book")) == 2  # stale badge, stale install cell
+    written = chapters.sync_notebooks(tmp_path / "book")
     twin = md.with_suffix(".ipynb")
     assert written == [twin]
     first = twin.read_bytes()
-    assert build.sync_notebooks(tmp_path / "book") == []  # unchanged content is not rewritten
+    assert chapters.sync_notebooks(tmp_path / "book") == []  # unchanged content is not rewritten
     twin.unlink()
-    build.sync_notebooks(tmp_path / "book")
+    chapters.sync_notebooks(tmp_path / "book")
     assert twin.read_bytes() == first  # same bytes every time (stable cell ids)
     new_text = md.read_text(encoding="utf-8")
-    assert build.colab_badge("book/ch.md", config) in new_text
+    assert chapters.colab_badge("book/ch.md", config) in new_text
     cells = jupytext.read(md).cells
-    assert cells[1].source == build.install_cell(config) and cells[1].metadata["tags"] == ["install"]
+    assert cells[1].source == chapters.install_cell(config) and cells[1].metadata["tags"] == ["install"]
     assert cells[3].source == 'repository = "https://github.com/old/repo"  # not an install cell: kept'
     assert new_text.count("old/repo") == 1
-    assert build.check_install_cells(tmp_path / "book") == []
+    assert chapters.check_install_cells(tmp_path / "book") == []
     stored = json.loads(first)
     assert stored["metadata"]["jupytext"]["formats"] == "ipynb,md:myst"
     assert [c["metadata"].get("tags") for c in stored["cells"]] == [None, ["install"], ["parameters"], None]
-    assert "".join(stored["cells"][1]["source"]) == build.install_cell(config)
+    assert "".join(stored["cells"][1]["source"]) == chapters.install_cell(config)
     assert all(c.get("execution_count") is None for c in stored["cells"] if c["cell_type"] == "code")
-    assert build.check_notebooks(tmp_path / "book") == []
+    assert chapters.check_notebooks(tmp_path / "book") == []
 
     edited = md.read_text(encoding="utf-8").replace('version = "dev"', 'version = "v9"')
     md.write_text(edited, encoding="utf-8")
-    problems = build.check_notebooks(tmp_path / "book")
+    problems = chapters.check_notebooks(tmp_path / "book")
     assert len(problems) == 1 and problems[0].startswith("ch.md:") and "python -m papa_book sync" in problems[0]
-    problems = build.check_install_cells(tmp_path / "book")
+    problems = chapters.check_install_cells(tmp_path / "book")
     assert len(problems) == 1 and "install cell" in problems[0] and "python -m papa_book sync" in problems[0]
     assert build.main(["check", "--book-dir", str(tmp_path / "book")]) == 1
     (tmp_path / "book" / "gone.ipynb").write_text(first.decode(), encoding="utf-8")
-    assert any(p.startswith("gone.ipynb") for p in build.check_notebooks(tmp_path / "book"))
+    assert any(p.startswith("gone.ipynb") for p in chapters.check_notebooks(tmp_path / "book"))
 
 
 def test_sync_rewrites_the_whole_install_cell_whatever_its_options(tmp_path):
@@ -377,22 +377,22 @@ def test_sync_rewrites_the_whole_install_cell_whatever_its_options(tmp_path):
         """
     )
     none = _chapter("# no install cell\n")
-    _make_book(tmp_path, chapters={"a": yaml_block, "b": none})
-    build.sync_notebooks(tmp_path / "book")
+    _make_book(tmp_path, pages={"a": yaml_block, "b": none})
+    chapters.sync_notebooks(tmp_path / "book")
     config = tmp_path / "_config.yml"
     cells = jupytext.read(tmp_path / "book" / "a.md").cells
     assert [c.metadata.get("tags") for c in cells] == [["install", "hide-input"], ["parameters"]]
-    assert cells[0].source == build.install_cell(config) and cells[1].source == 'profile = "local"'
+    assert cells[0].source == chapters.install_cell(config) and cells[1].source == 'profile = "local"'
     assert "old install" not in (tmp_path / "book" / "a.md").read_text(encoding="utf-8")
-    problems = build.check_install_cells(tmp_path / "book")
+    problems = chapters.check_install_cells(tmp_path / "book")
     assert [p.split(":")[0] for p in problems] == ["a.md", "b.md", "b.md"]  # a: no badge; b: no badge, no cell
     assert "found 0" in problems[2]
 
 
 def test_toc_chapters_follow_reading_order(tmp_path):
     chapter = _chapter("# x\n")
-    _make_book(tmp_path, chapters={"b_first": chapter, "a_second": chapter})
-    assert [p.name for p in build.toc_chapters(tmp_path)] == ["b_first.md", "a_second.md"]
+    _make_book(tmp_path, pages={"b_first": chapter, "a_second": chapter})
+    assert [p.name for p in chapters.toc_chapters(tmp_path)] == ["b_first.md", "a_second.md"]
 
 
 def test_run_chapters_injects_parameters_resumes_and_keeps_done_chapters(tmp_path):
@@ -428,7 +428,7 @@ def test_run_chapters_injects_parameters_resumes_and_keeps_done_chapters(tmp_pat
         ```
         """
     )
-    root = _make_book(tmp_path / "repo", chapters={"good": good, "bad": bad})
+    root = _make_book(tmp_path / "repo", pages={"good": good, "bad": bad})
     runs = tmp_path / "runs"
     with pytest.raises(build.ChapterExecutionError, match=r"chapter bad .*smoke.*deliberate failure smoke") as caught:
         build.run_chapters("smoke", runs, parameters={"value": 5}, root=root)
@@ -473,7 +473,7 @@ def test_run_chapters_bounds_each_cell(tmp_path, monkeypatch):
         ```
         """
     )
-    root = _make_book(tmp_path / "repo", chapters={"slow": slow})
+    root = _make_book(tmp_path / "repo", pages={"slow": slow})
     with pytest.raises(build.ChapterExecutionError, match=r"chapter slow .*timed out.*2 seconds"):
         build.run_chapters("smoke", tmp_path / "runs", root=root, cell_timeout=2)
     assert not (tmp_path / "runs" / "smoke" / "slow.done").exists()
@@ -494,7 +494,7 @@ def test_run_chapters_bounds_each_cell(tmp_path, monkeypatch):
 
 
 def test_run_chapters_rejects_bad_arguments(tmp_path):
-    root = _make_book(tmp_path, chapters={"c": _chapter("# c\n")})
+    root = _make_book(tmp_path, pages={"c": _chapter("# c\n")})
     with pytest.raises(ValueError, match="profile"):
         build.run_chapters("../escape", tmp_path / "runs", root=root)
     with pytest.raises(ValueError, match="profile"):

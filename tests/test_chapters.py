@@ -7,13 +7,13 @@ from __future__ import annotations
 from pathlib import Path
 
 import yaml
-from papa_book import build
+from papa_book import chapters
 
 from papa_lib.book.profiles import PAPER_MODELS
 from papa_lib.experiments.grid import load_grid
 
 REPO = Path(__file__).resolve().parents[1]
-TOC_CHAPTERS = build.toc_chapters(REPO)
+TOC_CHAPTERS = chapters.toc_chapters(REPO)
 
 
 def test_toc_lists_every_chapter_and_nothing_else():

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
-from papa_book import build
+from papa_book import build, chapters
 
 from papa_lib.book import display, profiles
 
@@ -14,7 +14,8 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def test_one_find_repo_root_for_the_build_and_the_profiles(tmp_path):
-    assert build.find_repo_root is profiles.find_repo_root
+    for module in (build, chapters):  # the book's tooling defines no root lookup of its own
+        assert vars(module)["find_repo_root"] is profiles.find_repo_root
     assert profiles.find_repo_root(REPO / "book") == REPO
     assert profiles.find_repo_root(REPO / "book" / "intro.md") == REPO
     (tmp_path / "_config.yml").write_text("title: t\n")
@@ -88,22 +89,29 @@ def test_the_library_imports_no_build_tooling():
 
 
 def test_no_private_name_is_imported_across_modules():
-    """A name another module needs is public in the module that defines it (issue 57: files split to meet a size cap
-    had left 38 private names imported across modules)."""
+    """A name another module needs is public in the module that defines it, in the library and in the book's tooling
+    (issue 57: files split to meet a size cap had left 38 private names imported across modules)."""
     import ast
 
     found = []
-    for path in (REPO / "papa_lib").rglob("*.py"):
+    for path in [*(REPO / "papa_lib").rglob("*.py"), *(REPO / "book" / "_ext" / "papa_book").rglob("*.py")]:
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-            if isinstance(node, ast.ImportFrom) and (node.level or (node.module or "").startswith("papa_lib")):
+            if isinstance(node, ast.ImportFrom) and (node.level or (node.module or "").startswith(("papa_lib",
+                                                                                                   "papa_book"))):
                 found += [f"{path.relative_to(REPO)}: {node.module}.{a.name}" for a in node.names
                           if a.name.startswith("_") and not a.name.startswith("__")]
     assert not found, found
 
 
+#: The packages whose modules are held to one home per name, and the folder each one's import path starts from: the
+#: library, and the book's tooling (``book/_ext/papa_book``, imported with ``book/_ext`` on the path).
+CHECKED_PACKAGES = {"papa_lib": REPO, "papa_book": REPO / "book" / "_ext"}
+
+
 def _module_name(path: Path) -> tuple[str, bool]:
-    """``(dotted name, is a package)`` of a file of papa_lib."""
-    parts = path.relative_to(REPO).with_suffix("").parts
+    """``(dotted name, is a package)`` of a file of papa_lib or papa_book."""
+    root = next((root for package, root in CHECKED_PACKAGES.items() if path.is_relative_to(root / package)), REPO)
+    parts = path.relative_to(root).with_suffix("").parts
     return (".".join(parts[:-1]), True) if parts[-1] == "__init__" else (".".join(parts), False)
 
 
@@ -129,7 +137,7 @@ def _top_level_names(tree) -> set[str]:
 def _python_sources():
     """``(where, source, module)`` of every piece of Python that imports papa_lib: the library, the tests, the book's
     tooling, a chapter's code cells (one namespace: one source) and the Python blocks of the top-level documents;
-    ``where(line)`` names a line, ``module`` is None outside papa_lib."""
+    ``where(line)`` names a line, ``module`` is None outside papa_lib and papa_book."""
     import re
 
     import jupytext
@@ -151,7 +159,7 @@ def _python_sources():
         for path in sorted((REPO / folder).rglob("*.py")):
             rel = str(path.relative_to(REPO))
             yield (lambda line, rel=rel: f"{rel}:{line}"), path.read_text(encoding="utf-8"), (
-                _module_name(path)[0] if folder == "papa_lib" else None)
+                None if folder == "tests" else _module_name(path)[0])
     for path in sorted((REPO / "book").glob("*.md")):
         cells = jupytext.read(path, fmt=CHAPTER_FORMAT).cells
         yield joined(f"book/{path.name}", "code cell", [cell.source for cell in cells if cell.cell_type == "code"])
@@ -162,14 +170,15 @@ def _python_sources():
 
 def _names_reached_through_another_module() -> list[str]:
     """Every ``from papa_lib.x.y import N`` and ``y.N`` (``y`` bound by an import of the module ``papa_lib.x.y``)
-    whose module does not define ``N`` at its top level: a name reached through a module that only imports it (the
-    tests' own modules, ``conftest``, are held to the same). Packages (their ``__init__``: the public API) are exempt;
-    so are modules from outside papa_lib (``results.os``). An alias also bound any other way in the same file (a local
-    variable called ``plan``) is not followed."""
+    whose module does not define ``N`` at its top level: a name reached through a module that only imports it. The
+    book's tooling (``papa_book``, its relative imports resolved) and the tests' own modules (``conftest``) are held
+    to the same. Packages (their ``__init__``: the public API) are exempt; so are modules from outside papa_lib and
+    papa_book (``results.os``). An alias also bound any other way in the same file (a local variable called
+    ``plan``) is not followed."""
     import ast
 
     defined, packages, trees = {}, set(), {}
-    for path in (REPO / "papa_lib").rglob("*.py"):
+    for path in [path for package, root in CHECKED_PACKAGES.items() for path in (root / package).rglob("*.py")]:
         name, package = _module_name(path)
         trees[name] = ast.parse(path.read_text(encoding="utf-8"))
         defined[name] = _top_level_names(trees[name])
@@ -180,10 +189,11 @@ def _names_reached_through_another_module() -> list[str]:
         defined[path.stem] = _top_level_names(trees[path.stem])
 
     def module_names(module: str) -> set[str]:
-        """The names ``module`` binds to modules outside papa_lib (``import os``: ``results.os`` is os); a module of
-        papa_lib has its own home (``engine.selection`` is ``papa_lib.experiments.selection``)."""
+        """The names ``module`` binds to modules outside papa_lib and papa_book (``import os``: ``results.os`` is
+        os); a module of theirs has its own home (``engine.selection`` is ``papa_lib.experiments.selection``)."""
         return {alias.asname or alias.name.split(".")[0] for node in ast.walk(trees[module])
-                if isinstance(node, ast.Import) for alias in node.names if not alias.name.startswith("papa_lib")}
+                if isinstance(node, ast.Import) for alias in node.names
+                if alias.name.split(".")[0] not in CHECKED_PACKAGES}
 
     def home_lacks(module: str, name: str) -> bool:
         if module in packages or module not in defined or name in defined[module] or name.startswith("__"):
@@ -194,7 +204,7 @@ def _names_reached_through_another_module() -> list[str]:
         if not node.level:
             return node.module
         if module is None:
-            return None  # a relative import outside papa_lib (the book's tooling) is not about the library
+            return None  # a relative import outside papa_lib and papa_book is not about them
         base = module.split(".")
         base = base[: len(base) - node.level + (module in packages)]
         return ".".join(base + ([node.module] if node.module else []))
@@ -242,10 +252,23 @@ def test_every_name_is_imported_from_its_home():
     """Issue 57 ("each concept once"): modules split to meet a size cap had kept importing the moved names for their
     callers. Every name is imported from the module that defines it; a package's ``__init__`` (the public API) is the
     one place that gathers names defined elsewhere, and no other module keeps an import only for others."""
+    import ast
+
     found = _names_reached_through_another_module()
     assert not found, "\n".join(found)
-    kept = [f"{path.relative_to(REPO)}:{number}" for path in (REPO / "papa_lib").rglob("*.py")
+    kept = [f"{path.relative_to(REPO)}:{number}" for package, root in CHECKED_PACKAGES.items()
+            for path in (root / package).rglob("*.py")
             if path.name != "__init__.py"
             for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
             if "noqa: F401" in line or line.startswith("def __getattr__(")]  # an unused import; a lazy one
     assert not kept, kept
+    listed = []  # a module's __all__ names only what it defines (papa_book.build had listed 22 names of others)
+    for package, root in CHECKED_PACKAGES.items():
+        for path in (root / package).rglob("*.py"):
+            tree = ast.parse(path.read_text(encoding="utf-8"))
+            names = [ast.literal_eval(node.value) for node in tree.body if isinstance(node, ast.Assign)
+                     and any(isinstance(target, ast.Name) and target.id == "__all__" for target in node.targets)]
+            if path.name != "__init__.py" and names:
+                listed += [f"{path.relative_to(REPO)}: {name}" for name in names[0]
+                           if name not in _top_level_names(tree)]
+    assert not listed, listed

@@ -13,12 +13,8 @@ from .build import (  # noqa: F401
     BookBuildError,
     ChapterExecutionError,
     build_book,
-    check_notebooks,
-    colab_badge,
-    colab_url,
     failure_line,
-    find_repo_root,
     run_chapters,
-    sync_notebooks,
 )
+from .chapters import check_notebooks, colab_badge, colab_url, sync_notebooks  # noqa: F401
 from .sphinx_hooks import setup  # noqa: F401

@@ -4,8 +4,10 @@ The book reproduces "How Much Does Attention Actually Attend?" (Hassid et al. 20
 norm-based attention analysis (Kobayashi et al. 2020) as executable chapters.  Chapters live in
 ``book/*.md`` as jupytext MyST markdown (the text is the source of truth); a paired ``.ipynb``
 next to each one is generated for Google Colab.  The chapters, their twins
-(:func:`sync_notebooks`, :func:`check_notebooks`) and their Colab badges (:func:`colab_badge`) live in
-:mod:`papa_book.chapters` and are re-exported here.  This module
+(:func:`~papa_book.chapters.sync_notebooks`, :func:`~papa_book.chapters.check_notebooks`) and their
+Colab badges (:func:`~papa_book.chapters.colab_badge`) live in :mod:`papa_book.chapters`, the
+repository's root (:func:`~papa_lib.book.profiles.find_repo_root`) in :mod:`papa_lib.book.profiles`:
+import them from there (the ``sync``, ``check`` and ``badge`` commands here call them).  This module
 
 * builds the book with Jupyter Book 1.x (:func:`build_book`), failing when any page failed to
   execute, in this build or in an earlier one it did not redo (:mod:`papa_book.execution`),
@@ -39,61 +41,27 @@ from typing import Any
 from papa_lib.book.profiles import find_repo_root
 
 from .chapters import (
-    CHAPTER_FORMAT,
-    COLAB_BADGE_IMAGE,
-    COLAB_BADGE_RE,
-    COLAB_EXTRA,
-    INSTALL_CELL_TEMPLATE,
-    INSTALL_TAG,
-    PARAMETERS_TAG,
-    PLACEHOLDER_URL,
-    chapter_files,
     check_install_cells,
     check_notebooks,
     colab_badge,
-    colab_url,
-    install_cell,
-    install_spec,
     load_config,
     notebook_from_chapter,
     placeholder_warning,
-    repository_version,
     sync_notebooks,
     toc_chapters,
 )
 
 __all__ = [
     "BUILD_ENV_FLAG",
-    "CHAPTER_FORMAT",
-    "COLAB_BADGE_IMAGE",
-    "COLAB_BADGE_RE",
-    "COLAB_EXTRA",
     "DEFAULT_CELL_TIMEOUT",
-    "INSTALL_CELL_TEMPLATE",
-    "INSTALL_TAG",
-    "PARAMETERS_TAG",
-    "PLACEHOLDER_URL",
     "BookBuildError",
     "ChapterExecutionError",
     "build_book",
-    "chapter_files",
-    "check_install_cells",
     "check_links",
-    "check_notebooks",
-    "colab_badge",
-    "colab_url",
     "failure_line",
-    "find_repo_root",
-    "install_cell",
-    "install_spec",
-    "load_config",
     "main",
-    "notebook_from_chapter",
-    "placeholder_warning",
-    "repository_version",
     "run_chapters",
-    "sync_notebooks",
-    "toc_chapters",
+    "with_pythonpath",
 ]
 
 logger = logging.getLogger(__name__)
@@ -139,7 +107,7 @@ def _jupyter_book_command() -> list[str]:
     ]
 
 
-def _with_pythonpath(env: dict[str, str], root: Path) -> dict[str, str]:
+def with_pythonpath(env: dict[str, str], root: Path) -> dict[str, str]:
     """Return ``env`` with ``root`` first on PYTHONPATH (so kernels import this checkout)."""
     env = dict(env)
     parts = [str(root)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and p != str(root)]
@@ -181,7 +149,7 @@ def build_book(
     warning = placeholder_warning(root)
     if warning:
         print(warning, file=sys.stderr)
-    env = _with_pythonpath(os.environ, root)
+    env = with_pythonpath(os.environ, root)
     build_dir = root / "_build"
     (build_dir / execution.REPORT_NAME).unlink(missing_ok=True)  # only this build's report counts
     proc = subprocess.run(

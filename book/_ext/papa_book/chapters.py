@@ -13,7 +13,8 @@ next to each one is generated for Google Colab.  This module
   :func:`check_notebooks`); :func:`sync_notebooks` first rewrites every chapter's badge and install cell from
   ``_config.yml``.
 
-:mod:`papa_book.build` builds the book and runs the chapters; it re-exports these names.
+:mod:`papa_book.build` builds the book and runs the chapters (its ``sync``, ``check`` and ``badge`` commands call
+these functions); every caller imports these names from here.
 """
 
 from __future__ import annotations

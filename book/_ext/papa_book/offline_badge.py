@@ -12,9 +12,9 @@ from __future__ import annotations
 import base64
 from typing import Any
 
-from .chapters import COLAB_BADGE_IMAGE as REMOTE_IMAGE
+from .chapters import COLAB_BADGE_IMAGE
 
-__all__ = ["BADGE_SVG", "REMOTE_IMAGE", "badge_uri", "setup"]
+__all__ = ["BADGE_SVG", "badge_uri", "setup"]
 
 
 #: A 117 x 20 badge: "Open in" on grey, "Colab" on amber.
@@ -38,7 +38,7 @@ def _local_badge(app: Any, doctree: Any, docname: str) -> None:
     from docutils import nodes
 
     for image in doctree.findall(nodes.image):
-        if image.get("uri") == REMOTE_IMAGE:
+        if image.get("uri") == COLAB_BADGE_IMAGE:
             image["uri"] = badge_uri()
             image["candidates"] = {"?": image["uri"]}
 

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from . import execution
-from .build import BUILD_ENV_FLAG, _with_pythonpath
+from .build import BUILD_ENV_FLAG, with_pythonpath
 
 #: The intro's claims table (a cell tagged claims-table) keeps its statement in this column; the style sheet widens it.
 STATEMENT_COLUMN = 3
@@ -231,7 +231,7 @@ def setup(app: Any) -> dict[str, Any]:
     checkout's ``papa_lib`` even when it is not pip-installed.
     """
     root = Path(app.confdir).resolve()
-    os.environ.update({k: v for k, v in _with_pythonpath(os.environ, root).items() if k == "PYTHONPATH"})
+    os.environ.update({k: v for k, v in with_pythonpath(os.environ, root).items() if k == "PYTHONPATH"})
     os.environ[BUILD_ENV_FLAG] = "1"
     app.connect("builder-inited", _write_vega_bundle)
     app.connect("builder-inited", _install_offline_mathjax, priority=800)  # after MyST's override (500)
