@@ -20,7 +20,7 @@ import pytest
 import tomllib
 
 from papa_lib.analysis import mlm_probe
-from papa_lib.book import profiles
+from papa_lib.book import profiles, provenance
 from papa_lib.experiments import sample_data, tasks
 
 REPO = Path(__file__).resolve().parents[1]
@@ -172,32 +172,35 @@ def test_local_profile_without_data_reads_the_sample_and_says_so(tmp_path, capsy
     assert setup.data_dir == sample_data.sample_dir()
     assert setup.data_source == "sample" and setup.data_label == "packaged sample (papa_lib/samples)"
     assert "data: packaged sample" in setup.label()
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith("papa: ../shared/data does not exist; using the packaged sample")
+    assert setup.sample_reason == "../shared/data does not exist"  # the page's banner says it, not a stderr box
+    assert "packaged sample (papa_lib/samples), since ../shared/data does not exist" in provenance.live_facts(setup)
+    assert capsys.readouterr().err == ""
     examples = tasks.unlabeled_texts("sst2", data_dir=setup.data_dir, limit=512)
     assert len(examples) == 512 and "(packaged sample)" in examples.source
 
     empty = tmp_path / "empty"
     empty.mkdir()
+    reasons = []
     for given in (empty, tmp_path / "nope"):
-        assert profiles.resolve("local", data_dir=given, root=root).data_dir == sample_data.sample_dir()
-    err = capsys.readouterr().err.strip().splitlines()
-    assert err == [f"papa: {empty} has no glue/SST-2/train.tsv; using the packaged sample papa_lib/samples "
-                   f"({sample_data.SAMPLE_CONTENTS}) instead",
-                   f"papa: {tmp_path / 'nope'} does not exist; using the packaged sample papa_lib/samples "
-                   f"({sample_data.SAMPLE_CONTENTS}) instead"]
+        given_setup = profiles.resolve("local", data_dir=given, root=root)
+        assert given_setup.data_dir == sample_data.sample_dir()
+        reasons.append(given_setup.sample_reason)
+    assert reasons == ["empty has no glue/SST-2/train.tsv", "nope does not exist"]  # pages show no absolute path
+    assert capsys.readouterr().err == ""
+    # the command line's own fallback still prints its one-line notice
+    assert sample_data.data_or_sample(tmp_path / "nope") == sample_data.sample_dir()
+    assert capsys.readouterr().err.strip() == (f"papa: {tmp_path / 'nope'} does not exist; using the packaged sample "
+                                               f"papa_lib/samples ({sample_data.SAMPLE_CONTENTS}) instead")
 
 
-def test_the_sample_notice_comes_with_the_first_read_of_the_data_only(tmp_path, capsys, no_hub):
-    # a page that computes nothing on data (transfer: committed records only) shows no data notice
+def test_the_sample_is_resolved_with_the_first_read_of_the_data_only(tmp_path, capsys, no_hub):
+    # a page that computes nothing on data (transfer: committed records only) never looks at the data folder
     root = _book_root(tmp_path)
     setup = profiles.resolve("local", root=root)
     assert setup.model_label == "all-MiniLM-L6-v2" and setup.results_dir == root / "data/results/local-minilm"
+    assert setup.data_source == "sample"  # the first read resolves the folder and the reason
+    assert setup.data_dir == sample_data.sample_dir() and setup.sample_reason == "../shared/data does not exist"
     assert capsys.readouterr().err == ""
-    assert setup.data_source == "sample"  # the first read resolves the folder and says so, once
-    assert setup.data_dir == sample_data.sample_dir()
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith("papa: ../shared/data does not exist; using the packaged sample")
 
 
 def test_a_data_folder_that_holds_the_data_is_used_as_it_is(tmp_path, capsys, no_hub):

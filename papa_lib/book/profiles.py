@@ -81,8 +81,8 @@ class Setup:
     """A resolved profile: model, data and results folder for one chapter run.
 
     ``requested_data_dir`` is the data folder the parameters name; :attr:`data_dir` is the one the chapter reads,
-    resolved on first use: at ``local`` a folder without the chapters' files gives way to the packaged sample, with
-    its one-line notice, so a page that computes nothing on data prints none.
+    resolved on first use: at ``local`` a folder without the chapters' files gives way to the packaged sample, and
+    :attr:`sample_reason` says why (the page's banner shows it: :func:`papa_lib.book.provenance.live_facts`).
     """
 
     profile: str
@@ -94,22 +94,28 @@ class Setup:
     _encoder: tuple | None = field(default=None, repr=False)
     _data_dir: Path | None = field(default=None, repr=False)
     _data_resolved: bool = field(default=False, repr=False)
+    _sample_reason: str | None = field(default=None, repr=False)
 
     @property
     def data_dir(self) -> Path | None:
-        """The data folder the chapter reads (see the class docstring); at ``local``, the first access may print the
-        packaged sample's notice (:func:`papa_lib.experiments.sample_data.data_or_sample`)."""
+        """The data folder the chapter reads (see the class docstring)."""
         if not self._data_resolved:
             folder = self.requested_data_dir
             if self.profile == "local":
-                from ..experiments.sample_data import data_or_sample
+                from ..experiments.sample_data import sample_dir, sample_reason
 
                 inside = Path(folder).is_relative_to(self.root.parent)
-                shown = os.path.relpath(folder, self.root) if inside else str(folder)
-                folder = data_or_sample(folder, shown=shown)
+                shown = os.path.relpath(folder, self.root) if inside else Path(folder).name  # no absolute path
+                self._sample_reason = sample_reason(folder, shown=shown)
+                folder = sample_dir() if self._sample_reason else folder
             self._data_dir = Path(folder) if folder else None
             self._data_resolved = True
         return self._data_dir
+
+    @property
+    def sample_reason(self) -> str | None:
+        """Why the chapter reads the packaged sample (``"../shared/data does not exist"``), else ``None``."""
+        return self._sample_reason if self.data_dir is not None else None  # reading data_dir resolves both
 
     # ------------------------------------------------------------------ what produced a figure
     @property
@@ -214,10 +220,9 @@ def resolve(profile: str = "local", model_name: str | None = None, data_dir: str
     ``model_name=None`` means the embedded MiniLM (smoke: a tiny random BERT; paper: ``roberta-base``).
     ``data_dir=None`` means: smoke — generated data (written once to a temp folder); local — ``../shared/data`` next
     to the repository; paper — the hub. Relative paths are taken from the repository root. At ``local``, when the
-    folder does not hold the files the chapters compute on, the packaged sample is used instead and a one-line
-    notice says so (:func:`papa_lib.experiments.sample_data.data_or_sample`) when a cell first reads the data
-    (:attr:`Setup.data_dir`): a page that computes nothing on data prints no notice. ``device="auto"`` (the
-    chapters' default) is CUDA when torch sees a GPU, else the CPU, at every profile.
+    folder does not hold the files the chapters compute on, the packaged sample is used instead, and the page's
+    banner says why (:attr:`Setup.sample_reason`); a page that computes nothing on data never looks.
+    ``device="auto"`` (the chapters' default) is CUDA when torch sees a GPU, else the CPU, at every profile.
     """
     from ..core.models import resolve_device
 

@@ -133,6 +133,8 @@ def live_facts(setup, what: str | None = None) -> str:
         data = f"the data folder `{shown}`"
     else:
         data = setup.data_label
+        if setup.data_source == "sample" and setup.sample_reason:
+            data += f", since {setup.sample_reason}"
     text = f"model {setup.model_label}, data: {data}, profile `{setup.profile}`"
     return f"{text}: {what}" if what else text
 

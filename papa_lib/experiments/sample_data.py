@@ -29,7 +29,7 @@ from pathlib import Path
 from ..errors import PapaInputError
 
 __all__ = ["SAMPLE_PACK", "SAMPLE_FILES", "SAMPLE_LABEL", "SAMPLE_CONTENTS", "SAMPLE_TASKS", "data_or_sample",
-           "describe", "is_sample", "missing_files", "read_pack", "sample_dir"]
+           "describe", "is_sample", "missing_files", "read_pack", "sample_dir", "sample_reason"]
 
 #: The packaged sample (package data): sections, each a JSON object naming a file, then its rows or lines.
 SAMPLE_PACK = Path(__file__).resolve().parents[1] / "samples" / "sample.jsonl"
@@ -165,17 +165,24 @@ def data_or_sample(data_dir: str | os.PathLike | None, shown: str | None = None,
 
     ``shown`` is how the notice names ``data_dir`` (default: the path itself). The hub is never tried.
     """
-    missing = missing_files(data_dir, needed)
-    if not missing:
+    why = sample_reason(data_dir, shown, needed)
+    if why is None:
         return Path(data_dir)
     sample = sample_dir()
-    where = shown or str(data_dir)
-    if data_dir is None:
-        why = "no data folder given"
-    elif not Path(data_dir).is_dir():
-        why = f"{where} does not exist"
-    else:
-        why = f"{where} has no {missing[0]}"
     print(f"papa: {why}; using the {SAMPLE_LABEL} papa_lib/samples ({SAMPLE_CONTENTS}) instead",
           file=stream if stream is not None else sys.stderr)
     return sample
+
+
+def sample_reason(data_dir: str | os.PathLike | None, shown: str | None = None, needed=SAMPLE_FILES) -> str | None:
+    """Why ``data_dir`` gives way to the packaged sample (``"../shared/data does not exist"``, ``"<folder> has no
+    glue/SST-2/train.tsv"``), or ``None`` when it holds every file of ``needed``; ``shown`` names the folder."""
+    missing = missing_files(data_dir, needed)
+    if not missing:
+        return None
+    where = shown or str(data_dir)
+    if data_dir is None:
+        return "no data folder given"
+    if not Path(data_dir).is_dir():
+        return f"{where} does not exist"
+    return f"{where} has no {missing[0]}"
