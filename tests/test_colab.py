@@ -287,3 +287,17 @@ def test_a_chapter_runs_in_colab_from_the_published_repository(tmp_path, colab_k
     assert _git("rev-parse", "HEAD", cwd=installed) == _git("rev-parse", "HEAD", cwd=untagged)
     assert f"cwd {installed}" in printed and any(line.startswith(f"lib {installed}") for line in printed), printed
     print(f"both cases in simulated Colab: {time.monotonic() - start:.0f} s")
+
+
+def test_the_header_launch_button_opens_the_version_the_badge_opens(tmp_path):
+    """Jupyter Book points the header's Colab button at ``repository.branch``; the book's hook points it at
+    ``repository.version``, as the badge and the install cell are (one version of a chapter, however it is opened)."""
+    from papa_book import sphinx_hooks
+
+    (tmp_path / "_config.yml").write_text("title: t\nrepository:\n  url: https://github.com/o/r\n  branch: main\n"
+                                          "  version: v9.9\n", encoding="utf-8")
+    config = types.SimpleNamespace(html_theme_options={"repository_url": "https://github.com/o/r",
+                                                       "repository_branch": "main"})
+    sphinx_hooks._launch_at_version(types.SimpleNamespace(confdir=str(tmp_path)), config)
+    assert config.html_theme_options["repository_branch"] == "v9.9" == chapters.repository_version(tmp_path)
+    assert "/blob/v9.9/" in chapters.colab_url("book/x.md", tmp_path / "_config.yml")  # the badge's link

@@ -15,6 +15,7 @@ from typing import Any
 
 from . import execution
 from .build import BUILD_ENV_FLAG, with_pythonpath
+from .chapters import repository_version
 
 #: The intro's claims table (a cell tagged claims-table) keeps its statement in this column; the style sheet widens it.
 STATEMENT_COLUMN = 3
@@ -187,6 +188,15 @@ def _note_fingerprint(app: Any, config: Any) -> None:
         config.nb_execution_cache_path = str(base / f"papa-{app.papa_fingerprint}")
 
 
+def _launch_at_version(app: Any, config: Any) -> None:
+    """``config-inited``: the header's Colab launch button opens the chapter at the book's ``repository.version``,
+    the tag or commit the page's Colab badge and install cell use (Jupyter Book would take ``repository.branch``)."""
+    path = Path(app.confdir) / "_config.yml"
+    options = getattr(config, "html_theme_options", None)
+    if path.is_file() and isinstance(options, dict) and "repository_branch" in options:
+        options["repository_branch"] = repository_version(path)
+
+
 def _stale_pages(app: Any, env: Any, added: set, changed: set, removed: set) -> list[str]:
     """``env-get-outdated``: the pages to read (and so execute) again although their source did not change.
 
@@ -237,6 +247,7 @@ def setup(app: Any) -> dict[str, Any]:
     app.connect("builder-inited", _install_offline_mathjax, priority=800)  # after MyST's override (500)
     app.connect("html-page-context", _dedupe_page_scripts, priority=900)
     app.connect("config-inited", _note_fingerprint)
+    app.connect("config-inited", _launch_at_version)
     app.connect("env-get-outdated", _stale_pages)
     app.connect("build-finished", _write_execution_report)
     return {"version": "1.0", "parallel_read_safe": True, "parallel_write_safe": True}
