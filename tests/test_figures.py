@@ -244,6 +244,41 @@ def test_grid_coverage_counts_done_and_missing():
     assert grid_views.grid_coverage(example_frame(), spec, model="other")["done"].sum() == 0
 
 
+def test_declared_runs_count_a_run_once_however_many_blocks_and_files_declare_it():
+    spec = {"seeds": [0, 1], "blocks": [
+        GridBlock(name="fig2", tasks=["sst2", "cola"], fractions=[1, 0.5, 0]),
+        GridBlock(name="table1", tasks=["sst2"], matrix_types=["average", "identity"], fractions=[1, 0]),
+    ]}
+    runs = grid_views.declared_runs(example_frame(), spec)
+    # fig2: 2 tasks x 3 variants x 2 seeds; table1 adds only SST-2's identity runs (its original and average at 0
+    # are fig2's), so grid_coverage's per-block sum (12 + 6) counts 4 runs twice
+    assert len(runs) == 14 and set(runs[runs.block == "table1"].matrix_type) == {"identity"}
+    assert grid_views.grid_coverage(example_frame(), spec)["expected"].sum() == 18
+    assert runs.done.sum() == 13  # sst2 identity seed 1 is not in the table
+    more_seeds = grid_views.declared_runs(example_frame(), {**spec, "seeds": [0, 1, 2]})
+    union = pd.concat([runs, more_seeds]).drop_duplicates(list(grid_views.RUN_KEY))
+    assert len(union) == 21 and union.done.sum() == 13
+    assert grid_views.declared_runs(None, spec).done.sum() == 0
+    assert grid_views.declared_runs(pd.DataFrame(), spec).done.sum() == 0
+
+
+def test_lm_declared_runs_matches_records_by_configuration():
+    from papa_lib.experiments import lm
+
+    section = {"corpus": "wikitext-2", "length": 64, "orders": ["lambda", "random"], "random_seeds": [0, 1],
+               "fractions": [1, 0.5, 0], "alternatives": ["zeros"]}
+    declared = grid_views.lm_declared_runs([], section)
+    settings = lm.LMSettings.from_mapping(section)
+    assert len(declared) == len(lm.lm_runs(settings)) and not declared.done.any()
+    assert set(declared.block) == {"language_model"} and set(declared.task) == {"wikitext-2"}
+    record = {"corpus": "wikitext-2 test", "length": 64, "matrix_type": "average", "order": "random",
+              "fraction": 0.5, "seed": 1, "model": "m"}
+    found = grid_views.lm_declared_runs([record, {**record, "length": 128}], section)
+    assert found.done.sum() == 1
+    assert grid_views.lm_declared_runs([record], section, model="other").done.sum() == 0
+    assert grid_views.lm_declared_runs([], None).empty
+
+
 def test_frame_from_a_results_store(tmp_path):
     store = ResultsStore(tmp_path)
     base = {"eval_size": 10, "train_size": 100, "config_hash": "x", "profile": "smoke", "data_source": "generated",

@@ -100,4 +100,13 @@ def test_appendix_reads_devices_and_seeds_from_the_records(tmp_path):
         assert f"`{device}`" in held
     assert f"seeds {records.seed.min()}–{records.seed.max()}" in held
     assert _number(texts, r"largest difference from the library: ([-+.e\d]+) h") <= 1e-9
-    assert any("declared runs are in the records" in t for t in texts)
+    coverage = next(t for t in texts if "distinct declared runs are in the records" in t)
+    from papa_lib.analysis.claims import LOCAL_FOLDERS
+
+    for name in LOCAL_FOLDERS:  # every committed local folder, each run counted once against its records
+        if (REPO / "data" / "results" / name / "results.csv").is_file():
+            assert f"`data/results/{name}` holds" in held and f"`data/results/{name}`'s " in coverage
+    for declared, done, stored in re.findall(r"declares? ([\d,]+) distinct runs, ([\d,]+) of them in its ([\d,]+) "
+                                             r"records", coverage):
+        assert int(done.replace(",", "")) <= int(declared.replace(",", ""))
+        assert int(done.replace(",", "")) <= int(stored.replace(",", ""))

@@ -97,14 +97,21 @@ def test_claim_sentences_carry_the_verdicts_of_claims_csv(local):
 @pytest.mark.slow
 def test_training_sentence_states_the_records_and_the_grid(local):
     frame = pd.read_csv(ROOT / "data" / "results" / "local-minilm" / "results.csv")
-    sentence = next(t for t in chapter_outputs(local, "text/markdown") if t.startswith("Our records hold"))
+    sentence = next(t for t in chapter_outputs(local, "text/markdown") if t.startswith("Our records of"))
     seeds = frame[frame.matrix_type == "original"].groupby("task").seed.nunique()
     shown = f"{seeds.min()}" if seeds.min() == seeds.max() else f"{seeds.min()}–{seeds.max()}"
-    assert sentence.startswith(f"Our records hold {shown} seeds of each task's original probe")
+    assert sentence.startswith(f"Our records of all-MiniLM-L6-v2 hold {shown} seeds of each task's original probe")
+    from papa_lib.analysis import claims
+
+    for name in claims.LOCAL_FOLDERS[1:]:  # every other committed model states its own seeds
+        other = ROOT / "data" / "results" / name / "results.csv"
+        if other.is_file():
+            model = pd.read_csv(other).model.iloc[0]
+            assert f"; those of {model}, " in sentence
     assert "MRPC at 1e-4 (Table 3: 2e-5)" in sentence  # the grid file's rate, not Table 3's
     full_sst2 = ROOT.parent / "shared" / "data" / "glue" / "SST-2" / "train.tsv"
     if full_sst2.is_file():  # the chapter counts the full set where it has it (not on the packaged sample)
-        assert "of its 67,349 training sentences" in sentence
+        assert "of SST-2's 67,349 training sentences" in sentence
     assert "a CPU" in sentence
 
 
@@ -117,6 +124,10 @@ def test_figures_name_their_metric_draw_the_baseline_and_show_every_marker(local
     assert "majority-class baseline" in str(fig2)
     fig3 = next(s for s in specs if "Fig. 3" in str(s.get("title")))
     assert fig3["encoding"]["shape"]["legend"] is not None and "model: mean over tasks" in str(fig3)
+    drop = next(s for s in specs if "Relative drop vs fraction" in str(s.get("title")))
+    assert {layer["encoding"]["y"]["title"] for layer in drop["layer"]} == {"relative drop from the original"}
+    text = "\n".join(chapter_outputs(local, "text/markdown"))
+    assert "Averaged over the tasks every model has" in text and "no trend to read" not in text
 
 
 @pytest.mark.slow
@@ -124,5 +135,5 @@ def test_one_model_shows_no_pair_and_every_cell_runs_at_smoke(smoke):
     errors = [o for c in smoke.cells for o in c.get("outputs", []) if o.get("output_type") == "error"]
     assert not errors
     text = "\n".join(chapter_outputs(smoke, "text/markdown"))
-    assert "**C3**" not in text and "side by side" not in text
+    assert "**C3**" not in text and "side by side" not in text and "there is one diamond and no trend" in text
     assert "On tiny-random-bert (smoke profile)" in text

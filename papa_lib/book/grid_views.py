@@ -7,7 +7,8 @@ Beside the results' figures and tables (:mod:`papa_lib.book.figures`), this modu
   :func:`save_shown`, :func:`load_matrices`, :func:`matrix_files` -- their compact committed copies on disk.
 * :func:`grid_coverage`, :func:`task_lengths`, :func:`per_task_setting` -- what a declared grid
   (:func:`papa_lib.experiments.grid.load_grid`) asks for and which of its runs are in the table (results may be
-  partial).
+  partial); :func:`declared_runs` and :func:`lm_declared_runs` list its distinct runs one by one (a run that several
+  blocks or grid files declare can then be counted once).
 """
 
 from __future__ import annotations
@@ -23,9 +24,12 @@ from ..experiments import matrices
 
 __all__ = [
     "SHOWN_FOLDER",
+    "RUN_KEY",
     "column_mass",
+    "declared_runs",
     "diagonal_mass",
     "grid_coverage",
+    "lm_declared_runs",
     "load_matrices",
     "matrix_files",
     "per_task_setting",
@@ -234,6 +238,79 @@ def grid_seeds(spec: Mapping) -> list[int]:
     return list(range(seeds)) if isinstance(seeds, int) else [int(s) for s in seeds]
 
 
+#: The columns that name one declared run in :func:`declared_runs` (and :func:`lm_declared_runs`): the same
+#: configuration and seed in two grid files, or in two blocks of one file, is the same run.
+RUN_KEY = ("task", "matrix_type", "selection_order", "fraction", "matrices_from", "seed")
+
+
+def _record_key(row) -> tuple:
+    return (row.task, row.matrix_type, row.selection_order, round(float(row.fraction), 9),
+            row.matrices_from if isinstance(row.matrices_from, str) else None, int(row.seed))
+
+
+def declared_runs(frame: pd.DataFrame | None, spec: Mapping, blocks: Iterable[str] | None = None,
+                  model: str | None = None) -> pd.DataFrame:
+    """Every distinct probe run a grid declares, one row each, and whether ``frame`` holds it.
+
+    Columns: ``block`` (the first block that declares the run: a variant several blocks share, such as the original
+    model, is one run, as :func:`papa_lib.experiments.grid.grid_runs` runs it once), then :data:`RUN_KEY`
+    (``matrices_from``: the text the constants are built on, the task's own for a text-built type; None for a
+    data-free one) and ``done``. A run is done as in :func:`grid_coverage`; with ``model``, only that model's rows
+    count; ``frame`` None (or an empty frame without columns: a folder without records) holds no run. Concatenate the
+    frames of several grid files and drop duplicate :data:`RUN_KEY` rows to count the runs of a folder once.
+    """
+    if frame is None or (frame.empty and frame.columns.empty):
+        frame = None
+    else:
+        check_frame(frame, "declared_runs")
+    if not isinstance(spec, Mapping) or "blocks" not in spec:
+        raise ValueError("declared_runs: spec must be a grid mapping with 'blocks' "
+                         "(papa_lib.experiments.grid.load_grid)")
+    if frame is not None and model is not None:
+        frame = frame[frame["model"] == model]
+    done_keys = set() if frame is None else {_record_key(row) for row in frame.itertuples(index=False)}
+    wanted = None if blocks is None else set(blocks)
+    rows, seen = [], set()
+    for block in spec["blocks"]:
+        for name, task, variant in block_variants(block):
+            if wanted is not None and name not in wanted:
+                continue
+            source = variant.matrices_from or (task if matrices.matrix_type(variant.matrix_type).from_text else None)
+            for seed in grid_seeds(spec):
+                key = (task, variant.matrix_type, variant.selection_order, round(variant.fraction, 9), source, seed)
+                if key not in seen:
+                    seen.add(key)
+                    rows.append((name, *key, key in done_keys))
+    return pd.DataFrame(rows, columns=["block", *RUN_KEY, "done"])
+
+
+def lm_declared_runs(records: Sequence[Mapping], section: Mapping | None, model: str | None = None) -> pd.DataFrame:
+    """Every run a grid's ``language_model`` section declares (:func:`papa_lib.experiments.lm.lm_runs`), one row each,
+    and whether the LM ``records`` (:func:`papa_lib.experiments.lm.lm_records`) hold it.
+
+    Columns as :func:`declared_runs`: ``block`` is ``"language_model"``, ``task`` the corpus, ``selection_order`` the
+    run's order, ``matrices_from`` the corpus for the averaged matrices (None otherwise). A record matches a run by
+    corpus, length, matrix type, order, fraction and seed (and ``model``, when given). No section: an empty frame.
+    """
+    from ..experiments import lm
+
+    columns = ["block", *RUN_KEY, "done"]
+    if not section:
+        return pd.DataFrame(columns=columns)
+    settings = lm.LMSettings.from_mapping(section)
+    corpus = f"{settings.corpus} test"
+    done_keys = {(r["matrix_type"], r["order"], round(float(r["fraction"]), 9), int(r["seed"])) for r in records
+                 if r.get("corpus") == corpus and int(r.get("length", -1)) == settings.length
+                 and (model is None or r.get("model") == model)}
+    rows = []
+    for run in lm.lm_runs(settings):
+        key = (run.matrix_type, run.order, round(float(run.fraction), 9), int(run.seed))
+        source = settings.corpus if run.matrix_type == "average" else None
+        rows.append(("language_model", settings.corpus, run.matrix_type, run.order, key[2], source, run.seed,
+                     key in done_keys))
+    return pd.DataFrame(rows, columns=columns)
+
+
 def grid_coverage(frame: pd.DataFrame, spec: Mapping, blocks: Iterable[str] | None = None,
                   model: str | None = None) -> pd.DataFrame:
     """How much of a declared grid (:func:`papa_lib.experiments.grid.load_grid`) the results table holds.
@@ -250,10 +327,7 @@ def grid_coverage(frame: pd.DataFrame, spec: Mapping, blocks: Iterable[str] | No
     wanted = None if blocks is None else set(blocks)
     if model is not None:
         frame = frame[frame["model"] == model]
-    done_keys = set()
-    for row in frame.itertuples(index=False):
-        done_keys.add((row.task, row.matrix_type, row.selection_order, round(float(row.fraction), 9),
-                       row.matrices_from if isinstance(row.matrices_from, str) else None, int(row.seed)))
+    done_keys = {_record_key(row) for row in frame.itertuples(index=False)}
     counts: dict[tuple[str, str], list[int]] = {}
     for block in spec["blocks"]:
         for name, task, variant in block_variants(block):

@@ -324,7 +324,9 @@ class GridSpec(_Strict):
     data_dir: str | None = _key(None, "path", "data folder laid out like ../shared/data, relative to the working "
                                               "directory; null: the dataset hub. When it lacks SST-2 and every task "
                                               "is sst2, papa grid uses the packaged sample and says so")
-    profile: Literal["smoke", "local", "paper"] = _key("local", "smoke, local or paper", "the profile records name")
+    profile: Literal["smoke", "local", "paper"] = _key("local", "smoke, local or paper",
+                                                       "the profile name written into every record (its profile "
+                                                       "column, part of the run id); it sets nothing else")
     seeds: Any = _key(3, "positive integer or list of non-negative integers",
                       "n: seeds 0 to n-1; a list: those seeds (each seed draws its own training subset and probe)")
     limit: Any = _key(None, "positive integer", "training rows each seed's probe trains on (a seeded subset); "
