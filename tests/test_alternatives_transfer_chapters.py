@@ -95,7 +95,8 @@ def test_transfer_builds_and_compares_the_mnli_constants(transfer):
 def test_transfer_table_sentences_and_verdict(transfer):
     text = "\n\n".join(chapter_outputs(transfer, "text/markdown"))
     assert "**MNLI-sample**" in text and "8,999" in text  # the jargon, explained with the records' sizes
-    assert re.search(r"on \d of \d tasks", text) and "In 4 of tasks" not in text
+    assert re.search(r"on \d of the \d tasks above guessing", text) and "In 4 of tasks" not in text
+    assert "left out: MRPC, where the 95% intervals of" in text and "average at 0" not in text  # R3 in words
     c5 = next(s for s in text.split("\n\n") if s.startswith("C5 — "))
     assert f"Verdict: **{_verdict('C5')}**" in c5
     html = next(h for h in chapter_outputs(transfer, "text/html") if "Ours — model:" in h)

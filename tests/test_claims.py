@@ -352,6 +352,22 @@ def test_inclusion_reads_every_row_the_claim_compares():
     assert "mrpc" not in row.tasks.split(" (")[0]
 
 
+def test_claim_tasks_return_the_left_out_configurations_as_data():
+    """The chapters build the "left out" sentence from data: the tasks a claim was read on and, per task R3 left
+    out, each configuration not above the baseline (the claims table's own ``tasks`` text stays as it was)."""
+    frame = _records(drop=0.08, free=0.3)
+    frame["majority_baseline"] = 0.5
+    low = (frame.task == "mrpc") & (frame.matrix_type == "average") & (frame.fraction == 0)
+    frame.loc[low, "value"] = 0.45 + 0.001 * frame.loc[low, "seed"]
+    parts = claims.claim_tasks(frame, "C1a")
+    row = claims.claims_table(frame).set_index("claim").loc["C1a"]
+    assert parts["included"] == row.tasks.split(" (")[0].split(", ") and "mrpc" not in parts["included"]
+    assert list(parts["left_out"]) == ["mrpc"] and parts["not_measured"] == []
+    (config,) = parts["left_out"]["mrpc"]
+    assert config["matrix_type"] == "average" and config["fraction"] == 0.0 and config["selection_order"] == "none"
+    assert set(config) == set(claims.CONFIGURATION_KEYS)
+
+
 def test_holm_and_a_minimum_effect_keep_a_tiny_gap_from_deciding_every_task():
     """C4 on six tasks: five margins clearly positive, one of -0.003 with a tight interval. Without δ it would
     differ; with δ = 0.01 it cannot, and the verdict names the task that decided it."""

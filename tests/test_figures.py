@@ -402,3 +402,28 @@ def test_run_costs_and_estimate_compute():
         costs.estimate_compute(measured.iloc[0:0], plan, {"sst2": 64}, {"sst2": 1})
     with pytest.raises(ValueError, match="no sequence length"):
         costs.run_costs(frame, {"cola": 64})
+
+
+def test_the_causal_picture_is_written_again_only_when_it_changed(tmp_path):
+    """A rerun of the decoder chapter whose float rounding differs leaves the committed copy of its picture as it
+    is; a picture that changed is written, and what is read back is what was written."""
+    import types
+
+    import torch
+
+    torch.manual_seed(0)
+    matrices = torch.softmax(torch.randn(2, 3, 8, 8), dim=-1).tril()
+    matrices = matrices / matrices.sum(-1, keepdim=True)
+    config = types.SimpleNamespace(layer_types=["sliding_attention", "full_attention"], sliding_window=4)
+    picture = figures.causal_picture(matrices, config, windows=5)
+    path = tmp_path / "shown" / "picture.safetensors"
+    assert figures.save_causal_picture(picture, path) is True
+    read = figures.load_causal_picture(path)
+    assert read["kinds"] == ["local", "global"] and read["windows"] == 5
+    assert torch.equal(read["pooled"], picture["pooled"].float())
+    jitter = dict(picture, pooled=picture["pooled"] + 1e-6)
+    before = path.read_bytes()
+    assert figures.save_causal_picture(jitter, path) is False and path.read_bytes() == before
+    changed = dict(picture, pooled=picture["pooled"] + 1e-2)
+    assert figures.save_causal_picture(changed, path) is True and path.read_bytes() != before
+    assert figures.save_causal_picture(dict(changed, windows=6), path) is True  # the metadata count too

@@ -508,23 +508,41 @@ def _seed_note(read: Sequence[pd.DataFrame], tasks: Iterable[str]) -> str:
     return f"{counts.min()} to {counts.max()} seeds per configuration, each comparison on the seeds both have"
 
 
-def below_floor(frame: pd.DataFrame, read: Sequence[pd.DataFrame], task: str) -> list[str]:
+#: The fields that name one configuration a claim reads (:func:`below_floor_configurations`).
+CONFIGURATION_KEYS = ("matrix_type", "matrices_from", "selection_order", "fraction")
+
+
+def below_floor_configurations(frame: pd.DataFrame, read: Sequence[pd.DataFrame], task: str) -> list[dict]:
     """The configurations a claim read on ``task`` whose Student-t 95% interval over seeds does not lie above the
-    task's majority-class score (one seed: no interval, so not above); empty when the task enters the claim
-    (decision rule R3, ``data/paper/decision_rules.csv``). A task whose records carry no baseline enters."""
+    task's majority-class score (one seed: no interval, so not above), each as a dict of
+    :data:`CONFIGURATION_KEYS` (``matrices_from`` ``""`` and ``selection_order`` ``"none"`` where the records have
+    none); empty when the task enters the claim (decision rule R3, ``data/paper/decision_rules.csv``). A task whose
+    records carry no baseline enters."""
     floor = majority_floor(frame, task)
     rows = _rows_read(read, [task])
     if not np.isfinite(floor) or rows.empty:
         return []
-    keys = ["matrix_type", "matrices_from", "selection_order", "fraction"]
     out = []
     for key, group in rows.drop_duplicates("run_id" if "run_id" in rows else None).fillna(
-            {"matrices_from": "", "selection_order": "none"}).groupby(keys):
+            {"matrices_from": "", "selection_order": "none"}).groupby(list(CONFIGURATION_KEYS)):
         low = one_sample(group.value.to_numpy(float)).low
         if not (np.isfinite(low) and low > floor):
-            out.append(key[0] if key[0] == "original" else f"{key[0]} at {key[3]:g}" + (
-                f" ({key[2]})" if key[2] not in ("none", "") else ""))
+            out.append({"matrix_type": str(key[0]), "matrices_from": str(key[1]), "selection_order": str(key[2]),
+                        "fraction": float(key[3])})
     return out
+
+
+def configuration_name(configuration: Mapping) -> str:
+    """A configuration as the claims table's ``tasks`` column names it: ``original``, ``average at 0``,
+    ``average at 0.5 (lambda)``."""
+    c = configuration
+    return c["matrix_type"] if c["matrix_type"] == "original" else f"{c['matrix_type']} at {c['fraction']:g}" + (
+        f" ({c['selection_order']})" if c["selection_order"] not in ("none", "") else "")
+
+
+def below_floor(frame: pd.DataFrame, read: Sequence[pd.DataFrame], task: str) -> list[str]:
+    """:func:`below_floor_configurations` by name (:func:`configuration_name`)."""
+    return [configuration_name(c) for c in below_floor_configurations(frame, read, task)]
 
 
 def informative_tasks(frame: pd.DataFrame) -> tuple[list[str], list[str]]:
@@ -779,13 +797,32 @@ def _with_units(row: dict, alternatives: Mapping[str, Measured]) -> dict:
     return row
 
 
-def inclusion(frame: pd.DataFrame, compute, rule, every: Sequence[str]) -> tuple[Measured, dict[str, list]]:
+def inclusion(frame: pd.DataFrame, compute, rule, every: Sequence[str]) -> tuple[Measured, dict[str, list[dict]]]:
     """Decision rule R3 for one claim: ``(the claim on every task, {task left out: the configurations it reads there
-    that are not above the majority baseline})``. A task enters when every configuration the claim reads on it is
-    above guessing."""
+    that are not above the majority baseline})`` (:func:`below_floor_configurations`). A task enters when every
+    configuration the claim reads on it is above guessing."""
     with _reading() as read_every:
         sensitivity = compute(frame, every, rule)
-    return sensitivity, {t: why for t in every if (why := below_floor(frame, read_every, t))}
+    return sensitivity, {t: why for t in every if (why := below_floor_configurations(frame, read_every, t))}
+
+
+def claim_tasks(frame: pd.DataFrame, claim: str) -> dict:
+    """The task sets behind one model's row of ``claim`` (C1a-C6b, :func:`model_claims`), as data for a sentence:
+    ``included`` (the tasks, or C6's fractions, its statistic was computed on), ``left_out`` (decision rule R3: task
+    -> :func:`below_floor_configurations`, the configurations the claim reads there that are not above the
+    majority baseline; for C6a and C6b only MNLI, the one task they read) and ``not_measured`` (included tasks, or
+    C6's fractions, whose rows are missing). ``frame`` holds one model's records."""
+    rule, compute = rules().loc[claim], PER_MODEL[claim]
+    every = _order(set(frame.task))
+    left_out = inclusion(frame, compute, rule, every)[1]
+    measured = compute(frame, [t for t in every if t not in left_out], rule)
+    return {"included": list(measured.tasks), "left_out": _shown_left_out(claim, left_out),
+            "not_measured": list(measured.missing)}
+
+
+def _shown_left_out(claim: str, left_out: dict[str, list[dict]]) -> dict[str, list[dict]]:
+    """The left-out tasks a claim's row names: for C6a and C6b only MNLI, the one task they read."""
+    return left_out if not claim.startswith("C6") else {t: why for t, why in left_out.items() if t == "mnli"}
 
 
 def model_claims(frame: pd.DataFrame, model: str | None = None) -> list[dict]:
@@ -804,7 +841,7 @@ def model_claims(frame: pd.DataFrame, model: str | None = None) -> list[dict]:
         for unit in UNITS[1:]:
             with _in_unit(unit, frame):
                 alternatives[unit] = compute(frame, included, rule)
-        shown = left_out if not claim.startswith("C6") else {t: w for t, w in left_out.items() if t == "mnli"}
+        shown = {t: [configuration_name(c) for c in why] for t, why in _shown_left_out(claim, left_out).items()}
         row = _with_units(_row(model, claim, rule, measured, _fmt_tasks(measured, shown), sensitivity), alternatives)
         if measured.tasks:
             used = ["mnli"] if claim.startswith("C6") else measured.tasks

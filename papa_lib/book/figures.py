@@ -576,18 +576,28 @@ def causal_picture(matrices, config, windows: int, blocks: int = 32) -> dict:
 _PICTURE_TENSORS = ("pooled", "first", "diagonal", "outside_window")
 
 
-def save_causal_picture(picture: dict, path) -> None:
-    """Write :func:`causal_picture`'s output as safetensors (its shape in the metadata)."""
+def save_causal_picture(picture: dict, path, atol: float = 1e-4) -> bool:
+    """Write :func:`causal_picture`'s output as safetensors (its shape in the metadata), unless ``path`` already holds
+    the same picture (equal metadata, every tensor within ``atol``): a rerun whose float rounding differs (another
+    thread count, another processor) leaves a committed copy as it is. Returns whether it wrote."""
     import json
     from pathlib import Path
 
+    import torch
     from safetensors.torch import save_file
 
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     tensors = {key: picture[key].contiguous().float() for key in _PICTURE_TENSORS}
     meta = {key: value for key, value in picture.items() if key not in _PICTURE_TENSORS}
+    if path.is_file():
+        held = load_causal_picture(path)
+        if json.loads(json.dumps(meta)) == {key: held[key] for key in held if key not in _PICTURE_TENSORS} and all(
+                held[key].shape == value.shape and torch.allclose(held[key], value, atol=atol, rtol=0)
+                for key, value in tensors.items()):
+            return False
+    path.parent.mkdir(parents=True, exist_ok=True)
     save_file(tensors, str(path), metadata={"picture": json.dumps(meta)})
+    return True
 
 
 def load_causal_picture(path) -> dict:
