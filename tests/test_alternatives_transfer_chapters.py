@@ -3,9 +3,10 @@ runs them: in a plain Jupyter kernel (papermill) at the ``local`` profile, on th
 
 What their deleted page modules were tested for is checked on the executed notebooks' outputs: the by-hand data-free
 matrices, the by-hand Eq. 2 over MNLI pairs and the by-hand weight on L/2 equal the library's; Table 1 names its rows
-as the matrix-type registry does, in its order, draws the majority-class row and marks the rows at or below it;
-the head-weight figure has one row of data-free panels and one of average heads; the C4 and C5 sentences carry the
-verdicts of ``claims.csv`` in the words of what was tested (``verdict_text``); no output reads ``nan``.
+as the matrix-type registry does, in its order, draws the majority-class row and marks the rows whose interval is
+not above it; the head-weight figure has one row of data-free panels and one of average heads; the C4 and C5
+sentences carry the verdicts of ``claims.csv`` in the words of what was tested (``verdict_text``); no output reads
+``nan``.
 """
 
 from __future__ import annotations
@@ -59,7 +60,8 @@ def test_alternatives_table1_names_rows_from_the_registry_and_flags_guessing(alt
     assert shown[0] == "Original (input-dependent)" and "Average (PAPA)" in shown
     assert [html.index(f">{label}<") for label in shown] == sorted(html.index(f">{label}<") for label in shown)
     assert "all-mpnet-base-v2" in html  # the second committed model holds data-free rows: it joins Table 1
-    assert "<br><small>±\u00a0" in html and " †" in html  # intervals under their means; a row at the baseline
+    # intervals under their means; a row at the baseline
+    assert '<br><span style="font-size:0.85em">±\u00a0' in html and " †" in html
     assert not re.search(r">\s*(toeplitz|trainable_\w+|matrix_type)\s*<", html)  # no raw identifier
 
 

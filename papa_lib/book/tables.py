@@ -155,7 +155,8 @@ def interval_below(cell: Any) -> Any:
     line under the mean, for a Styler's ``format``: a table of several tasks' such cells never fits the page column
     on one line, and left to wrap the cells break at either space. Any other cell is returned unchanged."""
     mean, sep, half = cell.partition(" ± ") if isinstance(cell, str) else (cell, "", "")
-    return f"{mean}<br><small>±\u00a0{half}</small>" if sep else cell
+    # 0.85em of the cell's own size: the theme sizes <small> in rem, larger than its small table text
+    return f'{mean}<br><span style="font-size:0.85em">±\u00a0{half}</span>' if sep else cell
 
 
 def _cell(value: Any) -> Any:
