@@ -248,6 +248,27 @@ def _record_key(row) -> tuple:
             row.matrices_from if isinstance(row.matrices_from, str) else None, int(row.seed))
 
 
+def _declared(spec: Mapping, blocks: Iterable[str] | None, what: str):
+    """``(block name, run key)`` for every run a grid's blocks declare, in order, a run shared by several blocks once
+    per block; the key is :func:`_record_key`'s (``matrices_from``: the task's own for a text-built type)."""
+    if not isinstance(spec, Mapping) or "blocks" not in spec:
+        raise ValueError(f"{what}: spec must be a grid mapping with 'blocks' (papa_lib.experiments.grid.load_grid)")
+    seeds, wanted = grid_seeds(spec), None if blocks is None else set(blocks)
+
+    def keys():
+        for block in spec["blocks"]:
+            for name, task, variant in block_variants(block):
+                if wanted is not None and name not in wanted:
+                    continue
+                source = variant.matrices_from or (
+                    task if matrices.matrix_type(variant.matrix_type).from_text else None)
+                for seed in seeds:
+                    yield name, (task, variant.matrix_type, variant.selection_order, round(variant.fraction, 9),
+                                 source, seed)
+
+    return keys()
+
+
 def declared_runs(frame: pd.DataFrame | None, spec: Mapping, blocks: Iterable[str] | None = None,
                   model: str | None = None) -> pd.DataFrame:
     """Every distinct probe run a grid declares, one row each, and whether ``frame`` holds it.
@@ -263,24 +284,15 @@ def declared_runs(frame: pd.DataFrame | None, spec: Mapping, blocks: Iterable[st
         frame = None
     else:
         check_frame(frame, "declared_runs")
-    if not isinstance(spec, Mapping) or "blocks" not in spec:
-        raise ValueError("declared_runs: spec must be a grid mapping with 'blocks' "
-                         "(papa_lib.experiments.grid.load_grid)")
+    declared = _declared(spec, blocks, "declared_runs")
     if frame is not None and model is not None:
         frame = frame[frame["model"] == model]
     done_keys = set() if frame is None else {_record_key(row) for row in frame.itertuples(index=False)}
-    wanted = None if blocks is None else set(blocks)
     rows, seen = [], set()
-    for block in spec["blocks"]:
-        for name, task, variant in block_variants(block):
-            if wanted is not None and name not in wanted:
-                continue
-            source = variant.matrices_from or (task if matrices.matrix_type(variant.matrix_type).from_text else None)
-            for seed in grid_seeds(spec):
-                key = (task, variant.matrix_type, variant.selection_order, round(variant.fraction, 9), source, seed)
-                if key not in seen:
-                    seen.add(key)
-                    rows.append((name, *key, key in done_keys))
+    for name, key in declared:
+        if key not in seen:
+            seen.add(key)
+            rows.append((name, *key, key in done_keys))
     return pd.DataFrame(rows, columns=["block", *RUN_KEY, "done"])
 
 
@@ -320,24 +332,14 @@ def grid_coverage(frame: pd.DataFrame, spec: Mapping, blocks: Iterable[str] | No
     matrix type, order, fraction, matrices source and seed.
     """
     check_frame(frame, "grid_coverage")
-    if not isinstance(spec, Mapping) or "blocks" not in spec:
-        raise ValueError("grid_coverage: spec must be a grid mapping with 'blocks' "
-                         "(papa_lib.experiments.grid.load_grid)")
-    seeds = grid_seeds(spec)
-    wanted = None if blocks is None else set(blocks)
+    declared = _declared(spec, blocks, "grid_coverage")
     if model is not None:
         frame = frame[frame["model"] == model]
     done_keys = {_record_key(row) for row in frame.itertuples(index=False)}
     counts: dict[tuple[str, str], list[int]] = {}
-    for block in spec["blocks"]:
-        for name, task, variant in block_variants(block):
-            if wanted is not None and name not in wanted:
-                continue
-            source = variant.matrices_from or (task if matrices.matrix_type(variant.matrix_type).from_text else None)
-            tally = counts.setdefault((name, task), [0, 0])
-            for seed in seeds:
-                tally[0] += 1
-                tally[1] += (task, variant.matrix_type, variant.selection_order, round(variant.fraction, 9), source,
-                             seed) in done_keys
+    for name, key in declared:
+        tally = counts.setdefault((name, key[0]), [0, 0])
+        tally[0] += 1
+        tally[1] += key in done_keys
     records = [(name, task, expected, done, expected - done) for (name, task), (expected, done) in counts.items()]
     return pd.DataFrame(records, columns=["block", "task", "expected", "done", "missing"])
