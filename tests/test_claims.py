@@ -171,6 +171,29 @@ def test_a_task_at_guessing_level_is_left_out_by_the_declared_rule_and_shown_in_
     assert c4.verdict_all_tasks == "differs" and c4.ours_all_tasks < 0 < c4.ours  # MRPC decides with every task
 
 
+def test_above_guessing_is_rule_r3_one_seed_is_never_above_and_no_baseline_is():
+    summary = pd.DataFrame({"ci_low": [0.61, 0.59, 0.7, np.nan, 0.2, 0.6],
+                            "n": [3, 3, 1, 3, 3, 3],
+                            "floor": [0.6, 0.6, 0.6, 0.6, np.nan, 0.6]}, index=list("abcdef"))
+    above = claims.above_guessing(summary["ci_low"], summary["n"], summary["floor"])
+    assert isinstance(above, pd.Series) and list(above.index) == list("abcdef")
+    # above; below; one seed (no interval); no interval; no baseline: enters; at the floor is not above
+    assert above.tolist() == [True, False, False, False, True, False]
+    assert claims.above_guessing(0.61, 3, 0.6) is True and claims.above_guessing(0.61, 1, 0.6) is False
+    assert claims.above_guessing(np.array([0.5, 0.7]), 2, 0.6).tolist() == [False, True]
+    # the engine leaves out a configuration exactly when the chapters' test says it is not above guessing
+    one = pd.DataFrame({"task": "sst2", "matrix_type": "original", "matrices_from": "sst2",
+                        "selection_order": "none", "fraction": 1.0, "seed": [0, 1, 2],
+                        "value": [0.62, 0.64, 0.63], "run_id": ["r0", "r1", "r2"], "majority_baseline": 0.6})
+    low = claims.one_sample(one.value.to_numpy()).low
+    assert low > 0.6 and claims.above_guessing(low, 3, 0.6)
+    assert claims.below_floor_configurations(one, [one], "sst2") == []
+    lifted = one.assign(majority_baseline=low + 1e-6)
+    assert not claims.above_guessing(low, 3, low + 1e-6)
+    assert claims.below_floor(lifted, [lifted], "sst2") == ["original"]
+    assert claims.informative_tasks(lifted) == ([], ["sst2"])
+
+
 def test_missing_configurations_are_not_measured_or_cannot_agree():
     frame = _records(drop=0.08, free=0.3)
     table = _verdicts(claims.claims_table(frame[frame.matrix_type.isin(["original", "average"])

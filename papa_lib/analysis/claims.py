@@ -508,6 +508,20 @@ def _seed_note(read: Sequence[pd.DataFrame], tasks: Iterable[str]) -> str:
     return f"{counts.min()} to {counts.max()} seeds per configuration, each comparison on the seeds both have"
 
 
+def above_guessing(ci_low, n, floor):
+    """Decision rule R3's test (``data/paper/decision_rules.csv``): is a score above guessing? True where its
+    Student-t 95% interval over ``n`` seeds lies above the task's majority-class score ``floor`` (``ci_low >
+    floor``); one seed has no interval, so is not above; no baseline recorded (``floor`` NaN): above. Element-wise
+    over scalars, arrays or Series (by position); a Series in gives a boolean Series on its index out, else a
+    boolean array (a bool for scalars)."""
+    low, count, base = (np.asarray(x, float) for x in (ci_low, n, floor))
+    above = ~np.isfinite(base) | ((count > 1) & np.isfinite(low) & (low > base))
+    index = next((x.index for x in (ci_low, n, floor) if isinstance(x, pd.Series)), None)
+    if index is not None:
+        return pd.Series(np.broadcast_to(above, (len(index),)), index=index)
+    return above if above.ndim else bool(above)
+
+
 #: The fields that name one configuration a claim reads (:func:`below_floor_configurations`).
 CONFIGURATION_KEYS = ("matrix_type", "matrices_from", "selection_order", "fraction")
 
@@ -525,8 +539,8 @@ def below_floor_configurations(frame: pd.DataFrame, read: Sequence[pd.DataFrame]
     out = []
     for key, group in rows.drop_duplicates("run_id" if "run_id" in rows else None).fillna(
             {"matrices_from": "", "selection_order": "none"}).groupby(list(CONFIGURATION_KEYS)):
-        low = one_sample(group.value.to_numpy(float)).low
-        if not (np.isfinite(low) and low > floor):
+        values = group.value.to_numpy(float)
+        if not above_guessing(one_sample(values).low, len(values), floor):
             out.append({"matrix_type": str(key[0]), "matrices_from": str(key[1]), "selection_order": str(key[2]),
                         "fraction": float(key[3])})
     return out
@@ -553,8 +567,9 @@ def informative_tasks(frame: pd.DataFrame) -> tuple[list[str], list[str]]:
     for task, values in _by_seed(original_rows(frame)).items():
         baseline = frame.loc[frame.task == task, "majority_baseline"].dropna() if "majority_baseline" in frame \
             else pd.Series(dtype=float)
+        floor = float(baseline.iloc[0]) if len(baseline) else float("nan")
         low = one_sample(values.to_numpy()).low
-        (included if baseline.empty or (np.isfinite(low) and low > float(baseline.iloc[0])) else left_out).append(task)
+        (included if above_guessing(low, len(values), floor) else left_out).append(task)
     return _order(included), _order(left_out)
 
 
