@@ -80,34 +80,28 @@ class _Parser(argparse.ArgumentParser):
 #: the name ``papa grid --blocks`` gives a grid file's ``language_model`` section
 LM_SECTION = "language_model"
 
-def _positive_int(text: str) -> int:
+def _number(text: str, convert, ok, what: str, out_of_range: str | None = None):
+    """``convert(text)`` when it converts and ``ok`` holds for it; else argparse's error "expected <what>, got
+    <text>" (``out_of_range``: the words instead of ``what`` for a number that converts but is not ``ok``)."""
     try:
-        value = int(text)
+        value = convert(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+        raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
+    if not ok(value):
+        raise argparse.ArgumentTypeError(f"expected {out_of_range or what}, got {text!r}")
     return value
+
+
+def _positive_int(text: str) -> int:
+    return _number(text, int, lambda value: value >= 1, "a positive integer")
 
 
 def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
-    return value
+    return _number(text, float, lambda value: value > 0, "a positive number")
 
 
 def _non_negative_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected zero or more, got {text!r}")
-    return value
+    return _number(text, float, lambda value: not value < 0, "a number", "zero or more")  # NaN is not < 0: it passes
 
 
 def _shared(parser: argparse.ArgumentParser, task_required: bool = True, custom: bool = True) -> None:

@@ -60,7 +60,7 @@ from .mlm_probe import (
     MaskedFeatures,
     MaskedSequences,
     MLMProbe,
-    epoch_order,
+    epoch_batches,
     evaluate_mlm_probe,
     extract_masked_features,
     gather_layers,
@@ -136,9 +136,7 @@ def learn_mlm_lambdas(
     encoder_device = next(encoder.parameters()).device
 
     def batches(epoch: int):
-        order = epoch_order(len(train), seed, epoch)
-        for start in range(0, len(order), batch_size):
-            index = order[start : start + batch_size]
+        for index in epoch_batches(len(train), seed, epoch, batch_size):
             rows, cols = train.selected[index].nonzero(as_tuple=True)
             if len(rows) == 0:
                 continue

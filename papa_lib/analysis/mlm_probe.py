@@ -94,6 +94,7 @@ __all__ = [
     "mlm_sequences",
     "mask_tokens",
     "extract_masked_features",
+    "epoch_batches",
     "train_mlm_probe",
     "masked_token_log_probs",
     "sequence_log_probs",
@@ -482,6 +483,13 @@ def epoch_order(num_sequences: int, seed: int, epoch: int) -> Tensor:
     return torch.randperm(num_sequences, generator=generator)
 
 
+def epoch_batches(num_sequences: int, seed: int, epoch: int, batch_size: int):
+    """The sequence indices of each batch of an epoch: :func:`epoch_order` cut into runs of ``batch_size``."""
+    order = epoch_order(num_sequences, seed, epoch)
+    for start in range(0, len(order), batch_size):
+        yield order[start : start + batch_size]
+
+
 def train_mlm_probe(
     probe: MLMProbe,
     train: MaskedFeatures,
@@ -502,9 +510,8 @@ def train_mlm_probe(
     """
 
     def batches(epoch: int):
-        order = epoch_order(train.num_sequences, seed, epoch)
-        for start in range(0, len(order), batch_size):
-            rows = train.rows_of(order[start : start + batch_size])
+        for index in epoch_batches(train.num_sequences, seed, epoch, batch_size):
+            rows = train.rows_of(index)
             if len(rows):
                 yield (train.features[rows],), train.targets[rows]
 

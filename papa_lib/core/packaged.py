@@ -133,12 +133,31 @@ def cache_root() -> Path:
     return Path(base) / "papa_lib"
 
 
-def packaged_model_for(name: str) -> PackagedModel | None:
-    """The packaged model a name refers to (its short name or its hub id), or None."""
-    for model in PACKAGED_MODELS.values():
+def packaged_for(name: str, registry: dict):
+    """The entry of ``registry`` (short name -> packaged model or decoder) that ``name`` refers to (its short name or
+    its hub id), or None."""
+    for model in registry.values():
         if name in (model.name, model.hub_id):
             return model
     return None
+
+
+def packaged_model_for(name: str) -> PackagedModel | None:
+    """The packaged model a name refers to (its short name or its hub id), or None."""
+    return packaged_for(name, PACKAGED_MODELS)
+
+
+def cache_folder(model, registry: dict, what: str, root: Path | None = None):
+    """``(model, its folder in the cache)`` for a packaged model or decoder (or its name, looked up in ``registry``;
+    an unknown name is a ValueError naming ``what``): ``<root>/<name>-<first 12 digits of its SHA-256>``, ``root``
+    by default :func:`cache_root`."""
+    if isinstance(model, str):
+        found = packaged_for(model, registry)
+        if found is None:
+            raise ValueError(f"no packaged {what} named {model!r}; known: {', '.join(registry)}")
+        model = found
+    root = Path(root) if root is not None else cache_root()
+    return model, root / f"{model.name}-{model.sha256[:12]}"
 
 
 def piece_paths(model: PackagedModel) -> list[Path]:
@@ -175,8 +194,35 @@ def installed(model: PackagedModel) -> bool:
     return True
 
 
-def _marker(model: PackagedModel) -> str:
-    return f"{model.sha256}\n"
+def is_marked(folder: Path, sha256: str) -> bool:
+    """Whether ``folder`` carries the ``.papa-sha256`` marker of a finished assembly from the file with ``sha256``."""
+    marker = folder / ".papa-sha256"
+    return marker.is_file() and marker.read_text() == f"{sha256}\n"
+
+
+def join_checked(pieces: list[Path], joined: Path, model, joins_to: str, reinstall: str) -> None:
+    """Join ``pieces`` into ``joined`` (:func:`join_pieces`); a SHA-256 other than ``model.sha256`` is a one-line
+    :class:`PackagedModelError`: "<joins_to> with SHA-256 ..., not the recorded ... (...); <reinstall>: <command>"."""
+    digest = join_pieces(pieces, joined)
+    if digest != model.sha256:
+        sizes = ", ".join(str(p.stat().st_size) for p in pieces)
+        raise PackagedModelError(
+            f"{joins_to} with SHA-256 {digest[:12]}..., not the recorded {model.sha256[:12]}... (a damaged piece; "
+            f"sizes {sizes}); {reinstall}: {model.install.replace('pip install', 'pip install --force-reinstall', 1)}"
+        )
+
+
+def publish(built: Path, target: Path, sha256: str, finished=None) -> None:
+    """Mark ``built`` (:func:`is_marked`) and rename it to ``target`` in one step. When that fails, ``target`` stands
+    if it is finished (another process published it first; ``finished(folder)``, by default :func:`is_marked`),
+    else it is a stale partial folder and is replaced."""
+    (built / ".papa-sha256").write_text(f"{sha256}\n")
+    try:
+        os.rename(built, target)
+    except OSError:
+        if not (finished(target) if finished is not None else is_marked(target, sha256)):
+            shutil.rmtree(target, ignore_errors=True)
+            os.rename(built, target)
 
 
 def packaged_model_dir(model: PackagedModel | str = MPNET, root: Path | None = None) -> Path:
@@ -187,29 +233,15 @@ def packaged_model_dir(model: PackagedModel | str = MPNET, root: Path | None = N
     with one rename and carries a ``.papa-sha256`` marker, so concurrent processes and interrupted runs never see a
     partial model.
     """
-    if isinstance(model, str):
-        found = packaged_model_for(model)
-        if found is None:
-            raise ValueError(f"no packaged model named {model!r}; known: {', '.join(PACKAGED_MODELS)}")
-        model = found
-    root = Path(root) if root is not None else cache_root()
-    target = root / f"{model.name}-{model.sha256[:12]}"
-    marker = target / ".papa-sha256"
-    if marker.is_file() and marker.read_text() == _marker(model):
+    model, target = cache_folder(model, PACKAGED_MODELS, "model", root)
+    if is_marked(target, model.sha256):
         return target / model.folder
     pieces = piece_paths(model)
-    root.mkdir(parents=True, exist_ok=True)
-    scratch = Path(tempfile.mkdtemp(prefix=f".{model.name}-", dir=root))
+    target.parent.mkdir(parents=True, exist_ok=True)
+    scratch = Path(tempfile.mkdtemp(prefix=f".{model.name}-", dir=target.parent))
     try:
         joined = scratch / f"{model.name}.zip"
-        digest = join_pieces(pieces, joined)
-        if digest != model.sha256:
-            sizes = ", ".join(str(p.stat().st_size) for p in pieces)
-            raise PackagedModelError(
-                f"the pieces of {model.name} join to a zip with SHA-256 {digest[:12]}..., not the recorded "
-                f"{model.sha256[:12]}... (a damaged piece; sizes {sizes}); reinstall them with: "
-                f"{model.install.replace('pip install', 'pip install --force-reinstall', 1)}"
-            )
+        join_checked(pieces, joined, model, f"the pieces of {model.name} join to a zip", "reinstall them with")
         extracted = scratch / "model"
         with zipfile.ZipFile(joined) as archive:
             archive.extractall(extracted)
@@ -218,13 +250,7 @@ def packaged_model_dir(model: PackagedModel | str = MPNET, root: Path | None = N
             raise PackagedModelError(
                 f"the zip of {model.name} has no {model.folder}/config.json; reinstall: {model.install}"
             )
-        (extracted / ".papa-sha256").write_text(_marker(model))
-        try:
-            os.rename(extracted, target)
-        except OSError:  # another process published it first, or a stale partial folder is in the way
-            if not (marker.is_file() and marker.read_text() == _marker(model)):
-                shutil.rmtree(target, ignore_errors=True)
-                os.rename(extracted, target)
+        publish(extracted, target, model.sha256)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     return target / model.folder

@@ -82,6 +82,16 @@ def _check_positive_int(name: str, value: Any) -> int:
     return int(value)
 
 
+def _attach_mlp(probe: nn.Module, hidden_size: int, num_labels: int, mlp_hidden: int | None, activation: str,
+                dropout: float) -> None:
+    """Check and set ``probe``'s ``hidden_size`` and ``num_labels`` and give it its MLP over the concatenated layers
+    (``num_layers * hidden_size`` inputs; ``mlp_hidden`` default: ``hidden_size``)."""
+    probe.hidden_size = _check_positive_int("hidden_size", hidden_size)
+    probe.num_labels = _check_positive_int("num_labels", num_labels)
+    mlp_hidden = probe.hidden_size if mlp_hidden is None else _check_positive_int("mlp_hidden", mlp_hidden)
+    probe.mlp = two_layer_mlp(probe.num_layers * probe.hidden_size, mlp_hidden, probe.num_labels, activation, dropout)
+
+
 def two_layer_mlp(
     in_features: int, mlp_hidden: int, num_labels: int, activation: str, dropout: float
 ) -> nn.Sequential:
@@ -139,12 +149,9 @@ class SentenceProbe(nn.Module):
         super().__init__()
         self.num_layers = _check_positive_int("num_layers", num_layers)
         self.max_length = _check_positive_int("max_length", max_length)
-        self.hidden_size = _check_positive_int("hidden_size", hidden_size)
-        self.num_labels = _check_positive_int("num_labels", num_labels)
-        mlp_hidden = self.hidden_size if mlp_hidden is None else _check_positive_int("mlp_hidden", mlp_hidden)
         # Zeros: the masked softmax then starts as a plain mean over the real tokens.
         self.position_logits = nn.Parameter(torch.zeros(self.num_layers, self.max_length))
-        self.mlp = two_layer_mlp(self.num_layers * self.hidden_size, mlp_hidden, self.num_labels, activation, dropout)
+        _attach_mlp(self, hidden_size, num_labels, mlp_hidden, activation, dropout)
 
     def pooling_weights(self, attention_mask: Tensor, positions: Tensor | None = None) -> Tensor:
         """Per-example pooling weights ``[B, num_layers, W]``: softmax over real positions, exactly 0 at padding.
@@ -268,10 +275,7 @@ class TokenProbe(nn.Module):
     ) -> None:
         super().__init__()
         self.num_layers = _check_positive_int("num_layers", num_layers)
-        self.hidden_size = _check_positive_int("hidden_size", hidden_size)
-        self.num_labels = _check_positive_int("num_labels", num_labels)
-        mlp_hidden = self.hidden_size if mlp_hidden is None else _check_positive_int("mlp_hidden", mlp_hidden)
-        self.mlp = two_layer_mlp(self.num_layers * self.hidden_size, mlp_hidden, self.num_labels, activation, dropout)
+        _attach_mlp(self, hidden_size, num_labels, mlp_hidden, activation, dropout)
 
     def forward(self, features: Tensor) -> Tensor:
         """``features`` [..., num_layers, D] (e.g. [B, L, num_layers, D]) ->

@@ -33,6 +33,9 @@ from pydantic import (
 
 from ..errors import PapaInputError
 from .lm import DATA_FREE, LMSettings
+from .matrices import MATRIX_TYPES
+from .rankings import HEAD_RANKINGS
+from .selection import ORDERS
 
 __all__ = ["BlockSpec", "CustomTaskSpec", "GridSpec", "LanguageModelSpec", "SpecError", "at", "grid_reference",
            "line_of", "validate", "validate_grid", "yaml_nodes"]
@@ -109,6 +112,24 @@ def _per_task(value, kind: str, info: ValidationInfo):
     return _check(value, kind)
 
 
+def _checks(kind: str, *fields: str, per_task: bool = False):
+    """The validator of ``fields``: each value is ``kind`` (a key of ``_KINDS``; None passes) or, ``per_task``, that or
+    a per-task mapping of such values (:func:`_per_task`)."""
+    if per_task:
+        return field_validator(*fields)(classmethod(lambda cls, value, info: _per_task(value, kind, info)))
+    return field_validator(*fields)(classmethod(lambda cls, value: _check(value, kind)))
+
+
+def _checks_with(check, *fields: str):
+    """The validator of ``fields`` that returns ``check(value)`` (or raises what it raises)."""
+    return field_validator(*fields)(classmethod(lambda cls, value: check(value)))
+
+
+def _each_of(known, what: str, *fields: str):
+    """The validator of the lists ``fields``: each item is in ``known`` (:func:`_all_known`; ``what`` names one)."""
+    return _checks_with(lambda value: _all_known(value, known, what), *fields)
+
+
 # ----------------------------------------------------------------------------------------------- models
 
 def _key(default: Any = None, kind: str = "", text: str = "", factory=None, per_task: bool = False):
@@ -172,20 +193,9 @@ class CustomTaskSpec(_Strict):
             raise ValueError(f"must be one column name or a list of two, got {value!r}")
         return value
 
-    @field_validator("max_length")
-    @classmethod
-    def _length(cls, value):
-        return _check(value, "length")
-
-    @field_validator("learning_rate")
-    @classmethod
-    def _rate(cls, value):
-        return _check(value, "positive_number")
-
-    @field_validator("batch_size", "epochs")
-    @classmethod
-    def _counts(cls, value):
-        return _check(value, "positive_int")
+    _length = _checks("length", "max_length")
+    _rate = _checks("positive_number", "learning_rate")
+    _counts = _checks("positive_int", "batch_size", "epochs")
 
 
 class BlockSpec(_Strict):
@@ -216,24 +226,9 @@ class BlockSpec(_Strict):
             raise ValueError(f"unknown task {value!r}{_closest(value, known)}")
         return value
 
-    @field_validator("matrix_types")
-    @classmethod
-    def _matrix_types(cls, value):
-        from .matrices import MATRIX_TYPES
-
-        return _all_known(value, MATRIX_TYPES, "matrix type")
-
-    @field_validator("orders")
-    @classmethod
-    def _orders(cls, value):
-        from .rankings import HEAD_RANKINGS
-
-        return _all_known(value, HEAD_RANKINGS, "order")
-
-    @field_validator("fractions")
-    @classmethod
-    def _fractions(cls, value):
-        return _check_fractions(value)
+    _matrix_types = _each_of(MATRIX_TYPES, "matrix type", "matrix_types")
+    _orders = _each_of(HEAD_RANKINGS, "order", "orders")
+    _fractions = _checks_with(_check_fractions, "fractions")
 
 
 _LM = LMSettings()  # the section's defaults are the experiment's own
@@ -268,47 +263,14 @@ class LanguageModelSpec(_Strict):
     resamples: Any = _key(_LM.resamples, "positive integer", "bootstrap resamples of test windows for intervals")
     bootstrap_seed: Any = _key(_LM.bootstrap_seed, "non-negative integer", "seed of the bootstrap")
 
-    @field_validator("length")
-    @classmethod
-    def _length(cls, value):
-        return _check(value, "length")
-
-    @field_validator("test_windows", "average_windows", "lambda_windows", "lambda_epochs", "resamples")
-    @classmethod
-    def _counts(cls, value):
-        return _check(value, "positive_int")
-
-    @field_validator("lambda_learning_rate")
-    @classmethod
-    def _rate(cls, value):
-        return _check(value, "positive_number")
-
-    @field_validator("lambda_seed", "bootstrap_seed")
-    @classmethod
-    def _seed(cls, value):
-        return _check(value, "non_negative_int")
-
-    @field_validator("random_seeds")
-    @classmethod
-    def _seeds(cls, value):
-        return _check_seed_list(value)
-
-    @field_validator("orders")
-    @classmethod
-    def _orders(cls, value):
-        from .selection import ORDERS
-
-        return _all_known(value, ORDERS, "order")
-
-    @field_validator("alternatives")
-    @classmethod
-    def _alternatives(cls, value):
-        return _all_known(value, DATA_FREE, "data-free mode")
-
-    @field_validator("fractions")
-    @classmethod
-    def _fractions(cls, value):
-        return _check_fractions(value)
+    _length = _checks("length", "length")
+    _counts = _checks("positive_int", "test_windows", "average_windows", "lambda_windows", "lambda_epochs", "resamples")
+    _rate = _checks("positive_number", "lambda_learning_rate")
+    _seed = _checks("non_negative_int", "lambda_seed", "bootstrap_seed")
+    _seeds = _checks_with(_check_seed_list, "random_seeds")
+    _orders = _each_of(ORDERS, "order", "orders")
+    _alternatives = _each_of(DATA_FREE, "data-free mode", "alternatives")
+    _fractions = _checks_with(_check_fractions, "fractions")
 
 
 _DEVICE = re.compile(r"^(auto|cpu|mps|cuda(:\d+)?)$")
@@ -378,26 +340,11 @@ class GridSpec(_Strict):
                              f"got {value!r}")
         return value
 
-    @field_validator("limit", "average_limit", "eval_limit", "inloop_limit", "epochs", "patience", "lambda_epochs",
-                     "inloop_epochs", "batch_size")
-    @classmethod
-    def _counts(cls, value, info: ValidationInfo):
-        return _per_task(value, "positive_int", info)
-
-    @field_validator("max_length")
-    @classmethod
-    def _length(cls, value, info: ValidationInfo):
-        return _per_task(value, "length", info)
-
-    @field_validator("learning_rate", "lambda_learning_rate", "matrix_learning_rate")
-    @classmethod
-    def _rates(cls, value, info: ValidationInfo):
-        return _per_task(value, "positive_number", info)
-
-    @field_validator("lambda_seed")
-    @classmethod
-    def _lambda_seed(cls, value):
-        return _check(value, "non_negative_int")  # None passes: λ per seed
+    _counts = _checks("positive_int", "limit", "average_limit", "eval_limit", "inloop_limit", "epochs", "patience",
+                      "lambda_epochs", "inloop_epochs", "batch_size", per_task=True)
+    _length = _checks("length", "max_length", per_task=True)
+    _rates = _checks("positive_number", "learning_rate", "lambda_learning_rate", "matrix_learning_rate", per_task=True)
+    _lambda_seed = _checks("non_negative_int", "lambda_seed")  # None passes: λ per seed
 
     @field_validator("cache_budget")
     @classmethod
