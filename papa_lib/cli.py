@@ -362,14 +362,13 @@ def _report(records, stored: set, path) -> None:
     and metric) and how many of the records were computed now and how many were reused (already in ``path``)."""
     import pandas as pd
 
-    from .experiments.summaries import summarize
+    from .experiments.summaries import own_text, summarize
 
     frame = pd.DataFrame([{key: record.get(key) for key in _TABLE_KEYS + ("seed", "value", "run_id")}
                           for record in records])
     reused = sum(record["run_id"] in stored for record in records)
     if records:
-        frame["matrices_from"] = [source if isinstance(source, str) and source and source != task else "-"
-                                  for source, task in zip(frame["matrices_from"], frame["task"])]
+        frame["matrices_from"] = frame["matrices_from"].where(~own_text(frame), "-")
         table = summarize(frame, list(_TABLE_KEYS))
         half = (table["ci_high"] - table["ci_low"]) / 2
         shown = pd.DataFrame({

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from papa_lib.core import packaged
+from papa_lib.core.artefacts import checksum
 from papa_lib.core.packaged import PackagedModel, PackagedModelError, packaged_model_dir
 
 
@@ -191,7 +192,7 @@ def test_the_embedded_model_is_all_minilm_as_the_hub_publishes_it(tmp_path, monk
 
     folder = models.embedded_model_path()
     assert folder is not None and packaged.check_embedded(folder) == folder
-    assert packaged.file_sha256(folder / "model.safetensors") == packaged.EMBEDDED_SHA256["model.safetensors"]
+    assert checksum(folder / "model.safetensors") == packaged.EMBEDDED_SHA256["model.safetensors"]
     damaged = tmp_path / "model"
     shutil.copytree(folder, damaged)
     (damaged / "config.json").write_text((damaged / "config.json").read_text() + " ")

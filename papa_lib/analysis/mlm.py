@@ -70,7 +70,6 @@ from .mlm_probe import (
     masked_batch_inputs,
     masked_token_log_probs,
     mlm_sequences,
-    model_uses_token_type_ids,
     neg_log_perplexity,
     sequence_log_probs,
     train_mlm_probe,
@@ -132,7 +131,6 @@ def learn_mlm_lambdas(
     layers, _ = num_layers_and_heads(encoder)
     set_seed(seed)
     probe = make_mlm_probe(model, layers + 1)
-    uses_types = model_uses_token_type_ids(encoder)
     encoder_device = next(encoder.parameters()).device
 
     def batches(epoch: int):
@@ -140,7 +138,7 @@ def learn_mlm_lambdas(
             rows, cols = train.selected[index].nonzero(as_tuple=True)
             if len(rows) == 0:
                 continue
-            inputs = masked_batch_inputs(train.inputs, index, encoder_device, uses_types)
+            inputs = masked_batch_inputs(encoder, train.inputs, index)
             targets = train.original_ids[index][rows, cols]
             yield (inputs, rows.to(encoder_device), cols.to(encoder_device)), targets
 
@@ -201,11 +199,10 @@ def mlm_head_status(model) -> tuple[bool, str]:
 def pretrained_head_log_probs(model, masked: MaskedSequences, batch_size: int = 8) -> Tensor:
     """Per-sequence mean log-probability of the original tokens under the model's own MLM head (original attention)."""
     device = next(model.parameters()).device
-    uses_types = model_uses_token_type_ids(model)
     token_log_probs, sequence_index = [], []
     for start in range(0, len(masked), batch_size):
         index = slice(start, start + batch_size)
-        logits = model(**masked_batch_inputs(masked.inputs, index, device, uses_types)).logits
+        logits = model(**masked_batch_inputs(model, masked.inputs, index)).logits
         rows, cols = masked.selected[index].nonzero(as_tuple=True)
         token_log_probs.append(
             masked_token_log_probs(logits[rows.to(device), cols.to(device)], masked.original_ids[index][rows, cols])

@@ -71,7 +71,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..core.layout import EncodedBatch, special_token_template
-from ..core.models import base_encoder
+from ..core.models import base_encoder, model_inputs
 from ..core.override import AttentionOverride
 from ..experiments.probes import train_probe, two_layer_mlp
 from ..experiments.sample_data import describe, is_sample
@@ -359,20 +359,10 @@ class MaskedFeatures:
         return cached
 
 
-def masked_batch_inputs(encoded: dict, index: Tensor | slice, device, uses_token_type_ids: bool) -> dict:
-    out = {
-        "input_ids": encoded["input_ids"][index].to(device),
-        "attention_mask": encoded["attention_mask"][index].to(device),
-    }
-    if uses_token_type_ids and encoded.get("token_type_ids") is not None:
-        out["token_type_ids"] = encoded["token_type_ids"][index].to(device)
-    return out
-
-
-def model_uses_token_type_ids(model) -> bool:
-    from ..core.models import adapter_for
-
-    return adapter_for(model).uses_token_type_ids
+def masked_batch_inputs(model, encoded: dict, index: Tensor | slice) -> dict:
+    """The inputs of ``model`` for the sequences ``index`` of ``encoded`` (masked sequences, none padded): their
+    tensors through :func:`papa_lib.core.models.model_inputs` (on the model's device, App. A position ids)."""
+    return model_inputs(model, {key: value[index] for key, value in encoded.items() if isinstance(value, Tensor)})
 
 
 def gather_layers(hidden_states: Sequence[Tensor], rows: Tensor, cols: Tensor) -> Tensor:
@@ -395,14 +385,13 @@ def extract_masked_features(
 
     encoder = base_encoder(model)
     device = next(encoder.parameters()).device
-    uses_types = model_uses_token_type_ids(encoder)
     chunks, targets, sequence_index = [], [], []
     context = state.applied(encoder) if state is not None else nullcontext()
     with context:
         starts = range(0, len(masked), batch_size)
         for start in tqdm(starts, disable=not progress, desc="features", unit="batch", leave=False):
             index = slice(start, start + batch_size)
-            inputs = masked_batch_inputs(masked.inputs, index, device, uses_types)
+            inputs = masked_batch_inputs(encoder, masked.inputs, index)
             outputs = encoder(**inputs, output_hidden_states=True)
             rows, cols = masked.selected[index].nonzero(as_tuple=True)
             chunks.append(

@@ -29,7 +29,6 @@ rename and a ``.papa-sha256`` marker; later loads read that folder (seconds).
 from __future__ import annotations
 
 import logging
-import os
 import shutil
 import tempfile
 import time
@@ -41,7 +40,7 @@ import torch
 from torch import nn
 
 from . import models
-from .models import DECODER_NAMES, DecoderModelError, adapter_for, model_device, prepare_model
+from .models import DECODER_NAMES, DecoderModelError, adapter_for, model_device, packaged_path, prepare_model
 from .packaged import PackagedModelError, cache_folder, is_marked, join_checked, packaged_for, publish
 
 logger = logging.getLogger(__name__)
@@ -137,10 +136,6 @@ def decoder_installed(decoder: PackagedDecoder = GEMMA_270M) -> bool:
     return True
 
 
-def _hub_is_offline() -> bool:
-    return os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in {"1", "true", "yes", "on"}
-
-
 def _converted(folder: Path, decoder: PackagedDecoder) -> bool:
     return is_marked(folder, decoder.sha256) and all((folder / name).is_file() for name in _CONVERTED_FILES)
 
@@ -201,11 +196,7 @@ def resolve_decoder_path(name_or_path: str | Path) -> tuple[str, str]:
     the packaged copy is used (and :func:`load_decoder` falls back to it too when the hub cannot be reached).
     """
     name = str(name_or_path)
-    packaged = packaged_decoder_for(name)
-    if packaged is not None and not Path(name).exists():
-        if name == packaged.name or (_hub_is_offline() and decoder_installed(packaged)):
-            return str(decoder_model_dir(packaged)), packaged.name
-    return name, name
+    return packaged_path(name, packaged_decoder_for, decoder_installed, decoder_model_dir) or (name, name)
 
 
 def load_decoder(

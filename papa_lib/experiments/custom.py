@@ -243,6 +243,12 @@ def _load(task: CustomTask, label_names: tuple[str, ...], split: str) -> Sentenc
     return SentenceExamples(texts=texts, pairs=pairs, labels=[ids[label] for label in labels], source=str(path))
 
 
+def _check_not_builtin(name: str) -> None:
+    """Refuse the name of one of the paper's tasks (a custom task never replaces one)."""
+    if name in _BUILTIN_TASKS:
+        raise PapaInputError(f"custom task name {name!r} is taken by one of the paper's tasks; choose another name")
+
+
 def register_custom_task(task: CustomTask) -> TaskSpec:
     """Check ``task``'s files, build its :class:`TaskSpec` and add it to :data:`~papa_lib.experiments.task_specs.TASKS`.
 
@@ -254,9 +260,7 @@ def register_custom_task(task: CustomTask) -> TaskSpec:
         ValueError: a bad file (message ``file:line: ...``), a missing column, fewer than two labels, or ``f1``
             with other than two labels.
     """
-    if task.name in _BUILTIN_TASKS:
-        raise PapaInputError(
-            f"custom task name {task.name!r} is taken by one of the paper's tasks; choose another name")
+    _check_not_builtin(task.name)
     train, validation = Path(task.train), Path(task.validation)
     for what, path in (("training", train), ("validation", validation)):
         if not path.is_file():
@@ -324,9 +328,10 @@ def register_custom_tasks(entries: Any, base: str | Path | None = None, where: s
                 raise PapaInputError(f"{here}: {error}") from None
         if entry.name in {t.name for t in checked}:
             raise PapaInputError(f"{here}: custom task {entry.name!r} is declared twice")
-        if entry.name in _BUILTIN_TASKS:
-            raise PapaInputError(f"{here}: custom task name {entry.name!r} is taken by one of the paper's tasks; "
-                             "choose another name")
+        try:
+            _check_not_builtin(entry.name)
+        except PapaInputError as error:
+            raise PapaInputError(f"{here}: {error}") from None
         checked.append(entry)
     for entry in checked:
         register_custom_task(entry)

@@ -65,6 +65,7 @@ __all__ = [
     "train_probe",
     "predict",
     "ACTIVATIONS",
+    "check_positive_int",
 ]
 
 
@@ -76,7 +77,8 @@ ACTIVATIONS: dict[str, Callable[[], nn.Module]] = {
 }
 
 
-def _check_positive_int(name: str, value: Any) -> int:
+def check_positive_int(name: str, value: Any) -> int:
+    """``value`` as an ``int`` when it is a positive integer (a bool is not), else ``ValueError`` naming ``name``."""
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
         raise ValueError(f"{name} must be a positive integer, got {value!r}")
     return int(value)
@@ -86,9 +88,9 @@ def _attach_mlp(probe: nn.Module, hidden_size: int, num_labels: int, mlp_hidden:
                 dropout: float) -> None:
     """Check and set ``probe``'s ``hidden_size`` and ``num_labels`` and give it its MLP over the concatenated layers
     (``num_layers * hidden_size`` inputs; ``mlp_hidden`` default: ``hidden_size``)."""
-    probe.hidden_size = _check_positive_int("hidden_size", hidden_size)
-    probe.num_labels = _check_positive_int("num_labels", num_labels)
-    mlp_hidden = probe.hidden_size if mlp_hidden is None else _check_positive_int("mlp_hidden", mlp_hidden)
+    probe.hidden_size = check_positive_int("hidden_size", hidden_size)
+    probe.num_labels = check_positive_int("num_labels", num_labels)
+    mlp_hidden = probe.hidden_size if mlp_hidden is None else check_positive_int("mlp_hidden", mlp_hidden)
     probe.mlp = two_layer_mlp(probe.num_layers * probe.hidden_size, mlp_hidden, probe.num_labels, activation, dropout)
 
 
@@ -147,8 +149,8 @@ class SentenceProbe(nn.Module):
         activation: str = "tanh",
     ) -> None:
         super().__init__()
-        self.num_layers = _check_positive_int("num_layers", num_layers)
-        self.max_length = _check_positive_int("max_length", max_length)
+        self.num_layers = check_positive_int("num_layers", num_layers)
+        self.max_length = check_positive_int("max_length", max_length)
         # Zeros: the masked softmax then starts as a plain mean over the real tokens.
         self.position_logits = nn.Parameter(torch.zeros(self.num_layers, self.max_length))
         _attach_mlp(self, hidden_size, num_labels, mlp_hidden, activation, dropout)
@@ -274,7 +276,7 @@ class TokenProbe(nn.Module):
         activation: str = "tanh",
     ) -> None:
         super().__init__()
-        self.num_layers = _check_positive_int("num_layers", num_layers)
+        self.num_layers = check_positive_int("num_layers", num_layers)
         _attach_mlp(self, hidden_size, num_labels, mlp_hidden, activation, dropout)
 
     def forward(self, features: Tensor) -> Tensor:

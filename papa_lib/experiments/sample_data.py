@@ -4,8 +4,9 @@
 and the recipe of every part): 512 SST-2 training and 256 validation sentences, and the first articles of
 WikiText-2's validation and test token files, about 200 KB in all. The readers of this package read data folders
 laid out like ``../shared/data``, so on first use :func:`sample_dir` writes the sample out in that layout
-(:data:`SAMPLE_FILES`) into a cache folder (``$PAPA_CACHE_DIR``, else ``$XDG_CACHE_HOME/papa_lib`` or
-``~/.cache/papa_lib``; one folder per version of the sample, written atomically, reused afterwards).
+(:data:`SAMPLE_FILES`) into a cache folder (:func:`papa_lib.core.packaged.cache_root`: ``$PAPA_CACHE_DIR``, else
+``$XDG_CACHE_HOME/papa_lib`` or ``~/.cache/papa_lib``; one folder per version of the sample, published with one
+rename as the packaged models are, reused afterwards).
 
 The chapters that compute live at the ``local`` profile read only these files. When their data folder does not
 hold them — a fresh machine without ``../shared/data``, where the hub is no way out either — :func:`data_or_sample`
@@ -18,7 +19,6 @@ machine, so records and figure subtitles say which data they used.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -26,6 +26,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from ..core.artefacts import checksum
+from ..core.packaged import cache_root, publish
 from ..errors import PapaInputError
 
 __all__ = ["SAMPLE_PACK", "SAMPLE_FILES", "SAMPLE_LABEL", "SAMPLE_CONTENTS", "SAMPLE_TASKS", "data_or_sample",
@@ -97,17 +99,10 @@ def read_pack(pack: str | os.PathLike | None = None) -> dict[str, str]:
     return {name: "".join(line + "\n" for line in lines) for name, lines in files.items()}
 
 
-def _cache_root() -> Path:
-    if os.environ.get("PAPA_CACHE_DIR"):
-        return Path(os.environ["PAPA_CACHE_DIR"])
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base) / "papa_lib"
-
-
 def _unpacked_dir(pack: Path) -> Path:
     """Where ``pack`` unpacks to: one folder per content (a changed sample never reuses an old folder)."""
-    digest = hashlib.sha256(pack.read_bytes()).hexdigest()[:12] if pack.is_file() else "missing"
-    return _cache_root() / f"sample-{digest}"
+    digest = checksum(pack)[:12] if pack.is_file() else "missing"
+    return cache_root() / f"sample-{digest}"
 
 
 def sample_dir() -> Path:
@@ -123,17 +118,15 @@ def sample_dir() -> Path:
                                 "(reinstall papa_lib; its package data must include papa_lib/samples)")
     target.parent.mkdir(parents=True, exist_ok=True)
     scratch = Path(tempfile.mkdtemp(prefix=".sample-", dir=target.parent))
-    for name, text in texts.items():
-        (scratch / name).parent.mkdir(parents=True, exist_ok=True)
-        (scratch / name).write_text(text, encoding="utf-8")
     try:
-        os.rename(scratch, target)
-    except OSError:  # another process unpacked it first (or left a partial folder: replace that)
-        if missing_files(target):
-            shutil.rmtree(target, ignore_errors=True)
-            os.rename(scratch, target)
-        else:
-            shutil.rmtree(scratch, ignore_errors=True)
+        unpacked = scratch / "sample"
+        for name, text in texts.items():
+            (unpacked / name).parent.mkdir(parents=True, exist_ok=True)
+            (unpacked / name).write_text(text, encoding="utf-8")
+        # another process may have unpacked it first (kept), or left a partial folder (replaced)
+        publish(unpacked, target, checksum(SAMPLE_PACK), lambda folder: not missing_files(folder))
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
     return target
 
 

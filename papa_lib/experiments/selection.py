@@ -31,6 +31,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from .probes import check_positive_int
+
 __all__ = [
     "ORDERS",
     "PAPER_FRACTIONS",
@@ -46,12 +48,6 @@ ORDERS = ("lambda", "reversed", "first_to_last", "last_to_first", "random")
 
 #: Fractions of heads kept input-dependent in the paper's experiments (all, 1/2, 1/8, 1/16, none).
 PAPER_FRACTIONS = (1.0, 0.5, 0.125, 0.0625, 0.0)
-
-
-def _check_count(name: str, value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-        raise ValueError(f"{name} must be a positive integer, got {value!r}")
-    return int(value)
 
 
 def _lambda_values(lambdas: Any, num_layers: int, num_heads: int, order: str) -> list[list[float]]:
@@ -87,8 +83,8 @@ def replacement_order(
     """
     if order not in ORDERS:
         raise ValueError(f"unknown head-replacement order {order!r}; choose one of {ORDERS}")
-    num_layers = _check_count("num_layers", num_layers)
-    num_heads = _check_count("num_heads", num_heads)
+    num_layers = check_positive_int("num_layers", num_layers)
+    num_heads = check_positive_int("num_heads", num_heads)
     in_layer_order = [(layer, head) for layer in range(num_layers) for head in range(num_heads)]
 
     if order == "first_to_last":
@@ -138,7 +134,7 @@ def model_shape(model: Any = None, num_layers: int | None = None, num_heads: int
     if model is None:
         if num_layers is None or num_heads is None:
             raise ValueError("give the model (or its config), or both num_layers= and num_heads=")
-        return _check_count("num_layers", num_layers), _check_count("num_heads", num_heads)
+        return check_positive_int("num_layers", num_layers), check_positive_int("num_heads", num_heads)
     if isinstance(model, (bool, int, float, np.integer)):
         raise TypeError(f"expected a model or its config, got {model!r}; give explicit counts as num_layers= and "
                         "num_heads=")
@@ -150,7 +146,7 @@ def model_shape(model: Any = None, num_layers: int | None = None, num_heads: int
         raise TypeError(f"expected a model or its config (num_hidden_layers, num_attention_heads), got "
                         f"{type(model).__name__}") from err
     for name, given, actual in (("num_layers", num_layers, layers), ("num_heads", num_heads, heads)):
-        if given is not None and _check_count(name, given) != actual:
+        if given is not None and check_positive_int(name, given) != actual:
             raise ValueError(f"{name}={given} does not match the model, which has {layers} layers of {heads} heads")
     return layers, heads
 

@@ -104,6 +104,16 @@ def _column(header: list[str], candidates: Sequence[str], path: Path) -> int:
     raise PapaInputError(f"{path}:1: header {header} has none of the columns {list(candidates)}")
 
 
+def _headed_rows(path: Path, *columns: Sequence[str]) -> Iterator[tuple[int, list[str], list[int]]]:
+    """Yield (line number, fields, the index of each of ``columns``) for each data row of a TSV file with a header;
+    each of ``columns`` lists the names one column may have (:func:`_column`), looked up in the header once."""
+    found = None
+    for lineno, fields, header in _iter_tsv_rows(path, has_header=True):
+        if found is None:
+            found = [_column(header, names, path) for names in columns]
+        yield lineno, fields, found
+
+
 def _int_label(text: str, spec: TaskSpec, path: Path, lineno: int) -> int:
     value = text.strip()
     try:
@@ -120,11 +130,7 @@ def _int_label(text: str, spec: TaskSpec, path: Path, lineno: int) -> int:
 
 def _read_sst2(path: Path, spec: TaskSpec) -> SentenceExamples:
     texts, labels = [], []
-    text_col = label_col = None
-    for lineno, fields, header in _iter_tsv_rows(path, has_header=True):
-        if text_col is None:
-            text_col = _column(header, ["sentence"], path)
-            label_col = _column(header, ["label"], path)
+    for lineno, fields, (text_col, label_col) in _headed_rows(path, ["sentence"], ["label"]):
         texts.append(fields[text_col])
         labels.append(_int_label(fields[label_col], spec, path, lineno))
     return SentenceExamples(texts=texts, pairs=None, labels=labels, source=str(path))
@@ -145,14 +151,8 @@ def _read_cola(path: Path, spec: TaskSpec) -> SentenceExamples:
 
 def _read_mrpc(path: Path, spec: TaskSpec) -> SentenceExamples:
     texts, pairs, labels = [], [], []
-    cols = None
-    for lineno, fields, header in _iter_tsv_rows(path, has_header=True):
-        if cols is None:
-            cols = (
-                _column(header, ["#1 String", "sentence1"], path),
-                _column(header, ["#2 String", "sentence2"], path),
-                _column(header, ["Quality", "label"], path),
-            )
+    columns = (["#1 String", "sentence1"], ["#2 String", "sentence2"], ["Quality", "label"])
+    for lineno, fields, cols in _headed_rows(path, *columns):
         texts.append(fields[cols[0]])
         pairs.append(fields[cols[1]])
         labels.append(_int_label(fields[cols[2]], spec, path, lineno))
@@ -175,14 +175,8 @@ def _read_mnli_local(data_dir: Path, split: str, spec: TaskSpec) -> SentenceExam
 
 def _read_mnli_tsv(path: Path, spec: TaskSpec) -> SentenceExamples:
     texts, pairs, labels = [], [], []
-    cols = None
-    for lineno, fields, header in _iter_tsv_rows(path, has_header=True):
-        if cols is None:
-            cols = (
-                _column(header, ["sentence1", "premise"], path),
-                _column(header, ["sentence2", "hypothesis"], path),
-                _column(header, ["gold_label"], path),
-            )
+    columns = (["sentence1", "premise"], ["sentence2", "hypothesis"], ["gold_label"])
+    for lineno, fields, cols in _headed_rows(path, *columns):
         gold = fields[cols[2]].strip()
         if gold not in spec.label_names:
             raise PapaInputError(
