@@ -56,6 +56,8 @@ def test_windows_start_with_bos_and_are_evenly_spaced():
         assert row[1:].tolist() == ids[i * step * 5:(i * step + 1) * 5]
     with pytest.raises(ValueError, match="fewer than"):
         lm.token_windows(tokenizer, lines, length=6, count=50)
+    consecutive = lm.token_windows(tokenizer, lines, length=6, count=4, spaced=False)
+    assert consecutive[:, 1:].reshape(-1).tolist() == ids[:4 * 5] and bool((consecutive[:, 0] == 1).all())
 
 
 def test_chunked_backward_gives_the_gradient_of_the_full_loss():

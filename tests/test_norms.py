@@ -24,6 +24,7 @@ from transformers import (
 )
 
 from papa_lib.analysis import norm_corpus, norm_findings, norm_rankings, norm_statistics, norms
+from papa_lib.core.models import model_inputs
 from papa_lib.experiments.variants import Variant
 from papa_lib.experiments.workspace import ExperimentConfig, write_lambdas
 
@@ -91,7 +92,7 @@ def dense_outputs(model, batch) -> tuple[dict[int, torch.Tensor], object]:
     ]
     try:
         with torch.no_grad():
-            inputs = {k: v for k, v in batch.items() if k != "token_type_ids" or model.config.type_vocab_size > 1}
+            inputs = model_inputs(model, batch)  # App. A positions, as norms.prepare_batch gives them
             outputs = model(**inputs, output_hidden_states=True, output_attentions=True)
     finally:
         for handle in handles:
@@ -202,6 +203,24 @@ def test_task_model_and_missing_attention_mask():
     with_mask = norms.attention_norms(model, {**batch, "labels": torch.tensor([0])})
     without_mask = norms.attention_norms(model, {"input_ids": batch["input_ids"]})
     torch.testing.assert_close(with_mask[1].afx_norm, without_mask[1].afx_norm)
+
+
+def test_prepare_batch_gives_app_a_positions_to_a_padded_roberta_batch():
+    from transformers.models.roberta.modeling_roberta import RobertaEmbeddings
+
+    model = tiny_model("roberta")
+    batch = padded_batch(model)
+    batch["input_ids"][1, -1] = 7  # PAPA layout: a real final token after the padding
+    batch["attention_mask"][1, -1] = 1
+    inputs = norms.prepare_batch(model, batch)
+    expected = model_inputs(model, batch)
+    assert set(inputs) == set(expected) == {"input_ids", "attention_mask", "position_ids"}  # RoBERTa: no segments
+    torch.testing.assert_close(inputs["position_ids"], expected["position_ids"], rtol=0, atol=0)
+    pad = model.config.pad_token_id
+    torch.testing.assert_close(inputs["position_ids"][1], torch.arange(7) + pad + 1, rtol=0, atol=0)
+    # transformers alone counts the non-pad tokens: the final token would sit right after the last real one
+    counted = RobertaEmbeddings.create_position_ids_from_input_ids(batch["input_ids"], pad)
+    assert int(counted[1, -1]) == 5 + pad + 1 != int(inputs["position_ids"][1, -1])
 
 
 def test_errors_are_clear():

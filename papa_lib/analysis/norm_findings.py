@@ -37,16 +37,19 @@ import pandas as pd
 import torch
 from scipy import stats as scipy_stats
 
+from ..experiments.summaries import check_confidence, percentile_interval
 from .norm_corpus import CorpusNormStatistics, corpus_norm_statistics
 from .norm_statistics import (
     attention_share_by_category,
-    check_confidence,
     frequency_norm_correlation,
     fx_norm_by_category,
     fx_norm_variation,
+    padded_counts,
     sep_observations,
     sep_weight_norm_correlation,
+    spearman_rho,
     token_frequency_table,
+    token_type_means,
 )
 
 __all__ = [
@@ -146,13 +149,6 @@ def frequency_ranks(counts: np.ndarray) -> np.ndarray:
 # ----------------------------------------------------------------------------------------------------------------------
 
 
-def _spearman(x: np.ndarray, y: np.ndarray) -> float:
-    if len(x) < 3 or np.ptp(x) == 0 or np.ptp(y) == 0:
-        return math.nan
-    rx, ry = scipy_stats.rankdata(x), scipy_stats.rankdata(y)
-    return float(np.corrcoef(rx, ry)[0, 1])
-
-
 def cluster_bootstrap_spearman(x, y, clusters, *, replicates: int = 200, confidence: float = 0.95,
                                seed: int = 0) -> dict:
     """Spearman's rho of ``x`` and ``y`` (ties: average ranks) with a percentile cluster-bootstrap interval.
@@ -161,23 +157,23 @@ def cluster_bootstrap_spearman(x, y, clusters, *, replicates: int = 200, confide
     so the interval carries the dependence between the observations of one sequence.  Returns n, n_clusters,
     spearman_rho, ci_low, ci_high (NaN when rho is undefined or ``replicates`` is 0).
     """
-    tail = check_confidence(confidence)
+    check_confidence(confidence)
     x, y = np.asarray(x, dtype=np.float64), np.asarray(y, dtype=np.float64)
     clusters = np.asarray(clusters)
     if not (len(x) == len(y) == len(clusters)):
         raise ValueError(f"x, y and clusters differ in length: {len(x)}, {len(y)}, {len(clusters)}")
     labels, index = np.unique(clusters, return_inverse=True)
-    rho = _spearman(x, y)
+    rho = spearman_rho(x, y)
     low = high = math.nan
     if replicates > 0 and np.isfinite(rho):
         rng = np.random.default_rng(seed)
         draws = []
         for _ in range(replicates):
             repeat = rng.poisson(1.0, size=len(labels))[index]
-            draws.append(_spearman(np.repeat(x, repeat), np.repeat(y, repeat)))
+            draws.append(spearman_rho(np.repeat(x, repeat), np.repeat(y, repeat)))
         draws = np.asarray(draws)
         if np.isfinite(draws).any():
-            low, high = (float(v) for v in np.nanquantile(draws, [tail, 1.0 - tail]))
+            low, high = (float(v) for v in percentile_interval(draws, confidence))
     return {"n": int(len(x)), "n_clusters": int(len(labels)), "spearman_rho": rho, "ci_low": low, "ci_high": high}
 
 
@@ -223,23 +219,13 @@ def pooled_weight_norm_correlation(stats: CorpusNormStatistics, token: str = "se
 # ----------------------------------------------------------------------------------------------------------------------
 
 
-def _check_counts(stats: CorpusNormStatistics, corpus_counts) -> np.ndarray:
-    counts = np.asarray(corpus_counts, dtype=np.int64)
-    vocab = len(stats.token_count)
-    if counts.ndim != 1:
-        raise ValueError("corpus_counts must be one count per token id")
-    if len(counts) < vocab:
-        counts = np.concatenate([counts, np.zeros(vocab - len(counts), dtype=np.int64)])
-    return counts
-
-
 def occurrence_table(stats: CorpusNormStatistics, corpus_counts) -> pd.DataFrame:
     """The kept token occurrences with their type's corpus-wide count and rank (Kobayashi Sec. 4.3, Fig. 5 points).
 
     ``corpus_counts``: one count per token id (:func:`corpus_token_counts` over the whole corpus).
     Columns: token_id, sentence, corpus_count, corpus_rank, fx_norm (averaged over heads and layers).
     """
-    counts = _check_counts(stats, corpus_counts)
+    counts = padded_counts(stats, corpus_counts)
     ranks = frequency_ranks(counts)
     columns = stats.occurrences.numpy()
     ids = columns["token_id"]
@@ -271,14 +257,11 @@ def corpus_frequency_table(stats: CorpusNormStatistics, corpus_counts) -> pd.Dat
 
     Columns: token_id, token, corpus_count, corpus_rank, sample_count, mean_fx_norm; sorted by corpus rank.
     """
-    counts = _check_counts(stats, corpus_counts)
+    counts = padded_counts(stats, corpus_counts)
     ranks = frequency_ranks(counts)
-    sample_counts = stats.token_count.numpy()
-    ids = np.nonzero(sample_counts)[0]
-    means = stats.token_fx_sum.numpy()[:, ids].mean(axis=0) / sample_counts[ids]
-    frame = pd.DataFrame({"token_id": ids, "token": [stats.token_strings.get(int(i), str(int(i))) for i in ids],
-                          "corpus_count": counts[ids], "corpus_rank": ranks[ids], "sample_count": sample_counts[ids],
-                          "mean_fx_norm": means})
+    ids, tokens, means = token_type_means(stats)  # means: [layers, types]
+    frame = pd.DataFrame({"token_id": ids, "token": tokens, "corpus_count": counts[ids], "corpus_rank": ranks[ids],
+                          "sample_count": stats.token_count.numpy()[ids], "mean_fx_norm": means.mean(axis=0)})
     return frame.sort_values(["corpus_rank", "token_id"], ignore_index=True)
 
 
@@ -570,18 +553,15 @@ DECODER_FINDINGS = {
 
 def decoder_windows(tokenizer, data_dir, n_windows: int, length: int, split: str = "validation") -> torch.Tensor:
     """``n_windows`` consecutive windows of ``[bos] + (length - 1)`` tokens from the start of a WikiText-2 split's
-    article text (headings dropped, WikiText's ``@-@`` markup undone as :func:`wikitext_pairs` does): ``[n, length]``.
+    article text (headings dropped, WikiText's ``@-@`` markup undone as :func:`wikitext_pairs` does): ``[n, length]``,
+    cut by :func:`papa_lib.experiments.lm.token_windows` with ``spaced=False``.
     """
+    from ..experiments.lm import token_windows
     from ..experiments.tasks import load_wikitext
 
     lines = [_detokenize_wikitext(line, tokenizer) for line in load_wikitext(split, data_dir=data_dir,
                                                                              name="wikitext-2")]
-    ids = tokenizer("\n".join(lines), add_special_tokens=False)["input_ids"]
-    size = length - 1
-    if len(ids) < n_windows * size:
-        raise ValueError(f"WikiText-2 {split} has {len(ids)} tokens, fewer than {n_windows} windows of {size}")
-    body = torch.tensor(ids[:n_windows * size]).reshape(n_windows, size)
-    return torch.cat([torch.full((n_windows, 1), int(tokenizer.bos_token_id)), body], dim=1)
+    return token_windows(tokenizer, lines, length, n_windows, spaced=False)
 
 
 def unnormed_first_token_norms(model: torch.nn.Module, bos_token_id: int) -> np.ndarray:

@@ -438,34 +438,35 @@ def label_free_comparison(norm_frame: pd.DataFrame, reference: pd.DataFrame, tas
     the task, so that each measured curve is complete and an order not yet run on a task draws no line there.
     Columns: task, order, fraction, mean, ci_low, ci_high, n, source ("norm grid" / "main grid" / "shared").
     """
-    from ..experiments.summaries import summarize
+    from ..experiments.summaries import curve_rows, summarize
 
     tasks, orders = list(tasks), list(orders)
+
+    def inner(rows):  # a curve's partial fractions, strictly between its end points
+        return rows["fraction"].between(0, 1, inclusive="neither")
+
     pieces = []
     grids = ((reference, "main grid", ["lambda"]), (norm_frame, "norm grid", list(NORM_AWARE_ORDERS)))
     for frame, source, wanted in grids:
-        part = _own_matrices(frame)
-        if part.empty:
+        if frame.empty:
             continue
-        part = part[part["task"].isin(tasks) & (part["matrix_type"] == "average")
-                    & part["selection_order"].isin([o for o in wanted if o in orders])
-                    & part["fraction"].between(0, 1, inclusive="neither")]
-        if not part.empty:
-            summary = summarize(part.rename(columns={"selection_order": "order"}), ["task", "order", "fraction"])
-            pieces.append(summary.assign(source=source))
+        frame = frame[frame["task"].isin(tasks)]
+        for order in (o for o in wanted if o in orders):
+            rows = curve_rows(frame, order)
+            if inner(rows).any():
+                summary = summarize(rows[inner(rows)].assign(order=order), ["task", "order", "fraction"])
+                pieces.append(summary.assign(source=source))
     ends = []
-    reference_own = _own_matrices(reference)
-    if not reference_own.empty:
-        original = reference_own[reference_own["task"].isin(tasks) & (reference_own["matrix_type"] == "original")]
-        constant = reference_own[reference_own["task"].isin(tasks) & (reference_own["matrix_type"] == "average")
-                                 & (reference_own["fraction"] == 0)]
+    if not reference.empty:
+        # curve_rows' end points belong to every order: those of the λ curve are the shared ones
+        rows = curve_rows(reference[reference["task"].isin(tasks)], "lambda")
+        shared = rows[~inner(rows)]
         measured = pd.concat(pieces)[["task", "order"]].drop_duplicates() if pieces else pd.DataFrame(
             columns=["task", "order"])
-        for part in (original, constant):
-            if not part.empty:
-                summary = summarize(part, ["task", "fraction"])
-                ends.extend(summary.merge(measured[measured["order"] == order], on="task").assign(source="shared")
-                            for order in orders)
+        if not shared.empty:
+            summary = summarize(shared, ["task", "fraction"])
+            ends.extend(summary.merge(measured[measured["order"] == order], on="task").assign(source="shared")
+                        for order in orders)
     columns = ["task", "order", "fraction", "mean", "ci_low", "ci_high", "n", "source"]
     if not pieces and not ends:
         return pd.DataFrame(columns=columns)
@@ -544,7 +545,7 @@ def score_agreement(table: pd.DataFrame, confidence: float = 0.95) -> pd.DataFra
     A high ρ between λ and a label-free score means both rank the heads alike (both replace low scores first).
     Columns: task, first, second, n_heads, spearman_rho, ci_low, ci_high (Fisher z, variance 1.06/(n-3)).
     """
-    from .norm_statistics import correlations, fisher_interval
+    from .norm_statistics import correlate
 
     names = ["lambda", *NORM_AWARE_ORDERS]
     missing = [c for c in ("task", *names) if c not in table]
@@ -555,10 +556,10 @@ def score_agreement(table: pd.DataFrame, confidence: float = 0.95) -> pd.DataFra
         for i, first in enumerate(names):
             for second in names[i + 1:]:
                 pair = part[[first, second]].dropna()
-                _, _, rho, _ = correlations(pair[first].to_numpy(float), pair[second].to_numpy(float))
-                low, high = fisher_interval(rho, len(pair), confidence, 1.06)
+                result = correlate(pair[first].to_numpy(float), pair[second].to_numpy(float), confidence)
                 rows.append({"task": task, "first": first, "second": second, "n_heads": len(pair),
-                             "spearman_rho": rho, "ci_low": low, "ci_high": high})
+                             "spearman_rho": result["spearman_rho"], "ci_low": result["spearman_ci_low"],
+                             "ci_high": result["spearman_ci_high"]})
     return pd.DataFrame(rows, columns=["task", "first", "second", "n_heads", "spearman_rho", "ci_low", "ci_high"])
 
 

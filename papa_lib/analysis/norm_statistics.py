@@ -31,6 +31,7 @@ import pandas as pd
 import torch
 from scipy import stats as scipy_stats
 
+from ..experiments.summaries import check_confidence, percentile_interval
 from .norm_corpus import (  # the streamed statistics these tables read
     CATEGORY_NAMES,
     CorpusNormStatistics,
@@ -47,7 +48,11 @@ __all__ = [
     "frequency_norm_correlation",
     "head_level_correlation",
     "correlations",
+    "spearman_rho",
+    "correlate",
     "fisher_interval",
+    "token_type_means",
+    "padded_counts",
     "sentence_shares",
     "first_token_table",
     "token_weight_norm_table",
@@ -58,23 +63,6 @@ __all__ = [
 # ----------------------------------------------------------------------------------------------------------------------
 # Analyses (tidy DataFrames; layers and heads are 0-based)
 # ----------------------------------------------------------------------------------------------------------------------
-
-
-def check_confidence(confidence: float) -> float:
-    if not 0.0 < confidence < 1.0:
-        raise ValueError(f"confidence must be in (0, 1), got {confidence}")
-    return (1.0 - confidence) / 2.0
-
-
-def _percentile_interval(replicates: np.ndarray, confidence: float) -> tuple[np.ndarray, np.ndarray]:
-    """Percentile bootstrap interval over axis 0; NaN where there are no replicates."""
-    tail = check_confidence(confidence)
-    shape = replicates.shape[1:]
-    if replicates.shape[0] == 0:
-        return np.full(shape, np.nan), np.full(shape, np.nan)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        low, high = np.nanquantile(replicates, [tail, 1.0 - tail], axis=0)
-    return low, high
 
 
 def _coefficient_of_variation(n, s1, s2):
@@ -96,7 +84,7 @@ def fx_norm_variation(stats: CorpusNormStatistics, confidence: float = 0.95) -> 
     _, _, boot_cv = _coefficient_of_variation(
         stats.boot_tokens.numpy()[:, None, None], stats.boot_fx_sum.numpy(), stats.boot_fx_sq_sum.numpy()
     )
-    low, high = _percentile_interval(boot_cv, confidence)
+    low, high = percentile_interval(boot_cv, confidence)
     layer, head = np.meshgrid(np.arange(stats.num_layers), np.arange(stats.num_heads), indexing="ij")
     return pd.DataFrame(
         {
@@ -141,7 +129,7 @@ def attention_share_by_category(
             boot_summed = stats.boot_summed_share_sum.numpy() / boot_n[:, None, None]
             value = np.concatenate([per_layer, summed[..., None]], axis=-1)
             boot = np.concatenate([boot_layer, boot_summed[..., None]], axis=-1)
-    low, high = _percentile_interval(boot, confidence)
+    low, high = percentile_interval(boot, confidence)
     methods = _SHARE_METHODS if per_head else (*_SHARE_METHODS, "norm_heads_summed")
     index_names = ["layer", "head", "category", "method"] if per_head else ["layer", "category", "method"]
     grids = np.meshgrid(*[np.arange(s) for s in value.shape], indexing="ij")
@@ -167,13 +155,40 @@ def fisher_interval(r: float, n: int, confidence: float, variance_factor: float 
     return math.tanh(z - half), math.tanh(z + half)
 
 
+def _undefined(x: np.ndarray, y: np.ndarray) -> bool:
+    """A correlation of ``x`` and ``y`` is undefined: fewer than 3 points, or a constant variable."""
+    return len(x) < 3 or np.ptp(x) == 0 or np.ptp(y) == 0
+
+
+def spearman_rho(x: np.ndarray, y: np.ndarray) -> float:
+    """Spearman's rho (Pearson's r of the ranks, ties: average ranks; NaN when undefined), without a p-value: what a
+    bootstrap recomputes for every replicate (about 10% faster than ``scipy.stats.spearmanr`` on 200,000 points)."""
+    if _undefined(x, y):
+        return math.nan
+    return float(np.corrcoef(scipy_stats.rankdata(x), scipy_stats.rankdata(y))[0, 1])
+
+
 def correlations(x: np.ndarray, y: np.ndarray) -> tuple[float, float, float, float]:
-    """Pearson r, its p-value, Spearman rho, its p-value (NaN when undefined)."""
-    if len(x) < 3 or np.ptp(x) == 0 or np.ptp(y) == 0:
+    """Pearson r, its p-value, Spearman rho (:func:`spearman_rho`), its p-value (NaN when undefined)."""
+    if _undefined(x, y):
         return math.nan, math.nan, math.nan, math.nan
     pearson = scipy_stats.pearsonr(x, y)
-    spearman = scipy_stats.spearmanr(x, y)
-    return float(pearson.statistic), float(pearson.pvalue), float(spearman.statistic), float(spearman.pvalue)
+    return (float(pearson.statistic), float(pearson.pvalue), spearman_rho(x, y),
+            float(scipy_stats.spearmanr(x, y).pvalue))
+
+
+def correlate(x: np.ndarray, y: np.ndarray, confidence: float = 0.95) -> dict[str, float]:
+    """Pearson's r and Spearman's rho of ``x`` and ``y`` (:func:`correlations`) with their Fisher z intervals
+    (:func:`fisher_interval`; Spearman's with variance 1.06/(n-3)), NaN where undefined.
+
+    Keys: pearson_r, pearson_p, pearson_ci_low, pearson_ci_high, spearman_rho, spearman_p, spearman_ci_low,
+    spearman_ci_high.
+    """
+    r, r_p, rho, rho_p = correlations(x, y)
+    r_low, r_high = fisher_interval(r, len(x), confidence)
+    s_low, s_high = fisher_interval(rho, len(x), confidence, 1.06)
+    return {"pearson_r": r, "pearson_p": r_p, "pearson_ci_low": r_low, "pearson_ci_high": r_high,
+            "spearman_rho": rho, "spearman_p": rho_p, "spearman_ci_low": s_low, "spearman_ci_high": s_high}
 
 
 _SPECIAL_TOKENS = ("sep", "cls")
@@ -207,9 +222,6 @@ def sep_weight_norm_correlation(
     for layer in range(stats.num_layers):
         for head in range(stats.num_heads):
             x, y = observations[:, layer, head, 0], observations[:, layer, head, 1]
-            pr, pp, sr, sp = correlations(x, y)
-            p_low, p_high = fisher_interval(pr, n, confidence)
-            s_low, s_high = fisher_interval(sr, n, confidence, 1.06)
             rows.append(
                 {
                     "layer": layer,
@@ -217,14 +229,7 @@ def sep_weight_norm_correlation(
                     "n_observations": n,
                     f"mean_alpha_to_{token}": float(x.mean()) if n else math.nan,
                     f"mean_fx_norm_{token}": float(y.mean()) if n else math.nan,
-                    "pearson_r": pr,
-                    "pearson_p": pp,
-                    "pearson_ci_low": p_low,
-                    "pearson_ci_high": p_high,
-                    "spearman_rho": sr,
-                    "spearman_p": sp,
-                    "spearman_ci_low": s_low,
-                    "spearman_ci_high": s_high,
+                    **correlate(x, y, confidence),
                 }
             )
     return pd.DataFrame(rows)
@@ -270,7 +275,7 @@ def fx_norm_by_category(stats: CorpusNormStatistics, confidence: float = 0.95) -
     with np.errstate(invalid="ignore", divide="ignore"):
         mean = stats.category_fx_sum.numpy() / counts  # [Ly, H, C]
         boot = stats.boot_category_fx_sum.numpy() / stats.boot_category_count.numpy()[:, None, None, :]
-    low, high = _percentile_interval(boot, confidence)
+    low, high = percentile_interval(boot, confidence)
     layer, head, cat = np.meshgrid(
         np.arange(stats.num_layers), np.arange(stats.num_heads), np.arange(len(CATEGORY_NAMES)), indexing="ij"
     )
@@ -287,6 +292,35 @@ def fx_norm_by_category(stats: CorpusNormStatistics, confidence: float = 0.95) -
     )
 
 
+_TYPE_SUMS = {"fx_norm": "token_fx_sum", "alpha": "token_alpha_sum"}
+
+
+def token_type_means(stats: CorpusNormStatistics, min_count: int = 1,
+                     quantity: str = "fx_norm") -> tuple[np.ndarray, list[str], np.ndarray]:
+    """The token types of the sample seen at least ``min_count`` times, and per layer the mean over each type's
+    occurrences of ``quantity``: the head-averaged ``||f^h(x)||`` (``"fx_norm"``) or the weight the type receives
+    (``"alpha"``, ``CorpusNormStatistics.token_alpha_sum``).  Returns ``(token ids, token strings, means [layers,
+    types])``; a type without a kept string is named by its id."""
+    if min_count < 1:
+        raise ValueError(f"min_count must be >= 1, got {min_count}")
+    counts = stats.token_count.numpy()
+    ids = np.nonzero(counts >= min_count)[0]
+    means = getattr(stats, _TYPE_SUMS[quantity]).numpy()[:, ids] / counts[ids]  # [Ly, T]
+    return ids, [stats.token_strings.get(int(i), str(int(i))) for i in ids], means
+
+
+def padded_counts(stats: CorpusNormStatistics, corpus_counts) -> np.ndarray:
+    """``corpus_counts`` (one count per token id, e.g. :func:`papa_lib.analysis.norm_findings.corpus_token_counts`)
+    as int64, padded with zeros to the statistics' vocabulary."""
+    counts = np.asarray(corpus_counts, dtype=np.int64)
+    if counts.ndim != 1:
+        raise ValueError("corpus_counts must be one count per token id")
+    vocab = len(stats.token_count)
+    if len(counts) < vocab:
+        counts = np.concatenate([counts, np.zeros(vocab - len(counts), dtype=np.int64)])
+    return counts
+
+
 def token_frequency_table(stats: CorpusNormStatistics, min_count: int = 1) -> pd.DataFrame:
     """Token types seen in the corpus with their frequency rank and mean ``||f(x)||`` per layer (Kobayashi Fig. 5).
 
@@ -294,15 +328,11 @@ def token_frequency_table(stats: CorpusNormStatistics, min_count: int = 1) -> pd
     over occurrences of the head-averaged ``||f^h(x)||``.  Only types with ``count >= min_count`` are listed.
     Columns: token_id, token, count, frequency_rank, layer, mean_fx_norm.
     """
-    if min_count < 1:
-        raise ValueError(f"min_count must be >= 1, got {min_count}")
-    counts = stats.token_count.numpy()
-    ids = np.nonzero(counts >= min_count)[0]
+    ids, tokens, means = token_type_means(stats, min_count)
     if ids.size == 0:
         return pd.DataFrame(columns=["token_id", "token", "count", "frequency_rank", "layer", "mean_fx_norm"])
+    counts = stats.token_count.numpy()
     ranks = scipy_stats.rankdata(-counts[ids], method="average")
-    means = stats.token_fx_sum.numpy()[:, ids] / counts[ids]  # [Ly, T]
-    tokens = [stats.token_strings.get(int(i), str(int(i))) for i in ids]
     frames = [
         pd.DataFrame(
             {
@@ -338,17 +368,15 @@ def frequency_norm_correlation(
     rows = []
     for layer in range(stats.num_layers):
         part = table[table["layer"] == layer]
-        x, y = part["frequency_rank"].to_numpy(float), part["mean_fx_norm"].to_numpy(float)
-        _, _, rho, p = correlations(x, y)
-        low, high = fisher_interval(rho, len(part), confidence, 1.06)
+        result = correlate(part["frequency_rank"].to_numpy(float), part["mean_fx_norm"].to_numpy(float), confidence)
         rows.append(
             {
                 "layer": layer,
                 "n_token_types": len(part),
-                "spearman_rho": rho,
-                "spearman_p": p,
-                "ci_low": low,
-                "ci_high": high,
+                "spearman_rho": result["spearman_rho"],
+                "spearman_p": result["spearman_p"],
+                "ci_low": result["spearman_ci_low"],
+                "ci_high": result["spearman_ci_high"],
             }
         )
     return pd.DataFrame(rows)
@@ -367,11 +395,10 @@ def head_level_correlation(correlation_table: pd.DataFrame, token: str = "sep", 
     if x_name not in correlation_table or y_name not in correlation_table:
         raise ValueError(f"the table has no columns {x_name!r} and {y_name!r}; pass the {token} correlation table")
     part = correlation_table[[x_name, y_name]].dropna()
-    r, r_p, rho, p = correlations(part[x_name].to_numpy(float), part[y_name].to_numpy(float))
-    low, high = fisher_interval(rho, len(part), confidence, 1.06)
-    r_low, r_high = fisher_interval(r, len(part), confidence)
-    return {"n_heads": len(part), "spearman_rho": rho, "spearman_p": p, "ci_low": low, "ci_high": high,
-            "pearson_r": r, "pearson_p": r_p, "pearson_ci_low": r_low, "pearson_ci_high": r_high}
+    result = correlate(part[x_name].to_numpy(float), part[y_name].to_numpy(float), confidence)
+    return {"n_heads": len(part), "spearman_rho": result["spearman_rho"], "spearman_p": result["spearman_p"],
+            "ci_low": result["spearman_ci_low"], "ci_high": result["spearman_ci_high"],
+            **{key: result[key] for key in ("pearson_r", "pearson_p", "pearson_ci_low", "pearson_ci_high")}}
 
 
 def sentence_shares(model: torch.nn.Module, tokenizer, text: str, max_length: int = 64) -> pd.DataFrame:
@@ -451,7 +478,7 @@ def first_token_table(stats: CorpusNormStatistics, confidence: float = 0.95) -> 
         fx = stats.category_fx_sum.numpy()  # [Ly, H, C]
         fx_first = fx[:, :, _FIRST] / counts[_FIRST]
         fx_other = (fx.sum(axis=-1) - fx[:, :, _FIRST]) / (counts.sum() - counts[_FIRST])
-    low, high = _percentile_interval(boot, confidence)
+    low, high = percentile_interval(boot, confidence)
     pairs = pd.DataFrame(stats.pooled_pairs["cls"].numpy()) if "cls" in stats.pooled_pairs else pd.DataFrame()
     by_head = dict(list(pairs.groupby(["layer", "head"]))) if len(pairs) else {}
     rows = []
@@ -490,22 +517,13 @@ def token_weight_norm_table(stats: CorpusNormStatistics, corpus_counts=None, *, 
 
     Columns: token_id, token, category, count, corpus_count, log_frequency, [layer,] mean_alpha, mean_fx_norm.
     """
-    if min_count < 1:
-        raise ValueError(f"min_count must be >= 1, got {min_count}")
+    ids, tokens, fx = token_type_means(stats, min_count)
+    _, _, alpha = token_type_means(stats, min_count, "alpha")
     sample_counts = stats.token_count.numpy()
-    ids = np.nonzero(sample_counts >= min_count)[0]
-    if corpus_counts is None:
-        counted = sample_counts
-    else:
-        counted = np.asarray(corpus_counts, dtype=np.int64)
-        if counted.ndim != 1:
-            raise ValueError("corpus_counts must be one count per token id")
-        counted = np.concatenate([counted, np.zeros(max(0, len(sample_counts) - len(counted)), dtype=np.int64)])
+    counted = sample_counts if corpus_counts is None else padded_counts(stats, corpus_counts)
     with np.errstate(divide="ignore"):
         log_frequency = np.where(counted[ids] > 0, np.log(np.maximum(counted[ids], 1)), np.nan)
-    alpha = stats.token_alpha_sum.numpy()[:, ids] / sample_counts[ids]  # [Ly, T]
-    fx = stats.token_fx_sum.numpy()[:, ids] / sample_counts[ids]
-    base = {"token_id": ids, "token": [stats.token_strings.get(int(i), str(int(i))) for i in ids],
+    base = {"token_id": ids, "token": tokens,
             "category": [stats.token_categories.get(int(i), "") for i in ids], "count": sample_counts[ids],
             "corpus_count": counted[ids], "log_frequency": log_frequency}
     if not per_layer:
@@ -540,11 +558,7 @@ def frequency_weight_norm_correlation(stats: CorpusNormStatistics, corpus_counts
     for layer, part in groups:
         x = part["log_frequency"].to_numpy(float)
         for quantity, column in (("alpha", "mean_alpha"), ("fx_norm", "mean_fx_norm")):
-            r, r_p, rho, rho_p = correlations(x, part[column].to_numpy(float))
-            r_low, r_high = fisher_interval(r, len(part), confidence)
-            s_low, s_high = fisher_interval(rho, len(part), confidence, 1.06)
             row = {} if layer is None else {"layer": int(layer)}
-            rows.append({**row, "quantity": quantity, "n_token_types": len(part), "pearson_r": r, "pearson_p": r_p,
-                         "pearson_ci_low": r_low, "pearson_ci_high": r_high, "spearman_rho": rho,
-                         "spearman_p": rho_p, "spearman_ci_low": s_low, "spearman_ci_high": s_high})
+            rows.append({**row, "quantity": quantity, "n_token_types": len(part),
+                         **correlate(x, part[column].to_numpy(float), confidence)})
     return pd.DataFrame(rows)

@@ -67,6 +67,9 @@ from dataclasses import dataclass
 import pandas as pd
 import torch
 
+from ..core.fastpath import causal_band
+from ..core.models import dotted_attribute, model_device, model_inputs
+
 __all__ = [
     "AttentionProjections",
     "LayerNorms",
@@ -265,14 +268,6 @@ def _architecture(model: torch.nn.Module) -> _Architecture:
     return _ARCHITECTURES[model_type]
 
 
-def _submodule(obj: torch.nn.Module, dotted: str) -> torch.nn.Module:
-    for name in dotted.split("."):
-        obj = getattr(obj, name, None)
-        if obj is None:
-            raise ValueError(f"expected a module at {dotted!r} (missing {name!r}); is this a Hugging Face model?")
-    return obj
-
-
 def is_causal(model: torch.nn.Module) -> bool:
     """Whether ``model`` is a decoder LM of a supported type (causal attention, pre-norm layers)."""
     return _architecture(model).causal
@@ -288,7 +283,7 @@ def encoder_layers(model: torch.nn.Module) -> torch.nn.ModuleList:
     arch = _architecture(model)
     base = getattr(model, "base_model", model)
     try:
-        return _submodule(base, arch.layers)
+        return dotted_attribute(base, arch.layers, model)
     except ValueError:
         kind = "decoder" if arch.causal else "encoder"
         raise ValueError(
@@ -374,22 +369,23 @@ class LayerNorms:
     row_scale: torch.Tensor | None = None
 
 
-_MODEL_INPUT_KEYS = ("input_ids", "attention_mask", "token_type_ids")
+_MODEL_INPUT_KEYS = ("input_ids", "attention_mask", "token_type_ids", "position_ids")
 
 
 def prepare_batch(model: torch.nn.Module, batch: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """The model inputs of ``batch`` (``input_ids``, ``attention_mask``, ``token_type_ids`` where the model has
-    segments) on the model's device; a missing ``attention_mask`` is all ones."""
+    """The model inputs of ``batch`` on the model's device; a missing ``attention_mask`` is all ones.
+
+    An encoder's are :func:`papa_lib.core.models.model_inputs`: ``token_type_ids`` only where the model has segments,
+    and App. A ``position_ids`` where the batch carries none (a RoBERTa-style model would otherwise number a padded
+    PAPA-layout batch by counting its non-pad tokens).  A decoder's are ``input_ids`` and ``attention_mask``: its
+    positions are the sequence indices (GPT-2 is supported here without a registered adapter).
+    """
     if not isinstance(batch, Mapping) or "input_ids" not in batch:
         raise ValueError("batch must be a mapping with at least 'input_ids' (and usually 'attention_mask')")
-    device = next(model.parameters()).device
-    inputs = {}
-    for key in _MODEL_INPUT_KEYS:
-        if key in batch and batch[key] is not None:
-            inputs[key] = torch.as_tensor(batch[key]).to(device)
-    decoder = getattr(_ARCHITECTURES.get(getattr(model.config, "model_type", None)), "causal", False)
-    if int(getattr(model.config, "type_vocab_size", 2) or 0) <= 1 or decoder:
-        inputs.pop("token_type_ids", None)  # single-segment models (RoBERTa, DeBERTa, decoders): no segment ids
+    arch = _architecture(model)
+    inputs = {key: torch.as_tensor(batch[key]) for key in _MODEL_INPUT_KEYS if batch.get(key) is not None}
+    if arch.causal:
+        inputs = {key: inputs[key] for key in ("input_ids", "attention_mask") if key in inputs}
     if inputs["input_ids"].dim() != 2:
         raise ValueError(f"input_ids must be [batch, length], got shape {tuple(inputs['input_ids'].shape)}")
     if "attention_mask" not in inputs:
@@ -399,7 +395,10 @@ def prepare_batch(model: torch.nn.Module, batch: Mapping[str, torch.Tensor]) -> 
             f"attention_mask shape {tuple(inputs['attention_mask'].shape)} differs from input_ids shape "
             f"{tuple(inputs['input_ids'].shape)}"
         )
-    return inputs
+    if arch.causal:
+        device = model_device(model)
+        return {key: value.to(device) for key, value in inputs.items()}
+    return model_inputs(model, inputs)
 
 
 def _summed_norm(alpha: torch.Tensor, vectors: torch.Tensor) -> torch.Tensor:
@@ -433,16 +432,6 @@ class _Run:
     outputs: dict
 
 
-def _causal_keys(real: torch.Tensor, window) -> torch.Tensor:
-    """``[B, 1, L, L]`` bool: key j is visible to query i when j <= i, i - j < ``window`` (a local layer) and j is
-    real -- the rule of the override seam's causal branch and of transformers' sliding-window masks."""
-    index = torch.arange(real.shape[1], device=real.device)
-    band = index[None, :] <= index[:, None]
-    if window is not None:
-        band = band & (index[:, None] - index[None, :] < int(window))
-    return band[None, None] & real.bool()[:, None, None, :]
-
-
 def _forward(model: torch.nn.Module, inputs: Mapping[str, torch.Tensor], capture_outputs: bool = False) -> _Run:
     """Run the model once (no grad) on prepared inputs.
 
@@ -470,13 +459,13 @@ def _forward(model: torch.nn.Module, inputs: Mapping[str, torch.Tensor], capture
     try:
         for k, layer in enumerate(layers):
             if arch.attention is not None:
-                handles.append(_submodule(layer, arch.attention).register_forward_pre_hook(
+                handles.append(dotted_attribute(layer, arch.attention, model).register_forward_pre_hook(
                     lambda m, a, kw, k=k: keep_input(m, a, kw, k), with_kwargs=True))
             if arch.row_norm is not None:
-                handles.append(_submodule(layer, arch.row_norm).register_forward_hook(
+                handles.append(dotted_attribute(layer, arch.row_norm, model).register_forward_hook(
                     lambda m, a, o, k=k: keep_scale(m, a, o, k)))
             if capture_outputs:
-                handles.append(_submodule(layer, arch.output).register_forward_hook(
+                handles.append(dotted_attribute(layer, arch.output, model).register_forward_hook(
                     lambda m, a, o, k=k: outputs.__setitem__(k, o.detach())))
         extra = {"use_cache": False} if arch.causal else {"output_hidden_states": True}
         with torch.no_grad():
@@ -495,8 +484,11 @@ def _forward(model: torch.nn.Module, inputs: Mapping[str, torch.Tensor], capture
             raise ValueError("the attention modules were not called once per layer; cannot read their inputs")
         layer_inputs = [captured_inputs[k] for k in range(len(layers))]
         real = inputs["attention_mask"].bool()
-        allowed = [_causal_keys(real, getattr(_submodule(layer, arch.attention), "sliding_window", None))
-                   for layer in layers]
+        # [B, 1, L, L]: key j is visible to query i within the layer's causal band (j <= i, i - j < its window) when
+        # j is real -- the rule of the override seam's causal branch and of transformers' sliding-window masks
+        windows = [getattr(dotted_attribute(layer, arch.attention, model), "sliding_window", None) for layer in layers]
+        allowed = [causal_band(real.shape[1], window, real.device)[None, None] & real[:, None, None, :]
+                   for window in windows]
     else:
         hidden_states = result.hidden_states
         if hidden_states is None or len(hidden_states) != len(layers) + 1:

@@ -50,6 +50,7 @@ from ..core.models import frozen_parameters, model_device, model_id, num_layers_
 from ..core.override import AttentionOverride, override
 from .provenance import config_hash, run_provenance
 from .selection import num_input_dependent, replacement_order
+from .summaries import percentile_interval
 from .tasks import load_wikitext
 from .workspace import read_lambdas, write_lambdas
 
@@ -151,8 +152,10 @@ def read_lm_lambdas(results_dir: str | Path) -> torch.Tensor:
 
 
 # ---------------------------------------------------------------------------------------------- the data
-def token_windows(tokenizer, lines: Iterable[str], length: int, count: int) -> torch.Tensor:
-    """``count`` evenly spaced windows of ``[bos] + (length - 1)`` tokens of ``lines`` joined by newlines."""
+def token_windows(tokenizer, lines: Iterable[str], length: int, count: int, *, spaced: bool = True) -> torch.Tensor:
+    """``count`` windows of ``[bos] + (length - 1)`` tokens of ``lines`` joined by newlines (tokenized once without
+    special tokens, cut into consecutive non-overlapping pieces of ``length - 1``): evenly spaced over the text
+    (window ``i * (n // count)`` of its ``n``), or with ``spaced=False`` the first ``count``, consecutive."""
     if length < 2 or count < 1:
         raise ValueError(f"windows need length >= 2 and count >= 1, got length={length}, count={count}")
     ids = tokenizer("\n".join(lines), add_special_tokens=False)["input_ids"]
@@ -163,7 +166,7 @@ def token_windows(tokenizer, lines: Iterable[str], length: int, count: int) -> t
     bos = tokenizer.bos_token_id
     if bos is None:
         raise ValueError("the tokenizer has no <bos> token to start each window with")
-    step = available // count
+    step = available // count if spaced else 1
     rows = [[bos] + ids[i * step * size:(i * step + 1) * size] for i in range(count)]
     return torch.tensor(rows, dtype=torch.long)
 
@@ -423,7 +426,7 @@ def _bootstrap(statistic: Callable[[np.ndarray], np.ndarray], windows: int, resa
     statistic reads (paired)."""
     rng = np.random.default_rng(seed)
     draws = statistic(rng.integers(0, windows, size=(resamples, windows)))
-    low, high = np.quantile(draws, [0.025, 0.975])
+    low, high = percentile_interval(draws, 0.95)
     return Interval(float(statistic(np.arange(windows))), float(low), float(high), resamples)
 
 

@@ -43,6 +43,26 @@ def t_half_width(se: float, df: float, confidence: float = 0.95) -> float:
     return 0.0 if se == 0 else float(stats.t.ppf((1.0 + confidence) / 2.0, df=df)) * se
 
 
+def check_confidence(confidence: float) -> float:
+    """The tail probability ``(1 - confidence) / 2`` of a two-sided interval; ValueError unless 0 < confidence < 1."""
+    if not 0.0 < confidence < 1.0:
+        raise ValueError(f"confidence must be in (0, 1), got {confidence}")
+    return (1.0 - confidence) / 2.0
+
+
+def percentile_interval(draws, confidence: float = 0.95):
+    """The two-sided percentile bootstrap interval ``(low, high)`` of ``draws`` (replicates along axis 0; one number
+    each for 1-d draws, arrays of ``draws.shape[1:]`` otherwise): the ``(1 - confidence) / 2`` and
+    ``(1 + confidence) / 2`` quantiles, NaN draws ignored, NaN where there are no draws."""
+    tail = check_confidence(confidence)
+    draws = np.asarray(draws)
+    if draws.shape[0] == 0:
+        return np.full(draws.shape[1:], np.nan)[()], np.full(draws.shape[1:], np.nan)[()]
+    with np.errstate(invalid="ignore", divide="ignore"):
+        low, high = np.nanquantile(draws, [tail, 1.0 - tail], axis=0)
+    return low, high
+
+
 def mean_ci(values: Iterable[float], confidence: float = 0.95) -> tuple[float, float, float]:
     """Mean and two-sided Student-t confidence interval ``(mean, low, high)`` of ``values``.
 
