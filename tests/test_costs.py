@@ -97,20 +97,22 @@ def test_the_plans_feature_bytes_are_the_cost_models():
             "sentence", examples, 6, 384, tokens_per_example=plan.TYPICAL_TOKENS[task], positions=True)
     ner = _plan("ner")
     words = (ner.train_examples + ner.validation_examples) * plan.TYPICAL_TOKENS["ner"] * 0.6
-    assert ner.feature_bytes == costs.feature_rows_bytes(words, 6, 384, "token", positions=True)
-    assert ner.feature_bytes == costs.feature_rows_bytes(words, 6, 384, "token")  # a token task keeps no positions
+    assert ner.feature_bytes == features.feature_rows_bytes(words, 6, 384, "token", positions=True)
+    assert ner.feature_bytes == features.feature_rows_bytes(words, 6, 384, "token")  # a token task keeps no positions
 
 
 def test_the_cost_models_feature_bytes_are_what_the_store_keeps():
-    """features.feature_bytes counts the rows of encoded data; the cost model's count of the same rows agrees."""
+    """features.feature_bytes counts the rows of encoded data, the same count as feature_rows_bytes of those rows (both
+    take the transformer layers; the embeddings add one vector), and the cost model's split estimate agrees."""
     mask = torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1], [1, 0, 0, 0, 0]])
     labels = torch.tensor([[0, 1, -100], [1, 1, 1], [-100, -100, -100]])
     layers, hidden = 6, 384
     for kind, rows in (("sentence", 9), ("token", 5)):
-        stored = features.feature_bytes({"attention_mask": mask}, labels, kind, layers + 1, hidden)
-        assert stored == costs.feature_rows_bytes(rows, layers, hidden, kind, positions=True)
-    assert costs.feature_rows_bytes(9, layers, hidden, "sentence") == 9 * 7 * 384 * 2  # values alone
+        stored = features.feature_bytes({"attention_mask": mask}, labels, kind, layers, hidden)
+        assert stored == features.feature_rows_bytes(rows, layers, hidden, kind, positions=True)
+    assert stored == 5 * 7 * 384 * 2  # a token task: 5 kept words x (6 layers + embeddings) x D, no positions
+    assert features.feature_rows_bytes(9, layers, hidden, "sentence") == 9 * 7 * 384 * 2  # values alone
     assert costs.feature_cache_bytes("sentence", 3, layers, hidden, tokens_per_example=3.0, positions=True) \
-        == features.feature_bytes({"attention_mask": mask}, labels, "sentence", layers + 1, hidden)
+        == features.feature_bytes({"attention_mask": mask}, labels, "sentence", layers, hidden)
     with pytest.raises(ValueError, match="kind must be"):
-        costs.feature_rows_bytes(9, layers, hidden, "pair")
+        features.feature_rows_bytes(9, layers, hidden, "pair")

@@ -231,7 +231,7 @@ def test_full_disk_during_an_append_loses_no_record(tmp_path, monkeypatch):
     store.append(make_record("r1"))
     store.append(make_record("r2", seed=1))
     before = (tmp_path / "results.csv").read_bytes()
-    real_fdopen = os.fdopen
+    real_open = open
 
     class FullDisk:
         def __init__(self, handle):
@@ -248,7 +248,7 @@ def test_full_disk_during_an_append_loses_no_record(tmp_path, monkeypatch):
             self.handle.flush()
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
-    monkeypatch.setattr(results.os, "fdopen", lambda *a, **k: FullDisk(real_fdopen(*a, **k)))
+    monkeypatch.setattr(results, "open", lambda *a, **k: FullDisk(real_open(*a, **k)), raising=False)
     with pytest.raises(OSError, match="No space left on device; could not write .*unchanged") as caught:
         store.append(make_record("r3", seed=2))
     assert caught.value.errno == errno.ENOSPC

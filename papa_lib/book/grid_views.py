@@ -20,7 +20,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from ..experiments import matrices
+from ..experiments import grid, matrices
 
 __all__ = [
     "SHOWN_FOLDER",
@@ -82,12 +82,13 @@ def check_tasks(tasks: Iterable[str] | None, what: str) -> list[str] | None:
 def per_task_setting(spec: Mapping, key: str, tasks: Iterable[str],
                      fallback: Mapping[str, object] | None = None) -> dict:
     """A grid setting per task: ``spec[key]`` is one value or a mapping by task with a ``default``
-    (as :func:`papa_lib.experiments.grid.run_grid` reads it); unset values come from ``fallback`` (or are None)."""
+    (as :func:`papa_lib.experiments.grid.run_grid` reads it, :func:`~papa_lib.experiments.grid.per_task_value`);
+    unset values come from ``fallback`` (or are None)."""
     tasks = check_tasks(tasks, "per_task_setting") or []
     value = spec.get(key) if isinstance(spec, Mapping) else None
     settings = {}
     for task in tasks:
-        chosen = value.get(task, value.get("default")) if isinstance(value, Mapping) else value
+        chosen = grid.per_task_value(value, task)
         settings[task] = chosen if chosen is not None else (fallback or {}).get(task)
     return settings
 
@@ -214,28 +215,9 @@ def position_coverage(constants, position: int) -> float:
 # ----------------------------------------------------------------------------------------------------------------
 
 
-def block_variants(block) -> Iterable[tuple[str, str, object]]:
-    """(block name, task, canonical :class:`~papa_lib.experiments.variants.Variant`) for every run of a grid block,
-    without repeats inside the block (blocks are GridBlock objects or plain mappings with the same keys)."""
-    from ..experiments.selection import PAPER_FRACTIONS
-    from ..experiments.variants import Variant
-
-    get = block.get if isinstance(block, Mapping) else (lambda key: getattr(block, key, None))
-    fractions = get("fractions") if get("fractions") is not None else list(PAPER_FRACTIONS)
-    for task in get("tasks") or []:
-        seen = []
-        for matrix_type in get("matrix_types") or ["average"]:
-            for order in get("orders") or ["lambda"]:
-                for fraction in fractions:
-                    variant = Variant.make(matrix_type, order, fraction, get("matrices_from"))
-                    if variant not in seen:
-                        seen.append(variant)
-                        yield get("name"), task, variant
-
-
 def grid_seeds(spec: Mapping) -> list[int]:
-    seeds = spec.get("seeds", 3)
-    return list(range(seeds)) if isinstance(seeds, int) else [int(s) for s in seeds]
+    """The seeds a grid declares (:func:`papa_lib.experiments.grid.grid_seeds`, which the runs use)."""
+    return grid.grid_seeds(spec)
 
 
 #: The columns that name one declared run in :func:`declared_runs` (and :func:`lm_declared_runs`): the same
@@ -257,7 +239,7 @@ def _declared(spec: Mapping, blocks: Iterable[str] | None, what: str):
 
     def keys():
         for block in spec["blocks"]:
-            for name, task, variant in block_variants(block):
+            for name, task, variant in grid.block_variants(block):
                 if wanted is not None and name not in wanted:
                     continue
                 source = variant.matrices_from or (

@@ -44,10 +44,12 @@ def _sum_path(path: Path) -> Path:
     return path.with_name(path.name + _SUM_SUFFIX)
 
 
-def write_atomic(path: str | Path, write: Callable[[Path], object], *, sums: bool = True) -> Path:
+def write_atomic(path: str | Path, write: Callable[[Path], object], *, sums: bool = True,
+                 mode: int | None = None) -> Path:
     """Write ``path`` atomically: ``write(tmp)`` fills a temporary file in the same folder, which is fsynced and
-    moved over ``path``; with ``sums``, ``<name>.sha256`` records its checksum and size. On any error (a full disk
-    included) the temporary file is removed and ``path`` is as it was."""
+    moved over ``path``; with ``sums``, ``<name>.sha256`` records its checksum and size. ``mode``: the file's
+    permission bits (default: the temporary file's, owner only). On any error (a full disk included) the temporary
+    file is removed and ``path`` is as it was."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
@@ -58,26 +60,15 @@ def write_atomic(path: str | Path, write: Callable[[Path], object], *, sums: boo
         with open(tmp, "rb+") as handle:
             os.fsync(handle.fileno())
         line = f"{checksum(tmp)} {tmp.stat().st_size}\n" if sums else None
+        if mode is not None:
+            os.chmod(tmp, mode)
         os.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
     if line is not None:
-        _write_text_atomic(_sum_path(path), line)
+        write_atomic(_sum_path(path), lambda sum_tmp: sum_tmp.write_text(line), sums=False)
     return path
-
-
-def _write_text_atomic(path: Path, text: str) -> None:
-    fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as handle:
-            handle.write(text)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(name, path)
-    except BaseException:
-        Path(name).unlink(missing_ok=True)
-        raise
 
 
 def _mismatch(path: Path) -> str | None:

@@ -93,7 +93,7 @@ from .workspace import (
 
 __all__ = [
     # 1. task data and seeds
-    "data_files", "data_key", "data_source", "seed_plan", "seed_rows", "split", "store_rows",
+    "data_files", "data_key", "data_source", "seed_plan", "seed_rows", "seeded_subset", "split", "store_rows",
     # 2. constant matrices
     "averaged_split", "constants", "constants_path", "packed_batches", "unlabeled_split",
     # 3. head order
@@ -148,8 +148,13 @@ def seed_rows(ws: Workspace, seed: int) -> torch.Tensor:
     limit = ws.config.limit
     if limit is None or limit >= n:
         return torch.arange(n)
-    generator = torch.Generator().manual_seed(1_000_033 * ws.config.data_seed + seed)
-    return torch.randperm(n, generator=generator)[:limit].sort().values
+    return seeded_subset(torch.arange(n), limit, 1_000_033 * ws.config.data_seed + seed)
+
+
+def seeded_subset(rows: torch.Tensor, limit: int, seed: int) -> torch.Tensor:
+    """``limit`` of ``rows``, drawn by a permutation seeded with ``seed``, in increasing order."""
+    pick = torch.randperm(len(rows), generator=torch.Generator().manual_seed(seed))
+    return rows[pick[:limit]].sort().values
 
 
 def seed_plan(ws: Workspace, seed: int) -> SeedPlan:
@@ -183,8 +188,7 @@ def averaged_split(ws: Workspace, source_task: str | None = None) -> EncodedSpli
     count = int(text.encoded["input_ids"].shape[0])
     if limit is None or limit >= count:
         return text
-    generator = torch.Generator().manual_seed(1_000_037 * ws.config.data_seed + 17)
-    rows = torch.randperm(count, generator=generator)[:limit].sort().values
+    rows = seeded_subset(torch.arange(count), limit, 1_000_037 * ws.config.data_seed + 17)
     labels = text.labels[rows] if text.labels.shape[:1] == (count,) else text.labels
     return EncodedSplit(select_rows(text.encoded, rows), labels, text.examples)
 
@@ -353,8 +357,8 @@ def variant_feature_bytes(ws: Workspace, seeds=()) -> int:
     train, validation = split(ws, "train"), split(ws, "validation")
     rows = store_rows(ws, seeds)
     part = select_rows(train.encoded, rows)
-    return (feature_bytes(part, train.labels[rows], ws.spec.kind, ws.layers + 1, hidden)
-            + feature_bytes(validation.encoded, validation.labels, ws.spec.kind, ws.layers + 1, hidden))
+    return (feature_bytes(part, train.labels[rows], ws.spec.kind, ws.layers, hidden)
+            + feature_bytes(validation.encoded, validation.labels, ws.spec.kind, ws.layers, hidden))
 
 
 def use_cache(ws: Workspace, seeds=()) -> bool:
@@ -510,8 +514,7 @@ def train_inside(ws: Workspace, variant: Variant, seed: int) -> dict:
 
     cfg, kind, state, rows = ws.config, ws.spec.kind, override_for(ws, variant, seed), seed_plan(ws, seed).train
     if cfg.inloop_limit is not None and len(rows) > cfg.inloop_limit:
-        pick = torch.randperm(len(rows), generator=torch.Generator().manual_seed(7_919 * seed + 3))
-        rows = rows[pick[: cfg.inloop_limit]].sort().values
+        rows = seeded_subset(rows, cfg.inloop_limit, 7_919 * seed + 3)
     train = split(ws, "train")
     initial = [p.detach().clone() for p in state.trainable.values()]
     set_seed(seed)

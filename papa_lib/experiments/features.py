@@ -35,6 +35,7 @@ from ..core.layout import EncodedBatch
 from ..core.models import adapter_for, model_inputs, run_backbone
 from ..core.packing import pack, packing_notice, supports_packing
 from ..errors import PapaInputError
+from .loop import IGNORE_INDEX
 from .probes import RaggedSentences
 
 #: Default budget for cached features: a quarter of the machine's memory (the files are memory-mapped, so the
@@ -79,9 +80,20 @@ def select_rows(encoded: EncodedBatch, rows) -> EncodedBatch:
                         model_type=getattr(encoded, "model_type", None))
 
 
+def masked_rows(encoded: EncodedBatch, labels: torch.Tensor, rows, kind: str) -> EncodedBatch:
+    """The examples ``rows`` of an encoded batch (:func:`select_rows`); for a token task, the words whose label is
+    :data:`~papa_lib.experiments.loop.IGNORE_INDEX` get word index -1, so that the backbone's rows leave them out, as
+    the probe's targets do."""
+    part = select_rows(encoded, rows)
+    if kind == "token":
+        part.word_index[labels[rows][:, : part.word_index.shape[1]] == IGNORE_INDEX] = -1
+    return part
+
+
 def kept_word_counts(labels: torch.Tensor) -> torch.Tensor:
-    """Words per sentence that carry a label (token tasks; ``-100`` marks words cut off by truncation)."""
-    return (labels != -100).sum(dim=1)
+    """Words per sentence that carry a label (token tasks; :data:`~papa_lib.experiments.loop.IGNORE_INDEX` marks
+    words cut off by truncation)."""
+    return (labels != IGNORE_INDEX).sum(dim=1)
 
 
 @dataclass
@@ -137,17 +149,6 @@ class RaggedRows:
         index, real = self._flat_index(examples)
         return self.values[index[real]].to(device=device, dtype=torch.float32)
 
-    def gather(self, examples) -> RaggedRows:
-        """A new :class:`RaggedRows` holding only ``examples`` (copied into memory)."""
-        examples = torch.as_tensor(examples, dtype=torch.long)
-        index, real = self._flat_index(examples)
-        flat = index[real]
-        lengths = real.sum(1)
-        offsets = torch.zeros(len(examples) + 1, dtype=torch.long)
-        offsets[1:] = lengths.cumsum(0)
-        positions = self.positions[flat].clone() if self.positions is not None else None
-        return RaggedRows(self.values[flat].clone(), offsets, positions)
-
 
 def on_device(rows: RaggedRows, device, share: float = 0.25) -> RaggedRows:
     """``rows`` moved to an accelerator when they take at most ``share`` of its free memory, else left where they
@@ -167,10 +168,27 @@ def row_counts(encoded: EncodedBatch, labels: torch.Tensor, kind: str) -> torch.
     return encoded["attention_mask"].sum(dim=1).long()
 
 
+def feature_rows_bytes(rows: float, layers: int, hidden: int, kind: str = "sentence", *, positions: bool = False,
+                       bytes_per_value: int = 2) -> int:
+    """Bytes of ``rows`` rows of frozen features, each a vector of every layer and the embeddings: ``rows x
+    (layers+1) x hidden x bytes_per_value`` (float16 by default), the layout of :class:`FeatureStore`. ``layers`` is
+    the backbone's number of transformer layers (the embeddings add one vector); ``rows`` may be an estimate
+    (fractional).
+
+    ``positions``: also count the int16 App. A position the store keeps with each row of a sentence task (2 bytes a
+    row; a token task keeps none).
+    """
+    if kind not in ("sentence", "token"):
+        raise ValueError(f"feature_rows_bytes: kind must be 'sentence' or 'token', got {kind!r}")
+    values = rows * (int(layers) + 1) * int(hidden) * int(bytes_per_value)
+    return int(values + (rows * 2 if positions and kind == "sentence" else 0))
+
+
 def feature_bytes(encoded: EncodedBatch, labels: torch.Tensor, kind: str, layers: int, hidden: int) -> int:
-    """Bytes the store keeps for a split: rows x (layers+1) x hidden x 2 (float16), positions included."""
+    """Bytes the store keeps for a split (:func:`feature_rows_bytes` of its rows, positions included; ``layers``: the
+    backbone's transformer layers, as there)."""
     rows = int(row_counts(encoded, labels, kind).sum())
-    return rows * layers * hidden * 2 + (rows * 2 if kind != "token" else 0)
+    return feature_rows_bytes(rows, layers, hidden, kind, positions=True)
 
 
 def length_sorted_chunks(lengths: torch.Tensor, batch_size: int, rows=None):
@@ -190,6 +208,24 @@ def decoder_features(hidden: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
     probe (a tanh MLP over a learned mix of the layers) fed the raw states stays at the majority class."""
     hidden = hidden.float()
     return hidden * torch.rsqrt(hidden.pow(2).mean(dim=-1, keepdim=True) + eps)
+
+
+def backbone_batch(part: EncodedBatch, model, packed: bool) -> tuple:
+    """``(inputs, real, positions, word_index)`` of one batch for the backbone: packed
+    (:func:`~papa_lib.core.packing.pack`: real tokens only, with their App. A positions), or the padded batch itself
+    with its columns as positions."""
+    if packed:
+        inputs = pack(part, model=model)
+        return inputs, inputs.real, inputs.positions, inputs.word_index
+    real = part["attention_mask"].bool()
+    return part, real, torch.arange(part.max_length).expand_as(real), part.word_index
+
+
+def word_rows(hidden: torch.Tensor, word_index: torch.Tensor) -> torch.Tensor:
+    """The rows of the kept words (``word_index >= 0``, sentence by sentence) of ``hidden [B, W, ...]``."""
+    keep = word_index >= 0
+    batch_rows = torch.arange(hidden.shape[0])[:, None].expand_as(word_index)
+    return hidden[batch_rows[keep], word_index[keep].to(hidden.device)]
 
 
 class BackboneRunner:
@@ -221,21 +257,12 @@ class BackboneRunner:
             hidden = decoder_features(torch.stack(outputs.hidden_states, dim=2)).to(torch.float16).cpu()
             real = inputs["attention_mask"].bool()
             return hidden[real], torch.arange(width).expand_as(real)[real], None
-        if self.packed:
-            inputs = pack(part, model=self.model)
-            real, positions, word_index = inputs.real, inputs.positions, inputs.word_index
-        else:
-            inputs = part
-            real = part["attention_mask"].bool()
-            positions = torch.arange(part.max_length).expand_as(real)
-            word_index = part.word_index
+        inputs, real, positions, word_index = backbone_batch(part, self.model, self.packed)
         # App. A position ids: the packed batch's, else the padded batch's own or layout_position_ids (model_inputs)
         outputs = run_backbone(self.model, model_inputs(self.model, inputs), output_hidden_states=True)
         hidden = torch.stack(outputs.hidden_states, dim=2).to(torch.float16).cpu()  # [B, W, layers+1, D]
         if self.kind == "token":
-            keep = word_index >= 0
-            batch_rows = torch.arange(hidden.shape[0])[:, None].expand_as(word_index)
-            return hidden[batch_rows[keep], word_index[keep]], None, None
+            return word_rows(hidden, word_index), None, None
         return hidden[real], positions[real], None
 
     @torch.inference_mode()
@@ -254,9 +281,7 @@ class BackboneRunner:
         slot[examples] = torch.arange(len(examples))
         chunks = length_sorted_chunks(self.lengths, self.batch_size, examples)
         for chunk in tqdm(chunks, disable=not progress, desc=desc, leave=False):
-            part = select_rows(self.encoded, chunk)
-            if self.kind == "token":
-                part.word_index[self.labels[chunk][:, : part.word_index.shape[1]] == -100] = -1
+            part = masked_rows(self.encoded, self.labels, chunk, self.kind)
             batch_values, batch_positions, _ = self._forward(part)
             if values is None:
                 shape = (int(offsets[-1]), *batch_values.shape[1:])

@@ -10,7 +10,7 @@ Ray executor (:mod:`papa_lib.ops.executors`) runs the same runs elsewhere.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -22,7 +22,10 @@ from .features import parse_bytes
 from .variants import Variant
 from .workspace import ExperimentConfig
 
-__all__ = ["GridBlock", "grid_runs", "grid_settings", "load_grid", "run_grid", "task_config"]
+__all__ = [
+    "GridBlock", "block_variants", "grid_runs", "grid_seeds", "grid_settings", "load_grid", "per_task_value",
+    "run_grid", "task_config",
+]
 
 @dataclass
 class GridBlock:
@@ -56,18 +59,35 @@ def load_grid(path: str | Path) -> dict:
     return spec
 
 
+def block_variants(block) -> Iterator[tuple[str, str, Variant]]:
+    """(block name, task, canonical :class:`~papa_lib.experiments.variants.Variant`) for every run of a grid block,
+    task by task, then matrix type, order and fraction, without repeats inside the block.
+
+    ``block`` is a :class:`GridBlock` or a plain mapping with the same keys; a missing (or empty) ``tasks``,
+    ``matrix_types`` or ``orders`` is none, ``["average"]`` and ``["lambda"]``, a missing ``fractions`` the paper's.
+    """
+    get = block.get if isinstance(block, Mapping) else (lambda key: getattr(block, key, None))
+    fractions = get("fractions") if get("fractions") is not None else list(selection.PAPER_FRACTIONS)
+    for task in get("tasks") or []:
+        seen = []
+        for matrix_type in get("matrix_types") or ["average"]:
+            for order in get("orders") or ["lambda"]:
+                for fraction in fractions:
+                    variant = Variant.make(matrix_type, order, fraction, get("matrices_from"))
+                    if variant not in seen:
+                        seen.append(variant)
+                        yield get("name"), task, variant
+
+
 def grid_runs(blocks: Iterable[GridBlock]) -> dict[str, list[Variant]]:
-    """Deduplicated canonical variants per task, in a cache-friendly order (grouped by variant)."""
+    """Deduplicated canonical variants per task, in a cache-friendly order (grouped by variant): the runs of
+    :func:`block_variants`, block after block, a variant that several blocks declare once."""
     per_task: dict[str, list[Variant]] = {}
     for block in blocks:
-        for task in block.tasks:
-            for matrix_type in block.matrix_types:
-                for order in block.orders:
-                    for fraction in block.fractions:
-                        variant = Variant.make(matrix_type, order, fraction, block.matrices_from)
-                        variants = per_task.setdefault(task, [])
-                        if variant not in variants:
-                            variants.append(variant)
+        for _, task, variant in block_variants(block):
+            variants = per_task.setdefault(task, [])
+            if variant not in variants:
+                variants.append(variant)
     return per_task
 
 
@@ -121,8 +141,13 @@ def grid_settings(spec: dict, overrides: dict | None = None) -> tuple[dict, list
     settings["device"] = resolve_device(settings.get("device"))  # auto: CUDA when there is one
     if settings.get("cache_budget") is not None:  # a grid file's "9G" -> bytes (the CLI's flag is parsed already)
         settings["cache_budget"] = parse_bytes(settings["cache_budget"])
-    seeds = settings.get("seeds", 3)
-    return settings, list(range(seeds)) if isinstance(seeds, int) else list(seeds)
+    return settings, grid_seeds(settings)
+
+
+def grid_seeds(spec: Mapping) -> list[int]:
+    """The seeds a grid's settings declare: ``seeds`` a count n (seeds 0 to n-1) or a list of seeds; default 3."""
+    seeds = spec.get("seeds", 3)
+    return list(range(seeds)) if isinstance(seeds, int) else [int(s) for s in seeds]
 
 
 def task_config(settings: dict, task: str, seeds) -> ExperimentConfig:
@@ -132,19 +157,19 @@ def task_config(settings: dict, task: str, seeds) -> ExperimentConfig:
         model=settings.get("model"),
         data_dir=settings.get("data_dir"),
         profile=settings.get("profile", "local"),
-        limit=_per_task(settings.get("limit"), task),
-        average_limit=_per_task(settings.get("average_limit"), task),
-        eval_limit=_per_task(settings.get("eval_limit"), task),
-        max_length=_per_task(settings.get("max_length"), task),
-        epochs=_per_task(settings.get("epochs"), task),
-        patience=_per_task(settings.get("patience"), task) or 3,
-        lambda_epochs=_per_task(settings.get("lambda_epochs"), task),
-        inloop_epochs=_per_task(settings.get("inloop_epochs"), task),
-        inloop_limit=_per_task(settings.get("inloop_limit"), task),
-        matrix_learning_rate=_per_task(settings.get("matrix_learning_rate"), task),
-        lambda_learning_rate=_per_task(settings.get("lambda_learning_rate"), task),
-        learning_rate=_per_task(settings.get("learning_rate"), task),
-        batch_size=_per_task(settings.get("batch_size"), task),
+        limit=per_task_value(settings.get("limit"), task),
+        average_limit=per_task_value(settings.get("average_limit"), task),
+        eval_limit=per_task_value(settings.get("eval_limit"), task),
+        max_length=per_task_value(settings.get("max_length"), task),
+        epochs=per_task_value(settings.get("epochs"), task),
+        patience=per_task_value(settings.get("patience"), task) or 3,
+        lambda_epochs=per_task_value(settings.get("lambda_epochs"), task),
+        inloop_epochs=per_task_value(settings.get("inloop_epochs"), task),
+        inloop_limit=per_task_value(settings.get("inloop_limit"), task),
+        matrix_learning_rate=per_task_value(settings.get("matrix_learning_rate"), task),
+        lambda_learning_rate=per_task_value(settings.get("lambda_learning_rate"), task),
+        learning_rate=per_task_value(settings.get("learning_rate"), task),
+        batch_size=per_task_value(settings.get("batch_size"), task),
         lambda_seed=settings.get("lambda_seed"),
         seeds=tuple(seeds),
         cache_budget=settings.get("cache_budget"),
@@ -153,9 +178,9 @@ def task_config(settings: dict, task: str, seeds) -> ExperimentConfig:
     )
 
 
-
-
-def _per_task(value, task: str):
-    if isinstance(value, dict):
+def per_task_value(value, task: str):
+    """One task's value of a grid setting: ``value`` itself, or for a mapping by task its entry for ``task``, else
+    its ``default`` (None when neither is there)."""
+    if isinstance(value, Mapping):
         return value.get(task, value.get("default"))
     return value

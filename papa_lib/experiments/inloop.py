@@ -12,14 +12,13 @@ from __future__ import annotations
 import copy
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-from ..core.models import frozen_parameters
-from ..core.packing import pack, supports_packing
-from .features import select_rows
-from .loop import IGNORE_INDEX, Member, RandomStream, TrainedProbe, fit
-from .training import flat_targets
+from ..core.models import adapter_for, frozen_parameters, model_inputs, run_backbone
+from ..core.packing import supports_packing
+from .features import backbone_batch, decoder_features, masked_rows, word_rows
+from .loop import Member, RandomStream, TrainedProbe, fit
+from .training import batched_predictions, flat_targets
 
 
 class BackboneProbe(nn.Module):
@@ -39,37 +38,20 @@ class BackboneProbe(nn.Module):
     def forward(self, part) -> torch.Tensor:
         """Logits for an :class:`~papa_lib.core.layout.EncodedBatch` (per example, or per kept word)."""
         device = next(self.probe.parameters()).device
-        if self.use_packing:
-            inputs = pack(part, model=self.backbone)
-            real, positions, word_index = inputs.real, inputs.positions, inputs.word_index
-        else:
-            inputs, real, word_index = part, part["attention_mask"].bool(), part.word_index
-            positions = torch.arange(part.max_length).expand_as(real)
-        from ..core.models import adapter_for, model_inputs, run_backbone
-        from .features import decoder_features
-
+        inputs, real, positions, word_index = backbone_batch(part, self.backbone, self.use_packing)
         feed = model_inputs(self.backbone, inputs)  # App. A position ids, packed or padded
         outputs = run_backbone(self.backbone, feed, output_hidden_states=True)  # a decoder LM: its bare decoder
         hidden = torch.stack(outputs.hidden_states, dim=1)  # [B, n, W, D]
         if adapter_for(self.backbone).causal:  # a decoder's probe features (decision rule R14), as the frozen runs'
             hidden = decoder_features(hidden)
         if self.kind == "token":
-            keep = word_index >= 0
-            rows = torch.arange(hidden.shape[0])[:, None].expand_as(word_index)
-            return self.probe(hidden.permute(0, 2, 1, 3)[rows[keep], word_index[keep].to(hidden.device)])
+            return self.probe(word_rows(hidden.permute(0, 2, 1, 3), word_index))
         return self.probe(hidden, real.long().to(device), positions.clamp_min(0).to(device))
 
 
-def _batches(encoded, rows: torch.Tensor, batch_size: int, seed: int, epoch: int):
+def _batches(rows: torch.Tensor, batch_size: int, seed: int, epoch: int):
     order = rows[torch.randperm(len(rows), generator=torch.Generator().manual_seed(100_003 * seed + epoch))]
     return [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
-
-
-def _masked_part(encoded, labels, examples, kind):
-    part = select_rows(encoded, examples)
-    if kind == "token":
-        part.word_index[labels[examples][:, : part.word_index.shape[1]] == IGNORE_INDEX] = -1
-    return part
 
 
 @torch.no_grad()
@@ -77,18 +59,9 @@ def predict_inloop(wrapper: BackboneProbe, encoded, labels, examples, kind: str,
                    with_loss: bool = False):
     """Predictions for ``examples`` (per example, or per kept word); with ``with_loss`` also the mean loss."""
     wrapper.eval()
-    examples = torch.as_tensor(examples, dtype=torch.long)
-    predictions, loss_sum, count = [], 0.0, 0
-    for i in range(0, len(examples), batch_size):
-        part = examples[i : i + batch_size]
-        logits = wrapper(_masked_part(encoded, labels, part, kind))
-        predictions.append(logits.argmax(-1).cpu())
-        if with_loss:
-            targets = flat_targets(labels, part, kind).to(logits.device)
-            loss_sum += float(F.cross_entropy(logits, targets, reduction="sum"))
-            count += int(targets.numel())
-    out = torch.cat(predictions) if predictions else torch.zeros(0, dtype=torch.long)
-    return (out, loss_sum / max(count, 1)) if with_loss else out
+    predictions, loss = batched_predictions(lambda part: wrapper(masked_rows(encoded, labels, part, kind)), examples,
+                                            kind, batch_size, labels if with_loss else None)
+    return (predictions, loss) if with_loss else predictions
 
 
 def inloop_batches(encoded, labels, kind: str, train_rows, batch_size: int, seed: int):
@@ -97,10 +70,10 @@ def inloop_batches(encoded, labels, kind: str, train_rows, batch_size: int, seed
     train_rows = torch.as_tensor(train_rows, dtype=torch.long)
 
     def batches(epoch):
-        for part_rows in _batches(encoded, train_rows, batch_size, seed, epoch):
+        for part_rows in _batches(train_rows, batch_size, seed, epoch):
             targets = flat_targets(labels, part_rows, kind)
             if targets.numel():
-                yield (_masked_part(encoded, labels, part_rows, kind),), targets
+                yield (masked_rows(encoded, labels, part_rows, kind),), targets
 
     return batches
 

@@ -41,7 +41,6 @@ import io
 import json
 import math
 import os
-import tempfile
 from collections.abc import Callable, Iterable, Mapping
 from contextlib import contextmanager
 from datetime import datetime, timezone
@@ -427,20 +426,15 @@ class ResultsStore:
             mode = self.path.stat().st_mode & 0o777
         except FileNotFoundError:
             mode = 0o644
-        fd, tmp_name = tempfile.mkstemp(prefix=f".{RESULTS_FILENAME}.", suffix=".tmp", dir=self.root)
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8", newline="") as handle:
+
+        def write(tmp: Path) -> None:
+            with open(tmp, "w", encoding="utf-8", newline="") as handle:
                 handle.write(text)
-                handle.flush()
-                os.fsync(handle.fileno())
-            os.chmod(tmp_name, mode)
-            os.replace(tmp_name, self.path)
-        except BaseException as error:
-            try:
-                os.unlink(tmp_name)
-            except FileNotFoundError:
-                pass
-            if isinstance(error, OSError) and error.errno is not None and error.strerror:  # e.g. a full disk
+
+        try:
+            write_atomic(self.path, write, sums=False, mode=mode)  # a temporary file next to it, then os.replace
+        except OSError as error:
+            if error.errno is not None and error.strerror:  # e.g. a full disk
                 raise OSError(error.errno, f"{error.strerror}; could not write {self.path}, which is unchanged "
                                            f"(no record lost)") from error
             raise

@@ -65,15 +65,15 @@ def flat_targets(labels: torch.Tensor, examples, kind: str) -> torch.Tensor:
 
 
 @torch.no_grad()
-def evaluate_rows(probe, rows: RaggedRows, examples, kind: str, device="cpu", labels: torch.Tensor | None = None,
-                  batch_size: int = 256) -> tuple[torch.Tensor, float | None]:
-    """Predicted classes for ``examples`` (per example, or per kept word) and, given ``labels``, the mean loss."""
-    probe.eval()
+def batched_predictions(logits_of: Callable[[torch.Tensor], torch.Tensor], examples, kind: str, batch_size: int,
+                        labels: torch.Tensor | None = None) -> tuple[torch.Tensor, float | None]:
+    """Predicted classes (argmax of ``logits_of(part)``, batch by batch of ``examples``) and, given ``labels``, the
+    mean cross-entropy over every target (:func:`flat_targets`: per example, or per kept word); else None."""
     examples = torch.as_tensor(examples, dtype=torch.long)
     predictions, loss_sum, count = [], 0.0, 0
     for i in range(0, len(examples), batch_size):
         part = examples[i : i + batch_size]
-        logits = probe(*probe_inputs(rows, part, kind, device))
+        logits = logits_of(part)
         predictions.append(logits.argmax(-1).cpu())
         if labels is not None:
             targets = flat_targets(labels, part, kind).to(logits.device)
@@ -83,12 +83,21 @@ def evaluate_rows(probe, rows: RaggedRows, examples, kind: str, device="cpu", la
     return out, (loss_sum / max(count, 1) if labels is not None else None)
 
 
+@torch.no_grad()
+def evaluate_rows(probe, rows: RaggedRows, examples, kind: str, device="cpu", labels: torch.Tensor | None = None,
+                  batch_size: int = 256) -> tuple[torch.Tensor, float | None]:
+    """Predicted classes for ``examples`` (per example, or per kept word) and, given ``labels``, the mean loss."""
+    probe.eval()
+    return batched_predictions(lambda part: probe(*probe_inputs(rows, part, kind, device)), examples, kind,
+                               batch_size, labels)
+
+
 def predict_rows(probe, rows: RaggedRows, examples, kind: str, device="cpu", batch_size: int = 256) -> torch.Tensor:
     """Predicted classes for ``examples`` (per example, or per kept word for token tasks)."""
     return evaluate_rows(probe, rows, examples, kind, device, batch_size=batch_size)[0]
 
 
-def _local_labels(labels: torch.Tensor, examples: torch.Tensor, local: torch.Tensor, kind: str) -> torch.Tensor:
+def _local_labels(labels: torch.Tensor, examples: torch.Tensor, local: torch.Tensor) -> torch.Tensor:
     """Labels indexed like ``local`` (the positions of ``examples`` in their feature rows)."""
     size = int(local.max()) + 1 if len(local) else 0
     out = torch.full((size, *labels.shape[1:]), IGNORE_INDEX, dtype=labels.dtype)
@@ -181,7 +190,7 @@ def train_seeds(
         plan = plan_of[member.seed]
         rows, local = held[member.seed]
         predictions, held_loss = evaluate_rows(member.module, rows, local, kind, device,
-                                               labels=_local_labels(labels, plan.heldout, local, kind))
+                                               labels=_local_labels(labels, plan.heldout, local))
         return float(score(plan, predictions)), held_loss
 
     fit(members, steps, epochs=max_epochs, learning_rate=learning_rate, evaluate=evaluate, patience=patience,

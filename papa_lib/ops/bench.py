@@ -106,7 +106,6 @@ GPU; timings synchronise the device.
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import random
 import statistics
@@ -138,7 +137,8 @@ from .bench_support import (
     load_bench_decoder,
     load_bench_model,
     median_ratio,
-    synchronize_device,
+    time_call,
+    time_interleaved,
 )
 from .costs import decoder_shape, flop_limit, lm_head_flops
 
@@ -168,13 +168,10 @@ def benchmark_sentences(count: int, seed: int = 0) -> tuple[list[str], list[int]
     if count < 1:
         raise ValueError(f"count must be positive, got {count}")
     if SST2_DEV.exists():
-        texts, labels = [], []
-        with SST2_DEV.open(newline="", encoding="utf-8") as handle:
-            for row in csv.DictReader(handle, delimiter="\t", quoting=csv.QUOTE_NONE):
-                texts.append(row["sentence"])
-                labels.append(int(row["label"]))
-        if not texts:
-            raise ValueError(f"{SST2_DEV} has no sentences")
+        from ..experiments.tasks import load_task
+
+        dev = load_task("sst2", "validation", data_dir=SST2_DEV.parents[2])  # the task loader reads SST2_DEV
+        texts, labels = list(dev.texts), [int(label) for label in dev.labels]
         return (
             [texts[i % len(texts)] for i in range(count)],
             [labels[i % len(labels)] for i in range(count)],
@@ -185,34 +182,6 @@ def benchmark_sentences(count: int, seed: int = 0) -> tuple[list[str], list[int]
              "actors plot scene music ending charming bleak bright slow fast smart silly warm cold").split()
     texts = [" ".join(rng.choice(words) for _ in range(rng.randint(4, 40))) for _ in range(count)]
     return texts, [rng.randint(0, 1) for _ in range(count)], "generated"
-
-
-def _timed(function: Callable[[], object], device) -> float:
-    synchronize_device(device)
-    start = _clock()
-    function()
-    synchronize_device(device)
-    return _clock() - start
-
-
-def _interleaved(
-    functions: dict[str, Callable[[], object]],
-    repeats: int,
-    device,
-    warmups: Iterable[Callable[[], object]] | None = None,
-) -> dict[str, list[float]]:
-    """Time each function ``repeats`` times, interleaved, alternating the order each repetition.
-
-    ``warmups`` run first, untimed (default: each function once).
-    """
-    names = list(functions)
-    for warmup in functions.values() if warmups is None else warmups:
-        warmup()
-    times = {name: [] for name in names}
-    for repeat in range(repeats):
-        for name in names if repeat % 2 == 0 else reversed(names):
-            times[name].append(_timed(functions[name], device))
-    return times
 
 
 # ---------------------------------------------------------------------------------------------- benchmarks
@@ -240,7 +209,8 @@ def bench_averaging(model, tokenizer, sizes: BenchSizes, device) -> dict[str, fl
             for batch in batches[:2]:
                 model(**model_inputs(model, batch), output_attentions=True)
 
-    times = _interleaved({"averaging": averaging, "forward": forward}, sizes.averaging_repeats, device, [warmup])
+    times = time_interleaved({"averaging": averaging, "forward": forward}, sizes.averaging_repeats, device, [warmup],
+                             clock=_clock)
     count = len(texts)
     return {
         "averaging_vs_forward": median_ratio(times["forward"], times["averaging"]),
@@ -283,7 +253,7 @@ def bench_probe(model, tokenizer, sizes: BenchSizes, device) -> dict[str, float]
     def extract():
         extraction.append(runner.rows(rows))
 
-    extract_s = _timed(extract, device)
+    extract_s = time_call(extract, device, _clock)
     features = extraction[-1]
 
     def cached_epoch():
@@ -311,9 +281,9 @@ def bench_probe(model, tokenizer, sizes: BenchSizes, device) -> dict[str, float]
             optimiser.step()
 
     # The feature extraction above has warmed the backbone up; no separate warm-up.
-    times = _interleaved({"cached": cached_epoch, "recomputed": recomputed_epoch,
-                          "padded_steps": lambda: probe_steps(False), "ragged_steps": lambda: probe_steps(True)},
-                         sizes.probe_repeats, device, [])
+    times = time_interleaved({"cached": cached_epoch, "recomputed": recomputed_epoch,
+                              "padded_steps": lambda: probe_steps(False), "ragged_steps": lambda: probe_steps(True)},
+                             sizes.probe_repeats, device, [], clock=_clock)
     return {
         "ragged_vs_padded_probe_steps": median_ratio(times["padded_steps"], times["ragged_steps"]),
         "probe_step_ms": 1000 * statistics.median(times["ragged_steps"]) / len(batches),
@@ -365,8 +335,8 @@ def bench_seeds(model, tokenizer, sizes: BenchSizes, device) -> dict[str, float]
         def interleaved(trained=trained, train=train):
             trained["interleaved"] = train(plans, batched=False)
 
-        times = _interleaved({"sequential": sequential, "together": together, "interleaved": interleaved},
-                             sizes.seeds_repeats, device, [lambda train=train: train(plans[:1])])
+        times = time_interleaved({"sequential": sequential, "together": together, "interleaved": interleaved},
+                                 sizes.seeds_repeats, device, [lambda train=train: train(plans[:1])], clock=_clock)
         figures[f"probe_seeds_batched_vs_sequential_{kind}"] = median_ratio(times["sequential"], times["together"])
         figures[f"probe_seeds_interleaved_vs_sequential_{kind}"] = median_ratio(times["sequential"],
                                                                                   times["interleaved"])
@@ -409,7 +379,8 @@ def bench_packing(model, tokenizer, sizes: BenchSizes, device, data_dir: Path | 
         def extract(mode, outputs=outputs, runners=runners, rows=rows):
             return lambda: outputs.__setitem__(mode, runners[mode].rows(rows))
 
-        times = _interleaved({mode: extract(mode) for mode in runners}, sizes.packing_repeats, device)
+        times = time_interleaved({mode: extract(mode) for mode in runners}, sizes.packing_repeats, device,
+                                 clock=_clock)
         figures[f"packed_vs_padded_{task}_L64"] = median_ratio(times["padded"], times["packed"])
         figures[f"real_tokens_per_example_{task}_L64"] = float(split.encoded["attention_mask"].sum()) / len(split)
         figures[f"packed_vs_padded_max_abs_diff_{task}"] = float(
@@ -458,7 +429,7 @@ def bench_constant(model, tokenizer, sizes: BenchSizes, device) -> dict[str, flo
                 model(**batch)
                 caches[name] = dict(state._dynamic_cache)
 
-        times = _interleaved(
+        times = time_interleaved(
             {
                 "original": original,
                 "constant": lambda: replaced("constant"),
@@ -466,6 +437,7 @@ def bench_constant(model, tokenizer, sizes: BenchSizes, device) -> dict[str, flo
             },
             sizes.constant_repeats,
             device,
+            clock=_clock,
         )
         speedup = median_ratio(times["original"], times["constant"])
         limit = flop_limit(length, hidden, intermediate)
@@ -509,10 +481,11 @@ def bench_decoder(model, tokenizer, sizes: BenchSizes, device) -> dict[str, floa
             outputs[name] = base(**inputs, use_cache=False).last_hidden_state
             caches[name] = dict(state._dynamic_cache)
 
-    times = _interleaved(
+    times = time_interleaved(
         {"original": original, "constant": lambda: replaced("constant"), "reference": lambda: replaced("reference")},
         sizes.decoder_repeats,
         device,
+        clock=_clock,
     )
     flop_shape = {k: shape[k] for k in ("attention_width", "kv_width", "ffn_matrices")}
     limit = flop_limit(length, shape["hidden"], shape["intermediate"], **flop_shape)

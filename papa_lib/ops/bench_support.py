@@ -1,11 +1,14 @@
-"""What :mod:`papa_lib.ops.bench` builds on: the problem sizes, the benchmark models, device synchronisation and the
-process's resident memory. Re-exported by :mod:`papa_lib.ops.bench`. (The FLOP model of the all-constant speed-up is
+"""What :mod:`papa_lib.ops.bench` builds on: the problem sizes, the benchmark models, device synchronisation and
+interleaved timing (which ``papa grid --plan``'s measurements use too, :mod:`papa_lib.ops.plan`) and the process's
+resident memory. Re-exported by :mod:`papa_lib.ops.bench`. (The FLOP model of the all-constant speed-up is
 the cost model's, :mod:`papa_lib.ops.costs`.)"""
 
 from __future__ import annotations
 
 import os
 import statistics
+import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -53,11 +56,13 @@ def format_figure(name: str, value: float) -> str:
 def load_bench_model(spec: str | None, device: str = "cpu", dtype: str = "fp32"):
     """(model, tokenizer) for a model spec: ``minilm`` (embedded, default), ``tiny`` (random 2-layer BERT), or a path.
 
-    ``tiny`` uses the embedded model's tokenizer with a tiny randomly initialised BERT of the same vocabulary.
+    ``tiny`` uses the embedded model's tokenizer with a tiny randomly initialised BERT of the same vocabulary
+    (:func:`papa_lib.smoke.tiny_model`, 512 positions).
     """
-    from transformers import AutoModel, AutoTokenizer, BertConfig
+    from transformers import AutoTokenizer
 
     from ..core.models import embedded_model_path, load_encoder
+    from ..smoke import tiny_model
 
     if dtype not in DTYPES:
         raise ValueError(f"unknown dtype {dtype!r}; choose one of {sorted(DTYPES)}")
@@ -68,14 +73,8 @@ def load_bench_model(spec: str | None, device: str = "cpu", dtype: str = "fp32")
         from ..core.packaged import EMBEDDED_HUB_ID
 
         tokenizer = AutoTokenizer.from_pretrained(str(embedded_model_path() or EMBEDDED_HUB_ID))
-        config = BertConfig(
-            vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37,
-            max_position_embeddings=512,
-        )
-        torch.manual_seed(0)
-        model = AutoModel.from_config(config, attn_implementation="eager").to(device=device, dtype=DTYPES[dtype]).eval()
-        model.papa_model_id = "tiny-random-bert"
-        return model, tokenizer
+        model = tiny_model("bert", 0, vocab_size=len(tokenizer), max_position_embeddings=512)  # "tiny-random-bert"
+        return model.to(device=device, dtype=DTYPES[dtype]).eval(), tokenizer
     return load_encoder(None if spec == "minilm" else spec, device=device, dtype=DTYPES[dtype])
 
 
@@ -117,6 +116,36 @@ def load_bench_decoder(spec: str | None, device: str = "cpu", dtype: str = "fp32
 def synchronize_device(device) -> None:
     if torch.device(device).type == "cuda":
         torch.cuda.synchronize()
+
+
+def time_call(function: Callable[[], object], device, clock: Callable[[], float] = time.perf_counter) -> float:
+    """Seconds (read on ``clock``) of one call of ``function``, the device synchronised before and after."""
+    synchronize_device(device)
+    start = clock()
+    function()
+    synchronize_device(device)
+    return clock() - start
+
+
+def time_interleaved(
+    functions: dict[str, Callable[[], object]],
+    repeats: int,
+    device,
+    warmups: Iterable[Callable[[], object]] | None = None,
+    clock: Callable[[], float] = time.perf_counter,
+) -> dict[str, list[float]]:
+    """Time each function ``repeats`` times (:func:`time_call`), interleaved, alternating the order each repetition.
+
+    ``warmups`` run first, untimed (default: each function once).
+    """
+    names = list(functions)
+    for warmup in functions.values() if warmups is None else warmups:
+        warmup()
+    times = {name: [] for name in names}
+    for repeat in range(repeats):
+        for name in names if repeat % 2 == 0 else reversed(names):
+            times[name].append(time_call(functions[name], device, clock))
+    return times
 
 
 def median_ratio(numerators: list[float], denominators: list[float]) -> float:

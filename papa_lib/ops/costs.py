@@ -1,9 +1,9 @@
 """What a run costs, in one model: the FLOPs of a transformer layer (:func:`layer_flops`; the benchmarks' limit of the
 all-constant speed-up, :func:`flop_limit`, and the encoders' relative compute, :func:`encoder_cost_ratio`, both come
-from it), the bytes of a task's frozen features (:func:`feature_rows_bytes`; the scale chapter's
-:func:`feature_cache_bytes` and ``papa grid --plan`` both come from it), and the scale chapter's compute estimates
-from the wall times of finished runs, scaled to other encoders and to the paper's data sizes (:func:`run_costs`,
-:func:`estimate_compute`, :func:`grid_plan`).
+from it), the bytes of a task's frozen features (:func:`feature_cache_bytes`, the scale chapter's, from
+:func:`papa_lib.experiments.features.feature_rows_bytes`, which ``papa grid --plan`` and the engine's cache decision
+use too), and the scale chapter's compute estimates from the wall times of finished runs, scaled to other encoders
+and to the paper's data sizes (:func:`run_costs`, :func:`estimate_compute`, :func:`grid_plan`).
 
 The paper's training-set sizes are those of its Sec. 4.1 datasets; model shapes are the published configurations.
 """
@@ -15,8 +15,10 @@ from collections.abc import Iterable, Mapping, Sequence
 import pandas as pd
 
 from ..book.figures import empty_frame, sort_by_task
-from ..book.grid_views import block_variants, check_frame, grid_seeds
+from ..book.grid_views import check_frame
 from ..experiments import matrices
+from ..experiments.features import feature_rows_bytes
+from ..experiments.grid import block_variants, grid_seeds, per_task_value
 
 #: Training-set sizes of the paper's data (GLUE train splits; CoNLL-2003 eng.train sentences), for estimates.
 PAPER_TRAIN_SIZES = {"cola": 8551, "sst2": 67349, "mrpc": 3668, "mnli": 392702, "ner": 14041, "pos": 14041}
@@ -129,26 +131,12 @@ def encoder_cost_ratio(shape: Sequence[int], reference: Sequence[int] = MODEL_SH
 
 
 # ---------------------------------------------------------------------------------------------- feature bytes
-def feature_rows_bytes(rows: float, layers: int, hidden: int, kind: str = "sentence", *, positions: bool = False,
-                       bytes_per_value: int = 2) -> int:
-    """Bytes of ``rows`` rows of frozen features, each a vector of every layer and the embeddings: ``rows x
-    (layers+1) x hidden x bytes_per_value`` (float16 by default), the layout of
-    :class:`papa_lib.experiments.features.FeatureStore`. ``rows`` may be an estimate (fractional).
-
-    ``positions``: also count the int16 App. A position the store keeps with each row of a sentence task (2 bytes a
-    row; a token task keeps none), as :func:`papa_lib.experiments.features.feature_bytes` does for encoded rows.
-    """
-    if kind not in ("sentence", "token"):
-        raise ValueError(f"feature_rows_bytes: kind must be 'sentence' or 'token', got {kind!r}")
-    values = rows * (int(layers) + 1) * int(hidden) * int(bytes_per_value)
-    return int(values + (rows * 2 if positions and kind == "sentence" else 0))
-
-
 def feature_cache_bytes(kind: str, examples: int, layers: int, hidden: int, length: int | None = None,
                         bytes_per_value: int = 2, tokens_per_example: float | None = None,
                         positions: bool = False) -> int:
-    """Bytes of frozen features of one split, float16, every layer and the embeddings (:func:`feature_rows_bytes`
-    of the split's rows; ``positions`` as there, left out by default).
+    """Bytes of frozen features of one split, float16, every layer and the embeddings
+    (:func:`~papa_lib.experiments.features.feature_rows_bytes` of the split's rows; ``positions`` as there, left out
+    by default).
 
     The feature store (:class:`papa_lib.experiments.features.FeatureStore`) keeps real tokens only: for a sentence
     task ``examples x tokens_per_example x (layers+1) x D``. Without ``tokens_per_example``, a sentence task counts
@@ -213,10 +201,7 @@ def run_costs(frame: pd.DataFrame, lengths: Mapping[str, int] | int, device: str
         return empty_frame(columns)
 
     def length(task: str) -> int:
-        if isinstance(lengths, Mapping):
-            value = lengths.get(task, lengths.get("default"))
-        else:
-            value = lengths
+        value = per_task_value(lengths, task)
         if value is None or int(value) <= 0:
             raise ValueError(f"run_costs: no sequence length for task {task!r} in {lengths!r}")
         return int(value)

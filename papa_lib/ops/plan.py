@@ -21,9 +21,9 @@ recorded, the constant matrices and λ already saved (a run stopped after learni
 resumed run reads it), and, for the variants whose seeds train together, their cached features when whole and the
 probe epochs their seeds' states hold (``checkpoints/``: a run stopped mid-training goes on from there).
 
-Feature bytes are the cost model's (:func:`papa_lib.ops.costs.feature_rows_bytes`): the store's rows (a sentence task's
-real tokens; a token task's words, estimated as 0.6 of its sub-tokens) x (layers+1) x hidden x 2 bytes, plus the 2-byte
-position of each row of a sentence task.
+Feature bytes are the store's (:func:`papa_lib.experiments.features.feature_rows_bytes`): its rows (a sentence
+task's real tokens; a token task's words, estimated as 0.6 of its sub-tokens) x (layers+1) x hidden x 2 bytes, plus
+the 2-byte position of each row of a sentence task.
 
 The backbone passes alone give a floor no probe speed-up can lower; the plan prints it twice: as the grid declares
 it, and as it would be with λ learned once per task (and one random order) instead of once per seed, the largest
@@ -49,8 +49,10 @@ from dataclasses import dataclass, field
 import torch
 
 from ..experiments import tasks
+from ..experiments.features import feature_rows_bytes  # the bytes the store keeps
 from ..experiments.task_specs import TASKS
-from .costs import PAPER_TRAIN_SIZES, feature_rows_bytes  # the one cost model's training sizes and feature bytes
+from .bench_support import median_ratio, time_call, time_interleaved
+from .costs import PAPER_TRAIN_SIZES  # the one cost model's training sizes
 
 #: Validation-set sizes of the paper's data; with :data:`~papa_lib.ops.costs.PAPER_TRAIN_SIZES` (the training sets),
 #: used when the data is not at hand.
@@ -108,29 +110,29 @@ def measure_throughput(model, device="cpu", tokens: int = 24, batch: int = 64, r
     ids = torch.randint(5, max(6, vocab - 1), (batch, tokens), device=device)
     inputs = {"input_ids": ids, "attention_mask": torch.ones_like(ids),
               "position_ids": torch.arange(tokens, device=device).expand(batch, tokens)}
+    def forward_passes():
+        with torch.inference_mode():
+            for _ in range(repeats):
+                run_backbone(model, inputs, output_hidden_states=True)
+
     with torch.inference_mode():
-        run_backbone(model, inputs, output_hidden_states=True)
-        started = time.perf_counter()
-        for _ in range(repeats):
-            run_backbone(model, inputs, output_hidden_states=True)
-        if str(device).startswith("cuda"):
-            torch.cuda.synchronize()
-    tokens_per_second = batch * tokens * repeats / (time.perf_counter() - started)
+        run_backbone(model, inputs, output_hidden_states=True)  # warm-up
+    tokens_per_second = batch * tokens * repeats / time_call(forward_passes, device)
     layers, hidden = int(model.config.num_hidden_layers) + 1, int(model.config.hidden_size)
     probe = make_probe("sentence", layers, 128, hidden, 3).to(device)
     optimiser = adamw(probe.parameters(), 1e-4)
     features = torch.randn(16, layers, tokens, hidden, device=device)
     mask = torch.ones(16, tokens, dtype=torch.long, device=device)
     labels = torch.zeros(16, dtype=torch.long, device=device)
-    started = time.perf_counter()
-    for _ in range(20):
-        loss = torch.nn.functional.cross_entropy(probe(features, mask), labels)
-        optimiser.zero_grad()
-        loss.backward()
-        optimiser.step()
-    if str(device).startswith("cuda"):
-        torch.cuda.synchronize()
-    return tokens_per_second, (time.perf_counter() - started) / 20
+
+    def probe_steps():
+        for _ in range(20):
+            loss = torch.nn.functional.cross_entropy(probe(features, mask), labels)
+            optimiser.zero_grad()
+            loss.backward()
+            optimiser.step()
+
+    return tokens_per_second, time_call(probe_steps, device) / 20
 
 
 def measure_seed_batching(model, device="cpu", seeds: int = 10, tokens: int = 24, steps: int = 10,
@@ -138,9 +140,7 @@ def measure_seed_batching(model, device="cpu", seeds: int = 10, tokens: int = 24
     """Seconds of one training step of ``seeds`` probes stepping together (one backward, one AdamW call; the library's
     loop, :func:`papa_lib.experiments.loop.fit`) over ``seeds`` x the seconds of one probe's step: 1 when training
     together saves nothing, 1/seeds when the seeds cost what one does. Median of ``repeats`` interleaved
-    measurements."""
-    import statistics
-
+    measurements (:func:`~papa_lib.ops.bench_support.time_interleaved`)."""
     from ..experiments.loop import Member, fit
     from ..experiments.probes import make_probe
 
@@ -156,24 +156,13 @@ def measure_seed_batching(model, device="cpu", seeds: int = 10, tokens: int = 24
             members.append(Member(seed, probe, [{"params": list(probe.parameters())}]))
         groups[count] = members
 
-    def timed(members, count=steps) -> float:
-        if str(device).startswith("cuda"):
-            torch.cuda.synchronize()
-        started = time.perf_counter()
+    def train(members, count=steps) -> None:
         fit(members, lambda epoch, active: ([(m, (features, mask), labels) for m in active] for _ in range(count)),
             epochs=1, learning_rate=1e-4, device=device)
-        if str(device).startswith("cuda"):
-            torch.cuda.synchronize()
-        return (time.perf_counter() - started) / count
 
-    for members in groups.values():
-        timed(members, 1)  # warm-up
-    ratios = []
-    for repeat in range(repeats):
-        order = (1, seeds) if repeat % 2 == 0 else (seeds, 1)
-        took = {count: timed(groups[count]) for count in order}
-        ratios.append(took[seeds] / (seeds * took[1]))
-    return statistics.median(ratios)
+    took = time_interleaved({"one": lambda: train(groups[1]), "all": lambda: train(groups[seeds])}, repeats, device,
+                            warmups=[lambda members=members: train(members, 1) for members in groups.values()])
+    return median_ratio(took["all"], [seeds * one for one in took["one"]])  # the steps' count cancels
 
 
 def _task_data(task: str, config, tokenizer):
