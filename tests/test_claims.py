@@ -239,7 +239,11 @@ def test_norm_claims_need_an_effect_not_just_a_sign(tmp_path):
 
 # ---------------------------------------------------------------------------------------------- files and rendering
 def test_write_claims_from_a_results_folder(tmp_path):
-    _records(drop=0.08, free=0.3).to_csv(tmp_path / "results.csv", index=False)
+    from papa_lib.experiments.results import REQUIRED_FIELDS, ResultsStore
+
+    store = ResultsStore(tmp_path)  # write_claims reads a results store (read_results)
+    for i, record in enumerate(_records(drop=0.08, free=0.3).to_dict("records")):
+        store.append({**dict.fromkeys(REQUIRED_FIELDS), **record, "run_id": f"run-{i:03d}", "metric": "accuracy"})
     written = pd.read_csv(claims.write_claims(tmp_path))
     assert list(written.columns) == claims.COLUMNS and len(written) == 9 and written.model.notna().all()
 
@@ -309,9 +313,9 @@ def test_local_claims_take_a_second_model_folder(tmp_path):
     shutil.copytree(ROOT / "data" / "results" / "norms-minilm" / "analysis", results / "norms-minilm" / "analysis")
     (results / "local-minilm").mkdir(parents=True)
     (results / "local-mpnet").mkdir(parents=True)
-    frame = pd.read_csv(ROOT / "data" / "results" / "local-minilm" / "results.csv")
-    frame.to_csv(results / "local-minilm" / "results.csv", index=False)
-    frame.assign(model="all-mpnet-base-v2").to_csv(results / "local-mpnet" / "results.csv", index=False)
+    text = (ROOT / "data" / "results" / "local-minilm" / "results.csv").read_text()
+    (results / "local-minilm" / "results.csv").write_text(text)
+    (results / "local-mpnet" / "results.csv").write_text(text.replace("all-MiniLM-L6-v2", "all-mpnet-base-v2"))
     paths = claims.write_local_claims(tmp_path)
     assert len(paths) == 2 and paths[0].read_text() == paths[1].read_text()
     table = claims.local_claims(tmp_path)

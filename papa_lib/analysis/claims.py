@@ -73,7 +73,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from ..experiments.summaries import seeds_per_config, t_half_width
+from ..experiments.results import read_results
+from ..experiments.selection import ORDERS
+from ..experiments.summaries import own_text, seeds_per_config, t_half_width
 from . import paper
 
 RULES_PATH = paper.PAPER_DIR / "claims_rules.csv"
@@ -89,7 +91,7 @@ UNITS = ("declared", "absolute", "chance")
 
 
 # ---------------------------------------------------------------------------------------------- the rules
-#: The paper's six tasks in its tables' order (the order claims list tasks in).
+#: The paper's six tasks in its tables' order (the order claims and the book's tables list tasks in).
 TASK_ORDER = ("cola", "mrpc", "sst2", "mnli", "ner", "pos")
 #: C4's data-free matrices, the three its statement names (Sec. 5.2); a type registered later as data-free
 #: (:func:`papa_lib.experiments.matrices.register_matrix_type`) is shown by the figures, not added to the claim.
@@ -355,7 +357,6 @@ COLUMNS = ["model", "claim", "statement", "statistic", "tasks", "paper", "ours",
            "verdict_text", "decided_by", "absolute", "verdict_absolute", "chance_corrected", "verdict_chance_corrected",
            "verdict_per_type", "unit_dependent"]
 FIG5_FRACTIONS = (0.5, 0.125, 0.0625)
-ORDERS = ("lambda", "reversed", "first_to_last", "last_to_first", "random")
 #: parameters of the models whose records may meet in C3 (the larger one is expected to drop more)
 MODEL_PARAMETERS = {"all-MiniLM-L6-v2": 22.7e6, "all-mpnet-base-v2": 109.5e6, "bert-base-uncased": 110e6,
                     "roberta-base": 125e6, "electra-base-discriminator": 110e6, "deberta-base": 139e6,
@@ -370,9 +371,14 @@ NOT_TESTABLE = {"C7": "needs MLM-pretrained models with their pretrained MLM hea
 
 
 # ---------------------------------------------------------------------------------------------- selections
-def _order(tasks: Iterable[str]) -> list[str]:
-    rank = {task: i for i, task in enumerate(TASK_ORDER)}
-    return sorted(tasks, key=lambda t: (rank.get(t, 99), t))
+def task_rank(task: str) -> int:
+    """Position of a task in :data:`TASK_ORDER` (a task the paper does not have comes after its six)."""
+    return TASK_ORDER.index(task) if task in TASK_ORDER else len(TASK_ORDER)
+
+
+def ordered_tasks(tasks: Iterable[str]) -> list[str]:
+    """``tasks`` once each, in :data:`TASK_ORDER` (tasks the paper does not have after its six, by name)."""
+    return sorted(dict.fromkeys(tasks), key=lambda t: (task_rank(t), str(t)))
 
 
 _READ: list[pd.DataFrame] | None = None  # while a claim is computed (:func:`_devices_read`): the rows it selects
@@ -417,7 +423,7 @@ def _select(frame: pd.DataFrame, matrix_type: str, fraction: float, order: str =
     rows = frame[(frame.matrix_type == matrix_type) & np.isclose(frame.fraction.astype(float), fraction)
                  & (frame.selection_order.fillna("none") == order)]
     if source == "own":
-        rows = rows[rows.matrices_from.fillna(rows.task) == rows.task]
+        rows = rows[own_text(rows)]
     elif source is not None:
         rows = rows[rows.matrices_from == source]
     return _seen(rows) if record else rows
@@ -565,12 +571,9 @@ def informative_tasks(frame: pd.DataFrame) -> tuple[list[str], list[str]]:
     A task whose records carry no baseline is included."""
     included, left_out = [], []
     for task, values in _by_seed(original_rows(frame)).items():
-        baseline = frame.loc[frame.task == task, "majority_baseline"].dropna() if "majority_baseline" in frame \
-            else pd.Series(dtype=float)
-        floor = float(baseline.iloc[0]) if len(baseline) else float("nan")
         low = one_sample(values.to_numpy()).low
-        (included if above_guessing(low, len(values), floor) else left_out).append(task)
-    return _order(included), _order(left_out)
+        (included if above_guessing(low, len(values), majority_floor(frame, task)) else left_out).append(task)
+    return ordered_tasks(included), ordered_tasks(left_out)
 
 
 # ---------------------------------------------------------------------------------------------- statistics
@@ -699,7 +702,7 @@ def data_free_margins(frame: pd.DataFrame) -> pd.DataFrame:
     The claim's verdict is C4's row of :func:`claims_table`."""
     rule = rules().loc["C4"]
     with _reading() as read:
-        per_task, best_of, _ = _c4_units(frame, _order(set(frame.task)))
+        per_task, best_of, _ = _c4_units(frame, ordered_tasks(set(frame.task)))
     verdicts, p_agree, _ = every_unit_verdicts(per_task, rule)
     return pd.DataFrame([{"task": t, "best data-free": best_of[t], "average minus best data-free": e.value,
                           "ci_low": e.low, "ci_high": e.high, "verdict": verdicts[t], "holm_p": p_agree[t],
@@ -722,7 +725,7 @@ def _c6(frame, tasks, rule, which):
     if "mnli" not in tasks:
         return Measured(Estimate(float("nan"), float("nan"), float("nan")), "not measured", [], ["mnli"],
                         "MNLI is not among the included tasks")
-    mnli = frame[(frame.task == "mnli") & (frame.matrices_from.fillna("mnli") == "mnli")]
+    mnli = frame[(frame.task == "mnli") & own_text(frame)]
     per_fraction, missing = {}, []
     for fraction in FIG5_FRACTIONS:
         rows = {o: _select(mnli, "average", fraction, o, source=None, record=False) for o in ORDERS}
@@ -828,7 +831,7 @@ def claim_tasks(frame: pd.DataFrame, claim: str) -> dict:
     majority baseline; for C6a and C6b only MNLI, the one task they read) and ``not_measured`` (included tasks, or
     C6's fractions, whose rows are missing). ``frame`` holds one model's records."""
     rule, compute = rules().loc[claim], PER_MODEL[claim]
-    every = _order(set(frame.task))
+    every = ordered_tasks(set(frame.task))
     left_out = inclusion(frame, compute, rule, every)[1]
     measured = compute(frame, [t for t in every if t not in left_out], rule)
     return {"included": list(measured.tasks), "left_out": _shown_left_out(claim, left_out),
@@ -844,7 +847,7 @@ def model_claims(frame: pd.DataFrame, model: str | None = None) -> list[dict]:
     """C1a-C6b for one model's records (the rows' ``model``), each on the included tasks and on every task."""
     table = rules()
     model = model or (str(frame.model.iloc[0]) if len(frame) else "this model")
-    every = _order(set(frame.task))
+    every = ordered_tasks(set(frame.task))
     rows = []
     for claim, compute in PER_MODEL.items():
         rule = table.loc[claim]
@@ -876,7 +879,7 @@ def cross_model_claims(frames: Mapping[str, pd.DataFrame]) -> list[dict]:
         return [_row(" vs ".join(frames) or "—", "C3", rule, None, "", None, f"not testable: {why}")]
     def entering(frame):  # decision rule R3 on C3's rows (the original and every head constant)
         with _reading() as read:
-            _task_drops(frame, _select(frame, "average", 0.0), _order(set(frame.task)))
+            _task_drops(frame, _select(frame, "average", 0.0), ordered_tasks(set(frame.task)))
         return {t for t in set(frame.task) if not below_floor(frame, read, t)}
 
     rows = []
@@ -890,8 +893,9 @@ def cross_model_claims(frames: Mapping[str, pd.DataFrame]) -> list[dict]:
                 for m in (small, large):
                     unit = kind if kind in UNITS else "declared"
                     with _in_unit(unit, frames[m]) if unit != "declared" else nullcontext():
-                        drops[m] = _task_drops(frames[m], _select(frames[m], "average", 0.0), _order(shared))[0]
-            common = [t for t in _order(shared) if all(t in drops[m] for m in (small, large))]
+                        drops[m] = _task_drops(frames[m], _select(frames[m], "average", 0.0),
+                                               ordered_tasks(shared))[0]
+            common = [t for t in ordered_tasks(shared) if all(t in drops[m] for m in (small, large))]
             if not common:
                 per[kind] = Measured(Estimate(float("nan"), float("nan"), float("nan")), "not measured", [], shared)
                 continue
@@ -971,7 +975,7 @@ def objective_claims(frame: pd.DataFrame, lm_records: Sequence[Mapping], model: 
     if not len(frame) or "task" not in frame or not needed <= {(r["matrix_type"], r["order"]) for r in lm_records}:
         why = "needs the decoder's probe records and its LM records (original, every head constant, unigram)"
         return [_row(model, "C10", rule, None, "", None, f"not measured: {why}")]
-    every = _order(set(frame.task))
+    every = ordered_tasks(set(frame.task))
     left_out = inclusion(frame, PER_MODEL["C1a"], c1a, every)[1]
     included = [t for t in every if t not in left_out]
     per_unit = {}
@@ -1073,12 +1077,12 @@ def read_lm(folders: Sequence[str | Path]) -> dict[str, list[dict]]:
 
 
 def read_folders(folders: Sequence[str | Path]) -> dict[str, pd.DataFrame]:
-    """model -> records of the ``results.csv`` of each folder that has one (a folder may hold several models)."""
+    """model -> records (:func:`papa_lib.experiments.results.read_results`) of each folder that has a ``results.csv``
+    (a folder may hold several models)."""
     frames: dict[str, pd.DataFrame] = {}
     for folder in folders:
-        path = Path(folder) / "results.csv"
-        if path.exists():
-            records = pd.read_csv(path)
+        if (Path(folder) / "results.csv").exists():
+            records = read_results(folder)
             for model, group in records.groupby("model", sort=False):
                 frames[str(model)] = pd.concat([frames[str(model)], group]) if str(model) in frames else group
     return frames

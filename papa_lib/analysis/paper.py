@@ -39,14 +39,3 @@ def headline(key: str | None = None):
         raise KeyError(f"no headline number {key!r}; known: {', '.join(frame.key)}")
     return float(row.value.iloc[0])
 
-
-def table_long(name: str) -> pd.DataFrame:
-    """A task table in long form: one row per (row label, task) with ``value`` (for plotting beside ours)."""
-    frame = table(name)
-    id_columns = [c for c in frame.columns if c in ("construction", "matrix_type", "matrices_from", "task")]
-    long = frame.melt(id_vars=id_columns, var_name="task", value_name="value")
-    long["source"] = frame.attrs["source"]
-    long["model"] = frame.attrs["model"]
-    return long
-
-

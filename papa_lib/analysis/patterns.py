@@ -29,8 +29,8 @@ Patterns of the constant matrices (Sec. 5.1)
       weight mass").
 
 λ and head orders (Sec. 3.2, 5.4)
-    :func:`read_lambda_files` reads the learned λ saved by
-    :func:`papa_lib.experiments.engine.learn_lambdas`;
+    :func:`lambda_frame` tabulates the learned λ saved by :func:`papa_lib.experiments.engine.learn_lambdas` (read
+    with :func:`papa_lib.experiments.workspace.read_lambdas`) with each head's rank in the λ order;
     :func:`kept_until` turns λ into the fraction of input-dependent heads down to which each head survives;
     :func:`order_curves` and :func:`compare_orders` put the Fig. 5 runs of a results table into curves and rank them.
 
@@ -42,9 +42,7 @@ Heat-map tables
 
 from __future__ import annotations
 
-import logging
 import math
-import re
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -71,20 +69,14 @@ __all__ = [
     "pattern_shares",
     "pattern_summary",
     "position_labels",
-    "read_lambda_files",
     "restrict_to_input",
     "special_mass",
 ]
-
-logger = logging.getLogger(__name__)
 
 #: A head is "diagonal" when at least this share of its word rows has its favourite non-special key in the band.
 DIAGONAL_THRESHOLD = 0.5
 #: A head is a "[CLS]/[SEP] head" when more than this share of its mass sits on the special positions.
 SPECIAL_THRESHOLD = 0.5
-
-LAMBDA_FILE_RE = re.compile(r"^(?P<task>[A-Za-z0-9_]+)-from-(?P<source>[A-Za-z0-9_]+)-(?P<key>[0-9a-f]+)\.safetensors$")
-
 
 # ------------------------------------------------------------------------------------------------------------------
 # Input-dependence (Sec. 2, Eq. 1)
@@ -373,42 +365,10 @@ def pattern_shares(
 # ------------------------------------------------------------------------------------------------------------------
 
 
-def read_lambda_files(folder: str | Path) -> list[dict]:
-    """The learned λ files of a results folder (``<folder>/<task>-from-<source>-<hash>.safetensors``), sorted by name.
-
-    Each record: ``task``, ``matrices_from``, ``key`` (the configuration hash), ``path`` and ``lambdas`` (a float
-    tensor ``[layers, heads]``). A missing folder gives ``[]``; ``.pt`` files with another name are skipped (logged);
-    a file that does not hold a 2-D tensor of values in [0, 1] raises ValueError naming it.
-    """
-    folder = Path(folder)
-    if not folder.is_dir():
-        return []
-    records = []
-    from ..experiments.workspace import read_lambdas
-
-    for path in sorted(folder.glob("*.safetensors")):
-        match = LAMBDA_FILE_RE.match(path.name)
-        if match is None:
-            logger.warning("%s: not a λ file name (<task>-from-<source>-<hash>.safetensors); skipped", path)
-            continue
-        try:
-            lambdas = read_lambdas(path)
-        except Exception as exc:  # noqa: BLE001 - report which file is broken
-            raise ValueError(f"{path}: cannot read the λ tensor: {exc}") from exc
-        if not isinstance(lambdas, torch.Tensor) or lambdas.dim() != 2:
-            raise ValueError(f"{path}: expected a [layers, heads] tensor, got {type(lambdas).__name__} "
-                             f"{tuple(getattr(lambdas, 'shape', ()))}")
-        lambdas = lambdas.detach().float()
-        if not bool(((lambdas >= 0) & (lambdas <= 1)).all()):
-            raise ValueError(f"{path}: λ values must lie in [0, 1] (λ = sigmoid(θ))")
-        records.append({"task": match["task"], "matrices_from": match["source"], "key": match["key"], "path": path,
-                        "lambdas": lambdas})
-    return records
-
-
 def lambda_frame(records: Iterable[Mapping]) -> pd.DataFrame:
-    """Long form of :func:`read_lambda_files` records: ``task, matrices_from, key, file, layer, head, lambda, rank,
-    kept_until`` (``rank`` 0 = replaced first in the λ order; ``kept_until`` see :func:`kept_until`)."""
+    """Long form of λ records (each a mapping of ``task``, ``matrices_from``, ``key``, ``path`` and ``lambdas``, a
+    ``[layers, heads]`` tensor): ``task, matrices_from, key, file, layer, head, lambda, rank, kept_until`` (``rank``
+    0 = replaced first in the λ order; ``kept_until`` see :func:`kept_until`)."""
     frames = []
     for record in records:
         lambdas = torch.as_tensor(record["lambdas"])

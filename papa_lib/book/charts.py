@@ -31,6 +31,10 @@ import sys
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from ..experiments.selection import PAPER_FRACTIONS
+from .figures import fraction_label
+from .tables import readable
+
 if TYPE_CHECKING:
     import pandas as pd
 
@@ -75,8 +79,9 @@ _chart_counter = itertools.count(1)
 #: book's pages is about 676 px wide in a 1280 px window (sphinx-book-theme), minus a margin. The browser test
 #: checks every chart against its container.
 CONTENT_WIDTH = 620
-#: The paper's fractions of input-dependent heads, as axis labels (Fig. 2, 5, 6).
-FRACTION_ORDER = ["1", "1/2", "1/8", "1/16", "0"]
+#: The paper's fractions of input-dependent heads (:data:`papa_lib.experiments.selection.PAPER_FRACTIONS`), as axis
+#: labels (Fig. 2, 5, 6): ``["1", "1/2", "1/8", "1/16", "0"]``.
+FRACTION_ORDER = [fraction_label(f) for f in PAPER_FRACTIONS]
 #: Longest line of a title and of a subtitle, in characters; longer ones are wrapped so that no title widens a
 #: chart (sized for a wide fallback font such as DejaVu Sans: about 9 px per bold 15 px character, 7 px at 12 px).
 TITLE_CHARACTERS = 62
@@ -208,13 +213,6 @@ _EXPORT: dict[str, Any] = {"folder": None, "count": 0}
 
 #: Fields that hold the ends of an interval: charts draw them without a title of their own.
 INTERVAL_FIELDS = ("ci_low", "ci_high", "low", "high")
-
-
-def readable(name: str) -> str:
-    """:func:`papa_lib.book.tables.readable` (raw identifiers as words), for chart titles."""
-    from .tables import readable as words
-
-    return words(name)
 
 
 def readable_titles(spec: Any) -> Any:

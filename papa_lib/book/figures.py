@@ -7,12 +7,11 @@ wide frame that a chapter plots or prints. Means, 95% confidence intervals and r
 only chooses *which rows* feed them:
 
 * :func:`fraction_curves` -- Fig. 2: score vs fraction of input-dependent heads (1, 1/2, 1/8, 1/16, 0).
-* :func:`all_constant_drop`, :func:`half_heads_drop` -- relative drops with every head (half of the heads)
-  constant, per task, and Fig. 3's points (:meth:`DropSummary.per_model`); the verdicts on them are the claims
-  engine's (:mod:`papa_lib.analysis.claims`), not this module's.
-* :func:`matrix_type_summary`, :func:`matrix_type_table`, :func:`average_vs_data_free` -- Table 1 / Table 4.
-* :func:`transfer_summary`, :func:`transfer_table`, :func:`transfer_differences` -- Table 2 / Table 5.
-* :func:`with_paper` -- our numbers beside the paper's (``papa_lib.analysis.paper``), in one long frame for a chart.
+* :func:`all_constant_drop` -- relative drops with every head constant, per task, and Fig. 3's points
+  (:meth:`DropSummary.per_model`); the verdicts on them are the claims engine's (:mod:`papa_lib.analysis.claims`),
+  not this module's.
+* :func:`matrix_type_summary`, :func:`average_vs_data_free` -- Table 1 / Table 4.
+* :func:`transfer_summary`, :func:`transfer_differences` -- Table 2 / Table 5.
 * :func:`lm_curve`, :func:`lm_difference` -- a decoder's own objective (:mod:`papa_lib.experiments.lm`): next-token
   NLL per point with its interval over test windows, and paired differences between two orders or from the original.
 * :func:`stored_matrices`, :func:`column_mass`, :func:`diagonal_mass`, :func:`position_coverage` -- where the
@@ -40,33 +39,26 @@ from fractions import Fraction
 import numpy as np
 import pandas as pd
 
+from ..analysis.claims import task_rank
 from ..experiments import matrices
 from ..experiments.summaries import curve_rows, own_text, relative_drop, summarize
 from .grid_views import check_frame, check_tasks
 
 __all__ = [
     "DropSummary",
-    "PAPER_TASK_ORDER",
     "all_constant_drop",
     "average_vs_data_free",
     "format_mean_ci",
     "fraction_curves",
     "fraction_label",
-    "half_heads_drop",
     "lm_curve",
     "lm_difference",
     "lm_groups",
     "matrix_type_summary",
-    "matrix_type_table",
     "transfer_differences",
     "transfer_summary",
-    "transfer_table",
     "wide_table",
-    "with_paper",
 ]
-
-#: Column order of the paper's tables.
-PAPER_TASK_ORDER = ("cola", "mrpc", "sst2", "mnli", "ner", "pos")
 
 _SUMMARY_COLUMNS = ["mean", "ci_low", "ci_high", "n"]
 _EPS = 1e-9  # comparisons of printed-precision numbers (0.2 vs 0.19999999999999996)
@@ -77,19 +69,11 @@ _EPS = 1e-9  # comparisons of printed-precision numbers (0.2 vs 0.19999999999999
 # ----------------------------------------------------------------------------------------------------------------
 
 
-def _task_rank(task: str) -> int:
-    """Position of a task in the paper's column order (unknown tasks after, in name order)."""
-    return PAPER_TASK_ORDER.index(task) if task in PAPER_TASK_ORDER else len(PAPER_TASK_ORDER)
-
-
-def _ordered_tasks(tasks: Iterable[str]) -> list[str]:
-    return sorted(dict.fromkeys(tasks), key=lambda t: (_task_rank(t), str(t)))
-
-
 def sort_by_task(frame: pd.DataFrame, before: Sequence[str] = ("model",), after: Sequence[str] = (),
                   ascending_after: bool = True) -> pd.DataFrame:
-    """Sort by ``before`` columns, then the paper's task order, then ``after`` columns."""
-    out = frame.assign(_rank=frame["task"].map(_task_rank))
+    """Sort by ``before`` columns, then the paper's task order (:func:`papa_lib.analysis.claims.task_rank`), then
+    ``after`` columns."""
+    out = frame.assign(_rank=frame["task"].map(task_rank))
     keys = [*before, "_rank", "task", *after]
     ascending = [True] * (len(before) + 2) + [ascending_after] * len(after)
     return out.sort_values(keys, ascending=ascending, kind="stable").drop(columns="_rank").reset_index(drop=True)
@@ -268,15 +252,6 @@ def all_constant_drop(frame: pd.DataFrame, tasks: Iterable[str] | None = None, m
     return _drop_at(frame, 0.0, "none", matrix_type, matrices_from, check_tasks(tasks, "all_constant_drop"))
 
 
-def half_heads_drop(frame: pd.DataFrame, tasks: Iterable[str] | None = None, order: str = "lambda",
-                    matrix_type: str = "average", fraction: float = 0.5) -> DropSummary:
-    """Relative drop with half of the heads replaced (those of ``order``; Sec. 4.2: "no major drop")."""
-    check_frame(frame, "half_heads_drop")
-    if not 0.0 < float(fraction) < 1.0:
-        raise ValueError(f"half_heads_drop: fraction must be strictly between 0 and 1, got {fraction}")
-    return _drop_at(frame, float(fraction), order, matrix_type, None, check_tasks(tasks, "half_heads_drop"))
-
-
 def wide_table(summary: pd.DataFrame, row: str, column: str = "task", row_order: Sequence[str] | None = None,
                column_order: Sequence[str] | None = None, digits: int = 2) -> pd.DataFrame:
     """A tidy summary (``mean, ci_low, ci_high, n``) as a table of ``"mean ± half-width"`` strings.
@@ -335,18 +310,6 @@ def matrix_type_summary(frame: pd.DataFrame, tasks: Iterable[str] | None = None)
     return sort_by_task(summary, before=("model", "_row", "matrix_type"))[columns]
 
 
-def matrix_type_table(frame: pd.DataFrame, tasks: Iterable[str] | None = None, digits: int = 2) -> pd.DataFrame:
-    """Table 1 layout: rows matrix types (Table 1 order, ``original`` first), columns tasks, ``mean ± CI`` cells."""
-    tasks = check_tasks(tasks, "matrix_type_table")
-    summary = matrix_type_summary(frame, tasks)
-    present = list(dict.fromkeys(summary["matrix_type"]))
-    known = matrices.table_order()
-    rows = [t for t in known if t in present] + [t for t in present if t not in known]
-    rows = rows or ["original"]
-    columns = tasks if tasks is not None else _ordered_tasks(summary["task"])
-    return wide_table(summary, "matrix_type", "task", row_order=rows, column_order=columns, digits=digits)
-
-
 def average_vs_data_free(summary: pd.DataFrame) -> pd.DataFrame:
     """Per (model, task): does the average matrix beat every data-free one (identity, Toeplitz, zeros)?
 
@@ -386,8 +349,9 @@ def average_vs_data_free(summary: pd.DataFrame) -> pd.DataFrame:
 def transfer_summary(frame: pd.DataFrame, tasks: Iterable[str] | None = None, source: str = "mnli") -> pd.DataFrame:
     """Table 2 in tidy form: every head constant (average matrices), built on the task's own text or on ``source``.
 
-    Rows with ``matrix_type == 'average'``, fraction 0, and ``matrices_from`` equal to the task (labelled
-    ``per-task``) or to ``source`` (labelled with the source name); the source task itself is left out.
+    Rows with ``matrix_type == 'average'``, fraction 0, and matrices built on the task's own text
+    (:func:`papa_lib.experiments.summaries.own_text`; labelled ``per-task``) or on ``source``'s (labelled with the
+    source name); the source task itself is left out.
     Columns: model, task, matrices_from, metric, mean, ci_low, ci_high, n.
     """
     check_frame(frame, "transfer_summary")
@@ -395,23 +359,13 @@ def transfer_summary(frame: pd.DataFrame, tasks: Iterable[str] | None = None, so
     columns = ["model", "task", "matrices_from", "metric", *_SUMMARY_COLUMNS]
     frame = _restrict_tasks(frame, tasks)
     base = (frame["matrix_type"] == "average") & _is_close(frame["fraction"], 0.0) & (frame["task"] != source)
-    rows = frame[base & ((frame["matrices_from"] == frame["task"]) | (frame["matrices_from"] == source))].copy()
+    rows = frame[base & (own_text(frame) | (frame["matrices_from"] == source))].copy()
     if rows.empty:
         return empty_frame(columns)
-    rows["matrices_from"] = np.where(rows["matrices_from"] == rows["task"], "per-task", source)
+    rows["matrices_from"] = np.where(own_text(rows), "per-task", source)
     summary = summarize(rows, ["model", "task", "matrices_from", "metric"])
     summary["_row"] = (summary["matrices_from"] != "per-task").astype(int)
     return sort_by_task(summary, before=("model", "_row"))[columns]
-
-
-def transfer_table(frame: pd.DataFrame, tasks: Iterable[str] | None = None, source: str = "mnli",
-                   digits: int = 2) -> pd.DataFrame:
-    """Table 2 layout: rows ``per-task`` and ``source``, columns tasks, ``mean ± CI`` cells."""
-    tasks = check_tasks(tasks, "transfer_table")
-    summary = transfer_summary(frame, tasks, source)
-    columns = [t for t in tasks if t != source] if tasks is not None else _ordered_tasks(summary["task"])
-    return wide_table(summary, "matrices_from", "task", row_order=["per-task", source], column_order=columns,
-                      digits=digits)
 
 
 def transfer_differences(frame: pd.DataFrame, tasks: Iterable[str] | None = None, source: str = "mnli") -> pd.DataFrame:
@@ -434,42 +388,6 @@ def transfer_differences(frame: pd.DataFrame, tasks: Iterable[str] | None = None
     out["within_ci"] = [bool(abs(d) <= h + _EPS) if k else None
                         for d, h, k in zip(out["difference"], out["per_task_ci_half_width"], known)]
     return sort_by_task(out.reset_index())[columns]
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# Ours beside the paper's
-# ----------------------------------------------------------------------------------------------------------------
-
-
-def with_paper(ours: pd.DataFrame, paper_long: pd.DataFrame, key: str, ours_label: str) -> pd.DataFrame:
-    """Our tidy summary and the paper's table (``papa_lib.analysis.paper.table_long``) in one long frame for a chart.
-
-    ``key`` is the row variable (``matrix_type`` or ``matrices_from``). Columns: source (``ours_label`` or the
-    paper's "Hassid et al. 2022, Table N"), model, key, task, mean, ci_low, ci_high, n (NaN/0 for the paper, which
-    prints no intervals). Only the (key, task) cells of the paper's table that we also report are kept for the
-    paper when ``ours`` is not empty; all of them otherwise.
-    """
-    for name in (key, "task", "mean"):
-        if name not in ours.columns:
-            raise ValueError(f"with_paper: our summary lacks column {name!r}")
-    for name in (key, "task", "value", "source", "model"):
-        if name not in paper_long.columns:
-            raise ValueError(f"with_paper: the paper table lacks column {name!r} "
-                             "(use papa_lib.analysis.paper.table_long)")
-    columns = ["source", "model", key, "task", *_SUMMARY_COLUMNS]
-    mine = ours.copy()
-    mine["source"] = ours_label
-    if "model" not in mine.columns:
-        mine["model"] = ours_label
-    paper = paper_long.rename(columns={"value": "mean"}).copy()
-    paper["ci_low"] = np.nan
-    paper["ci_high"] = np.nan
-    paper["n"] = 0
-    if not mine.empty:
-        wanted = mine[[key, "task"]].drop_duplicates()
-        paper = paper.merge(wanted, on=[key, "task"], how="inner")
-    out = pd.concat([mine[columns], paper[columns]], ignore_index=True)
-    return out
 
 
 # ----------------------------------------------------------------------------------------------------------------

@@ -215,11 +215,6 @@ def position_coverage(constants, position: int) -> float:
 # ----------------------------------------------------------------------------------------------------------------
 
 
-def grid_seeds(spec: Mapping) -> list[int]:
-    """The seeds a grid declares (:func:`papa_lib.experiments.grid.grid_seeds`, which the runs use)."""
-    return grid.grid_seeds(spec)
-
-
 #: The columns that name one declared run in :func:`declared_runs` (and :func:`lm_declared_runs`): the same
 #: configuration and seed in two grid files, or in two blocks of one file, is the same run.
 RUN_KEY = ("task", "matrix_type", "selection_order", "fraction", "matrices_from", "seed")
@@ -235,7 +230,7 @@ def _declared(spec: Mapping, blocks: Iterable[str] | None, what: str):
     per block; the key is :func:`_record_key`'s (``matrices_from``: the task's own for a text-built type)."""
     if not isinstance(spec, Mapping) or "blocks" not in spec:
         raise ValueError(f"{what}: spec must be a grid mapping with 'blocks' (papa_lib.experiments.grid.load_grid)")
-    seeds, wanted = grid_seeds(spec), None if blocks is None else set(blocks)
+    seeds, wanted = grid.grid_seeds(spec), None if blocks is None else set(blocks)
 
     def keys():
         for block in spec["blocks"]:

@@ -76,6 +76,15 @@ def find_repo_root(start: str | os.PathLike | None = None, *, fallback: str = "s
     return Path(__file__).resolve().parents[2] if fallback == "package" else here
 
 
+def shown_folder(folder: str | os.PathLike, root: str | os.PathLike) -> str:
+    """A folder as a reader should see it, never a machine path: relative to the repository ``root`` when it lies
+    beside it (``../shared/data``), else its name (``/tmp/papa-smoke-data`` -> ``papa-smoke-data``)."""
+    folder = Path(folder)
+    if folder.resolve().is_relative_to(Path(root).resolve().parent):
+        return os.path.relpath(folder, root)
+    return folder.name
+
+
 @dataclass
 class Setup:
     """A resolved profile: model, data and results folder for one chapter run.
@@ -104,9 +113,7 @@ class Setup:
             if self.profile == "local":
                 from ..experiments.sample_data import sample_dir, sample_reason
 
-                inside = Path(folder).is_relative_to(self.root.parent)
-                shown = os.path.relpath(folder, self.root) if inside else Path(folder).name  # no absolute path
-                self._sample_reason = sample_reason(folder, shown=shown)
+                self._sample_reason = sample_reason(folder, shown=shown_folder(folder, self.root))
                 folder = sample_dir() if self._sample_reason else folder
             self._data_dir = Path(folder) if folder else None
             self._data_resolved = True

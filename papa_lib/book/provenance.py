@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from .profiles import shown_folder
 from .records import data_label, model_label
 
 __all__ = ["Banner", "banner", "committed_facts", "live_facts", "seeds_label", "shown_path", "where_label"]
@@ -89,12 +90,7 @@ def shown_path(text, setup) -> str:
     if setup.data_dir is None:
         return text
     folder = Path(setup.data_dir)
-    if setup.data_source == "sample":
-        shown = "papa_lib/samples"
-    elif folder.resolve().is_relative_to(Path(setup.root).resolve().parent):
-        shown = os.path.relpath(folder, setup.root)
-    else:
-        shown = folder.name
+    shown = "papa_lib/samples" if setup.data_source == "sample" else shown_folder(folder, setup.root)
     return text.replace(str(folder.resolve()), shown).replace(str(folder), shown)
 
 
@@ -128,9 +124,7 @@ def committed_facts(frame: pd.DataFrame | None, folder: str | os.PathLike | None
 def live_facts(setup, what: str | None = None) -> str:
     """One sentence on what this page computes on the machine executing it: the profile's model and data."""
     if setup.data_source == "local":
-        inside = Path(setup.data_dir).resolve().is_relative_to(Path(setup.root).resolve().parent)
-        shown = os.path.relpath(setup.data_dir, setup.root) if inside else Path(setup.data_dir).name
-        data = f"the data folder `{shown}`"
+        data = f"the data folder `{shown_folder(setup.data_dir, setup.root)}`"
     else:
         data = setup.data_label
         if setup.data_source == "sample" and setup.sample_reason:

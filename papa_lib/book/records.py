@@ -161,7 +161,8 @@ def coverage(frame: pd.DataFrame, spec: Mapping, blocks: Iterable[str], tasks: I
     """How much of the grid's ``blocks`` the table holds: per (block, task) the expected, done and missing runs
     (:func:`papa_lib.book.grid_views.grid_coverage`), and one sentence that says it, naming the tasks the grid does not
     declare. Without a grid file (``spec["blocks"]`` empty) the sentence says so and the table is empty."""
-    from .grid_views import grid_coverage, grid_seeds
+    from ..experiments.grid import grid_seeds
+    from .grid_views import grid_coverage
 
     tasks = list(tasks) if tasks is not None else None
     if not spec.get("blocks"):

@@ -4,7 +4,7 @@
 pandas DataFrames and Stylers in the running IPython kernel, so every table a chapter shows, whichever helper built
 it, follows the same rules: task ids in headers, index and ``task``/``tasks`` columns read as the book names the tasks
 (``sst2`` -> ``SST-2``, :data:`TASK_NAMES`), raw identifiers in headers become words (``ci_low`` ->
-``95% interval, low``; :func:`papa_lib.book.charts.readable`), a default 0, 1, 2 … index is hidden, numbers show
+``95% interval, low``; :func:`readable`), a default 0, 1, 2 … index is hidden, numbers show
 at most three significant figures (integers and large values as whole numbers with thousands separators), and a
 missing value reads "—". :func:`display_frame` is the DataFrame those rules give, for tests and for text output.
 """
@@ -12,12 +12,15 @@ missing value reads "—". :func:`display_frame` is the DataFrame those rules gi
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import pandas as pd
 
+from ..analysis import paper
+
 __all__ = ["FIELD_TITLES", "METRIC_NAMES", "TASK_NAMES", "display_frame", "format_number", "install", "interval_below",
-           "name_tasks", "plural", "readable", "task_name", "to_html"]
+           "name_tasks", "paper_table", "plural", "readable", "task_name", "to_html"]
 
 #: What a missing value reads as in a table.
 MISSING = "—"
@@ -157,6 +160,19 @@ def interval_below(cell: Any) -> Any:
     mean, sep, half = cell.partition(" ± ") if isinstance(cell, str) else (cell, "", "")
     # 0.85em of the cell's own size: the theme sizes <small> in rem, larger than its small table text
     return f'{mean}<br><span style="font-size:0.85em">±\u00a0{half}</span>' if sep else cell
+
+
+def paper_table(name: str, row: str, names: Callable[[str], str] | Mapping[str, str], index: str,
+                tasks: Sequence[str]) -> Any:
+    """One of the paper's tables (:func:`papa_lib.analysis.paper.table`) as a chapter shows it beside ours: a Styler
+    whose rows are its ``row`` column named as ours (``names``, a function or a mapping; the index is called
+    ``index``), whose columns are those of ``tasks`` it has, named as the book names them, with two decimals and a
+    caption naming its source, model and data."""
+    reported = paper.table(name)
+    shown = reported.assign(**{index: reported[row].map(names)}).set_index(index)
+    shown = shown[[t for t in tasks if t in reported]].rename(columns=task_name)
+    return shown.style.format(precision=2).set_caption(
+        f"{reported.attrs['source']} — model: {reported.attrs['model']}, data: GLUE / CoNLL-2003 validation")
 
 
 def _cell(value: Any) -> Any:
