@@ -284,6 +284,32 @@ def _matrix_heads(override, layer: int, plan: LayerPlan, length: int, device, dt
     return cache[key]
 
 
+def eager_weights(query: torch.Tensor, key: torch.Tensor, scaling: float | None,
+                  attention_mask: torch.Tensor | None) -> torch.Tensor:
+    """An encoder's own attention weights A^h (transformers' eager attention): ``softmax(Q K^T * scaling + mask)``
+    over the keys; ``scaling`` None: ``1 / sqrt(head width)``; ``attention_mask`` additive, or None."""
+    if scaling is None:
+        scaling = query.size(-1) ** -0.5
+    scores = torch.matmul(query, key.transpose(2, 3)) * scaling
+    if attention_mask is not None:
+        scores = scores + attention_mask
+    return nn.functional.softmax(scores, dim=-1)
+
+
+def causal_eager_weights(query: torch.Tensor, key: torch.Tensor, scaling: float | None, allowed: torch.Tensor,
+                         softcap: float | None = None) -> torch.Tensor:
+    """A decoder's own attention weights A^h: ``Q K^T * scaling`` (``softcap``: Gemma's ``tanh(s / c) * c``), the
+    pairs not ``allowed`` (bool, broadcast to the scores) at the dtype's minimum, softmax in float32, back to the
+    query's dtype."""
+    if scaling is None:
+        scaling = query.size(-1) ** -0.5
+    scores = torch.matmul(query, key.transpose(2, 3)) * scaling
+    if softcap is not None:
+        scores = torch.tanh(scores / softcap) * softcap
+    scores = scores.masked_fill(~allowed, torch.finfo(scores.dtype).min)
+    return nn.functional.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
+
+
 def fast_attention(
     override,
     layer: int,
@@ -363,12 +389,7 @@ def fast_attention(
 
     if plan.original:
         idx = list(plan.original)
-        if scaling is None:
-            scaling = query.size(-1) ** -0.5
-        scores = torch.matmul(query[:, idx], key[:, idx].transpose(2, 3)) * scaling
-        if attention_mask is not None:
-            scores = scores + attention_mask
-        attention = nn.functional.softmax(scores, dim=-1)
+        attention = eager_weights(query[:, idx], key[:, idx], scaling, attention_mask)
         output[:, :, idx] = torch.matmul(attention.to(value.dtype), value[:, idx]).transpose(1, 2)
 
     return output, None
@@ -513,14 +534,8 @@ def fast_causal_attention(
     if plan.original:
         idx = list(plan.original)
         kv_idx = [head // groups for head in idx]
-        if scaling is None:
-            scaling = query.size(-1) ** -0.5
-        scores = torch.matmul(query[:, idx], key[:, kv_idx].transpose(2, 3)) * scaling
-        if softcap is not None:
-            scores = torch.tanh(scores / softcap) * softcap
         allowed = band[None, None] & real[:, None, None, :]
-        scores = scores.masked_fill(~allowed, torch.finfo(scores.dtype).min)
-        attention = nn.functional.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
+        attention = causal_eager_weights(query[:, idx], key[:, kv_idx], scaling, allowed, softcap)
         output[:, :, idx] = torch.matmul(attention.to(dtype), value[:, kv_idx]).transpose(1, 2)
 
     return output, None

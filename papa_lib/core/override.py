@@ -60,6 +60,8 @@ from torch import nn
 
 from .fastpath import (
     causal_band,
+    causal_eager_weights,
+    eager_weights,
     fast_attention,
     fast_causal_attention,
     skip_causal_projections,
@@ -427,12 +429,7 @@ def papa_attention_function(module, query, key, value, attention_mask,
     batch, _, length, _ = query.shape
     attention = None
     if state is None or state[0].needs_input_attention(state[1]):
-        if scaling is None:
-            scaling = query.size(-1) ** -0.5
-        scores = torch.matmul(query, key.transpose(2, 3)) * scaling
-        if attention_mask is not None:
-            scores = scores + attention_mask
-        attention = nn.functional.softmax(scores, dim=-1)
+        attention = eager_weights(query, key, scaling, attention_mask)
     if state is not None:
         override_, layer = state
         real = real_tokens_from_additive_mask(attention_mask, batch, length,
@@ -486,14 +483,7 @@ def _causal_attention(state, module, query, key, value, attention_mask, scaling,
     real, allowed = _causal_allowed(attention_mask, batch, length, window, query.device)
     attention = None
     if override_.needs_input_attention(layer):
-        if scaling is None:
-            scaling = query.size(-1) ** -0.5
-        scores = torch.matmul(query, key.transpose(2, 3)) * scaling
-        softcap = kwargs.get("softcap")
-        if softcap is not None:
-            scores = torch.tanh(scores / softcap) * softcap
-        scores = scores.masked_fill(~allowed, torch.finfo(scores.dtype).min)
-        attention = nn.functional.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
+        attention = causal_eager_weights(query, key, scaling, allowed, kwargs.get("softcap"))
     weights = override_.head_weights(layer, attention, real, allowed)
     weights = nn.functional.dropout(weights, p=dropout, training=module.training)
     output = torch.matmul(weights.to(value.dtype), value)
