@@ -271,16 +271,16 @@ def _constants(tmp_path=None):
     return ConstantAttention(matrices, counts, {"num_examples": 10, "model": "m"})
 
 
-def test_column_mass_and_position_coverage(tmp_path):
+def test_column_mass_self_mass_and_stored_matrices(tmp_path):
+    from papa_lib.analysis import patterns
+
     constants = _constants()
-    mass = grid_views.column_mass(constants, 2)
+    mass = patterns.column_mass(constants, 2)
     assert mass.values.tolist() == [[0, 0, 0.5], [0, 1, 0.0]]
-    assert grid_views.column_mass(constants, 3)["mass"].tolist() == [0.0, 1.0]
-    assert grid_views.diagonal_mass(constants)["mass"].tolist() == pytest.approx([0.5 / 3, 0.0])  # rows 0-2: 0, 0, 0.5
-    assert grid_views.position_coverage(constants, 2) == pytest.approx(0.4)
-    assert grid_views.position_coverage(constants, 3) == 0.0
+    assert patterns.column_mass(constants, 3)["mass"].tolist() == [0.0, 1.0]
+    assert patterns.self_mass(constants)["mass"].tolist() == pytest.approx([0.5 / 3, 0.0])  # rows 0-2: 0, 0, 0.5
     with pytest.raises(ValueError, match="outside"):
-        grid_views.column_mass(constants, 4)
+        patterns.column_mass(constants, 4)
     assert grid_views.stored_matrices(tmp_path, "mnli", 4) is None
     constants.save(tmp_path / "matrices" / "mnli-L4-abc.safetensors")
     loaded = grid_views.stored_matrices(tmp_path, "mnli", 4)

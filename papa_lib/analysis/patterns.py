@@ -13,7 +13,8 @@ Input-dependence (Sec. 2)
 Patterns of the constant matrices (Sec. 5.1)
     The paper reports by inspection that about 90% of RoBERTa-base's constant matrices on SST-2 show a diagonal
     pattern and that about 40% of the heads put most of their mass on [CLS] and/or [SEP]. We make both counts
-    computable (:func:`pattern_summary`, :func:`pattern_shares`). All statistics are taken over the *word* query
+    computable (:func:`pattern_summary`, :func:`pattern_shares`; a head's weight on one key position or on itself:
+    :func:`column_mass`, :func:`self_mass`). All statistics are taken over the *word* query
     rows of C (rows of special positions excluded), each row weighted by how many corpus inputs had that position as
     a real token (``counts[q, q]``), each row first normalised to sum 1:
 
@@ -57,6 +58,7 @@ from ..experiments import selection
 __all__ = [
     "DIAGONAL_THRESHOLD",
     "SPECIAL_THRESHOLD",
+    "column_mass",
     "compare_orders",
     "diagonal_stats",
     "input_distance",
@@ -70,6 +72,7 @@ __all__ = [
     "pattern_summary",
     "position_labels",
     "restrict_to_input",
+    "self_mass",
     "special_mass",
 ]
 
@@ -271,6 +274,39 @@ def diagonal_stats(
     in_band = (favourite - positions).abs() <= width
     in_band &= candidates.max(-1).values > 0  # a row with no mass on any usable key cannot be diagonal
     return (in_band.to(torch.float64) * weights).sum(-1), (mass * weights).sum(-1)
+
+
+def _real_row_mean(constants, entries, what: str) -> pd.DataFrame:
+    """Per (layer, head): the mean of ``entries(matrices)`` (``[layers, heads, L]``, one value per query row) over
+    the query rows that were real in at least one averaged example (``counts[q, q] > 0``). Columns: layer, head,
+    mass."""
+    rows = constants.counts.diagonal() > 0
+    if not bool(rows.any()):
+        raise ValueError(f"{what}: no query position was ever real in the averaged text")
+    mass = entries(constants.matrices)[:, :, rows].float().mean(dim=-1)  # [layers, heads]
+    layers, heads = mass.shape
+    return pd.DataFrame({
+        "layer": np.repeat(np.arange(layers), heads),
+        "head": np.tile(np.arange(heads), layers),
+        "mass": mass.reshape(-1).cpu().numpy().astype(float),
+    })
+
+
+def column_mass(constants, column: int) -> pd.DataFrame:
+    """Per (layer, head): the average weight a constant matrix (:class:`~papa_lib.core.averaging.ConstantAttention`)
+    puts on key position ``column`` (Sec. 5.3: the weight on the last position), over its real query rows.
+    Columns: layer, head, mass."""
+    length = int(constants.matrices.shape[-1])
+    if not 0 <= int(column) < length:
+        raise ValueError(f"column_mass: column {column} is outside the matrices' L = {length}")
+    return _real_row_mean(constants, lambda matrices: matrices[..., int(column)], "column_mass")
+
+
+def self_mass(constants) -> pd.DataFrame:
+    """Per (layer, head): the average weight a query position puts on itself, ``C[q, q]``, over the real query rows
+    (the exact diagonal; :func:`diagonal_stats` counts the band ``|q - k| <= width`` instead). Columns: layer, head,
+    mass."""
+    return _real_row_mean(constants, lambda matrices: matrices.diagonal(dim1=-2, dim2=-1), "self_mass")
 
 
 def special_mass(

@@ -14,8 +14,8 @@ only chooses *which rows* feed them:
 * :func:`transfer_summary`, :func:`transfer_differences` -- Table 2 / Table 5.
 * :func:`lm_curve`, :func:`lm_difference` -- a decoder's own objective (:mod:`papa_lib.experiments.lm`): next-token
   NLL per point with its interval over test windows, and paired differences between two orders or from the original.
-* :func:`stored_matrices`, :func:`column_mass`, :func:`diagonal_mass`, :func:`position_coverage` -- where the
-  stored constant matrices put their weight (Sec. 5.1, 5.3), how often a position holds a real token (App. A);
+* :func:`stored_matrices` -- the constant matrices a grid stored (where they put their weight:
+  :func:`papa_lib.analysis.patterns.column_mass`, :func:`~papa_lib.analysis.patterns.self_mass`);
   :func:`grid_coverage`, :func:`task_lengths`, :func:`per_task_setting` -- what a declared grid asks for and which
   of its runs are in the table. These live in :mod:`papa_lib.book.grid_views`.
 * compute estimates (run costs, encoder shapes, cache bytes) live in :mod:`papa_lib.ops.costs`.

@@ -2,8 +2,8 @@
 
 Beside the results' figures and tables (:mod:`papa_lib.book.figures`), this module holds:
 
-* :func:`stored_matrices`, :func:`column_mass`, :func:`diagonal_mass`, :func:`position_coverage` -- where the
-  stored constant matrices put their weight (Sec. 5.1, 5.3), how often a position holds a real token (App. A);
+* :func:`stored_matrices` -- the constant matrices a grid stored (where they put their weight:
+  :func:`papa_lib.analysis.patterns.column_mass` and :func:`~papa_lib.analysis.patterns.self_mass`);
   :func:`save_shown`, :func:`load_matrices`, :func:`matrix_files` -- their compact committed copies on disk.
 * :func:`grid_coverage`, :func:`task_lengths`, :func:`per_task_setting` -- what a declared grid
   (:func:`papa_lib.experiments.grid.load_grid`) asks for and which of its runs are in the table (results may be
@@ -16,7 +16,6 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Mapping, Sequence
 
-import numpy as np
 import pandas as pd
 import torch
 
@@ -25,15 +24,12 @@ from ..experiments import grid, matrices
 __all__ = [
     "SHOWN_FOLDER",
     "RUN_KEY",
-    "column_mass",
     "declared_runs",
-    "diagonal_mass",
     "grid_coverage",
     "lm_declared_runs",
     "load_matrices",
     "matrix_files",
     "per_task_setting",
-    "position_coverage",
     "save_shown",
     "stored_matrices",
     "task_lengths",
@@ -157,57 +153,6 @@ def stored_matrices(results_dir, source: str, max_length: int, model: str | None
         if model is None or constants.metadata.get("model") == model:
             return constants
     return None
-
-
-def column_mass(constants, column: int) -> pd.DataFrame:
-    """Per (layer, head): the average weight the constant matrix puts on key position ``column``.
-
-    Averaged over the query rows that were real in at least one example of the averaged text (``counts[q, q] > 0``).
-    Columns: layer, head, mass.
-    """
-    matrices, counts = constants.matrices, constants.counts
-    length = int(matrices.shape[-1])
-    if not 0 <= int(column) < length:
-        raise ValueError(f"column_mass: column {column} is outside the matrices' L = {length}")
-    rows = counts.diagonal() > 0
-    if not bool(rows.any()):
-        raise ValueError("column_mass: no query position was ever real in the averaged text")
-    mass = matrices[:, :, rows, int(column)].float().mean(dim=-1)  # [layers, heads]
-    layers, heads = mass.shape
-    return pd.DataFrame({
-        "layer": np.repeat(np.arange(layers), heads),
-        "head": np.tile(np.arange(heads), layers),
-        "mass": mass.reshape(-1).cpu().numpy().astype(float),
-    })
-
-
-def diagonal_mass(constants) -> pd.DataFrame:
-    """Per (layer, head): the average weight a query position puts on itself (the diagonal pattern of Sec. 5.1).
-
-    Averaged over the query rows that were real in at least one averaged example. Columns: layer, head, mass.
-    """
-    matrices, counts = constants.matrices, constants.counts
-    rows = counts.diagonal() > 0
-    if not bool(rows.any()):
-        raise ValueError("diagonal_mass: no query position was ever real in the averaged text")
-    mass = matrices.diagonal(dim1=-2, dim2=-1)[:, :, rows].float().mean(dim=-1)
-    layers, heads = mass.shape
-    return pd.DataFrame({
-        "layer": np.repeat(np.arange(layers), heads),
-        "head": np.tile(np.arange(heads), layers),
-        "mass": mass.reshape(-1).cpu().numpy().astype(float),
-    })
-
-
-def position_coverage(constants, position: int) -> float:
-    """Share of the averaged examples in which ``position`` held a real token (``counts[p, p] / num_examples``)."""
-    length = int(constants.counts.shape[-1])
-    if not 0 <= int(position) < length:
-        raise ValueError(f"position_coverage: position {position} is outside L = {length}")
-    examples = constants.metadata.get("num_examples")
-    if not examples:
-        raise ValueError("position_coverage: the matrices' metadata has no num_examples")
-    return float(constants.counts[int(position), int(position)]) / float(examples)
 
 
 # ----------------------------------------------------------------------------------------------------------------
