@@ -200,13 +200,6 @@ def _check_data_dir(data_dir) -> None:
         raise FileNotFoundError(f"data directory not found: {data_dir}")
 
 
-def _shared_data() -> Path:
-    """``../shared/data`` beside the checkout: the folder the chapters' ``local`` profile reads."""
-    from .book.profiles import find_repo_root
-
-    return find_repo_root(fallback="package").parent / "shared" / "data"
-
-
 def _shown(folder: Path) -> str:
     """How a notice names ``folder``: relative to the working directory when it lies near, else in full."""
     try:
@@ -237,7 +230,9 @@ def _data_dir(given, tasks) -> str | None:
     if given is not None:
         _check_data_dir(given)
         return given
-    folder = _shared_data()
+    from .book.profiles import shared_data_dir
+
+    folder = shared_data_dir()
     sample = _sample_for(folder, tasks)
     if sample is not None:
         return sample

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from papa_lib import cli, smoke
+from papa_lib.book import profiles
 from papa_lib.core import models
 from papa_lib.experiments import engine, metrics, results, summaries, task_specs, tasks, variants, workspace
 from papa_lib.experiments.custom import CustomTask, register_custom_task
@@ -202,7 +203,8 @@ def test_missing_data_folder_and_unreachable_hub(capsys, tmp_path, monkeypatch, 
         raise ConnectionError("Couldn't reach 'nyu-mll/glue' on the Hub")
 
     monkeypatch.setattr(datasets, "load_dataset", offline)
-    monkeypatch.setattr(cli, "_shared_data", lambda: nope)  # no ../shared/data; the sample does not hold CoLA
+    # no ../shared/data; the sample does not hold CoLA
+    monkeypatch.setattr(profiles, "shared_data_dir", lambda root=None: nope)
     line = papa_error(capsys, ["probe", "--task", "cola", *QUICK, "--results-dir", str(tmp_path / "r")])
     assert line.startswith("papa: error: could not load nyu-mll/glue/cola:train from the Hugging Face hub "
                            "(ConnectionError: Couldn't reach 'nyu-mll/glue' on the Hub).")
@@ -275,7 +277,7 @@ def test_no_data_folder_means_the_packaged_sample_with_one_line(capsys, tmp_path
     a grid file whose data_dir lacks sst2 falls back the same way; an explicit --data-dir must exist."""
     from papa_lib.experiments.sample_data import SAMPLE_LABEL
 
-    monkeypatch.setattr(cli, "_shared_data", lambda: tmp_path / "shared" / "data")
+    monkeypatch.setattr(profiles, "shared_data_dir", lambda root=None: tmp_path / "shared" / "data")
     monkeypatch.setenv("PAPA_CACHE_DIR", str(tmp_path / "cache"))
     out = tmp_path / "r"
     assert cli.main(["probe", "--task", "sst2", *QUICK, "--results-dir", str(out)]) == 0

@@ -76,6 +76,12 @@ def find_repo_root(start: str | os.PathLike | None = None, *, fallback: str = "s
     return Path(__file__).resolve().parents[2] if fallback == "package" else here
 
 
+def shared_data_dir(root: str | os.PathLike | None = None) -> Path:
+    """``../shared/data`` beside the checkout, the folder the ``local`` profile, the CLI and the benchmarks read:
+    beside ``root``, by default the repository root (:func:`find_repo_root`, ``fallback="package"``)."""
+    return Path(root if root is not None else find_repo_root(fallback="package")).parent / "shared" / "data"
+
+
 def shown_folder(folder: str | os.PathLike, root: str | os.PathLike) -> str:
     """A folder as a reader should see it, never a machine path: relative to the repository ``root`` when it lies
     beside it (``../shared/data``), else its name (``/tmp/papa-smoke-data`` -> ``papa-smoke-data``)."""
@@ -249,7 +255,7 @@ def resolve(profile: str = "local", model_name: str | None = None, data_dir: str
 
             data_dir = generate_data_dir(Path(tempfile.gettempdir()) / "papa-smoke-data")
         elif profile == "local":
-            data_dir = root.parent / "shared" / "data"
+            data_dir = shared_data_dir(root)
     elif not Path(data_dir).is_absolute():
         data_dir = root / data_dir
     folder = Path(results_dir) if results_dir else Path(RESULT_FOLDERS[profile])

@@ -116,6 +116,7 @@ from pathlib import Path
 
 import torch
 
+from ..book.profiles import shared_data_dir
 from ..core.models import frozen_parameters
 from .bench_memory import (
     bench_decoder_load,
@@ -145,7 +146,7 @@ from .costs import decoder_shape, flop_limit, lm_head_flops
 #: The encoder benchmarks (what ``all`` runs).
 ENCODER_BENCHMARKS = ("averaging", "probe", "seeds", "constant", "packing", "memory", "store")
 BENCHMARK_NAMES = (*ENCODER_BENCHMARKS, "decoder")
-SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+SHARED_DATA = shared_data_dir()  # ../shared/data beside the checkout
 SST2_DEV = SHARED_DATA / "glue" / "SST-2" / "dev.tsv"
 #: How time is read: wall-clock (default) or the CPU time of this process (all its threads), which is much less
 #: sensitive to other processes on a shared machine (use it with ``--threads 1``; CPU devices only).
@@ -170,7 +171,7 @@ def benchmark_sentences(count: int, seed: int = 0) -> tuple[list[str], list[int]
     if SST2_DEV.exists():
         from ..experiments.tasks import load_task
 
-        dev = load_task("sst2", "validation", data_dir=SST2_DEV.parents[2])  # the task loader reads SST2_DEV
+        dev = load_task("sst2", "validation", data_dir=SHARED_DATA)  # the task loader reads SST2_DEV
         texts, labels = list(dev.texts), [int(label) for label in dev.labels]
         return (
             [texts[i % len(texts)] for i in range(count)],
