@@ -1,6 +1,7 @@
 """The paper's summary statistics over a results table (Sec. 4.1: means over 3 seeds with 95% CIs; Sec. 4.2: the
-relative drop of each variant from the original model): :func:`mean_ci`, :func:`summarize`, :func:`relative_drop`.
-Re-exported by :mod:`papa_lib.experiments.results`."""
+relative drop of each variant from the original model): :func:`mean_ci`, :func:`summarize`, :func:`relative_drop`;
+the rows of one score-vs-fraction curve (:func:`curve_rows`, with :func:`own_text`: matrices built on the task's own
+text); and the percentile bootstrap interval the norm and LM analyses share (:func:`percentile_interval`)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,6 @@
 """What :mod:`papa_lib.ops.bench` builds on: the problem sizes, the benchmark models, device synchronisation and
 interleaved timing (which ``papa grid --plan``'s measurements use too, :mod:`papa_lib.ops.plan`) and the process's
-resident memory. Re-exported by :mod:`papa_lib.ops.bench`. (The FLOP model of the all-constant speed-up is
-the cost model's, :mod:`papa_lib.ops.costs`.)"""
+resident memory. (The FLOP model of the all-constant speed-up is the cost model's, :mod:`papa_lib.ops.costs`.)"""
 
 from __future__ import annotations
 

@@ -110,6 +110,7 @@ def measure_throughput(model, device="cpu", tokens: int = 24, batch: int = 64, r
     ids = torch.randint(5, max(6, vocab - 1), (batch, tokens), device=device)
     inputs = {"input_ids": ids, "attention_mask": torch.ones_like(ids),
               "position_ids": torch.arange(tokens, device=device).expand(batch, tokens)}
+
     def forward_passes():
         with torch.inference_mode():
             for _ in range(repeats):
