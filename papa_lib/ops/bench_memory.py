@@ -124,13 +124,11 @@ def decoder_load_child(spec: str | None, device: str, dtype: str) -> dict:
     (``VmHWM``, imports included) and ``converted``: whether the packaged decoder's converted folder was absent from
     the cache root (``$PAPA_CACHE_DIR``) before, i.e. the call converted the GGUF file."""
     from ..core import decoders
-    from ..core.packaged import cache_root
+    from ..core.packaged import cache_folder, is_marked
 
     packaged = decoders.packaged_decoder_for(str(spec or DEFAULT_DECODER))
-    folder = None
-    if packaged is not None:
-        folder = cache_root() / f"{packaged.name}-{packaged.sha256[:12]}"
-    present = folder is not None and (folder / ".papa-sha256").is_file()
+    present = packaged is not None and is_marked(
+        cache_folder(packaged, decoders.PACKAGED_DECODERS, "decoder")[1], packaged.sha256)
     started = time.perf_counter()
     load_bench_decoder(spec, device, dtype)
     load_s = time.perf_counter() - started
@@ -150,7 +148,7 @@ def _child(flags: list[str], model_spec: str | None, device: str, dtype: str, th
         os.environ,
         **(env or {}),
         PYTHONPATH=os.pathsep.join(
-            filter(None, [str(Path(__file__).resolve().parents[1]), os.environ.get("PYTHONPATH")])
+            filter(None, [str(Path(__file__).resolve().parents[2]), os.environ.get("PYTHONPATH")])  # above papa_lib/
         ),
     )
     done = subprocess.run(command, capture_output=True, text=True, env=env)
