@@ -14,6 +14,7 @@ from papa_lib.core.decoders import next_token_nll, next_token_nll_backward
 from papa_lib.core.override import AttentionOverride, override
 from papa_lib.experiments import lm
 from papa_lib.experiments.specs import SpecError
+from papa_lib.experiments.workspace import read_lambda_info
 
 VOCAB = TINY_DECODER_VOCAB
 
@@ -112,8 +113,10 @@ def test_the_runs_are_the_declared_ones_and_resume_skips_what_is_stored(tmp_path
     windows = lm.corpus_windows(tokenizer, SMALL, data)["test"]
     direct = [next_token_nll(model, {"input_ids": w[None], "attention_mask": torch.ones(1, 12)}) for w in windows]
     assert np.allclose(by[("original", "none", 1.0, 0)]["window_nll"], [t / n for t, n in direct], atol=1e-5)
-    assert lm.lm_lambdas_path(tmp_path / "out").is_file()
-    assert torch.equal(lm.read_lm_lambdas(tmp_path / "out"), lm.read_lm_lambdas(tmp_path / "out"))
+    stored = lm.lm_lambdas_path(tmp_path / "out")
+    info = read_lambda_info(stored)  # how λ was learned sits in the file's metadata, not in a sidecar
+    assert info["settings"]["lambda_epochs"] == 1 and len(info["epoch_loss"]) == 1 and info["seconds"] >= 0
+    assert lm.read_lm_lambdas(tmp_path / "out").shape == (3, 4) and not stored.with_suffix(".json").exists()
 
     def fail(*args, **kwargs):
         raise AssertionError("a stored run was computed again")

@@ -264,12 +264,14 @@ def test_run_mlm_curve_end_to_end(tiny_tokenizer, tmp_path):
     stored = ResultsStore(results).frame()
     assert len(stored) == 7 and set(stored["task"]) == {"mlm"} and set(stored["metric"]) == {"neg_log_perplexity"}
     assert set(stored.loc[stored["matrix_type"] == "average", "selection_order"]) == {"lambda"}
-    import json
+    from papa_lib.analysis.mlm import lambda_files
+    from papa_lib.experiments.workspace import read_lambda_info, read_lambdas
 
-    lambdas = json.loads((results / "mlm_lambdas.json").read_text())
-    assert sorted(entry["seed"] for entry in lambdas.values()) == [0, 1]
-    for entry in lambdas.values():
-        values = torch.tensor(entry["lambdas"])
+    files = lambda_files(results)
+    assert sorted(read_lambda_info(path)["seed"] for path in files) == [0, 1]
+    for path in files:
+        assert path.with_name(path.name + ".sha256").is_file()  # the grid's λ format: checksummed safetensors
+        values = read_lambdas(path)
         assert values.shape == (2, 4)
         assert not bool((values == 0.5).all())  # θ was trained (λ starts at exactly 0.5)
         assert float((values - 0.5).abs().max()) < 0.01  # one epoch at lr 5e-4 moves θ only a little
@@ -312,7 +314,8 @@ def test_committed_minilm_run_is_a_complete_curve():
     """The committed run the MLM chapter (book/mlm.md) shows at the local profile: five fractions, one λ order."""
     from pathlib import Path
 
-    from papa_lib.analysis.mlm import lambda_file
+    from papa_lib.analysis.mlm import lambda_files
+    from papa_lib.experiments.workspace import read_lambda_info, read_lambdas
 
     folder = Path(__file__).resolve().parents[1] / "data" / "results" / "mlm"
     if not (folder / "results.csv").is_file():
@@ -323,7 +326,10 @@ def test_committed_minilm_run_is_a_complete_curve():
     assert list(minilm["fraction"]) == [1.0, 0.5, 0.125, 0.0625, 0.0]
     assert bool((minilm["ci_low"] <= minilm["value"]).all()) and bool((minilm["value"] <= minilm["ci_high"]).all())
     assert list(minilm["num_replaced_heads"]) == [0, 36, 63, 67, 72]
-    assert lambda_file(folder).is_file()
+    (path,) = lambda_files(folder)
+    assert read_lambdas(path).shape == (6, 12)
+    assert read_lambda_info(path) == {"corpus": "local-wikitext-2:valid->test", "model": "all-MiniLM-L6-v2",
+                                      "seconds": 250.0, "seed": 0}
 
 
 def test_paper_mlm_numbers():

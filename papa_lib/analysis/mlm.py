@@ -34,7 +34,6 @@ Curve (:func:`run_mlm_curve`)
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -54,6 +53,7 @@ from ..experiments.provenance import config_hash, package_versions, run_provenan
 from ..experiments.results import ResultsStore
 from ..experiments.selection import PAPER_FRACTIONS, heads_to_replace
 from ..experiments.task_specs import MLM_HPARAMS
+from ..experiments.workspace import LAMBDA_SUFFIX, read_lambdas, write_lambdas
 from .mlm_probe import (
     HUB_TRAIN_SEQUENCES_DEFAULT,
     MASK_PROBABILITY,
@@ -77,7 +77,8 @@ from .mlm_probe import (
 
 __all__ = [
     "MLM_DESIGN_VERSION",
-    "lambda_file",
+    "lambda_files",
+    "lambda_path",
     "learn_mlm_lambdas",
     "mlm_head_status",
     "pretrained_head_log_probs",
@@ -216,27 +217,16 @@ def pretrained_head_log_probs(model, masked: MaskedSequences, batch_size: int = 
 # ----------------------------------------------------------------------------------------------------------------
 
 
-def lambda_file(results_dir: Path) -> Path:
-    return results_dir / "mlm_lambdas.json"
+def lambda_path(results_dir: Path, key: str) -> Path:
+    """Where the λ learned under ``key`` (a hash of the curve's settings and seed) is stored: beside the grid's λ,
+    ``results_dir/lambdas/``, in their format (:func:`papa_lib.experiments.workspace.write_lambdas`)."""
+    return Path(results_dir) / "lambdas" / f"mlm-from-mlm-{key}{LAMBDA_SUFFIX}"
 
 
-def _read_lambdas(results_dir: Path | None, key: str) -> Tensor | None:
-    if results_dir is None or not lambda_file(results_dir).is_file():
-        return None
-    stored = json.loads(lambda_file(results_dir).read_text(encoding="utf-8"))
-    entry = stored.get(key)
-    return torch.tensor(entry["lambdas"]) if entry else None
-
-
-def _write_lambdas(results_dir: Path | None, key: str, entry: dict) -> None:
-    if results_dir is None:
-        return
-    path = lambda_file(results_dir)
-    stored = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
-    stored[key] = entry
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(stored, indent=1, sort_keys=True) + "\n", encoding="utf-8")
-    tmp.replace(path)
+def lambda_files(results_dir: Path) -> list[Path]:
+    """Every MLM λ file under ``results_dir`` (sorted by name); what each was learned under is its
+    :func:`papa_lib.experiments.workspace.read_lambda_info`."""
+    return sorted((Path(results_dir) / "lambdas").glob(f"mlm-from-mlm-*{LAMBDA_SUFFIX}"))
 
 
 def run_mlm_curve(
@@ -270,7 +260,7 @@ def run_mlm_curve(
         ``matrix_type='pretrained_head'`` row where a pretrained head exists. With ``results_dir`` every record is
         appended to ``ResultsStore(results_dir)`` (task ``'mlm'``, metric ``'neg_log_perplexity'``) and runs whose
         ``run_id`` is already stored are not recomputed (their stored record is returned); the learned λ per seed
-        go to ``results_dir/mlm_lambdas.json``.
+        go to :func:`lambda_path` (``results_dir/lambdas/``).
     """
     from tqdm.auto import tqdm
 
@@ -374,15 +364,15 @@ def run_mlm_curve(
             lambdas = None
             if any(0.0 < f < 1.0 for f in todo):
                 lambda_key = config_hash({**base_config, "seed": int(seed), "what": "lambdas"})
-                lambdas = _read_lambdas(results_path, lambda_key)
+                path = lambda_path(results_path, lambda_key) if results_path is not None else None
+                lambdas = read_lambdas(path) if path is not None and path.is_file() else None
                 if lambdas is None:
                     started = time.time()
                     lambdas = learn_mlm_lambdas(model, train_masked, constants, seed=int(seed), epochs=epochs,
                                                 batch_size=batch_size, lr=lr, device=device, progress=False)
-                    _write_lambdas(results_path, lambda_key, {
-                        "model": name, "seed": int(seed), "corpus": corpus["corpus"], "lambdas": lambdas.tolist(),
-                        "seconds": round(time.time() - started, 1),
-                    })
+                    if path is not None:
+                        write_lambdas(path, lambdas, {"model": name, "seed": int(seed), "corpus": corpus["corpus"],
+                                                      "seconds": round(time.time() - started, 1)})
             for fraction in todo:
                 started = time.time()
                 heads = heads_to_replace("lambda", fraction, encoder,

@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import csv
 import io
-import json
 import time
 from collections.abc import Callable, Iterable
 from contextlib import nullcontext
@@ -52,7 +51,7 @@ from .provenance import config_hash, run_provenance
 from .selection import num_input_dependent, replacement_order
 from .summaries import percentile_interval
 from .tasks import load_wikitext
-from .workspace import read_lambdas, write_lambdas
+from .workspace import read_lambda_info, read_lambdas, write_lambdas
 
 __all__ = [
     "DATA_FREE",
@@ -132,7 +131,9 @@ class LMRun:
 
 
 def lm_lambdas_path(results_dir: str | Path) -> Path:
-    """Where the LM experiment saves the λ it learned on the LM loss (``[layers, heads]``, safetensors)."""
+    """Where the LM experiment saves the λ it learned on the LM loss (``[layers, heads]``, safetensors; the settings,
+    epoch losses and seconds it was learned with are in its metadata, read by
+    :func:`papa_lib.experiments.workspace.read_lambda_info`)."""
     return Path(results_dir) / "lm" / "lambdas.safetensors"
 
 
@@ -367,8 +368,7 @@ def _lambda_settings(settings: LMSettings) -> dict:
 def _lambdas_stored(results_dir: str | Path, settings: LMSettings) -> bool:
     """Whether λ learned under ``settings`` is stored."""
     path = lm_lambdas_path(results_dir)
-    meta = path.with_suffix(".json")
-    return path.is_file() and meta.is_file() and json.loads(meta.read_text())["settings"] == _lambda_settings(settings)
+    return path.is_file() and read_lambda_info(path).get("settings") == _lambda_settings(settings)
 
 
 def _constants(model, settings: LMSettings, windows: torch.Tensor, results_dir: Path, log) -> ConstantAttention:
@@ -391,11 +391,8 @@ def _lambdas(model, constants, settings: LMSettings, windows: torch.Tensor, resu
     started = time.time()
     lambdas, losses = learn_lm_lambdas(model, constants, windows, epochs=settings.lambda_epochs,
                                        learning_rate=settings.lambda_learning_rate, seed=settings.lambda_seed)
-    write_lambdas(path, lambdas)
     seconds = round(time.time() - started, 1)
-    write_atomic(path.with_suffix(".json"), lambda tmp: tmp.write_text(json.dumps(
-        {"settings": _lambda_settings(settings), "epoch_loss": losses, "seconds": seconds}, indent=1) + "\n"),
-        sums=False)
+    write_lambdas(path, lambdas, {"settings": _lambda_settings(settings), "epoch_loss": losses, "seconds": seconds})
     log(f"lm λ: {settings.lambda_epochs} epochs on {len(windows)} windows in {seconds:.0f} s; "
         f"epoch losses {', '.join(f'{v:.4f}' for v in losses)}")
     return lambdas

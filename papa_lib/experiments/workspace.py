@@ -2,14 +2,16 @@
 
 The stages of :mod:`papa_lib.experiments.engine` are functions of a :class:`Workspace`: the resolved
 :class:`ExperimentConfig`, the frozen backbone, where results, matrices, λ and features are written, and what is
-computed once and reused (encoded splits, constant matrices, per-head scores). The λ file format
-(:func:`write_lambdas`, :func:`read_lambdas`) is here, below the engine and the head-ranking registry, so that the
-decoder LM's λ (:mod:`papa_lib.experiments.lm`), which a ranking reads, shares it without an import cycle.
+computed once and reused (encoded splits, constant matrices, per-head scores). The one λ file format
+(:func:`write_lambdas`, :func:`read_lambdas`, :func:`read_lambda_info`) is here, below the engine and the head-ranking
+registry, so that the decoder LM's λ (:mod:`papa_lib.experiments.lm`), which a ranking reads, and the MLM curve's
+(:mod:`papa_lib.analysis.mlm`) share it without an import cycle.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 import resource
 from dataclasses import dataclass, field, replace
@@ -192,15 +194,20 @@ def peak_memory_mb(device: str) -> float:
     return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
 
 
-#: λ files are safetensors, like the constant matrices: one tensor ``lambda`` of shape [layers, heads].
+#: λ files are safetensors, like the constant matrices: one tensor ``lambda`` of shape [layers, heads], and what
+#: it was learned under (JSON) in the file's metadata. The engine, the decoder's LM loss and the MLM curve use this one
+#: format.
 LAMBDA_SUFFIX = ".safetensors"
 
 
-def write_lambdas(path: Path, lambdas: torch.Tensor) -> None:
-    """Save λ ``[layers, heads]`` atomically (with its checksum file) as safetensors."""
+def write_lambdas(path: Path, lambdas: torch.Tensor, info: dict | None = None) -> None:
+    """Save λ ``[layers, heads]`` atomically (with its checksum file) as safetensors; ``info`` (JSON-able: how λ was
+    learned) goes in the file's metadata, where :func:`read_lambda_info` reads it."""
     from safetensors.torch import save_file
 
-    write_atomic(path, lambda tmp: save_file({"lambda": lambdas.detach().float().contiguous().cpu()}, str(tmp)))
+    metadata = None if info is None else {"info": json.dumps(info, sort_keys=True)}
+    write_atomic(path, lambda tmp: save_file({"lambda": lambdas.detach().float().contiguous().cpu()}, str(tmp),
+                                             metadata=metadata))
 
 
 def read_lambdas(path: Path) -> torch.Tensor:
@@ -211,3 +218,12 @@ def read_lambdas(path: Path) -> torch.Tensor:
     if "lambda" not in tensors:
         raise ValueError(f"{path}: no 'lambda' tensor (found {sorted(tensors)})")
     return tensors["lambda"]
+
+
+def read_lambda_info(path: Path) -> dict:
+    """The ``info`` :func:`write_lambdas` stored beside λ; ``{}`` for a file written without it."""
+    from safetensors import safe_open
+
+    with safe_open(str(path), framework="pt") as handle:
+        metadata = handle.metadata() or {}
+    return json.loads(metadata["info"]) if "info" in metadata else {}
