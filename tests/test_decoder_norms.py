@@ -114,7 +114,7 @@ def test_the_decomposition_is_exact_on_every_decoder(arch):
     check = norms.decomposition_check(model, batch)
     assert len(check) == len(norms.encoder_layers(model)) and (check["relative_error"] < 1e-5).all()
     assert (check["max_abs_output"] > 1e-3).all() and norms.is_causal(model)
-    assert arch in norms.supported_model_types(causal=True) and arch not in norms.supported_model_types()
+    assert arch in norms.decomposable_model_types(causal=True) and arch not in norms.decomposable_model_types()
 
 
 def test_values_are_shared_by_a_group_and_output_slices_are_per_query_head():

@@ -244,7 +244,7 @@ def test_errors_are_clear():
         norms.attention_projections(distil, 0)
     with pytest.raises(ValueError, match="out of range"):
         norms.attention_projections(model, 5)
-    assert set(norms.supported_model_types()) == {"bert", "roberta", "electra", "deberta", "deberta-v2"}
+    assert set(norms.decomposable_model_types()) == {"bert", "roberta", "electra", "deberta", "deberta-v2"}
 
 
 # ------------------------------------------------------------------------------------------------- token categories

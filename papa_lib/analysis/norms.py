@@ -73,7 +73,7 @@ from ..core.models import dotted_attribute, model_device, model_inputs
 __all__ = [
     "AttentionProjections",
     "LayerNorms",
-    "supported_model_types",
+    "decomposable_model_types",
     "is_causal",
     "attention_projections",
     "encoder_layers",
@@ -251,9 +251,10 @@ _ARCHITECTURES: dict[str, _Architecture] = {
 }
 
 
-def supported_model_types(causal: bool | None = False) -> tuple[str, ...]:
-    """The ``config.model_type`` values this module knows how to decompose: the encoders (default), the decoder LMs
-    (``causal=True``) or both (``causal=None``)."""
+def decomposable_model_types(causal: bool | None = False) -> tuple[str, ...]:
+    """The ``config.model_type`` values this module knows how to decompose into α and f(x): the encoders (default),
+    the decoder LMs (``causal=True``) or both (``causal=None``). A subset of the types PAPA itself runs
+    (:func:`papa_lib.core.models.supported_model_types`), plus GPT-2."""
     return tuple(sorted(name for name, arch in _ARCHITECTURES.items() if causal is None or arch.causal == causal))
 
 
@@ -262,8 +263,8 @@ def _architecture(model: torch.nn.Module) -> _Architecture:
     if model_type not in _ARCHITECTURES:
         raise ValueError(
             f"attention norms are not implemented for model_type={model_type!r}; "
-            f"supported model types: {', '.join(supported_model_types())} "
-            f"(decoders: {', '.join(supported_model_types(causal=True))})"
+            f"supported model types: {', '.join(decomposable_model_types())} "
+            f"(decoders: {', '.join(decomposable_model_types(causal=True))})"
         )
     return _ARCHITECTURES[model_type]
 
@@ -532,8 +533,8 @@ def attention_norms(model: torch.nn.Module, batch: Mapping[str, torch.Tensor], *
     """Attention weights and Kobayashi norms of every layer for one batch.
 
     Args:
-        model: a Hugging Face encoder of a supported ``model_type`` (``supported_model_types()``), or a decoder LM
-            (``supported_model_types(causal=True)``: Gemma 3, Llama, GPT-2), in eval mode and loaded with
+        model: a Hugging Face encoder of a supported ``model_type`` (``decomposable_model_types()``), or a decoder LM
+            (``decomposable_model_types(causal=True)``: Gemma 3, Llama, GPT-2), in eval mode and loaded with
             ``attn_implementation="eager"``; may be wrapped in a PAPA override, whose returned (constant or mixed)
             weights are then used as ``alpha``.
         batch: mapping with ``input_ids`` [B, L], usually ``attention_mask`` [B, L] and optionally
