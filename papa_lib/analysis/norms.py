@@ -68,7 +68,7 @@ import pandas as pd
 import torch
 
 from ..core.fastpath import causal_band
-from ..core.models import dotted_attribute, model_device, model_inputs
+from ..core.models import ADAPTERS, GPT2_ADAPTER, ArchitectureAdapter, dotted_attribute, model_device, model_inputs
 
 __all__ = [
     "AttentionProjections",
@@ -218,37 +218,52 @@ def _gpt2_projections(layer: torch.nn.Module) -> AttentionProjections:
 
 @dataclass(frozen=True)
 class _Architecture:
-    """Where one architecture keeps what the decomposition needs (dotted paths from ``model.base_model`` / a layer).
+    """What the decomposition needs of one architecture beyond the core's adapter (dotted paths from a layer).
 
-    ``attention``: for decoders, the module whose input is the hidden state that enters attention (after the
-    layer's input norm); ``None``: the layer input (an encoder's ``hidden_states[layer]``).  ``output``: the module
-    whose output :func:`decomposition_check` rebuilds.  ``row_norm``: the RMSNorm on the summed attention output whose
-    ``1 / rms_i`` is the row scale (Gemma 3's ``post_attention_layernorm``).  ``unfolded``: the projections without
-    that norm's weight folded in (Kobayashi's own f(x)); ``None``: the same as ``projections``.
+    Where the layers are, whether the model is causal and, for a decoder, the module whose input is the hidden state
+    that enters attention (after the layer's input norm) come from the core's adapter of ``model_type``
+    (:func:`papa_lib.core.models.adapter_for`); an encoder's attention input is the layer input
+    (``hidden_states[layer]``).  ``output``: the module whose output :func:`decomposition_check` rebuilds.
+    ``row_norm``: the RMSNorm on the summed attention output whose ``1 / rms_i`` is the row scale (Gemma 3's
+    ``post_attention_layernorm``).  ``unfolded``: the projections without that norm's weight folded in (Kobayashi's
+    own f(x)); ``None``: the same as ``projections``.
     """
 
+    model_type: str
     projections: Callable[[torch.nn.Module], AttentionProjections]
-    layers: str = "encoder.layer"
     output: str = "attention.output.dense"
-    attention: str | None = None
     row_norm: str | None = None
-    causal: bool = False
     unfolded: Callable[[torch.nn.Module], AttentionProjections] | None = None
 
+    @property
+    def adapter(self) -> ArchitectureAdapter:
+        """The core's adapter of this type (GPT-2's also when it is not registered)."""
+        return ADAPTERS[self.model_type] if self.model_type in ADAPTERS else GPT2_ADAPTER
 
-_ARCHITECTURES: dict[str, _Architecture] = {
-    "bert": _Architecture(_bert_like_projections),
-    "roberta": _Architecture(_bert_like_projections),
-    "electra": _Architecture(_bert_like_projections),
-    "deberta": _Architecture(_deberta_projections),
-    "deberta-v2": _Architecture(_deberta_v2_projections),
-    "gemma3_text": _Architecture(_gemma3_projections, layers="layers", output="post_attention_layernorm",
-                                 attention="self_attn", row_norm="post_attention_layernorm", causal=True,
-                                 unfolded=_grouped_query_projections),
-    "llama": _Architecture(_llama_projections, layers="layers", output="self_attn.o_proj", attention="self_attn",
-                           causal=True),
-    "gpt2": _Architecture(_gpt2_projections, layers="h", output="attn.c_proj", attention="attn", causal=True),
-}
+    @property
+    def layers(self) -> str:
+        return self.adapter.layers
+
+    @property
+    def causal(self) -> bool:
+        return self.adapter.causal
+
+    @property
+    def attention(self) -> str | None:
+        return self.adapter.attention if self.causal else None
+
+
+_ARCHITECTURES: dict[str, _Architecture] = {arch.model_type: arch for arch in (
+    _Architecture("bert", _bert_like_projections),
+    _Architecture("roberta", _bert_like_projections),
+    _Architecture("electra", _bert_like_projections),
+    _Architecture("deberta", _deberta_projections),
+    _Architecture("deberta-v2", _deberta_v2_projections),
+    _Architecture("gemma3_text", _gemma3_projections, output="post_attention_layernorm",
+                  row_norm="post_attention_layernorm", unfolded=_grouped_query_projections),
+    _Architecture("llama", _llama_projections, output="self_attn.o_proj"),
+    _Architecture("gpt2", _gpt2_projections, output="attn.c_proj"),
+)}
 
 
 def decomposable_model_types(causal: bool | None = False) -> tuple[str, ...]:
