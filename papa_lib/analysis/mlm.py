@@ -43,6 +43,7 @@ import pandas as pd
 import torch
 from torch import Tensor, nn
 
+from ..core.artefacts import read_or_heal
 from ..core.averaging import ConstantAttention, average_attention
 from ..core.layout import batched
 from ..core.models import base_encoder, model_id, num_layers_and_heads
@@ -365,7 +366,7 @@ def run_mlm_curve(
             if any(0.0 < f < 1.0 for f in todo):
                 lambda_key = config_hash({**base_config, "seed": int(seed), "what": "lambdas"})
                 path = lambda_path(results_path, lambda_key) if results_path is not None else None
-                lambdas = read_lambdas(path) if path is not None and path.is_file() else None
+                lambdas = read_or_heal(path, read_lambdas)  # None: absent, or damaged and set aside
                 if lambdas is None:
                     started = time.time()
                     lambdas = learn_mlm_lambdas(model, train_masked, constants, seed=int(seed), epochs=epochs,
