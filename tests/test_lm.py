@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from conftest import TINY_DECODER_VOCAB, tiny_decoder
+from papa_lib.core.averaging import ConstantAttention
 from papa_lib.core.decoders import next_token_nll, next_token_nll_backward
 from papa_lib.core.override import AttentionOverride, override
 from papa_lib.experiments import lm
@@ -126,6 +127,27 @@ def test_the_runs_are_the_declared_ones_and_resume_skips_what_is_stored(tmp_path
     again = lm.run_language_model(model, tokenizer, SMALL, tmp_path / "out", data, progress=False, log=lambda s: 0)
     assert [r["run_id"] for r in again] == [r["run_id"] for r in records]
 
+
+
+def test_damaged_lm_constants_and_lambdas_are_set_aside_and_computed_again(tmp_path, capsys):
+    data = _corpus(tmp_path / "data")
+    model, tokenizer = tiny_decoder(), WordTokenizer()
+    out = tmp_path / "out"
+    first = lm.run_language_model(model, tokenizer, SMALL, out, data, progress=False, log=lambda s: 0)
+    lambdas = lm.lm_lambdas_path(out)
+    constants = next((out / "lm" / "matrices").glob("*.safetensors"))
+    whole = lambdas.read_bytes(), constants.read_bytes()
+    lm.lm_results_path(out).unlink()  # every run again, through the two damaged files
+    lambdas.write_bytes(whole[0][:100])
+    constants.write_bytes(whole[1][:200])
+    assert not lm.plan_language_model(model, SMALL, out)["lambdas_stored"]  # the plan reads them as not stored
+    again = lm.run_language_model(model, tokenizer, SMALL, out, data, progress=False, log=lambda s: 0)
+    notices = capsys.readouterr().err
+    assert f"{lambdas} is damaged (100 bytes" in notices and f"{constants} is damaged (200 bytes" in notices
+    assert (lambdas.parent / (lambdas.name + ".damaged")).read_bytes() == whole[0][:100]
+    assert lm.read_lm_lambdas(out).shape == (3, 4) and ConstantAttention.load(constants).matrices.shape[:2] == (3, 4)
+    assert [r["run_id"] for r in again] == [r["run_id"] for r in first]
+    assert np.allclose([r["nll"] for r in again], [r["nll"] for r in first], atol=1e-6)
 
 def test_the_unigram_floor_by_hand():
     tokenizer = WordTokenizer()

@@ -42,7 +42,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..core.artefacts import write_atomic
+from ..core.artefacts import read_or_heal, write_atomic
 from ..core.averaging import ConstantAttention, average_attention
 from ..core.decoders import next_token_nll, next_token_nll_backward
 from ..core.models import frozen_parameters, model_device, model_id, num_layers_and_heads
@@ -145,11 +145,12 @@ def lm_results_path(results_dir: str | Path) -> Path:
 def read_lm_lambdas(results_dir: str | Path) -> torch.Tensor:
     """The λ learned on the LM loss, for ranking heads of the same decoder on other tasks (probes)."""
     path = lm_lambdas_path(results_dir)
-    if not path.is_file():
+    lambdas = read_or_heal(path, read_lambdas)  # None: absent, or damaged and set aside
+    if lambdas is None:
         from ..errors import PapaInputError
 
         raise PapaInputError(f"{path}: no λ learned on the LM loss yet; run the grid's language_model section first")
-    return read_lambdas(path)
+    return lambdas
 
 
 # ---------------------------------------------------------------------------------------------- the data
@@ -366,15 +367,29 @@ def _lambda_settings(settings: LMSettings) -> dict:
 
 
 def _lambdas_stored(results_dir: str | Path, settings: LMSettings) -> bool:
-    """Whether λ learned under ``settings`` is stored."""
+    """Whether λ learned under ``settings`` is stored (for the plan, which reads and moves nothing: an unreadable
+    file counts as not stored)."""
     path = lm_lambdas_path(results_dir)
-    return path.is_file() and read_lambda_info(path).get("settings") == _lambda_settings(settings)
+    try:
+        return path.is_file() and read_lambda_info(path).get("settings") == _lambda_settings(settings)
+    except Exception:  # noqa: BLE001 - a damaged file is learned again
+        return False
+
+
+def _stored_lambdas(results_dir: str | Path, settings: LMSettings) -> torch.Tensor | None:
+    """The λ stored for ``settings``; ``None`` when absent, learned under other settings (then overwritten), or
+    damaged (then set aside with a notice, as the grid's λ are: :func:`papa_lib.core.artefacts.read_or_heal`)."""
+    def read(path: Path) -> torch.Tensor | None:
+        return read_lambdas(path) if read_lambda_info(path).get("settings") == _lambda_settings(settings) else None
+
+    return read_or_heal(lm_lambdas_path(results_dir), read)
 
 
 def _constants(model, settings: LMSettings, windows: torch.Tensor, results_dir: Path, log) -> ConstantAttention:
     path = _constants_path(results_dir, settings)
-    if path.is_file():
-        return ConstantAttention.load(path)
+    stored = read_or_heal(path, ConstantAttention.load)  # None: absent, or damaged and set aside
+    if stored is not None:
+        return stored
     started = time.time()
     batches = [_batch(row) for row in windows]
     constants = average_attention(model, batches, progress=False,
@@ -385,9 +400,10 @@ def _constants(model, settings: LMSettings, windows: torch.Tensor, results_dir: 
 
 
 def _lambdas(model, constants, settings: LMSettings, windows: torch.Tensor, results_dir: Path, log) -> torch.Tensor:
+    stored = _stored_lambdas(results_dir, settings)
+    if stored is not None:
+        return stored
     path = lm_lambdas_path(results_dir)
-    if _lambdas_stored(results_dir, settings):
-        return read_lambdas(path)
     started = time.time()
     lambdas, losses = learn_lm_lambdas(model, constants, windows, epochs=settings.lambda_epochs,
                                        learning_rate=settings.lambda_learning_rate, seed=settings.lambda_seed)
