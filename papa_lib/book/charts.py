@@ -7,7 +7,7 @@ network can reach.  This module registers an altair renderer, ``papa_offline``, 
 is a small ``text/html`` snippet: a ``<div>`` plus an inline script that calls the global
 ``vegaEmbed`` function with the chart's spec inlined as JSON.  The global comes from a
 self-contained JavaScript bundle (``vl_convert.javascript_bundle()``) that the book's Sphinx
-extension (:func:`papa_lib.book.setup`) writes to ``_static/papa-vega-bundle.js`` and adds
+extension (``papa_book.sphinx_hooks``, in ``book/_ext``) writes to ``_static/papa-vega-bundle.js`` and adds
 to every page.  No PNG/SVG fallback is emitted: the charts stay interactive (tooltips).
 
 Typical use, once at the top of a chapter::

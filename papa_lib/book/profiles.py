@@ -63,7 +63,7 @@ def find_repo_root(start: str | os.PathLike | None = None, *, fallback: str = "s
     upwards) holding ``_config.yml`` beside ``_toc.yml`` or the ``papa_lib/`` package.
 
     Chapters run with the working directory set to ``book/`` (Jupyter Book) or to the root (papermill,
-    :func:`papa_lib.book.build.run_chapters`); resolving paths against this root makes both agree. Outside a checkout
+    :func:`papa_book.build.run_chapters`); resolving paths against this root makes both agree. Outside a checkout
     (e.g. in Colab) it is the start folder itself (``fallback="start"``) or the folder above this package
     (``fallback="package"``, what :func:`resolve` uses).
     """
