@@ -145,8 +145,10 @@ PROCESSOR_CHECK = ROOT / "data" / "results" / "processor-check"
 @pytest.mark.skipif(not (PROCESSOR_CHECK / "results.csv").is_file(), reason="no processor-check records committed")
 def test_another_processor_repeats_frozen_runs_exactly_and_moves_a_lambda_run_less_than_a_seed():
     """The committed processor check: CPU-made records of local-minilm rerun on another processor (same run ids).
-    The frozen path (features, probes) gives the same value to the last bit; a λ-ordered run, whose λ is learned
-    through the backbone, moves, but by less than a change of seed does (BENCHMARKS.md)."""
+    The frozen path (features, probes) gives the same value to the last bit; the λ-ordered run moves, by less than a
+    change of seed does, because the committed record ranks its heads by λ learned on the H100: the AMD CPU's own λ
+    differs from that file, and the Intel CPU learning its own gives the AMD value to the last bit (BENCHMARKS.md,
+    "Another processor, and where λ was learned")."""
 
     from papa_lib.experiments.results import read_results
 
