@@ -340,6 +340,20 @@ def test_a_claim_names_the_devices_of_the_records_it_reads():
     assert table.loc["C4", "devices"] == "cpu, cuda"
 
 
+def test_a_claim_names_the_device_that_learned_its_lambda():
+    """Probes on the CPU ranking heads by λ learned on a GPU: C2 and C6a name both, the GPU marked (λ); a λ file that
+    records no device, or λ learned where the probe ran, adds nothing (rule R16)."""
+    frame = _records(drop=0.08, free=0.3).assign(device="cpu", lambda_device=None)
+    ordered = frame.selection_order.isin(["lambda", "reversed"]) & ~frame.fraction.isin([0.0, 1.0])
+    frame.loc[ordered, "lambda_device"] = "cuda:0"
+    table = claims.claims_table(frame).set_index("claim")
+    assert table.loc["C2", "devices"] == table.loc["C6a", "devices"] == "cpu, cuda (λ)"
+    assert table.loc["C1a", "devices"] == "cpu"
+    for where in ("not recorded", "cpu"):
+        again = claims.claims_table(frame.assign(lambda_device=frame.lambda_device.where(~ordered, where)))
+        assert set(again.set_index("claim").loc[["C2", "C6a"], "devices"]) == {"cpu"}
+
+
 def test_more_seeds_for_seed_independent_configurations_pair_on_the_seeds_both_have():
     """Originals and all-constant averages at 5 seeds, λ at ½ at 3 (the 10- and 5-seed reruns' shape): C2 pairs on
     seeds 0-2 and says so in its tasks column; C1a reads 5 seeds everywhere and says nothing; no mismatch."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pandas as pd
 import pytest
 import torch
 
@@ -236,6 +237,28 @@ def test_lambda_learning_moves_theta(tiny, data_dir):
     lambdas = engine.learn_lambdas(TaskExperiment(config, model, tokenizer, progress=False))
     assert lambdas.shape == (2, 4)
     assert not torch.allclose(lambdas, torch.full_like(lambdas, 0.5))
+
+
+def test_a_lambda_file_says_where_it_was_learned_and_records_carry_it(tiny, data_dir, tmp_path):
+    """λ learned on one machine and read by runs on another (the local grid's first λ came from an H100 and ranked
+    heads for CPU probes) is visible: the file stores the device and machine it was learned on, and a λ-ordered
+    record names it in ``lambda_device`` (``not recorded`` for a file without it; empty for runs that read no λ)."""
+    from papa_lib.experiments.grid import run_grid
+    from papa_lib.experiments.workspace import read_lambda_info, read_lambdas, write_lambdas
+
+    model, tokenizer = tiny
+    spec = {"data_dir": str(data_dir), "profile": "smoke", "seeds": [0], "max_length": 16, "epochs": 1,
+            "lambda_epochs": 1, "blocks": [GridBlock("fig2", ["sst2"], fractions=[1, 0.5])]}
+    frame = run_grid(spec, tmp_path, model=model, tokenizer=tokenizer, progress=False).frame().set_index("fraction")
+    [path] = (tmp_path / "lambdas").glob("*.safetensors")
+    info = read_lambda_info(path)
+    assert info["device"] == "cpu" and info["processor"] and info["torch_version"] and "git_commit" in info
+    assert "train.tsv" in info["data_sha256"]
+    assert frame.loc[0.5, "lambda_device"] == "cpu" and pd.isna(frame.loc[1.0, "lambda_device"])
+    write_lambdas(path, read_lambdas(path))  # as the committed files were written: no info
+    rerun = run_grid({**spec, "epochs": 2, "blocks": [GridBlock("again", ["sst2"], fractions=[0.5])]}, tmp_path,
+                     model=model, tokenizer=tokenizer, progress=False).frame()  # new run ids, the same λ file
+    assert set(rerun.lambda_device.dropna()) == {"cpu", "not recorded"}
 
 
 def test_lambda_learning_shows_its_progress(tiny, data_dir, capsys):

@@ -409,10 +409,16 @@ def _rows_read(read: Sequence[pd.DataFrame], tasks: Iterable[str]) -> pd.DataFra
 
 def devices_of(read: Sequence[pd.DataFrame], tasks: Iterable[str]) -> str:
     """The devices (``cpu``, ``cuda``, ...) that made the records ``read`` of ``tasks``: a claim resting on two
-    says so (issue 21: no claim should compare rows made on different devices)."""
+    says so (issue 21: no claim should compare rows made on different devices). A device that learned a record's λ
+    (``lambda_device``) and made none of the records is named with ``(λ)``, e.g. ``cpu, cuda (λ)``."""
     rows = _rows_read(read, tasks)
-    kinds = rows["device"].dropna().astype(str).str.split(":").str[0] if "device" in rows else []
-    return ", ".join(sorted(set(kinds)))
+
+    def kinds(column):
+        return set(rows[column].dropna().astype(str).str.split(":").str[0]) if column in rows else set()
+
+    made = kinds("device")
+    learned = kinds("lambda_device") - made - {"not recorded"}
+    return ", ".join(sorted(made) + [f"{kind} (λ)" for kind in sorted(learned)])
 
 
 def _select(frame: pd.DataFrame, matrix_type: str, fraction: float, order: str = "none",

@@ -85,6 +85,7 @@ from .workspace import (
     encode_split,
     fingerprint,
     peak_memory_mb,
+    read_lambda_info,
     read_lambdas,
     source_files,
     task_provenance,
@@ -288,10 +289,26 @@ def learn_lambdas(ws: Workspace, matrices_from: str | None = None, seed: int = 0
             seed=seed, epochs=cfg.lambda_epochs, learning_rate=cfg.learning_rate,
             theta_learning_rate=cfg.lambda_learning_rate, device=cfg.device,
             progress=f"learning λ ({ws.config.task}, seed {seed})" if ws.progress else False)
-        if path is not None:
-            write_lambdas(path, lambdas)
+        if path is not None:  # where it was learned, in the file: a run that reads it later may run elsewhere
+            where = {"device": str(cfg.device), **run_provenance(cfg.device, data_files(ws, matrices_from))}
+            write_lambdas(path, lambdas, where)
     ws.scores[("lambda", source, seed)] = lambdas
     return lambdas
+
+
+def lambda_device(ws: Workspace, variant: Variant, seed: int) -> str | None:
+    """The device that learned the λ ranking ``variant``'s heads for ``seed``, as its file records it
+    (:func:`learn_lambdas`); ``"not recorded"`` for a file written without it; None when no stored λ ranks them (an
+    order without λ, scores handed in, or no results folder). A record's ``device`` says where its probe ran."""
+    if not variant.needs_scores or (variant.selection_order, variant.matrices_from, seed) in ws.given_scores:
+        return None
+    ranking = head_ranking(variant.selection_order)
+    if ranking.scores is not None or not ranking.learned:
+        return None
+    path = lambda_path(ws, variant.matrices_from or ws.config.task, lambda_seed(ws, seed))
+    if path is None or not path.is_file():
+        return None
+    return read_lambda_info(path).get("device", "not recorded")
 
 
 def head_scores(ws: Workspace, order: str, matrices_from: str | None = None, seed: int = 0) -> torch.Tensor:
@@ -609,6 +626,7 @@ def record(ws: Workspace, variant: Variant, seed: int, outcome: dict, seconds: f
         "data_source": data_source(ws),
         "versions": package_versions(),
         "device": str(cfg.device),
+        "lambda_device": lambda_device(ws, variant, seed),
         "wall_time_s": round(seconds, 3),
         **task_provenance(ws.spec.name),
         **run_provenance(cfg.device, data_files(ws, variant.matrices_from), optimizer_for(cfg.device)),
