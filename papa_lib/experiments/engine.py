@@ -297,10 +297,11 @@ def learn_lambdas(ws: Workspace, matrices_from: str | None = None, seed: int = 0
 
 
 def lambda_device(ws: Workspace, variant: Variant, seed: int) -> str | None:
-    """The device that learned the λ ranking ``variant``'s heads for ``seed``, as its file records it
-    (:func:`learn_lambdas`); ``"not recorded"`` for a file written without it; None when no stored λ ranks them (an
-    order without λ, scores handed in, or no results folder). A record's ``device`` says where its probe ran."""
-    if not variant.needs_scores or (variant.selection_order, variant.matrices_from, seed) in ws.given_scores:
+    """The device that learned the λ ranking ``variant``'s heads for ``seed``, as its file (:func:`lambda_path`,
+    written by :func:`learn_lambdas`, also for λ handed in by a Ray worker) records it; ``"not recorded"`` for a file
+    written without it; None when no stored λ ranks them (an order without λ, or no results folder). A record's
+    ``device`` says where its probe ran."""
+    if not variant.needs_scores:
         return None
     ranking = head_ranking(variant.selection_order)
     if ranking.scores is not None or not ranking.learned:
