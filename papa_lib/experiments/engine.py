@@ -301,10 +301,7 @@ def lambda_device(ws: Workspace, variant: Variant, seed: int) -> str | None:
     written by :func:`learn_lambdas`, also for λ handed in by a Ray worker) records it; ``"not recorded"`` for a file
     written without it; None when no stored λ ranks them (an order without λ, or no results folder). A record's
     ``device`` says where its probe ran."""
-    if not variant.needs_scores:
-        return None
-    ranking = head_ranking(variant.selection_order)
-    if ranking.scores is not None or not ranking.learned:
+    if not variant.needs_scores or not head_ranking(variant.selection_order).uses_lambda:
         return None
     path = lambda_path(ws, variant.matrices_from or ws.config.task, lambda_seed(ws, seed))
     if path is None or not path.is_file():
@@ -319,7 +316,7 @@ def head_scores(ws: Workspace, order: str, matrices_from: str | None = None, see
     if (order, matrices_from, seed) in ws.given_scores:
         return ws.given_scores[(order, matrices_from, seed)]
     ranking = head_ranking(order)
-    if ranking.scores is None and ranking.learned:  # Sec. 3.2: the rankings sit below the engine that learns λ
+    if ranking.uses_lambda:  # Sec. 3.2: the rankings sit below the engine that learns λ
         return learn_lambdas(ws, matrices_from, lambda_seed(ws, seed))
     if ranking.scores is None:
         raise ValueError(f"order {order!r} has no per-head scores")

@@ -56,6 +56,11 @@ class HeadRanking:
         """Whether heads are ordered by per-head scores (registered ones, or the learned λ)."""
         return self.scores is not None or self.learned
 
+    @property
+    def uses_lambda(self) -> bool:
+        """Whether the λ the experiment learns scores the heads (a learned ranking without scores of its own)."""
+        return self.scores is None and self.learned
+
 
 HEAD_RANKINGS: Registry = Registry("selection order")
 
