@@ -949,6 +949,30 @@ def test_norm_aware_blocks_and_the_committed_grid():
     )
 
 
+def test_the_committed_head_scores_hold_the_lambda_of_seed_0s_runs():
+    """The norms chapter's λ-against-label-free agreement reads analysis/head_scores.csv: its λ column is the λ file
+    the main grid's λ-ordered runs of seed 0 read, at the grid's settings (not an older run's λ)."""
+    import pandas as pd
+
+    from papa_lib.core.decoders import load_model
+    from papa_lib.experiments import engine
+    from papa_lib.experiments.grid import grid_settings, load_grid, task_config
+    from papa_lib.experiments.workspace import read_lambdas
+
+    table_file = REPO / norm_rankings.NORM_RESULT_FOLDERS["local"] / "analysis" / "head_scores.csv"
+    main = REPO / "data" / "results" / "local-minilm"
+    table = pd.read_csv(table_file)
+    model, tokenizer = load_model(None)
+    settings, seeds = grid_settings(load_grid(main / "grid.yaml"))
+    for task, part in table.groupby("task"):
+        run = engine.TaskExperiment(task_config(settings, task, seeds), model, tokenizer, results_dir=main,
+                                    progress=False)
+        path = engine.lambda_path(run, task, engine.lambda_seed(run, 0))
+        assert path.is_file(), f"{task}: seed 0's λ file {path.name} is not committed"
+        np.testing.assert_allclose(part.sort_values(["layer", "head"])["lambda"],
+                                   read_lambdas(path).double().numpy().ravel(), rtol=1e-6, err_msg=task)
+
+
 @pytest.fixture(scope="module")
 def smoke_setup(tmp_path_factory):
     from papa_lib.smoke import generate_data_dir, tiny_encoder
@@ -1130,21 +1154,36 @@ def test_head_score_table_and_agreement(smoke_setup, tmp_path):
 
     model, tokenizer, data_dir = smoke_setup
     spec = {"data_dir": str(data_dir), "profile": "smoke", "max_length": {"default": 16}}
-    (tmp_path / "lambdas").mkdir()
-    lambdas = torch.linspace(0.1, 0.9, 8).view(2, 4)
-    write_lambdas(tmp_path / "lambdas" / "sst2-from-sst2-abc.safetensors", lambdas)
-    table = norm_rankings.head_score_table(model, tokenizer, spec, ["sst2", "cola"], lambdas_dir=tmp_path / "lambdas")
+    from papa_lib.core import layout
+    from papa_lib.experiments import engine
+    from papa_lib.experiments.grid import grid_settings, task_config
+
+    # λ of seeds 0 and 1 where the grid's λ-ordered runs read them; seed 1's is written last (newest)
+    settings, seeds = grid_settings(dict(spec))
+    run = engine.TaskExperiment(task_config(settings, "sst2", seeds), model, tokenizer, results_dir=tmp_path,
+                                progress=False)
+    lambdas = {seed: torch.linspace(0.1, 0.9, 8).view(2, 4) * (seed + 1) / 2 for seed in (0, 1)}
+    for seed, values in lambdas.items():
+        write_lambdas(engine.lambda_path(run, "sst2", seed), values)
+    table = norm_rankings.head_score_table(model, tokenizer, spec, ["sst2", "cola"], results_dir=tmp_path)
     assert list(table.columns) == ["task", "layer", "head", "lambda", "attention_variance", "norm_variance"]
     assert len(table) == 2 * 8 and table[table["task"] == "cola"]["lambda"].isna().all()
     sst2 = table[table["task"] == "sst2"]
-    np.testing.assert_allclose(sst2["lambda"], lambdas.numpy().ravel(), rtol=1e-6)
-    from papa_lib.core import layout
-    from papa_lib.experiments import engine
+    np.testing.assert_allclose(sst2["lambda"], lambdas[0].numpy().ravel(), rtol=1e-6)  # seed 0's, not the newest
+    seed_one = norm_rankings.head_score_table(model, tokenizer, spec, ["sst2"], results_dir=tmp_path, seed=1)
+    np.testing.assert_allclose(seed_one["lambda"], lambdas[1].numpy().ravel(), rtol=1e-6)
 
     config = ExperimentConfig(task="sst2", data_dir=str(data_dir), profile="smoke", max_length=16)
     split = engine.split(engine.TaskExperiment(config, model, tokenizer, progress=False), "train")
     expected = norm_rankings.input_dependence_scores(model, layout.batched(split.encoded, 64), progress=False)
     np.testing.assert_allclose(sst2["attention_variance"], expected.numpy().ravel())
+    # a per-task probe limit (the local grid's {sst2: 8000, default: null}): seed 0's rows of it, as its runs score
+    limited = norm_rankings.head_score_table(model, tokenizer, {**spec, "limit": {"sst2": 20, "default": None}},
+                                             ["sst2"], results_dir=tmp_path)
+    rows = engine.seeded_subset(torch.arange(split.labels.shape[0]), 20, 1_000_033 * config.data_seed + 0)
+    subset = {key: value[rows] for key, value in split.encoded.items()}
+    expected = norm_rankings.input_dependence_scores(model, [subset], progress=False)
+    np.testing.assert_allclose(limited["attention_variance"], expected.numpy().ravel(), rtol=1e-6)
     agreement = norm_rankings.score_agreement(table)
     assert len(agreement) == 2 * 3
     cola_lambda = agreement[(agreement["task"] == "cola") & (agreement["first"] == "lambda")]

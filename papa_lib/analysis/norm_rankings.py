@@ -498,40 +498,32 @@ def matrix_comparison(norm_frame: pd.DataFrame, reference: pd.DataFrame, tasks: 
 
 
 
-def head_score_table(model: torch.nn.Module, tokenizer, spec: Mapping, tasks: Iterable[str], lambdas_dir=None,
-                     progress: bool = False) -> pd.DataFrame:
-    """Per head and task: the two label-free scores and, where available, PAPA's learned λ (Sec. 3.2).
+def head_score_table(model: torch.nn.Module, tokenizer, spec: Mapping, tasks: Iterable[str], results_dir=None,
+                     seed: int = 0, progress: bool = False) -> pd.DataFrame:
+    """Per head and task: the two label-free scores and, where available, PAPA's learned λ (Sec. 3.2), of ``seed``.
 
-    The scores are :func:`input_dependence_scores` on the task's training subset exactly as the grid ``spec``
-    (:func:`papa_lib.experiments.grid.load_grid` output or :func:`norm_aware_grid`) defines it — the scores the
-    ``attention_variance``/``norm_variance`` runs used.  λ is read from ``lambdas_dir/<task>-from-<task>-*.safetensors``
-    (written by the main grid; the newest file when several match); missing λ gives NaN.
+    Each task runs as the grid ``spec`` (:func:`papa_lib.experiments.grid.load_grid` output or
+    :func:`norm_aware_grid`) configures it (:func:`~papa_lib.experiments.grid.task_config`), so the scores are
+    :func:`input_dependence_scores` on ``seed``'s training rows, the scores its ``attention_variance`` and
+    ``norm_variance`` runs used, and λ is the file in ``results_dir/lambdas`` (the main grid's folder) that ranks the
+    heads of ``seed``'s λ-ordered runs (:func:`~papa_lib.experiments.engine.lambda_path`); NaN where there is none.
     Columns: task, layer, head, lambda, attention_variance, norm_variance.
     """
-    from pathlib import Path
+    from ..experiments import engine
+    from ..experiments.grid import grid_settings, task_config
+    from ..experiments.workspace import read_lambdas
 
-    from ..experiments.engine import TaskExperiment, head_scores
-    from ..experiments.workspace import ExperimentConfig
-
-    def per_task(value, task):
-        return value.get(task, value.get("default")) if isinstance(value, Mapping) else value
-
+    settings, seeds = grid_settings(dict(spec))
+    settings["device"] = str(next(model.parameters()).device)
     frames = []
     for task in tasks:
-        config = ExperimentConfig(task=task, data_dir=spec.get("data_dir"), profile=spec.get("profile", "local"),
-                                  limit=spec.get("limit"), max_length=per_task(spec.get("max_length"), task),
-                                  device=str(next(model.parameters()).device))
-        experiment = TaskExperiment(config, model, tokenizer, progress=progress)
-        scores = {order: head_scores(experiment, order).numpy() for order in NORM_AWARE_ORDERS}
+        experiment = engine.TaskExperiment(task_config(settings, task, seeds), model, tokenizer,
+                                           results_dir=results_dir, progress=progress)
+        scores = {order: engine.head_scores(experiment, order, seed=seed).numpy() for order in NORM_AWARE_ORDERS}
         layers, heads = scores[NORM_AWARE_ORDERS[0]].shape
-        lambdas = np.full((layers, heads), np.nan)
-        folder = Path(lambdas_dir) if lambdas_dir is not None else None
-        files = (sorted(folder.glob(f"{task}-from-{task}-*.safetensors"), key=lambda p: p.stat().st_mtime)
-                 if folder and folder.is_dir() else [])
-        if files:
-            from ..experiments.workspace import read_lambdas
-
-            lambdas = read_lambdas(files[-1]).to(torch.float64).numpy().reshape(layers, heads)
+        path = engine.lambda_path(experiment, task, engine.lambda_seed(experiment, seed))
+        lambdas = (read_lambdas(path).to(torch.float64).numpy().reshape(layers, heads)
+                   if path is not None and path.is_file() else np.full((layers, heads), np.nan))
         layer, head = np.meshgrid(np.arange(layers), np.arange(heads), indexing="ij")
         frames.append(pd.DataFrame({"task": task, "layer": layer.ravel(), "head": head.ravel(),
                                     "lambda": lambdas.ravel(),
@@ -576,8 +568,8 @@ def head_scores(setup, model: torch.nn.Module, tokenizer, folder, tasks: Iterabl
         spec = norm_aware_grid(setup.grid())
         if setup.data_dir is not None:
             spec["data_dir"] = str(setup.data_dir)
-        lambdas = (folder if setup.profile == "smoke" else Path(setup.results_dir)) / "lambdas"
-        table = head_score_table(model, tokenizer, spec, tasks, lambdas_dir=lambdas)
+        main = folder if setup.profile == "smoke" else Path(setup.results_dir)
+        table = head_score_table(model, tokenizer, spec, tasks, results_dir=main)
         path.parent.mkdir(parents=True, exist_ok=True)
         table.to_csv(path, index=False)
     return pd.read_csv(path) if path.exists() else None
