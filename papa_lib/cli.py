@@ -147,13 +147,9 @@ def _shared(parser: argparse.ArgumentParser, task_required: bool = True, custom:
     group.add_argument("--device", default=None,
                        help="cpu, cuda, cuda:1, ... or auto (CUDA when torch sees a GPU, else cpu); default: cpu "
                             "(grid: the file's device)")
-    if custom:
-        group.add_argument("--results-dir", default="data/results/cli",
-                           help="where records (results.csv), constant matrices and λ are stored")
-    else:
-        group.add_argument("--results-dir", default=None,
-                           help="where records (results.csv), constant matrices and λ are stored (default: the grid "
-                                "file's folder)")
+    group.add_argument("--results-dir", default="data/results/cli" if custom else None,
+                       help="where records (results.csv), constant matrices and λ are stored"
+                            + ("" if custom else " (default: the grid file's folder)"))
     if custom:
         group = parser.add_argument_group(
             "your own task (--task custom)",
@@ -565,8 +561,6 @@ def cmd_reproduce(args) -> int:
     from .core.models import resolve_device
 
     tools, _ = _book_tools()
-    ChapterExecutionError, failure_line, run_chapters = (tools.ChapterExecutionError, tools.failure_line,
-                                                         tools.run_chapters)
 
     parameters = {}
     if args.model:
@@ -582,10 +576,10 @@ def cmd_reproduce(args) -> int:
             raise UsageError(f"-p: parameter name {name!r} is not a Python identifier")
         parameters[name] = yaml.safe_load(text)
     try:
-        paths = run_chapters(args.profile, args.out, parameters=parameters or None, chapters=args.chapter or None,
-                             resume=not args.no_resume)
-    except ChapterExecutionError as error:  # one line naming the chapter and the cell, like papa book
-        print(failure_line("a chapter failed", error), file=sys.stderr)
+        paths = tools.run_chapters(args.profile, args.out, parameters=parameters or None,
+                                   chapters=args.chapter or None, resume=not args.no_resume)
+    except tools.ChapterExecutionError as error:  # one line naming the chapter and the cell, like papa book
+        print(tools.failure_line("a chapter failed", error), file=sys.stderr)
         return 1
     for path in paths:
         print(path)
@@ -594,13 +588,12 @@ def cmd_reproduce(args) -> int:
 
 def cmd_book(args) -> int:
     tools, chapters = _book_tools()
-    BookBuildError, build_book, failure_line = tools.BookBuildError, tools.build_book, tools.failure_line
 
     chapters.sync_notebooks("book")
     try:
-        html = build_book(".", warnings_as_errors=not args.allow_warnings)
-    except BookBuildError as error:  # a page failed to execute, or Sphinx failed: the message says which
-        print(failure_line("the book did not build", error), file=sys.stderr)
+        html = tools.build_book(".", warnings_as_errors=not args.allow_warnings)
+    except tools.BookBuildError as error:  # a page failed to execute, or Sphinx failed: the message says which
+        print(tools.failure_line("the book did not build", error), file=sys.stderr)
         return 1
     print(f"book built: {html / 'index.html'}")
     return 0

@@ -253,7 +253,6 @@ def test_deberta_uses_the_reference_path_and_stays_correct():
 def test_layer_plan_groups_heads():
     plan = fastpath.layer_plan(["original", "constant", "identity", "zeros", "toeplitz"])
     assert plan == fastpath.LayerPlan(original=(0,), matrix=(1, 4), identity=(2,), zeros=(3,))
-    assert plan.num_heads == 5
     assert fastpath.layer_plan(["original", "original"]) is None
     assert fastpath.layer_plan(["constant", "mix"]) is None
     assert fastpath.layer_plan(["trainable", "zeros"]) is None

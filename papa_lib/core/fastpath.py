@@ -94,10 +94,6 @@ class LayerPlan:
     identity: tuple[int, ...]
     zeros: tuple[int, ...]
 
-    @property
-    def num_heads(self) -> int:
-        return len(self.original) + len(self.matrix) + len(self.identity) + len(self.zeros)
-
 
 def layer_plan(modes: list[str], causal: bool = False) -> LayerPlan | None:
     """Group a layer's head modes for the fast path, or ``None`` when the layer must use the reference path.
@@ -184,12 +180,8 @@ def _undo_all(restores: list[Callable[[], None]]) -> Callable[[], None]:
 def skip_query_key_projections(
     self_attention: nn.Module, names: tuple[str, str] = ("query", "key")
 ) -> Callable[[], None]:
-    """Stop ``self_attention.query`` and ``.key`` (or the two ``names``) from computing anything; return the function
-    that undoes it.
-
-    Only the ``forward`` attribute of the two ``nn.Linear`` instances is replaced (parameters, buffers, hooks and
-    the module tree are left alone); undoing restores whatever instance attribute was there before.
-    """
+    """Stop ``self_attention.query`` and ``.key`` (or the two ``names``; ``TypeError`` unless ``nn.Linear``) from
+    computing anything, by replacing their instance ``forward`` (:func:`_replace_forward`); return the undo function."""
     restores = []
     for name in names:
         linear = getattr(self_attention, name, None)

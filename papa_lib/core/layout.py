@@ -60,9 +60,6 @@ class EncodedBatch(dict):
         self.num_truncated = num_truncated
         self.word_index = word_index
 
-    def __len__(self) -> int:  # number of dict keys, as for a plain dict
-        return super().__len__()
-
     @property
     def batch_size(self) -> int:
         return int(self["input_ids"].shape[0])
@@ -204,18 +201,18 @@ def _place_standard(t: SpecialTokenTemplate, ids_a: list[int], ids_b: list[int] 
     return seq + [t.pad_id] * pad, [1] * len(seq) + [0] * pad, types + [0] * pad, truncated, offset
 
 
-def _to_batch(rows, masks, types, template, layout, length, num_truncated, word_index=None) -> EncodedBatch:
+def _to_batch(rows, masks, types, layout, length, num_truncated, word_index=None, separator=None) -> EncodedBatch:
+    """The rows as an :class:`EncodedBatch`; ``types`` None: no ``token_type_ids``."""
     tensors = {
         "input_ids": torch.tensor(rows, dtype=torch.long).reshape(-1, length),
         "attention_mask": torch.tensor(masks, dtype=torch.long).reshape(-1, length),
     }
-    if template.uses_token_type_ids:
+    if types is not None:
         tensors["token_type_ids"] = torch.tensor(types, dtype=torch.long).reshape(-1, length)
     if num_truncated:
         logger.info("%d of %d examples were truncated to max_length=%d", num_truncated, len(rows), length)
-    return EncodedBatch(
-        tensors, layout=layout, max_length=length, num_truncated=num_truncated, word_index=word_index
-    )
+    return EncodedBatch(tensors, layout=layout, max_length=length, num_truncated=num_truncated,
+                        word_index=word_index, separator=separator)
 
 
 def _check_args(layout: str, max_length: int, pairs_given: bool) -> None:
@@ -256,14 +253,8 @@ def _encode_causal(tokenizer, texts, pairs, max_length: int, separator: str | No
         rows.append(seq + [pad] * (max_length - len(seq)))
         masks.append([1] * len(seq) + [0] * (max_length - len(seq)))
         num_truncated += int(truncated)
-    tensors = {
-        "input_ids": torch.tensor(rows, dtype=torch.long).reshape(-1, max_length),
-        "attention_mask": torch.tensor(masks, dtype=torch.long).reshape(-1, max_length),
-    }
-    if num_truncated:
-        logger.info("%d of %d examples were truncated to max_length=%d", num_truncated, len(rows), max_length)
-    return EncodedBatch(tensors, layout="causal", max_length=max_length, num_truncated=num_truncated,
-                        separator=separator if pairs is not None else None)
+    return _to_batch(rows, masks, None, "causal", max_length, num_truncated,
+                     separator=separator if pairs is not None else None)
 
 
 def for_model(batch: EncodedBatch, model) -> EncodedBatch:
@@ -333,7 +324,7 @@ def encode(
         masks.append(mask)
         types.append(type_ids)
         num_truncated += int(truncated)
-    batch = _to_batch(rows, masks, types, template, layout, max_length, num_truncated)
+    batch = _to_batch(rows, masks, types if template.uses_token_type_ids else None, layout, max_length, num_truncated)
     return batch if model is None else for_model(batch, model)
 
 
@@ -352,8 +343,9 @@ def encode_words(
         raise ValueError("encode_words supports the encoder layouts 'papa' and 'standard', not 'causal'")
     template = special_token_template(tokenizer)
     flat = [(w if i == 0 else " " + w) for words in sentences for i, w in enumerate(words)]
-    flat_ids = _tokenize(tokenizer, flat) if flat else []
+    flat_ids = _tokenize(tokenizer, flat)
     max_words = max((len(words) for words in sentences), default=0)
+    room = max_length - len(template.single_prefix) - len(template.single_suffix)
     word_index = torch.full((len(sentences), max(max_words, 1)), -1, dtype=torch.long)
     rows, masks, types, num_truncated, cursor = [], [], [], 0, 0
     for b, words in enumerate(sentences):
@@ -365,10 +357,8 @@ def encode_words(
             ids.extend(piece)
         if layout == "standard":
             row, mask, type_ids, truncated, offset = _place_standard(template, ids, None, max_length)
-            room = max_length - len(template.single_prefix) - len(template.single_suffix)
         else:
             row, mask, type_ids, truncated, offset = _place_single(template, ids, max_length)
-            room = max_length - len(template.single_prefix) - len(template.single_suffix)
         for w, start in enumerate(starts):
             if 0 <= start < room:
                 word_index[b, w] = offset + start
@@ -376,7 +366,8 @@ def encode_words(
         masks.append(mask)
         types.append(type_ids)
         num_truncated += int(truncated)
-    batch = _to_batch(rows, masks, types, template, layout, max_length, num_truncated, word_index=word_index)
+    batch = _to_batch(rows, masks, types if template.uses_token_type_ids else None, layout, max_length, num_truncated,
+                      word_index=word_index)
     return batch if model is None else for_model(batch, model)
 
 

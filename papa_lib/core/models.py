@@ -500,14 +500,14 @@ def layout_position_ids(batch, model) -> torch.Tensor | None:
     return (torch.arange(length, device=reference.device) + first).expand(size, length).contiguous()
 
 
-def check_position_ids(batch, model, position_ids: torch.Tensor | None = None) -> None:
+def check_position_ids(batch, model) -> None:
     """Raise ``ValueError`` unless the position ids a batch carries are its App. A positions for ``model``.
 
     On every real token, position id = App. A position (the sequence index of a padded batch, ``batch.positions`` of
     a packed one) + the model's first position id; e.g. a batch encoded for a RoBERTa model (ids from
     ``pad_token_id + 1``) given to a BERT model, or transformers' own pad-counting ids, are refused.
     """
-    carried = batch.get("position_ids") if position_ids is None else position_ids
+    carried = batch.get("position_ids")
     if carried is None:
         return
     mask = batch.get("attention_mask")

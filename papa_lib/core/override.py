@@ -169,7 +169,7 @@ class AttentionOverride(nn.Module):
         # shared attention modules (ALBERT): the layer index is the call order within the running forward pass
         self._calls = 0
         for layer in range(self.num_layers):
-            layer_modes = [self.head_mode(layer, h) for h in range(self.num_heads)]
+            layer_modes = self.layer_modes(layer)
             if "trainable" in layer_modes:
                 init = (
                     tensor[layer]
@@ -309,14 +309,8 @@ class AttentionOverride(nn.Module):
         is_original = code == MODES.index("original")
         is_mix = code == MODES.index("mix")
         lam = torch.sigmoid(self.theta[layer]).to(dtype)
-        original = torch.where(is_original, torch.ones_like(lam),
-                               torch.zeros_like(lam))
-        gate_input = torch.where(is_mix, lam, original)  # weight on A
-        gate_replacement = torch.where(
-            is_mix,
-            1.0 - lam,
-            torch.where(is_original, 0.0 * lam, 1.0 + 0.0 * lam),
-        )
+        gate_input = torch.where(is_mix, lam, is_original.to(dtype))  # weight on A: λ (mix), 1 (original), else 0
+        gate_replacement = torch.where(is_mix, 1.0 - lam, (~is_original).to(dtype))  # 1 - λ (mix), 0 (original), else 1
         weights = gate_replacement[None, :, None, None] * replacement
         if attention is not None and self.needs_input_attention(layer):
             weights = weights + gate_input[None, :, None, None] * attention

@@ -44,21 +44,16 @@ EMBEDDED_SHA256 = {
 _CHECKED: set[Path] = set()
 
 
-def join_pieces(pieces, target: str | os.PathLike | None = None) -> str:
-    """The SHA-256 of ``pieces`` read one after another in 4 MiB blocks, also written joined into ``target`` when
-    given (a split model's pieces into one file); a single file's is :func:`papa_lib.core.artefacts.checksum`."""
+def join_pieces(pieces, target: str | os.PathLike) -> str:
+    """Write ``pieces`` joined into ``target`` (a split model's pieces into one file), read one after another in
+    4 MiB blocks; their SHA-256 (a single file's is :func:`papa_lib.core.artefacts.checksum`)."""
     digest = hashlib.sha256()
-    out = open(target, "wb") if target is not None else None
-    try:
+    with open(target, "wb") as out:
         for piece in pieces:
             with open(piece, "rb") as handle:
                 while block := handle.read(1 << 22):
                     digest.update(block)
-                    if out is not None:
-                        out.write(block)
-    finally:
-        if out is not None:
-            out.close()
+                    out.write(block)
     return digest.hexdigest()
 
 
@@ -87,7 +82,8 @@ class PackagedModel:
         name: the short name ``load_encoder`` accepts (``"all-mpnet-base-v2"``).
         hub_id: the model's hub id (preferred over the hub when the pieces are installed and the hub is offline).
         distributions: the packages, in the order their pieces are joined.
-        piece: the file name of piece ``i`` (1-based), e.g. ``all-mpnet-base-v2.zip.001``.
+        piece_template: the file name of piece ``index`` (1-based, :meth:`piece`), e.g.
+            ``all-mpnet-base-v2.zip.{index:03d}``.
         folder: the folder inside the zip holding the model.
         sha256: the SHA-256 of the joined zip.
         install: the command that installs the pieces.

@@ -24,6 +24,7 @@ from the model it is given, and refuses a batch with neither rather than guess.
 from __future__ import annotations
 
 import logging
+from types import SimpleNamespace
 
 import torch
 
@@ -116,7 +117,7 @@ def pack(batch, model=None) -> PackedBatch:
         first = _carried_offset(carried, length)
     else:
         encoded_for = getattr(batch, "model_type", None)
-        if encoded_for is not None and not adapter_for(_TypeOnly(encoded_for)).packable:
+        if encoded_for is not None and not adapter_for(SimpleNamespace(model_type=encoded_for)).packable:
             raise ValueError(f"{encoded_for} computes relative positions from sequence indices and cannot run "
                              "packed; run the padded batch")
         raise ValueError("pack cannot know this batch's position ids (BERT numbers them from 0, RoBERTa-style models "
@@ -144,13 +145,6 @@ def pack(batch, model=None) -> PackedBatch:
         word_index = torch.where(word_index >= 0, torch.gather(column, 1, word_index.clamp_min(0)), word_index)
     return PackedBatch(tensors, positions=positions, real=real, length=length, word_index=word_index,
                        layout=getattr(batch, "layout", None))
-
-
-class _TypeOnly:
-    """Stands in for a model of which only ``config.model_type`` is known (to look up its adapter)."""
-
-    def __init__(self, model_type: str):
-        self.model_type = model_type
 
 
 def unpack(hidden: torch.Tensor, packed: PackedBatch) -> torch.Tensor:
