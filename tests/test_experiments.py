@@ -214,8 +214,8 @@ def test_same_seed_gives_the_same_number(tiny, data_dir):
     model, tokenizer = tiny
     config = ExperimentConfig("cola", data_dir=str(data_dir), max_length=16, epochs=2)
     variant = Variant.make("average", "first_to_last", 0.5)
-    first = TaskExperiment(config, model, tokenizer, progress=False).evaluate_variant(variant, 3)
-    second = TaskExperiment(config, model, tokenizer, progress=False).evaluate_variant(variant, 3)
+    first = TaskExperiment(config, model, tokenizer, progress=False).compute_record(variant, 3)["value"]
+    second = TaskExperiment(config, model, tokenizer, progress=False).compute_record(variant, 3)["value"]
     assert first == second
 
 

@@ -329,59 +329,6 @@ def test_crash_on_first_write_leaves_no_table(tmp_path, monkeypatch):
     assert store.frame().empty
 
 
-# ------------------------------------------------------------------------------------------------ resume
-
-
-def test_run_many_resumes_after_interruption(tmp_path):
-    store = ResultsStore(tmp_path)
-    calls: list[str] = []
-    fail_on = {"job2"}
-
-    def make_job(index: int):
-        run_id = f"job{index}"
-
-        def fn():
-            calls.append(run_id)
-            if run_id in fail_on:
-                raise RuntimeError(f"interrupted in {run_id}")
-            return make_record(run_id, seed=index, value=index / 10)
-
-        return run_id, fn
-
-    jobs = [make_job(i) for i in range(5)]
-    with pytest.raises(RuntimeError, match="interrupted in job2"):
-        store.run_many(jobs, progress=False)
-    assert calls == ["job0", "job1", "job2"]
-    assert ResultsStore(tmp_path).run_ids() == ["job0", "job1"]
-
-    fail_on.clear()
-    calls.clear()
-    records = ResultsStore(tmp_path).run_many(jobs, progress=False)
-    assert calls == ["job2", "job3", "job4"]  # finished jobs are not re-run
-    assert [r["run_id"] for r in records] == [f"job{i}" for i in range(5)]
-    assert [r["value"] for r in records] == [i / 10 for i in range(5)]
-    assert records[0]["seed"] == 0 and isinstance(records[0]["seed"], int)
-
-    calls.clear()
-    assert len(store.run_many(jobs, progress=False)) == 5
-    assert calls == []
-    assert len(store) == 5
-
-
-def test_run_many_sets_run_id_and_checks_result(tmp_path):
-    store = ResultsStore(tmp_path)
-    record = make_record()
-    del record["run_id"]
-    out = store.run_many([("given-id", lambda: dict(record))], progress=False)
-    assert out[0]["run_id"] == "given-id" and store.has("given-id")
-
-    with pytest.raises(ValueError, match="expected a record dict"):
-        store.run_many([("bad", lambda: 0.5)], progress=False)
-    with pytest.raises(ValueError, match="different run_id"):
-        store.run_many([("x", lambda: make_record("y"))], progress=False)
-    assert not store.has("bad") and not store.has("x") and not store.has("y")
-
-
 # ------------------------------------------------------------------------------------------------ statistics
 
 

@@ -11,7 +11,6 @@ import torch
 from papa_lib.experiments.selection import (
     ORDERS,
     PAPER_FRACTIONS,
-    heads_by_layer,
     heads_to_replace,
     num_input_dependent,
     replacement_order,
@@ -85,13 +84,6 @@ def test_orders_constant_is_complete():
     for order in ORDERS:
         heads = replacement_order(order, 2, 3, lambdas=LAMBDAS)
         assert len(heads) == 6 and len(set(heads)) == 6
-
-
-def test_heads_by_layer():
-    assert heads_by_layer([(1, 2), (0, 1), (1, 0)]) == {0: [1], 1: [0, 2]}
-    assert heads_by_layer([(1, 2)], num_layers=3) == {0: [], 1: [2], 2: []}
-    with pytest.raises(ValueError, match="layer 3"):
-        heads_by_layer([(3, 0)], num_layers=2)
 
 
 def test_bad_order_name():

@@ -757,7 +757,3 @@ class TaskExperiment(Workspace):
     def run(self, variant: Variant, seed: int) -> dict:
         """Probe one variant with one seed; append the record to the store (skipped if already finished)."""
         return self.run_variant(variant, [seed])[0]
-
-    def evaluate_variant(self, variant: Variant, seed: int) -> float:
-        """Train a probe for ``variant`` with ``seed`` and return the validation metric."""
-        return self.compute_record(variant, seed)["value"]

@@ -90,12 +90,6 @@ def masked_rows(encoded: EncodedBatch, labels: torch.Tensor, rows, kind: str) ->
     return part
 
 
-def kept_word_counts(labels: torch.Tensor) -> torch.Tensor:
-    """Words per sentence that carry a label (token tasks; :data:`~papa_lib.experiments.loop.IGNORE_INDEX` marks
-    words cut off by truncation)."""
-    return (labels != IGNORE_INDEX).sum(dim=1)
-
-
 @dataclass
 class RaggedRows:
     """Features of a set of examples: ``values [rows, layers+1, D]`` with ``offsets [n+1]`` per example.
@@ -162,9 +156,10 @@ def on_device(rows: RaggedRows, device, share: float = 0.25) -> RaggedRows:
 
 
 def row_counts(encoded: EncodedBatch, labels: torch.Tensor, kind: str) -> torch.Tensor:
-    """Rows each example keeps: real tokens (sentence tasks) or labelled words (token tasks)."""
+    """Rows each example keeps: real tokens (sentence tasks) or labelled words (token tasks; words cut off by
+    truncation carry :data:`~papa_lib.experiments.loop.IGNORE_INDEX`)."""
     if kind == "token":
-        return kept_word_counts(labels)
+        return (labels != IGNORE_INDEX).sum(dim=1)
     return encoded["attention_mask"].sum(dim=1).long()
 
 
@@ -248,22 +243,23 @@ class BackboneRunner:
         self.lengths = encoded["attention_mask"].sum(dim=1).long()
         self.counts = row_counts(encoded, labels, kind)
 
-    def _forward(self, part: EncodedBatch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-        """Hidden states of the real rows of one batch: ``(values, positions, word columns)`` per example order."""
+    def _forward(self, part: EncodedBatch) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Hidden states of the real rows of one batch in example order: ``(values, positions)`` (token tasks: no
+        positions)."""
         if self.causal:  # right-padded: cut the batch to its longest real row (a causal row never sees padding)
             width = int(part["attention_mask"].sum(dim=1).max())
             inputs = {"input_ids": part["input_ids"][:, :width], "attention_mask": part["attention_mask"][:, :width]}
             outputs = run_backbone(self.model, inputs, output_hidden_states=True)
             hidden = decoder_features(torch.stack(outputs.hidden_states, dim=2)).to(torch.float16).cpu()
             real = inputs["attention_mask"].bool()
-            return hidden[real], torch.arange(width).expand_as(real)[real], None
+            return hidden[real], torch.arange(width).expand_as(real)[real]
         inputs, real, positions, word_index = backbone_batch(part, self.model, self.packed)
         # App. A position ids: the packed batch's, else the padded batch's own or layout_position_ids (model_inputs)
         outputs = run_backbone(self.model, model_inputs(self.model, inputs), output_hidden_states=True)
         hidden = torch.stack(outputs.hidden_states, dim=2).to(torch.float16).cpu()  # [B, W, layers+1, D]
         if self.kind == "token":
-            return word_rows(hidden, word_index), None, None
-        return hidden[real], positions[real], None
+            return word_rows(hidden, word_index), None
+        return hidden[real], positions[real]
 
     @torch.inference_mode()
     def rows(self, examples, progress: bool = False, desc: str = "features", allocate=None) -> RaggedRows:
@@ -282,7 +278,7 @@ class BackboneRunner:
         chunks = length_sorted_chunks(self.lengths, self.batch_size, examples)
         for chunk in tqdm(chunks, disable=not progress, desc=desc, leave=False):
             part = masked_rows(self.encoded, self.labels, chunk, self.kind)
-            batch_values, batch_positions, _ = self._forward(part)
+            batch_values, batch_positions = self._forward(part)
             if values is None:
                 shape = (int(offsets[-1]), *batch_values.shape[1:])
                 values = allocate(shape) if allocate is not None else torch.empty(shape, dtype=torch.float16)

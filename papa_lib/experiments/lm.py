@@ -36,7 +36,7 @@ import io
 import time
 from collections.abc import Callable, Iterable
 from contextlib import nullcontext
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
@@ -422,7 +422,7 @@ class Interval:
     value: float
     low: float
     high: float
-    resamples: int = field(default=2000)
+    resamples: int = 2000
 
 
 def _per_window(records: list[dict]) -> np.ndarray:

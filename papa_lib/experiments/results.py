@@ -1,4 +1,4 @@
-"""Results store and summaries for PAPA's experiment grid.
+"""Results store for PAPA's experiment grid.
 
 Hassid et al. (2022), "How Much Does Attention Actually Attend?", Sec. 4.1-4.2 and Sec. 5:
 every experiment is one cell of a grid
@@ -10,28 +10,21 @@ three random seeds; the paper reports the mean over seeds with a 95% confidence 
 *relative* drop of each variant from the original model, i.e. the model with all heads input-dependent
 (fraction = 1; Sec. 4.2, Fig. 2-3: "an average relative drop of only 8%").
 
-This module provides
-
-* :class:`ResultsStore` -- an append-only tidy CSV table (``root/results.csv``), one row per finished run,
-  keyed by ``run_id``. Every append rewrites the table atomically (temp file in the same directory, fsync,
-  ``os.replace``), so an interrupted grid never leaves a torn table, and :meth:`ResultsStore.run_many`
-  resumes a grid by skipping runs whose ``run_id`` is already stored.
-
-The provenance helpers for the records (``config_hash``, ``package_versions``) live in
-:mod:`papa_lib.experiments.provenance`, the paper's summary statistics (``mean_ci``, ``summarize``,
-``relative_drop``) in :mod:`papa_lib.experiments.summaries`.
+:class:`ResultsStore` keeps one row per finished run, keyed by ``run_id``, in a tidy CSV table
+(``root/results.csv``); a grid resumes by skipping the run ids already stored
+(:func:`papa_lib.experiments.engine.pending_seeds`). The provenance helpers for the records (``config_hash``,
+``package_versions``) live in :mod:`papa_lib.experiments.provenance`, the paper's summary statistics
+(``mean_ci``, ``summarize``, ``relative_drop``) in :mod:`papa_lib.experiments.summaries`.
 
 The CSV is meant to be committed and diffed: fixed column order (:data:`RECORD_FIELDS` first, then any extra
 columns in alphabetical order), rows sorted by ``finished_at`` then ``run_id``, floats written with Python's
 shortest round-trip ``repr`` so that values survive a write/read cycle bit for bit.
 
-Writers lock the store (:meth:`ResultsStore.writer_lock`, :mod:`filelock` on ``root/.results.lock``), so processes
-appending to one store in parallel (grid shards, lanes of ``papa grid --task``) lose no record; readers never wait.
-A full disk during an append leaves the old table as it was. A torn last line is set aside into
-``results.csv.torn-<time>``
-(one-line notice) and its run computed again; damage before it is reported with its line, and
-:meth:`ResultsStore.repair`
-(``papa grid FILE --repair``) keeps every intact record, moving damaged lines into ``results.csv.damaged-<time>``.
+Writers lock the store (:meth:`ResultsStore.writer_lock`), so processes appending to one store in parallel (grid
+shards, lanes of ``papa grid --task``) lose no record; readers never wait. A full disk during an append leaves the
+old table as it was. A torn last line is set aside into ``results.csv.torn-<time>`` (one-line notice) and its run
+computed again; damage before it is reported with its line, and :meth:`ResultsStore.repair` (``papa grid FILE
+--repair``) keeps every intact record, moving damaged lines into ``results.csv.damaged-<time>``.
 """
 
 from __future__ import annotations
@@ -41,7 +34,7 @@ import io
 import json
 import math
 import os
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Mapping
 from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
@@ -266,11 +259,7 @@ class ResultsStore:
             last = damaged[-1]
             if len(damaged) == 1 and last.final:
                 return self._set_aside_torn()
-            first = damaged[0]
-            raise DamagedStoreError(
-                f"{self.path}:{first.line}: {first.reason}"
-                + (f" (and {len(damaged) - 1} more damaged line(s))" if len(damaged) > 1 else ""),
-                path=self.path, lines=[d.line for d in damaged])
+            raise self._damaged(damaged)
         table = (header, rows)
         self._cache_key, self._cache = key, table
         return table
@@ -280,14 +269,21 @@ class ResultsStore:
         return scan_table(self.path, _HEADER_FIELDS, lambda row: row_problem(row, NON_NULL_FIELDS, _FLOAT_FIELDS,
                                                                               _INT_FIELDS))
 
+    def _damaged(self, damaged: list[Damage]) -> DamagedStoreError:
+        """The error for damaged lines: the first one's line and reason, and how many more there are."""
+        first = damaged[0]
+        return DamagedStoreError(
+            f"{self.path}:{first.line}: {first.reason}"
+            + (f" (and {len(damaged) - 1} more damaged line(s))" if len(damaged) > 1 else ""),
+            path=self.path, lines=[d.line for d in damaged])
+
     def _set_aside_torn(self) -> tuple[list[str], list[dict[str, str]]]:
         """Move a torn final line into ``results.csv.torn-<time>`` (one-line notice) and rewrite the table."""
         with self.writer_lock():
             header, rows, damaged = self._scan()  # another writer may have healed it meanwhile
             if damaged:
                 if not (len(damaged) == 1 and damaged[0].final):
-                    raise DamagedStoreError(f"{self.path}:{damaged[0].line}: {damaged[0].reason}", path=self.path,
-                                            lines=[d.line for d in damaged])
+                    raise self._damaged(damaged)
                 side = side_file(self.path, "torn", damaged)
                 self._write_table(header, rows)
                 notice(f"the last line of {self.path} (line {damaged[0].line}) was cut off ({damaged[0].reason}); "
@@ -385,13 +381,7 @@ class ResultsStore:
                 return False
             if exists and not replace:
                 raise ValueError(f"run_id {run_id!r} is already stored in {self.path} (pass replace=True to overwrite)")
-            rows = [row for row in rows if row["run_id"] != run_id] + [cells]
-            extras = sorted(
-                {c for c in header if c not in RECORD_FIELDS} | {c for c in cells if c not in RECORD_FIELDS}
-            )
-            columns = list(RECORD_FIELDS) + extras
-            rows.sort(key=lambda row: (row.get("finished_at", ""), row["run_id"]))
-            self._write_table(columns, rows)
+            self._write_sorted([*header, *cells], [row for row in rows if row["run_id"] != run_id] + [cells])
         return True
 
     def merge(self, other: ResultsStore | str | Path) -> int:
@@ -407,11 +397,14 @@ class ResultsStore:
             new = [row for row in other_rows if row["run_id"] not in known]
             if not new:
                 return 0
-            extras = sorted({c for c in header + other_header if c not in RECORD_FIELDS})
-            rows = rows + new
-            rows.sort(key=lambda row: (row.get("finished_at", ""), row["run_id"]))
-            self._write_table(list(RECORD_FIELDS) + extras, rows)
+            self._write_sorted(header + other_header, rows + new)
         return len(new)
+
+    def _write_sorted(self, columns: list[str], rows: list[dict[str, str]]) -> None:
+        """Write ``rows`` in the table's order (``finished_at``, then ``run_id``) under :data:`RECORD_FIELDS` and the
+        other ``columns`` (alphabetical)."""
+        rows.sort(key=lambda row: (row.get("finished_at", ""), row["run_id"]))
+        self._write_table(list(RECORD_FIELDS) + sorted({c for c in columns if c not in RECORD_FIELDS}), rows)
 
     def _write_table(self, columns: list[str], rows: list[dict[str, str]]) -> None:
         """Write the full table to a temp file next to it, fsync, then ``os.replace`` it over the old one."""
@@ -439,53 +432,6 @@ class ResultsStore:
                                            f"(no record lost)") from error
             raise
         _fsync_directory(self.root)
-
-    # ---- resuming a grid ------------------------------------------------------------------------------------
-
-    def run_many(self, jobs: Iterable[tuple[str, Callable[[], dict]]], progress: bool = True) -> list[dict]:
-        """Run a grid of jobs, skipping those already stored; return every job's stored record in job order.
-
-        For each ``(run_id, fn)``: when :meth:`has` says the run is stored it is skipped (``fn`` is not called);
-        otherwise ``fn()`` must return a record dict, whose ``run_id`` is set to the job's id, and the record is
-        appended before the next job starts. If ``fn`` raises, the records appended so far stay on disk and the
-        exception propagates (re-running the same jobs then resumes where it stopped). ``progress`` shows a
-        tqdm bar.
-        """
-        from tqdm.auto import tqdm
-
-        job_ids: list[str] = []
-        bar = tqdm(jobs, disable=not progress, desc="runs", unit="run")
-        try:
-            for job in bar:
-                try:
-                    run_id, fn = job
-                except (TypeError, ValueError):
-                    raise ValueError(f"run_many: each job must be a (run_id, callable) pair, got {job!r}") from None
-                run_id = str(run_id)
-                if not run_id:
-                    raise ValueError("run_many: empty run_id")
-                if not callable(fn):
-                    raise ValueError(f"run_many: job {run_id!r} has a non-callable {fn!r}")
-                if not self.has(run_id):
-                    record = fn()
-                    if not isinstance(record, Mapping):
-                        raise ValueError(
-                            f"run_many: job {run_id!r} returned {type(record).__name__}, expected a record dict"
-                        )
-                    record = dict(record)
-                    if record.get("run_id") not in (None, run_id):
-                        raise ValueError(
-                            f"run_many: job {run_id!r} returned a record with a different run_id {record['run_id']!r}"
-                        )
-                    record["run_id"] = run_id
-                    self.append(record)
-                job_ids.append(run_id)
-        finally:
-            bar.close()
-        if not job_ids:
-            return []
-        stored = {record["run_id"]: record for record in _frame_records(self.frame())}
-        return [dict(stored[run_id]) for run_id in job_ids]
 
 
 def _fsync_directory(directory: Path) -> None:

@@ -40,7 +40,6 @@ __all__ = [
     "num_input_dependent",
     "heads_to_replace",
     "model_shape",
-    "heads_by_layer",
 ]
 
 #: Head-replacement orders: Sec. 3.2 ('lambda') and the Sec. 5.4 alternatives.
@@ -183,16 +182,3 @@ def heads_to_replace(
     ordered = replacement_order(order, num_layers, num_heads, lambdas=lambdas, seed=seed)
     total = len(ordered)
     return ordered[: total - num_input_dependent(fraction, total)]
-
-
-def heads_by_layer(heads: list[tuple[int, int]], num_layers: int | None = None) -> dict[int, list[int]]:
-    """Group ``(layer, head)`` pairs by layer: ``{layer: sorted head indices}``.
-
-    With ``num_layers`` every layer ``0..num_layers-1`` is present (possibly with an empty list).
-    """
-    grouped: dict[int, list[int]] = {} if num_layers is None else {layer: [] for layer in range(num_layers)}
-    for layer, head in heads:
-        if num_layers is not None and not 0 <= layer < num_layers:
-            raise ValueError(f"layer {layer} out of range for a model with {num_layers} layers")
-        grouped.setdefault(int(layer), []).append(int(head))
-    return {layer: sorted(hs) for layer, hs in sorted(grouped.items())}

@@ -19,7 +19,6 @@ CONFIG_COLUMNS: tuple[str, ...] = (
 )
 
 
-
 def seeds_per_config(df: pd.DataFrame) -> pd.Series:
     """How many distinct seeds each configuration (the :data:`CONFIG_COLUMNS` present in ``df``; a missing
     ``matrices_from`` or order is a value of its own) has; empty when ``df`` has no rows or no such column."""
@@ -69,11 +68,10 @@ def mean_ci(values: Iterable[float], confidence: float = 0.95) -> tuple[float, f
 
     ``low/high = mean -/+ t_{(1+confidence)/2, n-1} * s / sqrt(n)`` with ``s`` the sample standard deviation
     (ddof=1). With a single value there is no spread to estimate and ``(v, v, v)`` is returned (a degenerate
-    interval, not a claim of certainty). Empty input or non-finite values raise ValueError.
+    interval, not a claim of certainty). Empty input, non-finite values or a confidence outside (0, 1) raise
+    ValueError.
     """
-
-    if not 0.0 < confidence < 1.0:
-        raise ValueError(f"confidence must be strictly between 0 and 1, got {confidence}")
+    check_confidence(confidence)
     array = np.asarray(list(values) if not isinstance(values, np.ndarray) else values, dtype=float).ravel()
     if array.size == 0:
         raise ValueError("mean_ci: no values given")

@@ -226,10 +226,7 @@ def _read_conll(path: Path, spec: TaskSpec) -> TokenExamples:
 
     for lineno, line in iter_lines(path):
         fields = line.split()
-        if not fields:
-            finish_sentence()
-            continue
-        if fields[0] == "-DOCSTART-":
+        if not fields or fields[0] == "-DOCSTART-":
             finish_sentence()
             continue
         if len(fields) != 4:
