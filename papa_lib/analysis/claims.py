@@ -38,18 +38,10 @@ share; and the tasks are the paper's fixed six, not a sample, so only the seed-t
 noise (a bootstrap over tasks would treat the task mix as random). The computation is deterministic.
 A comparison uses only the seed ids both configurations have; the ``tasks`` column says when they differ.
 
-**Every rule beside the bands** is declared in ``data/paper/decision_rules.csv`` (:func:`decision_rules`), with
-the date it was declared and whether that was before or after the data it decides were seen: the interval method
-(R1), task inclusion (R2, replaced by R3 on 2026-12-01: a task enters a claim only when every configuration the
-claim compares on it has its 95% interval above the majority-class baseline; every measured task is kept as the
-``*_all_tasks`` sensitivity columns), the minimum effect δ and Holm's family-wise correction of every-task /
-every-fraction claims (R4, R5: the verdict names the unit that decided it, ``decided_by``), the sensitivity units
-(R6: ``verdict_absolute``, ``verdict_chance_corrected``, and for C8c ``verdict_per_type``; ``unit_dependent`` says
-when they disagree with the declared unit, which alone decides), C2's threshold relative to the all-constant drop
-(R7) and the devices (R8). ``verdict_text`` says each verdict in the words of what was tested (the rules'
-``agrees_as`` / ``differs_as``).
-
-**Devices**: each row names the devices that made the records it reads (``devices``; the book's table flags two).
+**Every rule beside the bands** (task inclusion R3, the minimum effect δ and Holm's correction R4-R5, the sensitivity
+units R6, C2's threshold R7, the devices R8, ...) is declared in ``data/paper/decision_rules.csv``
+(:func:`decision_rules`), with the date it was declared, whether before or after the data it decides were seen, and
+the function here that implements it.
 
 **C8** (Kobayashi et al.'s norm findings) is a correlation over a corpus of one deterministic model: there are no
 seeds, and its interval is the norm analysis' cluster bootstrap over sequences
@@ -66,7 +58,7 @@ import itertools
 import json
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from contextlib import contextmanager, nullcontext
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -79,8 +71,6 @@ from ..experiments.summaries import own_text, seeds_per_config, t_half_width
 from . import paper
 
 RULES_PATH = paper.PAPER_DIR / "claims_rules.csv"
-#: Every rule that decides a verdict besides a claim's own band (task inclusion, δ, Holm, units, devices), with the
-#: date it was declared and whether that was before or after the data it decides were seen.
 DECISION_RULES_PATH = paper.PAPER_DIR / "decision_rules.csv"
 CONFIDENCE = 0.95
 #: Family-wise error rate of an every-task / every-fraction claim (Holm over its units).
@@ -98,26 +88,28 @@ TASK_ORDER = ("cola", "mrpc", "sst2", "mnli", "ner", "pos")
 DATA_FREE = ("identity", "toeplitz", "zeros")
 
 
-def rules() -> pd.DataFrame:
-    """The declared rules (``data/paper/claims_rules.csv``), indexed by claim id; ``low``/``high`` as floats."""
-    table = pd.read_csv(RULES_PATH, keep_default_na=False)
-    for column in ("low", "high", "min_effect"):
-        table[column] = [_number(v, column, i) for i, v in enumerate(table[column], start=2)]
+def _declared(path: Path) -> pd.DataFrame:
+    """A rules file, each row's ``relative_to_data`` checked to say ``before`` or ``after`` (a ValueError names the
+    line)."""
+    table = pd.read_csv(path, keep_default_na=False)
     for i, value in enumerate(table["relative_to_data"], start=2):
         if not str(value).startswith(("before", "after")):
-            raise ValueError(f"{RULES_PATH}:{i}: relative_to_data must say 'before' or 'after', not {value!r}")
+            raise ValueError(f"{path}:{i}: relative_to_data must say 'before' or 'after', not {value!r}")
+    return table
+
+
+def rules() -> pd.DataFrame:
+    """The declared rules (``data/paper/claims_rules.csv``), indexed by claim id; ``low``/``high`` as floats."""
+    table = _declared(RULES_PATH)
+    for column in ("low", "high", "min_effect"):
+        table[column] = [_number(v, column, i) for i, v in enumerate(table[column], start=2)]
     return table.set_index("id")
 
 
 def decision_rules() -> pd.DataFrame:
     """The rules beside the bands (``data/paper/decision_rules.csv``): id, rule, what it applies to, the date it was
     declared, and whether before or after the data it decides were seen. The book tells this history from here."""
-    table = pd.read_csv(DECISION_RULES_PATH, keep_default_na=False)
-    for i, value in enumerate(table["relative_to_data"], start=2):
-        if not str(value).startswith(("before", "after")):
-            raise ValueError(f"{DECISION_RULES_PATH}:{i}: relative_to_data must say 'before' or 'after', not "
-                             f"{value!r}")
-    return table.set_index("id")
+    return _declared(DECISION_RULES_PATH).set_index("id")
 
 
 def verdict_words(rule: pd.Series, verdict: str) -> str:
@@ -137,16 +129,13 @@ def _number(value: str, column: str, line: int) -> float:
 
 def rule_text(rule: pd.Series) -> str:
     """The rule of one claim in words."""
-    def show(v):
-        return "-inf" if v == -math.inf else "inf" if v == math.inf else f"{v:g}"
-
-    band = f"[{show(rule.low)}, {show(rule.high)}]"
+    band = f"[{rule.low:g}, {rule.high:g}]"
     if rule.test == "band":
         return f"agrees if the 95% interval lies inside {band}, differs if entirely outside, else inconclusive"
     if rule.test == "band_every":
         delta = f"{rule.min_effect:g}" if np.isfinite(rule.min_effect) else "0"
         return (f"per task (fraction), one-sided tests Holm-adjusted over the tasks at α = {FAMILY_ALPHA:g}: above "
-                f"{show(rule.low)} agrees, below {show(rule.low)} - δ (δ = {delta}) differs; the claim agrees if every "
+                f"{rule.low:g} agrees, below {rule.low:g} - δ (δ = {delta}) differs; the claim agrees if every "
                 "one agrees, differs if any one differs, else inconclusive")
     if rule.test == "direction":
         return (f"direction agrees if the 95% interval lies inside {band}, direction differs if entirely outside, "
@@ -210,6 +199,9 @@ class Estimate:
         return self.value + self.half_width
 
 
+_NO_ESTIMATE = Estimate(float("nan"), float("nan"), float("nan"))  # nothing to compute the statistic on
+
+
 def _from_parts(value: float, parts: Sequence[tuple[float, float]]) -> Estimate:
     if not parts or any(not np.isfinite(v) for v, _ in parts):
         return Estimate(value, float("nan"), float("nan"), tuple(parts))
@@ -239,19 +231,18 @@ def paired(reference: pd.Series, variant: pd.Series, kind: str, floor: float = 0
     seeds = sorted(set(reference.index) & set(variant.index))
     ref, var = reference.loc[seeds].to_numpy(float), variant.loc[seeds].to_numpy(float)
     if not seeds:
-        return Estimate(float("nan"), float("nan"), float("nan"))
+        return _NO_ESTIMATE
     if kind == "difference":
         return one_sample(var - ref)
     base = float(ref.mean()) - floor
     if base == 0:
-        return Estimate(float("nan"), float("nan"), float("nan"))
+        return _NO_ESTIMATE
     a, b = ref - var, np.sign(base) * (ref - floor)
     drop = float(a.mean()) / abs(base)
     z = (a - drop * b) / abs(base)
     linear = one_sample(z)
-    estimate = Estimate(drop, linear.se, linear.df, linear.parts)
     if kind == "drop":
-        return estimate
+        return Estimate(drop, linear.se, linear.df, linear.parts)
     if kind == "change":
         return Estimate(-drop, linear.se, linear.df, linear.parts)
     raise ValueError(f"paired: unknown kind {kind!r} (difference, drop, change)")
@@ -280,7 +271,7 @@ def one_sided_p(estimate: Estimate, null: float, greater: bool) -> float:
 def average(estimates: Sequence[Estimate]) -> Estimate:
     """The mean of per-task estimates: variances summed (scaled by 1/T²), Welch–Satterthwaite df."""
     if not estimates:
-        return Estimate(float("nan"), float("nan"), float("nan"))
+        return _NO_ESTIMATE
     t = len(estimates)
     parts = [(v / t ** 2, d) for e in estimates for v, d in (e.parts or [(float("nan"), float("nan"))])]
     return _from_parts(float(np.mean([e.value for e in estimates])), parts)
@@ -327,27 +318,27 @@ def paper_verdicts() -> pd.DataFrame:
     """The paper's own printed numbers (Tables 1, 2, 4, 5; no intervals, so each interval is the point) under the
     declared rules: C1a, C1b, C4, C5 per model and C3 across the two models. Columns: model, claim, value, verdict."""
     table = rules()
+
+    def verdict(claim: str, value: float, test: str | None = None) -> str:  # the point is its own interval
+        rule = table.loc[claim]
+        return decide(test or rule.test, value, value, rule.low, rule.high)
+
     rows = []
     drops = paper_model_drops().set_index("model")
     for model, (types, transfer) in {"RoBERTa-base": ("table1", "table2"),
                                      "RoBERTa-large": ("table4", "table5")}.items():
         mean, worst = drops.loc[model, "mean_drop"], drops.loc[model, "max_drop"]
         for claim, value in (("C1a", mean), ("C1b", worst)):
-            rule = table.loc[claim]
-            rows.append((model, claim, value, decide(rule.test, value, value, rule.low, rule.high)))
+            rows.append((model, claim, value, verdict(claim, value)))
         reported = paper.table(types).set_index("matrix_type")
         tasks = [c for c in reported.columns if c in TASK_ORDER]
         margins = reported.loc["average", tasks] - reported.loc[list(DATA_FREE), tasks].max()
-        rule = table.loc["C4"]
-        rows.append((model, "C4", float(margins.min()),
-                     decide_every(decide("band", m, m, rule.low, rule.high) for m in margins)))
+        rows.append((model, "C4", float(margins.min()), decide_every(verdict("C4", m, "band") for m in margins)))
         moved = paper.table(transfer).set_index("matrices_from")
         change = float(((moved.loc["mnli"] - moved.loc["per-task"]) / moved.loc["per-task"].abs()).mean())
-        rule = table.loc["C5"]
-        rows.append((model, "C5", change, decide(rule.test, change, change, rule.low, rule.high)))
-    rule = table.loc["C3"]
+        rows.append((model, "C5", change, verdict("C5", change)))
     gap = drops.loc["RoBERTa-large", "mean_drop"] - drops.loc["RoBERTa-base", "mean_drop"]
-    rows.append(("RoBERTa-base vs RoBERTa-large", "C3", gap, decide(rule.test, gap, gap, rule.low, rule.high)))
+    rows.append(("RoBERTa-base vs RoBERTa-large", "C3", gap, verdict("C3", gap)))
     return pd.DataFrame(rows, columns=["model", "claim", "value", "verdict"])
 
 
@@ -450,8 +441,8 @@ def majority_floor(frame: pd.DataFrame, task: str) -> float:
 
 @contextmanager
 def _in_unit(unit: str, frame: pd.DataFrame):
-    """Compute the claims inside the block in another unit (:data:`UNITS`): ``absolute`` (score differences) or
-    ``chance`` (divided by the original's margin over the majority class)."""
+    """Compute the claims inside the block in ``unit`` (:data:`UNITS`): ``declared``, ``absolute`` (score
+    differences) or ``chance`` (divided by the original's margin over the majority class)."""
     global _UNIT, _FLOORS, _MARGINS
     saved = _UNIT, _FLOORS, _MARGINS
     originals = frame[frame.matrix_type == "original"]
@@ -466,7 +457,7 @@ def _in_unit(unit: str, frame: pd.DataFrame):
 
 def _scaled(estimate: Estimate, scale: float) -> Estimate:
     if not np.isfinite(scale) or scale == 0:
-        return Estimate(float("nan"), float("nan"), float("nan"))
+        return _NO_ESTIMATE
     return Estimate(estimate.value / scale, estimate.se / abs(scale), estimate.df,
                     tuple((v / scale ** 2, d) for v, d in estimate.parts))
 
@@ -481,8 +472,7 @@ def _pair(reference: pd.Series, variant: pd.Series, kind: str, task: str) -> Est
     if kind == "difference":  # already absolute: as a share of the original's margin over guessing
         return _scaled(paired(reference, variant, "difference"), _MARGINS.get(task, float("nan")))
     floor = _FLOORS.get(task, float("nan"))
-    return paired(reference, variant, kind, floor=floor) if np.isfinite(floor) else \
-        Estimate(float("nan"), float("nan"), float("nan"))
+    return paired(reference, variant, kind, floor=floor) if np.isfinite(floor) else _NO_ESTIMATE
 
 
 def original_rows(frame: pd.DataFrame) -> pd.DataFrame:
@@ -539,11 +529,9 @@ CONFIGURATION_KEYS = ("matrix_type", "matrices_from", "selection_order", "fracti
 
 
 def below_floor_configurations(frame: pd.DataFrame, read: Sequence[pd.DataFrame], task: str) -> list[dict]:
-    """The configurations a claim read on ``task`` whose Student-t 95% interval over seeds does not lie above the
-    task's majority-class score (one seed: no interval, so not above), each as a dict of
-    :data:`CONFIGURATION_KEYS` (``matrices_from`` ``""`` and ``selection_order`` ``"none"`` where the records have
-    none); empty when the task enters the claim (decision rule R3, ``data/paper/decision_rules.csv``). A task whose
-    records carry no baseline enters."""
+    """The configurations a claim read on ``task`` that are not above guessing (:func:`above_guessing`), each as a
+    dict of :data:`CONFIGURATION_KEYS` (``matrices_from`` ``""`` and ``selection_order`` ``"none"`` where the records
+    have none); empty when the task enters the claim (decision rule R3)."""
     floor = majority_floor(frame, task)
     rows = _rows_read(read, [task])
     if not np.isfinite(floor) or rows.empty:
@@ -572,9 +560,8 @@ def below_floor(frame: pd.DataFrame, read: Sequence[pd.DataFrame], task: str) ->
 
 
 def informative_tasks(frame: pd.DataFrame) -> tuple[list[str], list[str]]:
-    """``(included, left_out)``: the tasks whose original probe's Student-t 95% interval over seeds lies above the
-    majority-class baseline (records' ``majority_baseline``), and the others (one seed: no interval, left out).
-    A task whose records carry no baseline is included."""
+    """``(included, left_out)``: the tasks whose original probe is above guessing (:func:`above_guessing`, on the
+    records' ``majority_baseline``), and the others (decision rule R2)."""
     included, left_out = [], []
     for task, values in _by_seed(original_rows(frame)).items():
         low = one_sample(values.to_numpy()).low
@@ -595,6 +582,10 @@ class Measured:
     decided_by: str = ""
 
 
+def _not_measured(missing: list, note: str = "") -> Measured:
+    return Measured(_NO_ESTIMATE, "not measured", [], missing, note)
+
+
 def _task_drops(frame, variant_rows, tasks, kind="drop", reference=None, variant=None):
     reference = _by_seed(original_rows(frame)) if reference is None else reference
     variant = _by_seed(variant_rows) if variant is None else variant
@@ -606,7 +597,7 @@ def _task_drops(frame, variant_rows, tasks, kind="drop", reference=None, variant
 
 def _band_measure(per_task: dict, missing: list, rule, combine="average") -> Measured:
     if not per_task:
-        return Measured(Estimate(float("nan"), float("nan"), float("nan")), "not measured", [], missing)
+        return _not_measured(missing)
     if combine == "average":
         estimate = average(list(per_task.values()))
         note = ""
@@ -632,7 +623,7 @@ def every_unit_verdicts(per_unit: Mapping, rule) -> tuple[dict, dict, dict]:
 
 def _every_measure(per_unit: dict, missing: list, rule, unit_name=str) -> Measured:
     if not per_unit:
-        return Measured(Estimate(float("nan"), float("nan"), float("nan")), "not measured", [], missing)
+        return _not_measured(missing)
     verdicts, p_agree, p_differ = every_unit_verdicts(per_unit, rule)
     verdict = decide_every(verdicts.values(), complete=not missing)
     if verdict == "differs":  # the unit that differs most clearly
@@ -729,8 +720,7 @@ FRACTION_LABELS = {0.5: "½", 0.125: "⅛", 0.0625: "1/16"}
 
 def _c6(frame, tasks, rule, which):
     if "mnli" not in tasks:
-        return Measured(Estimate(float("nan"), float("nan"), float("nan")), "not measured", [], ["mnli"],
-                        "MNLI is not among the included tasks")
+        return _not_measured(["mnli"], "MNLI is not among the included tasks")
     mnli = frame[(frame.task == "mnli") & own_text(frame)]
     per_fraction, missing = {}, []
     for fraction in FIG5_FRACTIONS:
@@ -763,12 +753,12 @@ PER_MODEL = {
 }
 
 
-def _fmt_tasks(measured: Measured, left_out: Mapping[str, list] | Sequence[str], all_tasks: bool = False) -> str:
+def _fmt_tasks(measured: Measured, left_out: Mapping[str, list]) -> str:
+    """The ``tasks`` column; ``left_out``: task -> the names of its configurations not above guessing."""
     text = ", ".join(str(FRACTION_LABELS.get(t, t)) for t in measured.tasks) if measured.tasks else "none"
-    if left_out and not all_tasks:
-        why = left_out if isinstance(left_out, Mapping) else {t: ["original"] for t in left_out}
+    if left_out:
         text += " (left out: " + "; ".join(f"{t} — {', '.join(c)} not above its majority baseline"
-                                           for t, c in why.items()) + ")"
+                                           for t, c in left_out.items()) + ")"
     if measured.missing:
         text += f" (not measured: {', '.join(str(FRACTION_LABELS.get(m, m)) for m in measured.missing)})"
     if measured.note:
@@ -778,8 +768,8 @@ def _fmt_tasks(measured: Measured, left_out: Mapping[str, list] | Sequence[str],
 
 def _row(model, claim, rule, measured: Measured | None, tasks_text: str, sensitivity: Measured | None,
          verdict: str | None = None) -> dict:
-    estimate = measured.estimate if measured else Estimate(float("nan"), float("nan"), float("nan"))
-    other = sensitivity.estimate if sensitivity else Estimate(float("nan"), float("nan"), float("nan"))
+    estimate = measured.estimate if measured else _NO_ESTIMATE
+    other = sensitivity.estimate if sensitivity else _NO_ESTIMATE
     return {
         "model": model,
         "claim": claim,
@@ -809,37 +799,35 @@ def _row(model, claim, rule, measured: Measured | None, tasks_text: str, sensiti
 def _with_units(row: dict, alternatives: Mapping[str, Measured]) -> dict:
     """A row's verdicts in the sensitivity units (decision rule R6) and whether the verdict depends on the unit."""
     for unit, column in (("absolute", "absolute"), ("chance", "chance_corrected")):
-        m = alternatives.get(unit)
-        if m is None:
-            continue
-        e = m.estimate
+        e = alternatives[unit].estimate
         row[column] = ours_text({"ours": e.value, "ci_low": e.low, "ci_high": e.high})
-        row[f"verdict_{column}"] = m.verdict
+        row[f"verdict_{column}"] = alternatives[unit].verdict
     seen = {row["verdict"]} | {row[f"verdict_{c}"] for c in ("absolute", "chance_corrected", "per_type")
                                if row[f"verdict_{c}"]}
     row["unit_dependent"] = "yes" if len(seen) > 1 else "no"
     return row
 
 
-def inclusion(frame: pd.DataFrame, compute, rule, every: Sequence[str]) -> tuple[Measured, dict[str, list[dict]]]:
-    """Decision rule R3 for one claim: ``(the claim on every task, {task left out: the configurations it reads there
-    that are not above the majority baseline})`` (:func:`below_floor_configurations`). A task enters when every
-    configuration the claim reads on it is above guessing."""
+def inclusion(frame: pd.DataFrame, compute, rule) -> tuple[Measured, dict[str, list[dict]], list[str]]:
+    """Decision rule R3 for one claim on one model's records: ``(the claim on every task, {task left out: the
+    configurations it reads there that are not above the majority baseline}, the tasks that enter)``
+    (:func:`below_floor_configurations`). A task enters when every configuration the claim reads on it is above
+    guessing."""
+    every = ordered_tasks(set(frame.task))
     with _reading() as read_every:
         sensitivity = compute(frame, every, rule)
-    return sensitivity, {t: why for t in every if (why := below_floor_configurations(frame, read_every, t))}
+    left_out = {t: why for t in every if (why := below_floor_configurations(frame, read_every, t))}
+    return sensitivity, left_out, [t for t in every if t not in left_out]
 
 
 def claim_tasks(frame: pd.DataFrame, claim: str) -> dict:
     """The task sets behind one model's row of ``claim`` (C1a-C6b, :func:`model_claims`), as data for a sentence:
     ``included`` (the tasks, or C6's fractions, its statistic was computed on), ``left_out`` (decision rule R3: task
-    -> :func:`below_floor_configurations`, the configurations the claim reads there that are not above the
-    majority baseline; for C6a and C6b only MNLI, the one task they read) and ``not_measured`` (included tasks, or
-    C6's fractions, whose rows are missing). ``frame`` holds one model's records."""
+    -> :func:`below_floor_configurations`; for C6a and C6b only MNLI, the one task they read) and ``not_measured``
+    (included tasks, or C6's fractions, whose rows are missing). ``frame`` holds one model's records."""
     rule, compute = rules().loc[claim], PER_MODEL[claim]
-    every = ordered_tasks(set(frame.task))
-    left_out = inclusion(frame, compute, rule, every)[1]
-    measured = compute(frame, [t for t in every if t not in left_out], rule)
+    _, left_out, included = inclusion(frame, compute, rule)
+    measured = compute(frame, included, rule)
     return {"included": list(measured.tasks), "left_out": _shown_left_out(claim, left_out),
             "not_measured": list(measured.missing)}
 
@@ -853,12 +841,10 @@ def model_claims(frame: pd.DataFrame, model: str | None = None) -> list[dict]:
     """C1a-C6b for one model's records (the rows' ``model``), each on the included tasks and on every task."""
     table = rules()
     model = model or (str(frame.model.iloc[0]) if len(frame) else "this model")
-    every = ordered_tasks(set(frame.task))
     rows = []
     for claim, compute in PER_MODEL.items():
         rule = table.loc[claim]
-        sensitivity, left_out = inclusion(frame, compute, rule, every)
-        included = [t for t in every if t not in left_out]
+        sensitivity, left_out, included = inclusion(frame, compute, rule)
         with _reading() as read:
             measured = compute(frame, included, rule)
         alternatives = {}
@@ -883,27 +869,24 @@ def cross_model_claims(frames: Mapping[str, pd.DataFrame]) -> list[dict]:
     if len(known) < 2:
         why = (f"needs the records of two models of different size; these hold {', '.join(frames) or 'none'}")
         return [_row(" vs ".join(frames) or "—", "C3", rule, None, "", None, f"not testable: {why}")]
-    def entering(frame):  # decision rule R3 on C3's rows (the original and every head constant)
-        with _reading() as read:
-            _task_drops(frame, _select(frame, "average", 0.0), ordered_tasks(set(frame.task)))
-        return {t for t in set(frame.task) if not below_floor(frame, read, t)}
-
+    # decision rule R3 on C3's rows, which are C1a's (the original and every head constant)
+    entering = {m: set(inclusion(frames[m], PER_MODEL["C1a"], rules().loc["C1a"])[2]) for m in known}
     rows = []
     for small, large in itertools.pairwise(known):
         per, devices = {}, ""
         for kind, restrict in (("included", True), ("every", False), ("absolute", True), ("chance", True)):
-            shared = sorted(set.intersection(*[entering(frames[m]) if restrict else set(frames[m].task)
+            shared = sorted(set.intersection(*[entering[m] if restrict else set(frames[m].task)
                                                for m in (small, large)]))
             drops = {}
             with _reading() as read:
                 for m in (small, large):
                     unit = kind if kind in UNITS else "declared"
-                    with _in_unit(unit, frames[m]) if unit != "declared" else nullcontext():
+                    with _in_unit(unit, frames[m]):
                         drops[m] = _task_drops(frames[m], _select(frames[m], "average", 0.0),
                                                ordered_tasks(shared))[0]
             common = [t for t in ordered_tasks(shared) if all(t in drops[m] for m in (small, large))]
             if not common:
-                per[kind] = Measured(Estimate(float("nan"), float("nan"), float("nan")), "not measured", [], shared)
+                per[kind] = _not_measured(shared)
                 continue
             estimate = difference(average([drops[large][t] for t in common]),
                                   average([drops[small][t] for t in common]))
@@ -911,21 +894,11 @@ def cross_model_claims(frames: Mapping[str, pd.DataFrame]) -> list[dict]:
                                  common, [], f"{large} minus {small}")
             if kind == "included":  # the verdict's rows; "every" is the sensitivity column
                 devices = devices_of(read, common)
-        row = _row(f"{small} vs {large}", "C3", rule, per["included"], _fmt_tasks(per["included"], []),
+        row = _row(f"{small} vs {large}", "C3", rule, per["included"], _fmt_tasks(per["included"], {}),
                    per["every"])
         row = _with_units(row, {u: per[u] for u in ("absolute", "chance")})
         rows.append({**row, "devices": devices})
     return rows
-
-
-def norm_claims(analysis_dir: str | Path, model: str = "") -> list[dict]:
-    """C8a-c (C8c and C9 for a decoder LM) from the norm analyses' ``kobayashi_findings.csv`` in ``analysis_dir``
-    (:mod:`papa_lib.analysis.norm_findings`); see :func:`norm_claims_from`."""
-    path = Path(analysis_dir) / "kobayashi_findings.csv"
-    types = Path(analysis_dir) / "corpus_frequency.csv"
-    return norm_claims_from(pd.read_csv(path) if path.exists() else None, model, str(path),
-                            per_type_correlation(pd.read_csv(types)) if types.exists() else None,
-                            findings_of=DECODER_NORM_FINDINGS if _is_decoder(model) else NORM_FINDINGS)
 
 
 def _is_decoder(model: str) -> bool:
@@ -934,13 +907,18 @@ def _is_decoder(model: str) -> bool:
     return str(model) in DECODER_NAMES or str(model).split("/")[-1] in DECODER_NAMES
 
 
-def norm_claims_from(findings: pd.DataFrame | None, model: str = "", source: str = "kobayashi_findings.csv",
-                     per_type: tuple | None = None, findings_of: Mapping[str, str] = NORM_FINDINGS) -> list[dict]:
-    """C8a-c (``findings_of``: claim -> finding; C8c and C9 for a decoder) from a ``kobayashi_findings`` table:
-    Spearman ρ with its cluster-bootstrap interval over sequences, decided by the ``correlation`` test (minimum
-    |ρ| 0.1); ``not measured`` rows for findings it lacks."""
+def norm_claims(analysis_dir: str | Path, model: str = "") -> list[dict]:
+    """C8a-c (C8c and C9 for a decoder LM) from the norm analyses' ``kobayashi_findings.csv`` in ``analysis_dir``
+    (:mod:`papa_lib.analysis.norm_findings`): Spearman ρ with its cluster-bootstrap interval over sequences, decided
+    by the ``correlation`` test (minimum |ρ| 0.1), C8c also over token types (``corpus_frequency.csv``,
+    :func:`per_type_correlation`); ``not measured`` rows for findings it lacks."""
+    source = Path(analysis_dir) / "kobayashi_findings.csv"
+    types = Path(analysis_dir) / "corpus_frequency.csv"
+    findings = pd.read_csv(source) if source.exists() else pd.DataFrame()
+    found = findings.set_index("finding") if len(findings) else pd.DataFrame()
+    per_type = per_type_correlation(pd.read_csv(types)) if types.exists() else None
+    findings_of = DECODER_NORM_FINDINGS if _is_decoder(model) else NORM_FINDINGS  # claim -> finding
     table = rules()
-    found = findings.set_index("finding") if findings is not None and len(findings) else pd.DataFrame()
     rows = []
     for claim, finding in findings_of.items():
         rule = table.loc[claim]
@@ -981,12 +959,10 @@ def objective_claims(frame: pd.DataFrame, lm_records: Sequence[Mapping], model: 
     if not len(frame) or "task" not in frame or not needed <= {(r["matrix_type"], r["order"]) for r in lm_records}:
         why = "needs the decoder's probe records and its LM records (original, every head constant, unigram)"
         return [_row(model, "C10", rule, None, "", None, f"not measured: {why}")]
-    every = ordered_tasks(set(frame.task))
-    left_out = inclusion(frame, PER_MODEL["C1a"], c1a, every)[1]
-    included = [t for t in every if t not in left_out]
+    included = inclusion(frame, PER_MODEL["C1a"], c1a)[2]
     per_unit = {}
     for unit, lm_unit in (("chance", "chance"), ("declared", "relative")):
-        with _in_unit(unit, frame) if unit != "declared" else nullcontext():
+        with _in_unit(unit, frame):
             probes = _c1(frame, included, c1a, "average").estimate
         lm = constant_share(lm_records, lm_unit)
         low, high = lm.low - probes.high, lm.high - probes.low

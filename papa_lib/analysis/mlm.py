@@ -3,15 +3,11 @@
 Sec. 5.5 reports the *negative log perplexity* (higher is better) of BASE models on the WikiText-103 validation
 set as more and more heads are replaced by constant matrices, and contrasts MLM-pretrained models with ELECTRA's
 discriminator, which was never trained to fill in masked tokens. The paper states little of the MLM setup beyond
-Table 3's hyperparameters. The authors' released code does contain an MLM probe (``papa_modules.py``): every
-layer's vector of a token concatenated, one linear layer to the hidden size, the model's activation (GELU for
-BERT/RoBERTa), then a decoder to the vocabulary with its own bias, tied to the input embeddings by the usual
-weight tying. Our probe (:mod:`papa_lib.analysis.mlm_probe`) keeps that shape (concatenated layers, a tied
-decoder) and states where it departs from it; the data, masking and scoring choices are our own.
-
-The data, masking, probe and score are :mod:`papa_lib.analysis.mlm_probe` (each design choice is stated there);
-this module learns λ for MLM, scores a pretrained MLM head as a reference, and runs the curve. Reading a
-profile's results into Fig. 6 and the numbers of Sec. 5.5 is the MLM chapter's own work (``book/mlm.md``).
+Table 3's hyperparameters; the authors' released code (``papa_modules.py``) has an MLM probe whose shape ours
+follows. The data, masking, probe and score are :mod:`papa_lib.analysis.mlm_probe` (each design choice, and where
+the probe departs from the released one, is stated there); this module learns λ for MLM, scores a pretrained MLM
+head as a reference, and runs the curve. Reading a profile's results into Fig. 6 and the numbers of Sec. 5.5 is
+the MLM chapter's own work (``book/mlm.md``).
 
 Curve (:func:`run_mlm_curve`)
     1. Constant matrices C^h are averaged (Sec. 3.1, :func:`papa_lib.average_attention`) over the masked
@@ -20,8 +16,7 @@ Curve (:func:`run_mlm_curve`)
        AdamW optimiser as the probe, on the training sequences, with the probe's hyperparameters
        (:func:`learn_mlm_lambdas`). Heads with the smallest λ are replaced first
        (:func:`papa_lib.experiments.selection.heads_to_replace`, order ``'lambda'``). λ is learned once per seed, and
-       only
-       when some fraction strictly between 0 and 1 still has to run.
+       only when some fraction strictly between 0 and 1 still has to run.
     3. For each fraction of input-dependent heads in {1, 1/2, 1/8, 1/16, 0}: the other heads run their constant
        matrix, the backbone's features are extracted, a fresh probe is trained and evaluated.
     4. Where the model carries a *pretrained* MLM head (load with ``load_encoder(name, with_mlm_head=True)``),
@@ -29,7 +24,6 @@ Curve (:func:`run_mlm_curve`)
        (``matrix_type='pretrained_head'``, fraction 1). A head that ``transformers`` had to initialise because
        the checkpoint lacks it (e.g. the embedded all-MiniLM-L6-v2, a sentence encoder) is detected by
        :func:`mlm_head_status` and reported as unavailable instead of scoring random weights.
-
 """
 
 from __future__ import annotations
@@ -299,10 +293,9 @@ def run_mlm_curve(
     }
     head_id = config_hash(run_config(1.0, mask_seed, "pretrained_head", None))
     head_available, head_reason = mlm_head_status(model)
-    stored = (lambda run_id: store is not None and store.has(run_id))
     records: dict[str, dict] = {}
     for run_id in [*curve_ids.values(), head_id]:
-        if stored(run_id):
+        if store is not None and store.has(run_id):
             records[run_id] = store.get(run_id)
     pending_curve = [key for key, run_id in curve_ids.items() if run_id not in records]
     pending_head = head_available and head_id not in records

@@ -2,9 +2,10 @@
 the probe and its score.
 
 The pieces :func:`papa_lib.analysis.mlm.run_mlm_curve` puts together. The authors' released code has an MLM probe
-(all layers' vectors of a token concatenated, a linear layer, the model's activation, a decoder tied to the input
-embeddings with its own bias); ours follows that shape with the differences stated below, and the data, masking
-and scoring choices, which neither the paper nor that code fix for our offline setting, are our own.
+(all layers' vectors of a token concatenated, a linear layer to the hidden size, the model's activation (GELU for
+BERT/RoBERTa), a decoder tied to the input embeddings with its own bias); ours follows that shape with the
+differences stated below, and the data, masking and scoring choices, which neither the paper nor that code fix for
+our offline setting, are our own.
 
 Data (:func:`load_mlm_corpus`, :func:`mlm_sequences`)
     * Hub (``data_dir=None``): the probe is trained on WikiText-103 *train* (``Salesforce/wikitext``, raw) and
@@ -12,8 +13,8 @@ Data (:func:`load_mlm_corpus`, :func:`mlm_sequences`)
       ``train_sequences=None`` means :data:`HUB_TRAIN_SEQUENCES_DEFAULT` sequences there.
     * Local (``data_dir`` laid out like ``/work/shared/data``): the token files of WikiText-103 when present,
       else WikiText-2 (:func:`papa_lib.experiments.tasks.load_wikitext`). No train file is available offline, so the
-      probe is
-      trained on ``wiki.valid.tokens`` and evaluated on ``wiki.test.tokens`` (a stand-in for the paper's setup).
+      probe is trained on ``wiki.valid.tokens`` and evaluated on ``wiki.test.tokens`` (a stand-in for the paper's
+      setup).
       The tokenised files write unknown words as ``<unk>``; these become the tokenizer's own unknown token,
       which is special and therefore never masked or predicted.
     * Article lines (headings and blank lines dropped) are tokenised without special tokens, concatenated in
@@ -61,8 +62,9 @@ Score (:func:`sequence_log_probs`, :func:`neg_log_perplexity`)
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 
 import numpy as np
@@ -152,15 +154,6 @@ def load_mlm_corpus(data_dir: str | Path | None = None) -> dict:
     }
 
 
-def _replace_unk(lines: Iterable[str], tokenizer) -> Iterable[str]:
-    unk = getattr(tokenizer, "unk_token", None)
-    if not unk or unk == "<unk>":
-        yield from lines
-        return
-    for line in lines:
-        yield line.replace("<unk>", unk)
-
-
 def mlm_sequences(
     tokenizer, lines: Sequence[str], max_length: int = 128, limit: int | None = None, chunk_lines: int = 256
 ) -> EncodedBatch:
@@ -185,7 +178,8 @@ def mlm_sequences(
         raise ValueError(
             f"max_length={max_length} leaves no room for text next to {len(prefix) + len(suffix)} special tokens"
         )
-    lines = list(_replace_unk(lines, tokenizer))
+    unk = getattr(tokenizer, "unk_token", None)
+    lines = [line.replace("<unk>", unk) for line in lines] if unk and unk != "<unk>" else list(lines)
     rows: list[list[int]] = []
     pending: list[int] = []
     for start in range(0, len(lines), chunk_lines):
@@ -309,8 +303,7 @@ def mask_tokens(
             kind == KIND_MASK, mask_id, np.where(kind == KIND_RANDOM, random_ids, original[row, chosen_t].numpy())
         )
         corrupted[row, chosen_t] = torch.from_numpy(new_ids.astype(np.int64)).to(corrupted.dtype)
-    tensors = {k: v for k, v in encoded.items()}
-    tensors["input_ids"] = corrupted
+    tensors = {**encoded, "input_ids": corrupted}
     inputs = EncodedBatch(
         tensors, layout=getattr(encoded, "layout", "papa"), max_length=int(input_ids.shape[1]), num_truncated=0
     )
@@ -340,23 +333,21 @@ class MaskedFeatures:
 
     def rows_of(self, sequences: Tensor) -> Tensor:
         """Indices into ``features`` of every target of the given sequences (in the given sequence order)."""
-        starts, counts = self._offsets()
+        starts, counts = self._offsets
         return (
             torch.cat([torch.arange(starts[s], starts[s] + counts[s]) for s in sequences.tolist()])
             if len(sequences)
             else torch.empty(0, dtype=torch.long)
         )
 
-    def _offsets(self):
-        cached = getattr(self, "_cached_offsets", None)
-        if cached is None:
-            counts = torch.bincount(self.sequence_index, minlength=self.num_sequences)
-            starts = torch.cumsum(counts, 0) - counts
-            if not bool((self.sequence_index[1:] >= self.sequence_index[:-1]).all()):
-                raise ValueError("MaskedFeatures rows must be grouped by sequence in ascending order")
-            cached = (starts.tolist(), counts.tolist())
-            self._cached_offsets = cached
-        return cached
+    @cached_property
+    def _offsets(self) -> tuple[list[int], list[int]]:
+        """The first row and the number of rows of every sequence, computed once."""
+        counts = torch.bincount(self.sequence_index, minlength=self.num_sequences)
+        starts = torch.cumsum(counts, 0) - counts
+        if not bool((self.sequence_index[1:] >= self.sequence_index[:-1]).all()):
+            raise ValueError("MaskedFeatures rows must be grouped by sequence in ascending order")
+        return starts.tolist(), counts.tolist()
 
 
 def masked_batch_inputs(model, encoded: dict, index: Tensor | slice) -> dict:
@@ -406,8 +397,7 @@ class MLMProbe(nn.Module):
     """The MLM probe: concatenated per-token layer vectors -> 2-layer MLP -> LayerNorm -> tied, frozen decoder + bias.
 
     ``logits = LayerNorm(MLP(concat_layers(x))) @ E^T + b`` where ``E`` ``[V, E_dim]`` is the model's input
-    word-embedding matrix
-    (a frozen buffer, not a parameter) and ``b`` ``[V]`` is learned (initialised at 0).
+    word-embedding matrix (a frozen buffer, not a parameter) and ``b`` ``[V]`` is learned (initialised at 0).
 
     Args:
         num_layers: hidden-state layers given to the probe (embeddings included).
@@ -455,26 +445,20 @@ class MLMProbe(nn.Module):
         return hidden @ self.decoder_weight.T + self.bias
 
 
-def _input_embeddings(model) -> Tensor:
-    embedding = base_encoder(model).get_input_embeddings()
+def make_mlm_probe(model, num_layers: int) -> MLMProbe:
+    """An :class:`MLMProbe` over ``num_layers`` hidden-state layers of ``model``, tied to its input embeddings."""
+    encoder = base_encoder(model)
+    embedding = encoder.get_input_embeddings()
     if embedding is None:
         raise ValueError(f"{type(model).__name__} exposes no input embeddings to tie the MLM probe's decoder to")
-    return embedding.weight
-
-
-def make_mlm_probe(model, num_layers: int) -> MLMProbe:
-    encoder = base_encoder(model)
-    return MLMProbe(num_layers, int(encoder.config.hidden_size), _input_embeddings(model))
-
-
-def epoch_order(num_sequences: int, seed: int, epoch: int) -> Tensor:
-    generator = torch.Generator().manual_seed(int(seed) * 1_000_003 + int(epoch))
-    return torch.randperm(num_sequences, generator=generator)
+    return MLMProbe(num_layers, int(encoder.config.hidden_size), embedding.weight)
 
 
 def epoch_batches(num_sequences: int, seed: int, epoch: int, batch_size: int):
-    """The sequence indices of each batch of an epoch: :func:`epoch_order` cut into runs of ``batch_size``."""
-    order = epoch_order(num_sequences, seed, epoch)
+    """The sequence indices of each batch of an epoch: a permutation seeded by ``(seed, epoch)`` cut into runs of
+    ``batch_size``."""
+    generator = torch.Generator().manual_seed(int(seed) * 1_000_003 + int(epoch))
+    order = torch.randperm(num_sequences, generator=generator)
     for start in range(0, len(order), batch_size):
         yield order[start : start + batch_size]
 
@@ -492,10 +476,9 @@ def train_mlm_probe(
 ) -> list[float]:
     """Train ``probe`` on cached masked-position features (Table 3: lr 5e-4, batch 8 sequences, 2 epochs).
 
-    Sequences are shuffled each epoch with a generator seeded by ``(seed, epoch)``; call
+    Sequences are shuffled each epoch with a generator seeded by ``(seed, epoch)`` (:func:`epoch_batches`); call
     :func:`papa_lib.experiments.loop.set_seed` before building the probe for a reproducible initialisation. Returns
-    the mean
-    loss per epoch.
+    the mean loss per epoch.
     """
 
     def batches(epoch: int):

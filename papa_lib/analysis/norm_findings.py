@@ -29,8 +29,11 @@ value over all observations; ``n_seen`` says how many there were.
 
 from __future__ import annotations
 
+import json
 import math
+import time
 from collections.abc import Iterable
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -41,6 +44,7 @@ from ..experiments.summaries import check_confidence, percentile_interval
 from .norm_corpus import CorpusNormStatistics, corpus_norm_statistics
 from .norm_statistics import (
     attention_share_by_category,
+    first_token_table,
     frequency_norm_correlation,
     fx_norm_by_category,
     fx_norm_variation,
@@ -344,12 +348,10 @@ def wikitext_pairs(tokenizer, data_dir, n_sequences: int, max_length: int = 128,
     """
     from ..core.layout import encode
     from ..experiments.sample_data import describe
-    from ..experiments.tasks import load_wikitext
 
     if n_sequences < 1:
         raise ValueError(f"n_sequences must be >= 1, got {n_sequences}")
-    raw = load_wikitext(split, data_dir=data_dir, name="wikitext-2")
-    lines = [_detokenize_wikitext(line, tokenizer) for line in raw]
+    lines = _wikitext_lines(tokenizer, data_dir, split)
     pairs = len(lines) // 2
     if pairs == 0:
         raise ValueError(f"WikiText {split} in {data_dir} has fewer than two article lines")
@@ -364,11 +366,17 @@ def wikitext_pairs(tokenizer, data_dir, n_sequences: int, max_length: int = 128,
 _WIKITEXT_MARKUP = ((" @-@ ", "-"), (" @,@ ", ","), (" @.@ ", "."))
 
 
-def _detokenize_wikitext(line: str, tokenizer) -> str:
-    for marker, text in _WIKITEXT_MARKUP:
-        line = line.replace(marker, text)
+def _wikitext_lines(tokenizer, data_dir, split: str) -> list[str]:
+    """The article lines of a WikiText-2 split with the token-file conventions undone (:func:`wikitext_pairs`)."""
+    from ..experiments.tasks import load_wikitext
+
     unknown = getattr(tokenizer, "unk_token", None) or ""
-    return line.replace("<unk>", unknown)
+    lines = []
+    for line in load_wikitext(split, data_dir=data_dir, name="wikitext-2"):
+        for marker, text in _WIKITEXT_MARKUP:
+            line = line.replace(marker, text)
+        lines.append(line.replace("<unk>", unknown))
+    return lines
 
 
 def wikitext_token_counts(tokenizer, data_dir, splits: Iterable[str] = ("train", "validation", "test"),
@@ -380,15 +388,13 @@ def wikitext_token_counts(tokenizer, data_dir, splits: Iterable[str] = ("train",
     (:func:`papa_lib.analysis.norm_findings.corpus_token_counts`).  Returns ``(counts per token id, description)``.
     """
     from ..experiments.sample_data import describe
-    from ..experiments.tasks import load_wikitext
 
     sequences, used = [], []
     for split in splits:
         try:
-            lines = load_wikitext(split, data_dir=data_dir, name="wikitext-2")
+            lines = _wikitext_lines(tokenizer, data_dir, split)
         except FileNotFoundError:
             continue
-        lines = [_detokenize_wikitext(line, tokenizer) for line in lines]
         sequences += list(zip(lines[0::2], lines[1::2])) + ([lines[-1]] if len(lines) % 2 else [])
         used.append(f"{split} ({len(lines)} lines)")
     if not used:
@@ -441,10 +447,6 @@ def run_analyses(
         model, tokenizer = profiles.resolve("local").encoder()
         norm_findings.run_analyses(model, tokenizer, "../shared/data", "data/results/norms-minilm/analysis")
     """
-    import json
-    import time
-    from pathlib import Path
-
     from tqdm.auto import tqdm
 
     from ..core.layout import batched
@@ -488,11 +490,7 @@ def run_analyses(
         "token_frequency": token_frequency_table(stats, min_count=min_token_count),
     }
     if out_dir is not None:
-        out = Path(out_dir)
-        out.mkdir(parents=True, exist_ok=True)
-        for name, table in tables.items():
-            table.to_csv(out / f"{name}.csv", index=False, float_format="%.6g")
-        metadata = {
+        _save(out_dir, tables, {
             "model": model_id(model),
             "data": source,
             "n_sequences": int(encoded.batch_size),
@@ -509,16 +507,21 @@ def run_analyses(
             "seed": seed,
             "seconds": round(time.time() - started, 1),
             "files": ANALYSIS_FILES,
-        }
-        (out / "metadata.json").write_text(json.dumps(metadata, indent=2) + "\n")
+        })
     return tables
+
+
+def _save(out_dir, tables: dict[str, pd.DataFrame], metadata: dict) -> None:
+    """Write ``tables`` as ``out_dir/<name>.csv`` (6 significant digits) and ``metadata`` as ``metadata.json``."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    for name, table in tables.items():
+        table.to_csv(out / f"{name}.csv", index=False, float_format="%.6g")
+    (out / "metadata.json").write_text(json.dumps(metadata, indent=2) + "\n")
 
 
 def read_analyses(folder) -> dict[str, pd.DataFrame]:
     """The tables written by :func:`run_analyses` (and ``metadata`` as a dict under key ``"metadata"``)."""
-    import json
-    from pathlib import Path
-
     folder = Path(folder)
     missing = [name for name in ANALYSIS_FILES if not (folder / f"{name}.csv").exists()]
     if missing:
@@ -557,11 +560,8 @@ def decoder_windows(tokenizer, data_dir, n_windows: int, length: int, split: str
     cut by :func:`papa_lib.experiments.lm.token_windows` with ``spaced=False``.
     """
     from ..experiments.lm import token_windows
-    from ..experiments.tasks import load_wikitext
 
-    lines = [_detokenize_wikitext(line, tokenizer) for line in load_wikitext(split, data_dir=data_dir,
-                                                                             name="wikitext-2")]
-    return token_windows(tokenizer, lines, length, n_windows, spaced=False)
+    return token_windows(tokenizer, _wikitext_lines(tokenizer, data_dir, split), length, n_windows, spaced=False)
 
 
 def unnormed_first_token_norms(model: torch.nn.Module, bos_token_id: int) -> np.ndarray:
@@ -615,12 +615,7 @@ def run_decoder_analyses(model: torch.nn.Module, tokenizer, data_dir, out_dir, n
     and token category, weight- and norm-based), ``corpus_frequency`` (per token type) and ``metadata.json``.
     Windows: :func:`decoder_windows` of the validation split; frequencies: :func:`wikitext_token_counts` over the
     splits ``data_dir`` holds."""
-    import json
-    import time
-    from pathlib import Path
-
     from ..core.models import model_id
-    from .norm_statistics import attention_share_by_category, first_token_table
 
     started = time.time()
     ids = decoder_windows(tokenizer, data_dir, n_windows, length)
@@ -638,15 +633,11 @@ def run_decoder_analyses(model: torch.nn.Module, tokenizer, data_dir, out_dir, n
         "corpus_frequency": corpus_frequency_table(stats, corpus_counts),
     }
     if out_dir is not None:
-        out = Path(out_dir)
-        out.mkdir(parents=True, exist_ok=True)
-        for name, table in tables.items():
-            table.to_csv(out / f"{name}.csv", index=False, float_format="%.6g")
-        metadata = {"model": model_id(model), "data": f"WikiText-2 validation, {n_windows} windows of {length} "
-                    "tokens (<bos> first), from the start of the split", "n_windows": n_windows, "length": length,
-                    "n_tokens": int(stats.num_tokens), "n_queries": int(stats.num_queries),
-                    "bootstrap_replicates": bootstrap_replicates, "frequency_corpus": corpus,
-                    "pooled_pairs_seen": {token: int(s.seen) for token, s in stats.pooled_pairs.items()},
-                    "seed": seed, "seconds": round(time.time() - started, 1)}
-        (out / "metadata.json").write_text(json.dumps(metadata, indent=2) + "\n")
+        _save(out_dir, tables, {
+            "model": model_id(model), "data": f"WikiText-2 validation, {n_windows} windows of {length} tokens "
+            "(<bos> first), from the start of the split", "n_windows": n_windows, "length": length,
+            "n_tokens": int(stats.num_tokens), "n_queries": int(stats.num_queries),
+            "bootstrap_replicates": bootstrap_replicates, "frequency_corpus": corpus,
+            "pooled_pairs_seen": {token: int(s.seen) for token, s in stats.pooled_pairs.items()},
+            "seed": seed, "seconds": round(time.time() - started, 1)})
     return tables

@@ -82,17 +82,6 @@ def norm_weighted_rows(alpha: torch.Tensor, fx_norm: torch.Tensor, attention_mas
     return torch.where(total > 0, weighted / torch.where(total > 0, total, 1.0), 0.0)
 
 
-def _layer_weights(weighting: str, alpha: torch.Tensor, fx_norm: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    if weighting == "norm":
-        return norm_weighted_rows(alpha, fx_norm, mask)
-    return alpha.float()
-
-
-def _check_width(width: int, length: int | None) -> None:
-    if length is not None and width != length:
-        raise ValueError(f"all batches must have the same width L; got {width} after {length}")
-
-
 def norm_weighted_attention(
     model: torch.nn.Module,
     batches: Iterable[Mapping[str, torch.Tensor]],
@@ -180,7 +169,8 @@ def input_dependence_scores(
     for batch in tqdm(batches, disable=not progress, desc=f"{weighting} input dependence", unit="batch"):
         inputs = prepare_batch(model, batch)
         width = int(inputs["input_ids"].shape[1])
-        _check_width(width, length)
+        if length is not None and width != length:
+            raise ValueError(f"all batches must have the same width L; got {width} after {length}")
         if length is None:
             length = width
             device = inputs["input_ids"].device
@@ -193,7 +183,7 @@ def input_dependence_scores(
         seen = batch_counts > 0
         merged = counts + batch_counts
         for layer, alpha, fx_norm in iter_alpha_and_fx_norms(model, inputs):
-            values = _layer_weights(weighting, alpha, fx_norm, mask)  # [B, H, L, L]
+            values = norm_weighted_rows(alpha, fx_norm, mask) if weighting == "norm" else alpha.float()  # [B,H,L,L]
             batch_mean = torch.einsum("bhqk,bqk->hqk", values, pair).double() / batch_counts.clamp_min(1)
             deviation = (values - batch_mean.float()[None]) * pair[:, None]
             batch_squares = deviation.pow(2).sum(0).double()
@@ -229,8 +219,6 @@ def _label_free_scores(weighting: str):
     return scores
 
 
-# Beyond the paper: norm-weighted constant matrices and label-free head rankings, registered with the engine.
-register_matrix_type("norm_average", "constant", builder=norm_weighted_attention, label="Norm-weighted average")
 def _label_free_pass(weighting: str):
     """The work of one batch of :func:`_label_free_scores` (``papa grid --plan`` times it)."""
 
@@ -240,6 +228,8 @@ def _label_free_pass(weighting: str):
     return score_pass
 
 
+# Beyond the paper: norm-weighted constant matrices and label-free head rankings, registered with the engine.
+register_matrix_type("norm_average", "constant", builder=norm_weighted_attention, label="Norm-weighted average")
 register_head_ranking("attention_variance", _label_free_scores("attention"), label="attention variance (label-free)",
                       replaced_first="smallest attention variance first", score_pass=_label_free_pass("attention"))
 register_head_ranking("norm_variance", _label_free_scores("norm"), label="norm-weighted variance (label-free)",
@@ -335,16 +325,11 @@ def norm_aware_grid(reference_spec: Mapping, **block_options) -> dict:
 
 
 # ----------------------------------------------------------------------------------------------------------------------
-
+# The norm-aware grid's results and tables
+# ----------------------------------------------------------------------------------------------------------------------
 
 NORM_RESULT_FOLDERS = {"smoke": "runs/smoke/norms", "local": "data/results/norms-minilm",
                        "paper": "data/results/norms-paper"}
-
-
-
-# ----------------------------------------------------------------------------------------------------------------------
-# The norm-aware grid's results and tables
-# ----------------------------------------------------------------------------------------------------------------------
 
 
 def find_constant_matrices(results_dir, task: str, kind: str = "average"):
@@ -495,7 +480,6 @@ def matrix_comparison(norm_frame: pd.DataFrame, reference: pd.DataFrame, tasks: 
     if data.empty:
         return pd.DataFrame(columns=columns)
     return summarize(data, ["task", "matrix_type"])[columns]
-
 
 
 def head_score_table(model: torch.nn.Module, tokenizer, spec: Mapping, tasks: Iterable[str], results_dir=None,

@@ -5,8 +5,7 @@
 tables: the coefficient of variation of ``||f(x)||`` per head (Sec. 4.1), weight-based vs norm-based attention to
 [CLS]/[SEP]/punctuation (Sec. 4.2, Fig. 3), the correlation between the weight given to [SEP] and ``||f([SEP])||``
 (Sec. 4.2, Fig. 4; :func:`head_level_correlation` across heads, "Evidence 2") and the relation between token frequency
-and ``||f(x)||`` (Sec. 4.3, Fig. 5).  Tokens fall into Kobayashi's categories :data:`CATEGORY_NAMES`
-(:class:`TokenCategorizer`; "punctuation" is Kobayashi's periods and commas, :data:`PUNCTUATION_MARKS`).  The book's
+and ``||f(x)||`` (Sec. 4.3, Fig. 5), by the token categories of :mod:`papa_lib.analysis.norm_corpus`.  The book's
 chapter runs these on WikiText through :func:`papa_lib.analysis.norm_findings.run_analyses`.
 
 The per-head [SEP]/[CLS] correlations (:func:`sep_weight_norm_correlation`, one observation per [SEP] occurrence) and
@@ -478,13 +477,13 @@ def first_token_table(stats: CorpusNormStatistics, confidence: float = 0.95) -> 
     low, high = percentile_interval(boot, confidence)
     pairs = pd.DataFrame(stats.pooled_pairs["cls"].numpy()) if "cls" in stats.pooled_pairs else pd.DataFrame()
     by_head = dict(list(pairs.groupby(["layer", "head"]))) if len(pairs) else {}
+    no_pairs = pd.DataFrame({"alpha": [], "fx_norm": [], "row_scale": []})
     rows = []
     for layer in range(stats.num_layers):
         for head in range(stats.num_heads):
-            part = by_head.get((layer, head))
-            x = part["alpha"].to_numpy(np.float64) if part is not None else np.zeros(0)
-            scale = part["row_scale"].to_numpy(np.float64) if part is not None else np.zeros(0)
-            y = x * (part["fx_norm"].to_numpy(np.float64) if part is not None else np.zeros(0)) * scale
+            part = by_head.get((layer, head), no_pairs)
+            x, fx, scale = (part[name].to_numpy(np.float64) for name in ("alpha", "fx_norm", "row_scale"))
+            y = x * fx * scale
             r, _, rho, _ = correlations(x, y)
             rows.append({
                 "layer": layer, "head": head, "n_queries": stats.num_queries,

@@ -166,7 +166,7 @@ def _zero_bias(linear: torch.nn.Module, size: int, like: torch.Tensor) -> torch.
 
 def _grouped_query_projections(layer: torch.nn.Module,
                                output_scale: torch.Tensor | None = None) -> AttentionProjections:
-    """Llama-style decoder attention (``self_attn.v_proj``/``o_proj``), grouped-query heads expanded per query head.
+    """Llama (and Gemma 3) attention: ``self_attn.v_proj``/``o_proj``, grouped-query heads expanded per query head.
 
     Key/value head ``g`` serves query heads ``g*G:(g+1)*G`` (``G = H / H_kv``, the order of transformers'
     ``repeat_kv``), so its value rows are repeated ``G`` times.  ``output_scale`` (Gemma's ``1 + w``) multiplies the
@@ -189,11 +189,6 @@ def _grouped_query_projections(layer: torch.nn.Module,
             output_weight, output_bias = output_weight * scale[:, None], output_bias * scale
     return AttentionProjections(value_weight=value_weight, value_bias=value_bias, output_weight=output_weight,
                                 output_bias=output_bias, num_heads=num_heads, head_size=head_size)
-
-
-def _llama_projections(layer: torch.nn.Module) -> AttentionProjections:
-    """Llama: ``self_attn.v_proj`` and ``self_attn.o_proj`` (grouped-query)."""
-    return _grouped_query_projections(layer)
 
 
 def _gemma3_projections(layer: torch.nn.Module) -> AttentionProjections:
@@ -261,7 +256,7 @@ _ARCHITECTURES: dict[str, _Architecture] = {arch.model_type: arch for arch in (
     _Architecture("deberta-v2", _deberta_v2_projections),
     _Architecture("gemma3_text", _gemma3_projections, output="post_attention_layernorm",
                   row_norm="post_attention_layernorm", unfolded=_grouped_query_projections),
-    _Architecture("llama", _llama_projections, output="self_attn.o_proj"),
+    _Architecture("llama", _grouped_query_projections, output="self_attn.o_proj"),
     _Architecture("gpt2", _gpt2_projections, output="attn.c_proj"),
 )}
 
@@ -515,11 +510,7 @@ def _forward(model: torch.nn.Module, inputs: Mapping[str, torch.Tensor], capture
 
 
 def iter_layer_norms(model: torch.nn.Module, batch: Mapping[str, torch.Tensor], *, scale_rows: bool = True):
-    """Run the model once and yield ``LayerNorms`` layer by layer (shared by the public functions).
-
-    ``scale_rows``: multiply ``afx_norm`` and ``summed_afx_norm`` by the row scale ``r_i`` where the architecture has
-    one (Gemma 3's post-attention norm; module docstring); no effect elsewhere.
-    """
+    """:func:`attention_norms` one layer at a time: run the model once and yield ``LayerNorms`` layer by layer."""
     run = _forward(model, prepare_batch(model, batch))
     with torch.no_grad():
         for index, layer in enumerate(run.layers):

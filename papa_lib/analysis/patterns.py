@@ -105,12 +105,6 @@ def _check_attentions(attentions: torch.Tensor, masks: torch.Tensor) -> tuple[to
     return attentions.to(torch.float64), real
 
 
-def _pair_mask(real: torch.Tensor, extra_dims: int) -> torch.Tensor:
-    """``[N, 1.., L, L]`` float mask, 1 where both the query and the key are real tokens."""
-    pair = (real[:, :, None] & real[:, None, :]).to(torch.float64)
-    return pair.reshape(pair.shape[0], *([1] * extra_dims), *pair.shape[1:])
-
-
 def pad_aware_mean(attentions: torch.Tensor, masks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """The pad-aware entry-wise mean of Eq. 2 over the given inputs: ``(C [*heads, L, L], counts [L, L])``.
 
@@ -139,13 +133,12 @@ def restrict_to_input(constant: torch.Tensor, masks: torch.Tensor) -> torch.Tens
         raise ValueError(f"constant must have shape [..., L, L], got {tuple(constant.shape)}")
     if masks.dim() != 2 or masks.shape[1] != constant.shape[-1]:
         raise ValueError(f"masks must have shape [N, L={constant.shape[-1]}], got {tuple(masks.shape)}")
-    real = masks.bool()
-    pair = _pair_mask(real, constant.dim() - 2)
+    real = masks.bool().reshape(masks.shape[0], *([1] * (constant.dim() - 2)), masks.shape[1])  # [N, 1.., L]
+    pair = (real[..., :, None] & real[..., None, :]).to(torch.float64)  # 1 where the query and the key are real
     masked = constant[None] * pair
     row_sum = masked.sum(-1, keepdim=True)
     uniform = pair / pair.sum(-1, keepdim=True).clamp_min(1.0)
-    query_real = real.reshape(real.shape[0], *([1] * (constant.dim() - 2)), real.shape[1], 1)
-    return torch.where((row_sum <= 0) & query_real, uniform, masked / row_sum.clamp_min(1e-300))
+    return torch.where((row_sum <= 0) & real[..., None], uniform, masked / row_sum.clamp_min(1e-300))
 
 
 def input_distance(
@@ -436,8 +429,7 @@ def kept_until(lambdas: torch.Tensor, fractions: Sequence[float] = selection.PAP
     """``[layers, heads]``: the smallest of ``fractions`` at which each head is still input-dependent.
 
     Uses :func:`papa_lib.experiments.selection.heads_to_replace`; a head replaced already at the largest fraction below
-    1 gets
-    1.0 (it is input-dependent only in the original model). With the paper's fractions, a head with value 1/16
+    1 gets 1.0 (it is input-dependent only in the original model). With the paper's fractions, a head with value 1/16
     survives every intermediate cut (only the fully constant model replaces it).
     """
     lambdas = torch.as_tensor(lambdas)
