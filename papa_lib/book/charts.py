@@ -172,8 +172,7 @@ def offline_html(spec: dict, embed_options: dict | None = None, element_id: str 
     """
     if not isinstance(spec, dict):
         raise ValueError(f"offline_html(): spec must be a vega-lite dict, got {type(spec).__name__}")
-    options = dict(DEFAULT_EMBED_OPTIONS)
-    options.update(embed_options or {})
+    options = {**DEFAULT_EMBED_OPTIONS, **(embed_options or {})}
     spec_json = _script_json(spec)
     if element_id is None:
         digest = hashlib.sha1(spec_json.encode("utf-8")).hexdigest()[:10]
@@ -353,10 +352,8 @@ def _quiet_progress_fallback() -> None:
     progress bars (they pass ``progress=False``), so the note is noise. Only that warning is ignored."""
     import warnings
 
-    try:
-        from tqdm import TqdmWarning
-    except ImportError:  # pragma: no cover - tqdm comes with transformers
-        return
+    from tqdm import TqdmWarning  # a dependency of the library
+
     warnings.filterwarnings("ignore", message="IProgress not found", category=TqdmWarning)
 
 

@@ -14,10 +14,8 @@ only chooses *which rows* feed them:
 * :func:`transfer_summary`, :func:`transfer_differences` -- Table 2 / Table 5.
 * :func:`lm_curve`, :func:`lm_difference` -- a decoder's own objective (:mod:`papa_lib.experiments.lm`): next-token
   NLL per point with its interval over test windows, and paired differences between two orders or from the original.
-* :func:`stored_matrices` -- the constant matrices a grid stored (where they put their weight:
-  :func:`papa_lib.analysis.patterns.column_mass`, :func:`~papa_lib.analysis.patterns.self_mass`);
-  :func:`grid_coverage`, :func:`task_lengths`, :func:`per_task_setting` -- what a declared grid asks for and which
-  of its runs are in the table. These live in :mod:`papa_lib.book.grid_views`.
+* the constant matrices a grid stored, what a declared grid asks for and which of its runs are in the table live in
+  :mod:`papa_lib.book.grid_views`.
 * compute estimates (run costs, encoder shapes, cache bytes) live in :mod:`papa_lib.ops.costs`.
 
 Canonical rows (see :mod:`papa_lib.experiments.engine`): the model with every head input-dependent (fraction 1) is
@@ -277,8 +275,7 @@ def wide_table(summary: pd.DataFrame, row: str, column: str = "task", row_order:
         idx = pd.MultiIndex.from_tuples(index, names=["model", row])
     else:
         idx = pd.Index([k[0] for k in index], name=row)
-    table = pd.DataFrame(data, index=idx, columns=pd.Index(cols, name=column))
-    return table
+    return pd.DataFrame(data, index=idx, columns=pd.Index(cols, name=column))
 
 
 # ----------------------------------------------------------------------------------------------------------------

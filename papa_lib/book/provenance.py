@@ -140,9 +140,8 @@ class Banner:
         self.committed, self.live = committed, live
 
     def lines(self) -> list[tuple[str, str]]:
-        rows = [("From the committed run", self.committed or "nothing: this page reads no committed records")]
-        rows.append(("Computed live on this machine", self.live or "nothing: every number is read from records"))
-        return rows
+        return [("From the committed run", self.committed or "nothing: this page reads no committed records"),
+                ("Computed live on this machine", self.live or "nothing: every number is read from records")]
 
     def __str__(self) -> str:
         return "\n".join(f"{head}: {text.replace('`', '')}" for head, text in self.lines())

@@ -93,13 +93,8 @@ def data_label(sources: Iterable, profile: str | None = None) -> str:
             name = dataset_name(part)
             if name not in names:
                 names.append(name)
-    pieces = []
-    for kind, names in by_kind.items():
-        if kind == "generated data":
-            pieces.append(kind)
-        else:
-            pieces.append(f"{kind}: {', '.join(names)}" if names else kind)
-    return "; ".join(pieces)
+    return "; ".join(f"{kind}: {', '.join(names)}" if names and kind != "generated data" else kind
+                     for kind, names in by_kind.items())
 
 
 def model_label(models: Iterable) -> str:

@@ -15,6 +15,7 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
 from ..analysis import paper
@@ -54,15 +55,10 @@ def format_number(value: Any) -> Any:
         if "e" in text:
             text = f"{value:.2e}"
         return text
-    try:
-        import numpy as np
-
-        if isinstance(value, np.integer):
-            return f"{int(value):,}"
-        if isinstance(value, np.floating):
-            return format_number(float(value))
-    except ImportError:  # pragma: no cover
-        pass
+    if isinstance(value, np.integer):
+        return f"{int(value):,}"
+    if isinstance(value, np.floating):
+        return format_number(float(value))
     return value
 
 
@@ -95,6 +91,8 @@ def name_tasks(text: Any) -> Any:
 #: Readable titles of raw field names that charts plot without a title of their own.
 FIELD_TITLES = {"ci_low": "95% interval, low", "ci_high": "95% interval, high", "relative_drop": "relative drop",
                 "num_examples": "examples", "matrix_type": "matrix type", "matrices_from": "matrices from"}
+
+
 def readable(name: str) -> str:
     """A raw identifier as words for a title: ``ci_low`` -> ``95% interval, low``, ``best_data_free_score`` ->
     ``best data-free score``; anything else is returned unchanged."""

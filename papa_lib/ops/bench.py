@@ -1,13 +1,12 @@
 """Speed and memory benchmarks of the library (paper Sec. 3.4 "Potential Computational Gains", and our own tools).
 
 Run ``python -m papa_lib.ops.bench [averaging|probe|seeds|constant|packing|memory|store|all|decoder] [--quick]``
-(also ``papa bench``).
-Every figure
-is printed as one ``name: value`` line (lines starting with ``#`` are context); all are measured in one run, side by
-side, on the embedded all-MiniLM-L6-v2 unless ``--model`` (or the ``PAPA_BENCH_MODEL`` environment variable) says
-otherwise (``tiny`` is a 2-layer random BERT used by the tests; ``all-mpnet-base-v2`` the second real model, from the
-``mpnet`` extra). ``all`` is every encoder benchmark; ``decoder`` runs on a decoder LM, the packaged Gemma 3 270M
-unless ``--decoder-model`` says otherwise (``tiny``: a random 2-layer Gemma 3, for the tests), and only when named.
+(also ``papa bench``). Every figure is printed as one ``name: value`` line (lines starting with ``#`` are context);
+all are measured in one run, side by side, on the embedded all-MiniLM-L6-v2 unless ``--model`` (or the
+``PAPA_BENCH_MODEL`` environment variable) says otherwise (``tiny`` is a 2-layer random BERT used by the tests;
+``all-mpnet-base-v2`` the second real model, from the ``mpnet`` extra). ``all`` is every encoder benchmark;
+``decoder`` runs on a decoder LM, the packaged Gemma 3 270M unless ``--decoder-model`` says otherwise (``tiny``: a
+random 2-layer Gemma 3, for the tests), and only when named.
 
 Figures
 -------
@@ -32,8 +31,7 @@ Figures
     same with the seeds trained in one pass but in turns (each seed takes all its batches of a chunk of the pass before
     the next seed; ``train_seeds(batched=False)``). ``probe_seeds_max_abs_diff_*`` is the largest difference between
     the sequential probes' trained weights and the other two ways' (0: equal bit for bit). On a CPU a token probe's step
-    is
-    dominated by its first layer's matrix products, whose work grows with the number of seeds either way, so the
+    is dominated by its first layer's matrix products, whose work grows with the number of seeds either way, so the
     ratio stays near 1 there; what training together saves is the per-step overhead (one backward, one optimiser
     call). On a GPU that overhead is larger, but each seed still gathers its own rows and runs its own products: an
     H200 measured 1.1 for both kinds (BENCHMARKS.md, "Seeds trained together").
@@ -396,10 +394,44 @@ def bench_packing(model, tokenizer, sizes: BenchSizes, device, data_dir: Path | 
     return figures
 
 
+def _time_constant(model, matrices: torch.Tensor, forward: Callable[[], object], repeats: int,
+                   device) -> tuple[dict[str, list[float]], dict[str, object]]:
+    """Times of ``forward()`` (under ``torch.inference_mode``) as it is (``original``) and with every head
+    ``constant`` on the fast path (``constant``) and on the reference path (``reference``), interleaved, each
+    override's matrix cache kept warm (the steady state of a long-running override); and what each replaced
+    ``forward()`` returned last."""
+    from ..core.override import AttentionOverride
+
+    overrides = {
+        "constant": AttentionOverride(model, matrices, mode="constant", fast=True),
+        "reference": AttentionOverride(model, matrices, mode="constant", fast=False),
+    }
+    caches: dict[str, dict] = {name: {} for name in overrides}
+    outputs: dict[str, object] = {}
+
+    def original():
+        with torch.inference_mode():
+            forward()
+
+    def replaced(name):
+        state = overrides[name]
+        with torch.inference_mode(), state.applied(model):
+            state._dynamic_cache.update(caches[name])
+            outputs[name] = forward()
+            caches[name] = dict(state._dynamic_cache)
+
+    times = time_interleaved(
+        {"original": original, "constant": lambda: replaced("constant"), "reference": lambda: replaced("reference")},
+        repeats,
+        device,
+        clock=_clock,
+    )
+    return times, outputs
+
+
 def bench_constant(model, tokenizer, sizes: BenchSizes, device) -> dict[str, float]:
     """``constant_vs_original_L*``, ``flop_limit_L*``: all-constant forward (fast path) vs the original forward."""
     from ..core.models import model_inputs, num_layers_and_heads
-    from ..core.override import AttentionOverride
 
     layers, heads = num_layers_and_heads(model)
     hidden, intermediate = int(model.config.hidden_size), int(model.config.intermediate_size)
@@ -413,33 +445,7 @@ def bench_constant(model, tokenizer, sizes: BenchSizes, device) -> dict[str, flo
         )
         # Timing does not depend on the values: random positive matrices stand in for averaged ones.
         matrices = torch.rand(layers, heads, length, length, generator=generator) + 1e-3
-        overrides = {
-            "constant": AttentionOverride(model, matrices, mode="constant", fast=True),
-            "reference": AttentionOverride(model, matrices, mode="constant", fast=False),
-        }
-        caches: dict[str, dict] = {name: {} for name in overrides}
-
-        def original(batch=batch):
-            with torch.inference_mode():
-                model(**batch)
-
-        def replaced(name, batch=batch, overrides=overrides, caches=caches):
-            state = overrides[name]
-            with torch.inference_mode(), state.applied(model):
-                state._dynamic_cache.update(caches[name])  # steady state: keep the per-override matrix cache warm
-                model(**batch)
-                caches[name] = dict(state._dynamic_cache)
-
-        times = time_interleaved(
-            {
-                "original": original,
-                "constant": lambda: replaced("constant"),
-                "reference": lambda: replaced("reference"),
-            },
-            sizes.constant_repeats,
-            device,
-            clock=_clock,
-        )
+        times, _ = _time_constant(model, matrices, lambda batch=batch: model(**batch), sizes.constant_repeats, device)
         speedup = median_ratio(times["original"], times["constant"])
         limit = flop_limit(length, hidden, intermediate)
         figures[f"constant_vs_original_L{length}"] = speedup
@@ -453,7 +459,6 @@ def bench_decoder(model, tokenizer, sizes: BenchSizes, device) -> dict[str, floa
     """``decoder_constant_vs_original_L*``, ``decoder_flop_limit_L*``: the decoder's block stack with every head
     constant (fast path) vs the original forward, tokens/s of each, and the FLOP-count limit of the blocks."""
     from ..core.models import num_layers_and_heads
-    from ..core.override import AttentionOverride
 
     layers, heads = num_layers_and_heads(model)
     shape = decoder_shape(model.config)
@@ -464,30 +469,8 @@ def bench_decoder(model, tokenizer, sizes: BenchSizes, device) -> dict[str, floa
     # Timing does not depend on the values: random positive matrices stand in for averaged ones (the causal band
     # cuts them).
     matrices = torch.rand(layers, heads, length, length, generator=torch.Generator().manual_seed(length)) + 1e-3
-    overrides = {
-        "constant": AttentionOverride(model, matrices, mode="constant", fast=True),
-        "reference": AttentionOverride(model, matrices, mode="constant", fast=False),
-    }
-    caches: dict[str, dict] = {name: {} for name in overrides}
-    outputs: dict[str, torch.Tensor] = {}
-
-    def original():
-        with torch.inference_mode():
-            base(**inputs, use_cache=False)
-
-    def replaced(name):
-        state = overrides[name]
-        with torch.inference_mode(), state.applied(model):
-            state._dynamic_cache.update(caches[name])  # steady state: keep the per-override matrix cache warm
-            outputs[name] = base(**inputs, use_cache=False).last_hidden_state
-            caches[name] = dict(state._dynamic_cache)
-
-    times = time_interleaved(
-        {"original": original, "constant": lambda: replaced("constant"), "reference": lambda: replaced("reference")},
-        sizes.decoder_repeats,
-        device,
-        clock=_clock,
-    )
+    times, outputs = _time_constant(model, matrices, lambda: base(**inputs, use_cache=False).last_hidden_state,
+                                    sizes.decoder_repeats, device)
     flop_shape = {k: shape[k] for k in ("attention_width", "kv_width", "ffn_matrices")}
     limit = flop_limit(length, shape["hidden"], shape["intermediate"], **flop_shape)
     speedup = median_ratio(times["original"], times["constant"])

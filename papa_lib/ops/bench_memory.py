@@ -30,8 +30,8 @@ __all__ = ["bench_decoder_load", "bench_decoder_memory", "bench_memory", "bench_
 
 
 def memory_child(texts: list[str], batch_size: int, model_spec: str | None, device: str, dtype: str) -> dict:
-    """Average attention over ``texts`` (streamed, batch by batch) and measure the peak memory: ``peak_mb``,
-    ``before_mb`` and the method used."""
+    """Average attention over ``texts`` (streamed, batch by batch) and measure the peak memory (:func:`_peak_of`:
+    ``peak_mb``, ``before_mb`` and the method used)."""
     from ..core.averaging import average_attention
     from ..core.layout import encode
 
@@ -42,17 +42,26 @@ def memory_child(texts: list[str], batch_size: int, model_spec: str | None, devi
             yield encode(tokenizer, texts[start : start + batch_size], max_length=64)
 
     average_attention(model, [encode(tokenizer, texts[:batch_size], max_length=64)], progress=False)  # warm-up
+    return _peak_of(lambda: average_attention(model, batches(), progress=False), device)[1]
+
+
+def _peak_of(work, device: str) -> tuple[object, dict]:
+    """``work()``'s result and the peak memory while it ran: ``peak_mb``, ``before_mb`` (held just before) and the
+    ``method`` (``cuda``: :func:`torch.cuda.max_memory_allocated`; else the resident set size, ``VmHWM`` reset first,
+    or ``ru_maxrss`` where it cannot be reset)."""
     if torch.device(device).type == "cuda":
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
         before = torch.cuda.memory_allocated()
-        average_attention(model, batches(), progress=False)
+        result = work()
         torch.cuda.synchronize()
-        return {"peak_mb": torch.cuda.max_memory_allocated() / 2**20, "before_mb": before / 2**20, "method": "cuda"}
+        return result, {"peak_mb": torch.cuda.max_memory_allocated() / 2**20, "before_mb": before / 2**20,
+                        "method": "cuda"}
     reset = reset_peak_rss()
     before = current_rss_kb() or 0
-    average_attention(model, batches(), progress=False)
-    return {"peak_mb": peak_rss_kb() / 1024, "before_mb": before / 1024, "method": "VmHWM" if reset else "ru_maxrss"}
+    result = work()
+    return result, {"peak_mb": peak_rss_kb() / 1024, "before_mb": before / 1024,
+                    "method": "VmHWM" if reset else "ru_maxrss"}
 
 
 def store_child(texts: list[str], labels: list[int], batch_size: int, model_spec: str | None, device: str,
@@ -96,27 +105,16 @@ def random_decoder_batch(vocab: int, batch: int, length: int, bos: int | None, s
 def decoder_memory_child(spec: str | None, length: int, batch: int, chunk: int, device: str, dtype: str) -> dict:
     """The summed next-token NLL (:func:`papa_lib.core.decoders.next_token_nll`) of ``batch`` random sequences of
     ``length`` tokens with the LM head applied ``chunk`` positions at a time (``chunk`` >= the number of positions:
-    the full ``[tokens, vocabulary]`` logits at once), and its peak memory: ``peak_mb``, ``before_mb``, the ``nll``
-    and the method used (after a warm-up on 8 tokens, the peak is reset, as in :func:`memory_child`)."""
+    the full ``[tokens, vocabulary]`` logits at once), and its peak memory after a warm-up on 8 tokens
+    (:func:`_peak_of`), the ``nll`` and the ``tokens`` predicted."""
     from ..core.decoders import next_token_nll
 
     model, tokenizer = load_bench_decoder(spec, device, dtype)
     vocab = int(getattr(model.config, "text_config", model.config).vocab_size)
     inputs = random_decoder_batch(vocab, batch, length, tokenizer.bos_token_id)
     next_token_nll(model, {k: v[:1, :8] for k, v in inputs.items()}, chunk_size=chunk)  # warm-up
-    if torch.device(device).type == "cuda":
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats()
-        before = torch.cuda.memory_allocated()
-        nll, tokens = next_token_nll(model, inputs, chunk_size=chunk)
-        torch.cuda.synchronize()
-        return {"peak_mb": torch.cuda.max_memory_allocated() / 2**20, "before_mb": before / 2**20, "nll": nll,
-                "tokens": tokens, "method": "cuda"}
-    reset = reset_peak_rss()
-    before = current_rss_kb() or 0
-    nll, tokens = next_token_nll(model, inputs, chunk_size=chunk)
-    return {"peak_mb": peak_rss_kb() / 1024, "before_mb": before / 1024, "nll": nll, "tokens": tokens,
-            "method": "VmHWM" if reset else "ru_maxrss"}
+    (nll, tokens), peak = _peak_of(lambda: next_token_nll(model, inputs, chunk_size=chunk), device)
+    return {**peak, "nll": nll, "tokens": tokens}
 
 
 def decoder_load_child(spec: str | None, device: str, dtype: str) -> dict:

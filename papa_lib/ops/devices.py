@@ -73,6 +73,11 @@ def as_committed(local_dir, superseded_dir, seeds=None) -> pd.DataFrame:
     return frame.reset_index(drop=True)
 
 
+def _sd(values) -> float:
+    """The sample standard deviation (``ddof=1``); NaN for fewer than two values."""
+    return float(np.std(values, ddof=1)) if len(values) > 1 else float("nan")
+
+
 def _half_width(sd: float, n: int) -> float:
     if n < 2 or not math.isfinite(sd):
         return float("nan")
@@ -91,9 +96,7 @@ def device_check(local_dir, check_dir, committed_devices=("cuda",)) -> pd.DataFr
     local, check = _frame(local_dir), _frame(check_dir)
     keys = list(CONFIG_COLUMNS)
     spread = local.assign(**{k: local[k].fillna("none") for k in ("matrices_from", "selection_order")})
-    spread = (spread.groupby(keys, dropna=False)["value"].agg(seed_sd=lambda v: float(np.std(v, ddof=1))
-                                                               if len(v) > 1 else float("nan"),
-                                                               n_seeds="size").reset_index())
+    spread = spread.groupby(keys, dropna=False)["value"].agg(seed_sd=_sd, n_seeds="size").reset_index()
     committed = local
     if committed_devices is not None:
         device = local["device"].astype(str)
@@ -139,8 +142,7 @@ def device_summary(check: pd.DataFrame) -> pd.DataFrame:
                       max_abs_difference=("difference", lambda d: float(d.abs().max())),
                       seed_sd=("seed_sd", "first"), half_width=("half_width", "first"),
                       max_ratio=("ratio", "max"),
-                      difference_sd=("difference", lambda d: float(np.std(d, ddof=1)) if len(d) > 1 else float("nan")),
-                      cpu_sd=("cpu", lambda d: float(np.std(d, ddof=1)) if len(d) > 1 else float("nan"))).reset_index()
+                      difference_sd=("difference", _sd), cpu_sd=("cpu", _sd)).reset_index()
     out["difference_half_width"] = [_half_width(sd, n) for sd, n in zip(out["difference_sd"], out["seeds"])]
     out["below_spread"] = out["max_abs_difference"] < out["seed_sd"]
     return out[columns]

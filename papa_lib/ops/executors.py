@@ -59,7 +59,7 @@ class LocalExecutor:
     def run_grid(self, spec: dict, results_dir, model=None, tokenizer=None, progress: bool = True,
                  overrides: dict | None = None, only_seeds=None) -> results.ResultsStore:
         return run_grid(spec, results_dir, model, tokenizer, progress=progress, overrides=overrides,
-                               only_seeds=only_seeds)
+                        only_seeds=only_seeds)
 
 
 def make_executor(name: str = "local", **options):
@@ -164,10 +164,9 @@ class WorkerContext:
 
 
 def _check_visible(context: WorkerContext) -> None:
-    if not (Path(context.results_dir) / f"{_TOKEN_PREFIX}{context.token}").is_file():
-        import socket
-
-        raise FileNotFoundError(f"the Ray worker on {socket.gethostname()} does not see the driver's results folder "
+    host, seen, _ = sees_folder(context.results_dir, context.token, None)
+    if not seen:
+        raise FileNotFoundError(f"the Ray worker on {host} does not see the driver's results folder "
                                 f"{context.results_dir}: put it on a file system every node mounts at the same path")
 
 

@@ -35,10 +35,9 @@ together from one pass over its features (:func:`papa_lib.experiments.training.t
 backbone pass and the seeds' steps taken together, measured here as a multiple of one seed's step
 (:func:`measure_seed_batching`; on a CPU close to the number of seeds, since a probe step's matrix products grow
 with it; on a GPU far less). Variants whose backbone depends on the seed (λ, random orders) and those trained
-inside the backbone train each seed on its own. Both figures are measured here, on the requested device, with the grid's
-model — or, for a
-model given by name with no weights at hand, with a randomly initialised model built from its configuration (timing
-does not depend on the weights).
+inside the backbone train each seed on its own. Both figures are measured here, on the requested device, with the
+grid's model — or, for a model given by name with no weights at hand, with a randomly initialised model built from its
+configuration (timing does not depend on the weights).
 """
 
 from __future__ import annotations
@@ -342,8 +341,7 @@ def pending_runs(variants, ws, done: set, only_seeds=None) -> dict:
     ones when it resumes). ``ws``: the task's :class:`~papa_lib.experiments.engine.TaskExperiment`; nothing runs."""
     from ..experiments import engine
 
-    config = ws.config
-    seeds = [s for s in config.seeds if only_seeds is None or s in only_seeds]
+    seeds = [s for s in ws.config.seeds if only_seeds is None or s in only_seeds]
     return {v: engine.pending_seeds(ws, v, seeds, done) for v in variants}
 
 
@@ -518,11 +516,7 @@ def format_language_model_plan(model, section: dict, results_dir=None) -> str:
 
     settings = lm.LMSettings.from_mapping(section)
     plan = lm.plan_language_model(model, settings, results_dir or None)
-    stored = []
-    if plan["constants_stored"]:
-        stored.append("constants")
-    if plan["lambdas_stored"]:
-        stored.append("λ")
+    stored = [name for name, key in (("constants", "constants_stored"), ("λ", "lambdas_stored")) if plan[key]]
     return (f"language model ({settings.corpus}, {settings.test_windows} test windows of {settings.length} tokens): "
             f"{plan['runs']} runs, {plan['stored']} stored, {plan['left']} left"
             + (f" ({' and '.join(stored)} stored)" if stored else "")
