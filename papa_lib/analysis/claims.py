@@ -864,13 +864,14 @@ def model_claims(frame: pd.DataFrame, model: str | None = None) -> list[dict]:
 def cross_model_claims(frames: Mapping[str, pd.DataFrame]) -> list[dict]:
     """C3 when the records hold two models of known size: the larger's task-averaged all-constant drop minus the
     smaller's, over the tasks included for both; else one row ``not testable: <why>``."""
-    rule = rules().loc["C3"]
+    table = rules()
+    rule = table.loc["C3"]
     known = sorted((m for m in frames if m in MODEL_PARAMETERS), key=MODEL_PARAMETERS.get)
     if len(known) < 2:
         why = (f"needs the records of two models of different size; these hold {', '.join(frames) or 'none'}")
         return [_row(" vs ".join(frames) or "—", "C3", rule, None, "", None, f"not testable: {why}")]
     # decision rule R3 on C3's rows, which are C1a's (the original and every head constant)
-    entering = {m: set(inclusion(frames[m], PER_MODEL["C1a"], rules().loc["C1a"])[2]) for m in known}
+    entering = {m: set(inclusion(frames[m], PER_MODEL["C1a"], table.loc["C1a"])[2]) for m in known}
     rows = []
     for small, large in itertools.pairwise(known):
         per, devices = {}, ""
