@@ -201,13 +201,15 @@ def _place_standard(t: SpecialTokenTemplate, ids_a: list[int], ids_b: list[int] 
     return seq + [t.pad_id] * pad, [1] * len(seq) + [0] * pad, types + [0] * pad, truncated, offset
 
 
-def _to_batch(rows, masks, types, layout, length, num_truncated, word_index=None, separator=None) -> EncodedBatch:
-    """The rows as an :class:`EncodedBatch`; ``types`` None: no ``token_type_ids``."""
+def _to_batch(rows, masks, types, template, layout, length, num_truncated, word_index=None,
+              separator=None) -> EncodedBatch:
+    """The rows as an :class:`EncodedBatch`, with ``token_type_ids`` where the encoder's ``template`` uses them
+    (``template`` None: a causal batch, none)."""
     tensors = {
         "input_ids": torch.tensor(rows, dtype=torch.long).reshape(-1, length),
         "attention_mask": torch.tensor(masks, dtype=torch.long).reshape(-1, length),
     }
-    if types is not None:
+    if template is not None and template.uses_token_type_ids:
         tensors["token_type_ids"] = torch.tensor(types, dtype=torch.long).reshape(-1, length)
     if num_truncated:
         logger.info("%d of %d examples were truncated to max_length=%d", num_truncated, len(rows), length)
@@ -253,7 +255,7 @@ def _encode_causal(tokenizer, texts, pairs, max_length: int, separator: str | No
         rows.append(seq + [pad] * (max_length - len(seq)))
         masks.append([1] * len(seq) + [0] * (max_length - len(seq)))
         num_truncated += int(truncated)
-    return _to_batch(rows, masks, None, "causal", max_length, num_truncated,
+    return _to_batch(rows, masks, None, None, "causal", max_length, num_truncated,
                      separator=separator if pairs is not None else None)
 
 
@@ -324,7 +326,7 @@ def encode(
         masks.append(mask)
         types.append(type_ids)
         num_truncated += int(truncated)
-    batch = _to_batch(rows, masks, types if template.uses_token_type_ids else None, layout, max_length, num_truncated)
+    batch = _to_batch(rows, masks, types, template, layout, max_length, num_truncated)
     return batch if model is None else for_model(batch, model)
 
 
@@ -366,8 +368,7 @@ def encode_words(
         masks.append(mask)
         types.append(type_ids)
         num_truncated += int(truncated)
-    batch = _to_batch(rows, masks, types if template.uses_token_type_ids else None, layout, max_length, num_truncated,
-                      word_index=word_index)
+    batch = _to_batch(rows, masks, types, template, layout, max_length, num_truncated, word_index=word_index)
     return batch if model is None else for_model(batch, model)
 
 
