@@ -445,9 +445,10 @@ def _in_unit(unit: str, frame: pd.DataFrame):
     differences) or ``chance`` (divided by the original's margin over the majority class)."""
     global _UNIT, _FLOORS, _MARGINS
     saved = _UNIT, _FLOORS, _MARGINS
-    originals = frame[frame.matrix_type == "original"]
-    _FLOORS = {t: majority_floor(frame, t) for t in set(frame.task)}
-    _MARGINS = {t: float(g.value.mean()) - _FLOORS[t] for t, g in originals.groupby("task")}
+    if unit != "declared":  # the declared unit reads neither floors nor margins (:func:`_pair`)
+        originals = frame[frame.matrix_type == "original"]
+        _FLOORS = {t: majority_floor(frame, t) for t in set(frame.task)}
+        _MARGINS = {t: float(g.value.mean()) - _FLOORS[t] for t, g in originals.groupby("task")}
     _UNIT = unit
     try:
         yield
