@@ -26,6 +26,14 @@ def test_committed_facts_read_seeds_device_and_data_from_the_records():
     assert "/tmp" not in text
 
 
+def test_where_label_names_records_that_read_lambda_learned_on_another_device():
+    # R16: three CPU runs, two of them on λ learned on a GPU, one reading no λ; a GPU run on its own GPU λ
+    frame = _records(lambda_device=["cuda", "cuda", "", "cuda:0"])
+    text = provenance.where_label(frame)
+    assert text.startswith("a CPU (3 runs; 2 of them read λ learned on a CUDA GPU) and a CUDA GPU (1 run),")
+    assert "λ" not in provenance.where_label(_records(lambda_device=["cuda", "cpu", "not recorded", ""]))
+
+
 def test_banner_names_the_packaged_sample_for_live_cells_and_the_full_files_for_records(tmp_path):
     setup = profiles.resolve("local", data_dir=tmp_path / "no-such-folder")
     assert setup.data_source == "sample"

@@ -53,13 +53,21 @@ def seeds_per_setting(frame: pd.DataFrame) -> str:
 
 
 def where_label(frame: pd.DataFrame) -> str:
-    """Where the records ran and when: ``'a CUDA GPU (51 runs) and a CPU (180 runs), 2026-11-21 to 2026-11-24'``."""
+    """Where the records ran and when: ``'a CUDA GPU (51 runs) and a CPU (180 runs), 2026-11-21 to 2026-11-24'``.
+    Records that read λ learned on another kind of device say so (``lambda_device``, decision rule R16):
+    ``'a CPU (560 runs; 54 of them read λ learned on a CUDA GPU)'``."""
     parts = []
     if "device" in frame.columns:
-        counts = frame["device"].dropna().astype(str).value_counts()
-        for device, n in counts.items():
-            word = DEVICE_WORDS.get(device.split(":")[0], device)
-            parts.append(f"{word} ({n} {'run' if n == 1 else 'runs'})")
+        made = frame["device"].dropna().astype(str)
+        learned = (frame["lambda_device"].fillna("").astype(str).str.split(":").str[0]
+                   if "lambda_device" in frame.columns else pd.Series("", index=frame.index))
+        for device, n in made.value_counts().items():
+            kind = device.split(":")[0]
+            mine = learned[made.index[made == device]]
+            elsewhere = mine[~mine.isin(["", "not recorded", kind])].value_counts()
+            notes = "".join(f"; {k} of them read λ learned on {DEVICE_WORDS.get(other, other)}"
+                            for other, k in elsewhere.items())
+            parts.append(f"{DEVICE_WORDS.get(kind, device)} ({n} {'run' if n == 1 else 'runs'}{notes})")
     text = " and ".join(parts) if len(parts) <= 2 else ", ".join(parts)
     if "finished_at" in frame.columns:
         days = pd.to_datetime(frame["finished_at"].dropna(), errors="coerce", utc=True, format="mixed").dropna()
