@@ -134,7 +134,8 @@ def rule_text(rule: pd.Series) -> str:
         return f"agrees if the 95% interval lies inside {band}, differs if entirely outside, else inconclusive"
     if rule.test == "band_every":
         delta = f"{rule.min_effect:g}" if np.isfinite(rule.min_effect) else "0"
-        return (f"per task (fraction), one-sided tests Holm-adjusted over the tasks at α = {FAMILY_ALPHA:g}: above "
+        unit = "fraction" if str(rule.name).startswith("C6") else "task"  # C6 reads MNLI at every fraction
+        return (f"per {unit}, one-sided tests Holm-adjusted over the {unit}s at α = {FAMILY_ALPHA:g}: above "
                 f"{rule.low:g} agrees, below {rule.low:g} - δ (δ = {delta}) differs; the claim agrees if every "
                 "one agrees, differs if any one differs, else inconclusive")
     if rule.test == "direction":
