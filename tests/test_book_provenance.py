@@ -32,6 +32,12 @@ def test_where_label_names_records_that_read_lambda_learned_on_another_device():
     text = provenance.where_label(frame)
     assert text.startswith("a CPU (3 runs; 2 of them read λ learned on a CUDA GPU) and a CUDA GPU (1 run),")
     assert "λ" not in provenance.where_label(_records(lambda_device=["cuda", "cpu", "not recorded", ""]))
+    # counted by row: two folders' records concatenated keep their own indexes (0-3 twice)
+    twice = provenance.where_label(pd.concat([frame, frame]))
+    assert twice.startswith("a CPU (6 runs; 4 of them read λ learned on a CUDA GPU) and a CUDA GPU (2 runs),")
+    # a GPU run on λ learned on a CPU says so too
+    gpu = provenance.where_label(_records(lambda_device=["cpu", "", "", ""]))
+    assert "a CUDA GPU (1 run; it read λ learned on a CPU)" in gpu
 
 
 def test_banner_names_the_packaged_sample_for_live_cells_and_the_full_files_for_records(tmp_path):

@@ -3,11 +3,11 @@
 Sec. 5.5 reports the *negative log perplexity* (higher is better) of BASE models on the WikiText-103 validation
 set as more and more heads are replaced by constant matrices, and contrasts MLM-pretrained models with ELECTRA's
 discriminator, which was never trained to fill in masked tokens. The paper states little of the MLM setup beyond
-Table 3's hyperparameters; the authors' released code (``papa_modules.py``) has an MLM probe whose shape ours
-follows. The data, masking, probe and score are :mod:`papa_lib.analysis.mlm_probe` (each design choice, and where
-the probe departs from the released one, is stated there); this module learns λ for MLM, scores a pretrained MLM
-head as a reference, and runs the curve. Reading a profile's results into Fig. 6 and the numbers of Sec. 5.5 is
-the MLM chapter's own work (``book/mlm.md``).
+Table 3's hyperparameters; the authors' released code (``papa_modules.py``) has an MLM probe whose input and tied
+decoder ours keeps (its MLP and layer norm differ). The data, masking, probe and score are
+:mod:`papa_lib.analysis.mlm_probe` (each design choice, and where the probe departs from the released one, is stated
+there); this module learns λ for MLM, scores a pretrained MLM head as a reference, and runs the curve. Reading a
+profile's results into Fig. 6 and the numbers of Sec. 5.5 is the MLM chapter's own work (``book/mlm.md``).
 
 Curve (:func:`run_mlm_curve`)
     1. Constant matrices C^h are averaged (Sec. 3.1, :func:`papa_lib.average_attention`) over the masked

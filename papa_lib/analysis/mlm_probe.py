@@ -3,9 +3,9 @@ the probe and its score.
 
 The pieces :func:`papa_lib.analysis.mlm.run_mlm_curve` puts together. The authors' released code has an MLM probe
 (all layers' vectors of a token concatenated, a linear layer to the hidden size, the model's activation (GELU for
-BERT/RoBERTa), a decoder tied to the input embeddings with its own bias); ours follows that shape with the
-differences stated below, and the data, masking and scoring choices, which neither the paper nor that code fix for
-our offline setting, are our own.
+BERT/RoBERTa), a decoder tied to the input embeddings with its own bias); ours keeps its input and tied decoder,
+with the differences stated below (Probe), and the data, masking and scoring choices, which neither the paper nor
+that code fix for our offline setting, are our own.
 
 Data (:func:`load_mlm_corpus`, :func:`mlm_sequences`)
     * Hub (``data_dir=None``): the probe is trained on WikiText-103 *train* (``Salesforce/wikitext``, raw) and

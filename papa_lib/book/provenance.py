@@ -58,15 +58,16 @@ def where_label(frame: pd.DataFrame) -> str:
     ``'a CPU (560 runs; 54 of them read λ learned on a CUDA GPU)'``."""
     parts = []
     if "device" in frame.columns:
-        made = frame["device"].dropna().astype(str)
-        learned = (frame["lambda_device"].fillna("").astype(str).str.split(":").str[0]
-                   if "lambda_device" in frame.columns else pd.Series("", index=frame.index))
+        rows = frame.reset_index(drop=True)  # by row, whatever the frame's index
+        made = rows["device"].dropna().astype(str)
+        learned = (rows["lambda_device"].fillna("").astype(str).str.split(":").str[0]
+                   if "lambda_device" in rows.columns else pd.Series("", index=rows.index))
         for device, n in made.value_counts().items():
             kind = device.split(":")[0]
             mine = learned[made.index[made == device]]
             elsewhere = mine[~mine.isin(["", "not recorded", kind])].value_counts()
-            notes = "".join(f"; {k} of them read λ learned on {DEVICE_WORDS.get(other, other)}"
-                            for other, k in elsewhere.items())
+            notes = "".join(f"; {'it' if n == 1 else f'{k} of them'} read λ learned on "
+                            f"{DEVICE_WORDS.get(other, other)}" for other, k in elsewhere.items())
             parts.append(f"{DEVICE_WORDS.get(kind, device)} ({n} {'run' if n == 1 else 'runs'}{notes})")
     text = " and ".join(parts) if len(parts) <= 2 else ", ".join(parts)
     if "finished_at" in frame.columns:
