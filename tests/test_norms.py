@@ -1109,6 +1109,28 @@ def test_label_free_and_matrix_comparisons():
     assert norm_rankings.matrix_comparison(both, both, ["sst2"]).set_index("matrix_type").loc["original", "n"] == 2
 
 
+def test_label_free_comparison_reads_lambda_on_the_seeds_the_label_free_orders_ran():
+    """R15 per task: with one seed of a label-free order run, the λ curve and the end points are that seed's."""
+    import pandas as pd
+
+    reference = pd.DataFrame(
+        [_record("mnli", "original", "none", 1.0, s, 0.5 + 0.01 * s) for s in (0, 1, 2)]
+        + [_record("mnli", "average", "none", 0.0, s, 0.4 + 0.01 * s) for s in (0, 1, 2)]
+        + [_record("mnli", "average", "lambda", 0.5, s, 0.45 + 0.01 * s) for s in (0, 1, 2)]
+        + [_record("sst2", "average", "lambda", 0.5, s, 0.8) for s in (0, 1, 2)]
+    )
+    norm = pd.DataFrame(
+        [_record("mnli", "average", "attention_variance", 0.5, 0, 0.44)]
+        + [_record("mnli", "norm_average", "none", 0.0, s, 0.41) for s in (0, 1, 2)]  # not an order: no say
+        + [_record("sst2", "average", "attention_variance", 0.5, s, 0.79) for s in (0, 1, 2)]
+    )
+    curves = norm_rankings.label_free_comparison(norm, reference, ["mnli", "sst2"]).set_index(
+        ["task", "order", "fraction"])
+    assert curves.loc[("mnli", "lambda", 0.5), "n"] == 1 and curves.loc[("mnli", "lambda", 0.5), "mean"] == 0.45
+    assert curves.loc[("mnli", "lambda", 1.0), "n"] == 1 and curves.loc[("mnli", "lambda", 1.0), "mean"] == 0.5
+    assert curves.loc[("sst2", "lambda", 0.5), "n"] == 3  # every seed ran there
+
+
 def test_decomposition_check_and_head_level_correlation(papa_corpus):
     import pandas as pd
 

@@ -421,11 +421,19 @@ def label_free_comparison(norm_frame: pd.DataFrame, reference: pd.DataFrame, tas
     original model; fraction 0: every head constant, which no order changes); the label-free orders from
     ``norm_frame``.  The end points are repeated for every order that has a record at an intermediate fraction of
     the task, so that each measured curve is complete and an order not yet run on a task draws no line there.
-    Columns: task, order, fraction, mean, ci_low, ci_high, n, source ("norm grid" / "main grid" / "shared").
+    Decision rule R15 per task: where the label-free orders have run, ``reference``'s rows (λ curve and end points)
+    are those of the seeds they ran, so a task whose label-free orders have fewer seeds than its λ runs is compared
+    on the same seeds.  Columns: task, order, fraction, mean, ci_low, ci_high, n, source ("norm grid" / "main grid"
+    / "shared").
     """
     from ..experiments.summaries import curve_rows, summarize
 
     tasks, orders = list(tasks), list(orders)
+    if not norm_frame.empty and not reference.empty:
+        ran = norm_frame[norm_frame["selection_order"].isin(NORM_AWARE_ORDERS)]
+        seeds = {task: set(rows["seed"]) for task, rows in ran.groupby("task")}
+        reference = reference[[seed in seeds.get(task, {seed})
+                               for task, seed in zip(reference["task"], reference["seed"])]]
 
     def inner(rows):  # a curve's partial fractions, strictly between its end points
         return rows["fraction"].between(0, 1, inclusive="neither")
