@@ -71,7 +71,7 @@ def test_intro_at_local_shows_the_claims_engine_rows_and_the_eq3_check(tmp_path)
         line = next(line for line in table.splitlines() if line.startswith(f"| {row.claim} | {row.model} |"))
         label, _, why = row.verdict.partition(": ")  # a reason goes to the notes under the table
         # the verdict, then what it means in the words of what was tested
-        words = "" if why or row.verdict_text == label else f": {row.verdict_text}"
+        words = "" if why or row.verdict_text == label else f" ({row.verdict_text})"
         assert f"**{label}**{words}" in line and (not why or f". {why[:1].upper()}{why[1:]}." in table), row
         every = line.split(" | ")[6]  # "with every task": a verdict of its own, "same", or "—" when none is left out
         assert every in ("same", "—") or every.endswith(f"**{row.verdict_all_tasks}**"), (row, every)
