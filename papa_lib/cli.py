@@ -104,6 +104,15 @@ def _non_negative_float(text: str) -> float:
     return _number(text, float, lambda value: not value < 0, "a number", "zero or more")  # NaN is not < 0: it passes
 
 
+def _device(text: str) -> str:
+    """``--device``: a name torch knows (:data:`papa_lib.core.models.DEVICE_NAMES`), else argparse's error."""
+    from .core.models import DEVICE_NAMES
+
+    if not DEVICE_NAMES.match(text):
+        raise argparse.ArgumentTypeError(f"expected auto, cpu, cuda, cuda:N or mps, got {text!r}")
+    return text
+
+
 def _shared(parser: argparse.ArgumentParser, task_required: bool = True, custom: bool = True) -> None:
     """The options every probing command shares (``custom=False``: papa grid's, whose defaults are the file's)."""
     from .experiments.task_specs import TASKS
@@ -144,7 +153,7 @@ def _shared(parser: argparse.ArgumentParser, task_required: bool = True, custom:
     )
     group.add_argument("--epochs", type=_positive_int, default=None,
                        help="probe epochs (default: " + ("the file's epochs, else " if not custom else "") + "Table 3)")
-    group.add_argument("--device", default=None,
+    group.add_argument("--device", type=_device, default=None,
                        help="cpu, cuda, cuda:1, ... or auto (CUDA when torch sees a GPU, else cpu); default: cpu "
                             "(grid: the file's device)")
     group.add_argument("--results-dir", default="data/results/cli" if custom else None,
@@ -235,32 +244,17 @@ def _data_dir(given, tasks) -> str | None:
     return str(folder) if folder.is_dir() else None
 
 
-def _position_limit(model) -> int | None:
-    """Longest L the model's absolute position embeddings allow (None: relative positions only, no limit)."""
-    config = model.config
-    if getattr(config, "position_biased_input", True) is False:
-        return None
-    limit = getattr(config, "max_position_embeddings", None)
-    if limit is not None:  # RoBERTa-style positions (RoBERTa, XLM-R, MPNet) start after the padding index
-        from .core.models import adapter_for
-
-        limit -= adapter_for(config).first_position_id(config)
-    return limit
-
-
 def _check_length(model, lengths, where: str = "--max-length") -> None:
-    from .core.models import model_id
+    from .core.models import check_length
 
-    limit = _position_limit(model)
-    for length in lengths:
-        if limit is not None and length is not None and length > limit:
-            raise PapaInputError(f"{where} {length} is longer than the {limit} positions of {model_id(model)}; "
-                                 f"use {limit} or less")
+    check_length(model, lengths, where)
 
 
 def _load_model(name, device):
     from .core.decoders import load_model
+    from .core.models import check_device
 
+    check_device(device)  # before the model loads, not in the middle of a run
     try:
         return load_model(name, device=device)
     except OSError as error:  # transformers' "not found / could not connect" (an unreachable hub), a bad folder
@@ -276,7 +270,12 @@ def _experiment(args):
     _register_custom(args)
     if custom:
         _check_data_dir(args.data_dir)
-    sources = [args.task] + [name for name in [getattr(args, "matrices_from", None)] if name and name != args.task]
+    from .experiments.task_specs import TASKS
+
+    matrices_from = getattr(args, "matrices_from", None)
+    if matrices_from is not None and matrices_from not in TASKS:
+        raise UsageError(f"--matrices-from {matrices_from}: not a task; choose one of {', '.join(sorted(TASKS))}")
+    sources = [args.task] + [name for name in [matrices_from] if name and name != args.task]
     data_dir = args.data_dir if custom else _data_dir(args.data_dir, sources)
     config = ExperimentConfig(
         task=args.task, model=args.model, data_dir=data_dir, max_length=args.max_length, limit=args.limit,
@@ -386,8 +385,10 @@ _TABLE_KEYS = ("task", "matrix_type", "selection_order", "fraction", "matrices_f
 def cmd_grid(args) -> int:
     from .core.models import resolve_device
     from .experiments.features import parse_bytes
-    from .experiments.grid import load_grid
+    from .experiments.grid import grid_settings, load_grid
 
+    if args.plan and args.repair:
+        raise UsageError("--plan and --repair: give one (each runs nothing else)")
     spec = load_grid(args.grid)
     if args.task and not any(args.task in block.tasks for block in spec["blocks"]):
         raise UsageError(f"--task {args.task}: no block of {args.grid} runs it")
@@ -400,6 +401,10 @@ def cmd_grid(args) -> int:
         "seeds": list(range(args.seeds)) if args.seeds is not None else None,
         "cache_budget": parse_bytes(args.cache_budget) if args.cache_budget is not None else None,
     }
+    _, seeds = grid_settings(spec, overrides)
+    strays = sorted(set(args.only_seed or []) - set(seeds))
+    if strays:
+        raise UsageError(f"--only-seed {', '.join(map(str, strays))}: not among the seeds {seeds} of {args.grid}")
     if args.task:
         spec["blocks"] = [b for b in spec["blocks"] if args.task in b.tasks]
         for block in spec["blocks"]:
@@ -418,7 +423,8 @@ def cmd_grid(args) -> int:
         from .ops.plan import plan_grid
 
         print(plan_grid(spec, overrides, model_name=args.model,
-                        results_dir=args.results_dir or str(Path(args.grid).parent), only_seeds=args.only_seed))
+                        results_dir=args.results_dir or str(Path(args.grid).parent), only_seeds=args.only_seed,
+                        length_source="--max-length" if args.max_length else f"max_length of {args.grid}"))
         return 0
     executor = _executor(args)
     results_dir = args.results_dir or str(Path(args.grid).parent)
@@ -574,7 +580,12 @@ def cmd_reproduce(args) -> int:
 
         if not name.isidentifier():
             raise UsageError(f"-p: parameter name {name!r} is not a Python identifier")
-        parameters[name] = yaml.safe_load(text)
+        if name == "profile":
+            raise UsageError("-p profile: give the profile as --profile")
+        try:
+            parameters[name] = yaml.safe_load(text)
+        except yaml.YAMLError:
+            raise UsageError(f"-p {name}: {text!r} is not a YAML value (3, 0.5, x, [0, 1], ...)") from None
     try:
         paths = tools.run_chapters(args.profile, args.out, parameters=parameters or None,
                                    chapters=args.chapter or None, resume=not args.no_resume)

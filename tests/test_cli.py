@@ -676,6 +676,10 @@ def test_reproduce_passes_chapter_parameters_as_papermill_does(monkeypatch, caps
     assert seen == {"n_sentences": 64, "tasks": ["sst2", "cola"], "figures_dir": "figs"}
     assert cli.main(["reproduce", "--profile", "smoke", "-p", "not-a-name", "1"]) == 2
     assert "not a Python identifier" in capsys.readouterr().err
+    assert papa_error(capsys, ["reproduce", "--profile", "smoke", "-p", "profile", "local"]) == (
+        "papa: error: -p profile: give the profile as --profile")
+    assert papa_error(capsys, ["reproduce", "--profile", "smoke", "-p", "seeds", "[0,1"]) == (
+        "papa: error: -p seeds: '[0,1' is not a YAML value (3, 0.5, x, [0, 1], ...)")
 
 
 def test_device_auto_picks_cuda_when_present(monkeypatch):
@@ -690,3 +694,68 @@ def test_device_auto_picks_cuda_when_present(monkeypatch):
     assert models.resolve_device("auto") == "cpu" and models.resolve_device(None) == "cpu"
     assert models.resolve_device("cuda:1") == "cuda:1"
     assert grid_settings({"device": "cpu", "blocks": []}, {"device": "auto"})[0]["device"] == "cpu"
+
+
+def test_a_wrong_device_model_or_task_name_is_one_line_before_any_model_loads(capsys, tmp_path, monkeypatch):
+    """Each of these was a traceback (exit 1) or transformers' puzzling hub message before."""
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    data = smoke.generate_data_dir(tmp_path / "data", n_train=8, n_dev=4)
+    out = tmp_path / "r"
+    probe = ["probe", "--task", "sst2", "--data-dir", str(data), *QUICK, "--results-dir", str(out)]
+    assert papa_error(capsys, [*probe, "--device", "gpu"]) == (
+        "papa: error: argument --device: expected auto, cpu, cuda, cuda:N or mps, got 'gpu' (see 'papa probe --help')")
+    assert papa_error(capsys, [*probe, "--device", "cuda"]) == (
+        "papa: error: device 'cuda': torch sees no CUDA GPU on this machine; use cpu or auto")
+    nowhere = tmp_path / "no-model"
+    assert papa_error(capsys, [*probe, "--model", str(nowhere)]) == f"papa: error: model folder not found: {nowhere}"
+    assert papa_error(capsys, ["averages", "--task", "sst2", "--data-dir", str(data), "--matrices-from", "sst-2"]) \
+        .startswith("papa: error: --matrices-from sst-2: not a task; choose one of cola, mnli, mrpc")
+    assert not out.exists()
+    grid = tmp_path / "grid.yaml"
+    grid.write_text("seeds: 1\ndevice: cuda\nblocks:\n  - {name: a, tasks: [sst2]}\n")
+    for plan in ([], ["--plan"]):
+        assert papa_error(capsys, ["grid", str(grid), "--results-dir", str(out), *plan]) == (
+            "papa: error: device 'cuda': torch sees no CUDA GPU on this machine; use cpu or auto")
+        assert papa_error(capsys, ["grid", str(grid), "--model", str(nowhere), "--device", "cpu", *plan]) == (
+            f"papa: error: model folder not found: {nowhere}")
+    assert not out.exists()
+
+
+def test_grid_command_lines_that_would_run_nothing_or_the_wrong_thing(capsys, tmp_path, pair_files, tiny):
+    """--only-seed outside the file's seeds ran nothing and exited 0; --plan --repair repaired nothing; --plan
+    planned an L the run refuses."""
+    grid = _reviews_grid(tmp_path)
+    out = tmp_path / "out"
+    assert papa_error(capsys, ["grid", str(grid), "--results-dir", str(out), "--only-seed", "5"]) == (
+        f"papa: error: --only-seed 5: not among the seeds [0] of {grid}")
+    assert papa_error(capsys, ["grid", str(grid), "--plan", "--repair"]) == (
+        "papa: error: --plan and --repair: give one (each runs nothing else)")
+    assert papa_error(capsys, ["grid", str(grid), "--results-dir", str(out), "--plan", "--max-length", "400"]) == (
+        "papa: error: --max-length 400 is longer than the 160 positions of tiny-random-bert; use 160 or less")
+    assert not out.exists()
+    missing = tmp_path / "missing.yaml"
+    missing.write_text(grid.read_text().replace("train: train.tsv", "train: nothing.tsv"))
+    line = papa_error(capsys, ["grid", str(missing), "--plan"])
+    assert line.startswith("papa: error: custom task reviews: training file not found: ") and line.endswith(
+        f"nothing.tsv ({missing}:6)"), line
+
+
+def test_plan_writes_nothing_and_a_repeated_last_line_is_not_called_cut_off(capsys, tmp_path, pair_files, tiny):
+    grid = _reviews_grid(tmp_path)
+    out = tmp_path / "out"
+    assert cli.main(["grid", str(grid), "--results-dir", str(out)]) == 0
+    table = out / "results.csv"
+    whole = table.read_text()
+    table.write_text(whole[: len(whole) - 60])  # a torn last line
+    capsys.readouterr()
+    assert cli.main(["grid", str(grid), "--results-dir", str(out), "--plan"]) == 0
+    assert table.read_text() == whole[: len(whole) - 60] and not list(out.glob("results.csv.torn-*"))
+    assert "was cut off" in capsys.readouterr().err  # named, and left as it is: a plan writes nothing
+    table.write_text(whole + whole.splitlines(keepends=True)[1])  # the last line repeats a stored run
+    assert cli.main(["grid", str(grid), "--results-dir", str(out)]) == 0
+    notices = [line for line in capsys.readouterr().err.splitlines() if line.startswith("papa: notice:")]
+    assert len(notices) == 1 and "repeats a stored run (duplicate run_id" in notices[0], notices
+    assert "the stored record is kept" in notices[0] and "cut off" not in notices[0]
+    assert len(results.ResultsStore(out)) == 2 and table.read_text() == whole

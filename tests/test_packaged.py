@@ -135,10 +135,11 @@ def test_the_real_mpnet_loads_offline_and_runs(mpnet):
 @pytest.mark.slow
 @needs_mpnet
 def test_the_cli_loads_mpnet_by_name(capsys):
-    from papa_lib.cli import _load_model, _position_limit
+    from papa_lib.cli import _load_model
+    from papa_lib.core.models import position_limit
 
     model, _ = _load_model("all-mpnet-base-v2", "cpu")
-    assert _position_limit(model) == 512  # 514 position embeddings, RoBERTa-style offset of 2
+    assert position_limit(model) == 512  # 514 position embeddings, RoBERTa-style offset of 2
     assert sys.modules["papa_lib.core.packaged"].installed(packaged.MPNET)
 
 

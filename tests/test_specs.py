@@ -118,6 +118,26 @@ CASES = [
         "a pair task needs an even max_length",
         2,
     ),
+    (  # YAML keeps the last of two equal keys: five seeds where the first line says one
+        "seeds: [0]\nblocks:\n  - {name: a, tasks: [sst2]}\nseeds: [0, 1, 2, 3, 4]\n",
+        "the key 'seeds' is given twice (first on line 1); YAML would keep only the last",
+        4,
+    ),
+    (
+        "blocks:\n  - name: a\n    tasks: [sst2]\n    tasks: [cola]\n",
+        "the key 'tasks' is given twice (first on line 3)",
+        4,
+    ),
+    (
+        "blocks:\n  - {name: a, tasks: [sst2]}\n  - {name: a, tasks: [cola]}\n",
+        "a second block named 'a' (line 2); give each block its own name",
+        3,
+    ),
+    (
+        "device: gpu\nblocks:\n  - {name: a, tasks: [sst2]}\n",
+        "must be auto, cpu, cuda, cuda:N or mps, got 'gpu'",
+        1,
+    ),
 ]
 
 
@@ -147,8 +167,8 @@ def test_valid_grid_files_pass(tmp_path):
     from pathlib import Path
 
     grid = tmp_path / "grid.yaml"
-    grid.write_text(GOOD + "limit: {sst2: 8000, default: null}\nmax_length: {default: 64, mnli: 128}\n"
-                           "cache_budget: 8G\ndevice: auto\nseeds: 3\n".replace("seeds: [0, 1]\n", ""))
+    grid.write_text(GOOD.replace("seeds: [0, 1]\n", "") + "limit: {sst2: 8000, default: null}\n"
+                    "max_length: {default: 64, mnli: 128}\ncache_budget: 8G\ndevice: auto\nseeds: 3\n")
     spec = load_grid(grid)
     assert spec["seeds"] == 3 and spec["blocks"][0].tasks == ["sst2"]
     from conftest import SHARED_DATA

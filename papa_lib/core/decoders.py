@@ -37,6 +37,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from ..errors import PapaInputError
 from . import models
 from .models import DECODER_NAMES, DecoderModelError, adapter_for, model_device, packaged_path, prepare_model
 from .packaged import PackagedModelError, cache_folder, is_marked, join_checked, packaged_for, publish
@@ -262,6 +263,8 @@ def load_model(
     :func:`load_decoder`; anything else, ``None`` (the embedded all-MiniLM-L6-v2) included, with
     :func:`~papa_lib.core.models.load_encoder`. Returns ``(model, tokenizer)``, as both loaders do.
     """
+    if models.missing_model_folder(name_or_path):
+        raise PapaInputError(f"model folder not found: {name_or_path}")
     if name_or_path is not None and str(name_or_path) in DECODER_NAMES:
         return load_decoder(name_or_path, device=device, dtype=dtype)
     try:

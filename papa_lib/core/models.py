@@ -29,6 +29,7 @@ itself. They load with :func:`papa_lib.core.decoders.load_decoder`; :func:`load_
 from __future__ import annotations
 
 import os
+import re
 import types
 from collections.abc import Callable
 from contextlib import contextmanager
@@ -372,13 +373,67 @@ def resolve_model_path(name_or_path: str | Path | None) -> tuple[str, str]:
     return packaged_path(name, packaged_model_for, installed, packaged_model_dir) or (name, name)
 
 
+#: The device names papa accepts (a grid file's ``device``, ``--device``): auto, cpu, mps, cuda, cuda:N.
+DEVICE_NAMES = re.compile(r"^(auto|cpu|mps|cuda(:\d+)?)$")
+
+
 def resolve_device(device: str | torch.device | None, default: str = "cpu") -> str:
     """A device name for torch: ``auto`` is ``cuda`` when torch sees a CUDA GPU, else ``cpu``; ``None`` is
-    ``default``; anything else is returned as given (``cpu``, ``cuda:1``, ...)."""
+    ``default``; a name of :data:`DEVICE_NAMES` is returned as given (``cpu``, ``cuda:1``, ...), whether or not this
+    machine has it (a Ray worker may: :func:`check_device` asks this machine); any other name is a
+    :class:`~papa_lib.errors.PapaInputError`."""
     device = default if device is None else str(device)
+    if not DEVICE_NAMES.match(device):
+        raise PapaInputError(f"device {device!r}: use auto, cpu, cuda, cuda:N or mps")
     if device == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
     return device
+
+
+def check_device(device: str | torch.device) -> str:
+    """``device`` (resolved by :func:`resolve_device`) when this machine's torch can use it, else a
+    :class:`~papa_lib.errors.PapaInputError` saying so: before a model is put on it, not in the middle of a run."""
+    device = resolve_device(device)
+    if device.startswith("cuda"):
+        index = int(device.partition(":")[2] or 0)
+        if not torch.cuda.is_available():
+            raise PapaInputError(f"device {device!r}: torch sees no CUDA GPU on this machine; use cpu or auto")
+        if index >= torch.cuda.device_count():
+            raise PapaInputError(f"device {device!r}: torch sees {torch.cuda.device_count()} CUDA GPU(s) here")
+    if device == "mps" and not (getattr(torch.backends, "mps", None) and torch.backends.mps.is_available()):
+        raise PapaInputError("device 'mps': torch sees no Apple GPU (MPS) on this machine; use cpu or auto")
+    return device
+
+
+def missing_model_folder(name_or_path) -> bool:
+    """True when ``name_or_path`` can only name a local folder (absolute, ``./``, ``../``, ``~``, or more ``/`` than
+    a hub id's one) and there is no such folder: a typo that the hub would answer with a puzzling message."""
+    if name_or_path is None:
+        return False
+    name = str(name_or_path)
+    path_like = (Path(name).is_absolute() or name.startswith((".", "~")) or name.count("/") > 1 or "\\" in name)
+    return path_like and not Path(name).expanduser().is_dir()
+
+
+def position_limit(model) -> int | None:
+    """The longest L the model's absolute position embeddings allow (None: relative positions only, no limit)."""
+    config = model.config
+    if getattr(config, "position_biased_input", True) is False:
+        return None
+    limit = getattr(config, "max_position_embeddings", None)
+    if limit is not None:  # RoBERTa-style positions (RoBERTa, XLM-R, MPNet) start after the padding index
+        limit -= adapter_for(config).first_position_id(config)
+    return limit
+
+
+def check_length(model, lengths, where: str = "--max-length") -> None:
+    """A :class:`~papa_lib.errors.PapaInputError` naming ``where`` when a sequence length of ``lengths`` is longer
+    than the model's positions (:func:`position_limit`); ``None`` lengths (the task's default) pass."""
+    limit = position_limit(model)
+    for length in lengths:
+        if limit is not None and length is not None and length > limit:
+            raise PapaInputError(f"{where} {length} is longer than the {limit} positions of {model_id(model)}; "
+                                 f"use {limit} or less")
 
 
 def config_or_packaged(path: str, model_id: str, name_or_path, find, is_installed, folder_of):

@@ -333,6 +333,10 @@ def register_custom_tasks(entries: Any, base: str | Path | None = None, where: s
         except PapaInputError as error:
             raise PapaInputError(f"{here}: {error}") from None
         checked.append(entry)
-    for entry in checked:
-        register_custom_task(entry)
+    for i, entry in enumerate(checked):
+        try:
+            register_custom_task(entry)
+        except FileNotFoundError as error:  # a missing data file: say where the grid file names it
+            missing = "train" if str(entry.train) in str(error) else "validation"
+            raise FileNotFoundError(f"{at(where, root, ('custom_tasks', i, missing))}: {error}") from None
     return checked

@@ -223,12 +223,15 @@ class ResultsStore:
     :meth:`writer_lock`, so several processes may append to the same store at once.
     """
 
-    def __init__(self, root: str | Path):
-        """Open (and create when needed) the store directory ``root``."""
+    def __init__(self, root: str | Path, read_only: bool = False):
+        """Open (and create when needed) the store directory ``root``. ``read_only`` (``papa grid --plan``): create
+        nothing and write nothing; a torn last line is only named (its run counts as not stored)."""
         self.root = Path(root)
+        self.read_only = read_only
         if self.root.exists() and not self.root.is_dir():
             raise NotADirectoryError(f"results store root {self.root} exists and is not a directory")
-        self.root.mkdir(parents=True, exist_ok=True)
+        if not read_only:
+            self.root.mkdir(parents=True, exist_ok=True)
         self.path = self.root / RESULTS_FILENAME
         self._cache_key: tuple | None = None
         self._cache: tuple[list[str], list[dict[str, str]]] = ([], [])
@@ -257,6 +260,9 @@ class ResultsStore:
         header, rows, damaged = self._scan()
         if damaged:
             last = damaged[-1]
+            if len(damaged) == 1 and last.final and self.read_only:
+                notice(f"{self._last_line_words(last)}; a run would set it aside")
+                return header, rows
             if len(damaged) == 1 and last.final:
                 return self._set_aside_torn()
             raise self._damaged(damaged)
@@ -286,12 +292,19 @@ class ResultsStore:
                     raise self._damaged(damaged)
                 side = side_file(self.path, "torn", damaged)
                 self._write_table(header, rows)
-                notice(f"the last line of {self.path} (line {damaged[0].line}) was cut off ({damaged[0].reason}); "
-                       f"set it aside in {side}; its run will be computed again")
+                notice(f"{self._last_line_words(damaged[0])}; set it aside in {side}")
             stat = self.path.stat()
             self._cache_key = (stat.st_ino, stat.st_mtime_ns, stat.st_size)
             self._cache = (header, rows)
         return self._cache
+
+    def _last_line_words(self, last: Damage) -> str:
+        """What a damaged last line is: a repeat of a stored run (kept), or a line cut off (its run runs again)."""
+        if last.reason.startswith("duplicate run_id"):
+            return (f"the last line of {self.path} (line {last.line}) repeats a stored run ({last.reason}); the stored "
+                    "record is kept")
+        return (f"the last line of {self.path} (line {last.line}) was cut off ({last.reason}); its run will be "
+                "computed again")
 
     def repair(self) -> tuple[int, list[int], Path | None]:
         """Keep every intact record and move every damaged line into ``results.csv.damaged-<time>``.

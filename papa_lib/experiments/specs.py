@@ -18,7 +18,6 @@ registered, lengths L of at least 4, positive limits, epochs, batch sizes and le
 from __future__ import annotations
 
 import difflib
-import re
 from pathlib import Path
 from typing import Any, Literal
 
@@ -31,6 +30,7 @@ from pydantic import (
     field_validator,
 )
 
+from ..core.models import DEVICE_NAMES
 from ..errors import PapaInputError
 from .lm import DATA_FREE, LMSettings
 from .matrices import MATRIX_TYPES
@@ -273,9 +273,6 @@ class LanguageModelSpec(_Strict):
     _fractions = _checks_with(_check_fractions, "fractions")
 
 
-_DEVICE = re.compile(r"^(auto|cpu|mps|cuda(:\d+)?)$")
-
-
 class GridSpec(_Strict):
     """A grid file: top-level settings (see :func:`papa_lib.experiments.grid.run_grid`), ``custom_tasks`` and
     ``blocks``. Settings marked per task take one value or a mapping ``{task: value, default: value}``."""
@@ -360,7 +357,7 @@ class GridSpec(_Strict):
     @field_validator("device")
     @classmethod
     def _device(cls, value):
-        if not _DEVICE.match(value):
+        if not DEVICE_NAMES.match(value):
             raise ValueError(f"must be auto, cpu, cuda, cuda:N or mps, got {value!r}")
         return value
 
@@ -499,12 +496,38 @@ def validate_grid(path: str | Path) -> tuple[dict, Any]:
     except yaml.YAMLError as error:
         mark = getattr(error, "problem_mark", None)
         where = f"{path}:{mark.line + 1}" if mark is not None else str(path)
-        raise SpecError(f"{where}: invalid YAML: {' '.join(str(error).split())}") from None
+        problem = ' '.join(str(error).replace('in "<unicode string>", ', "").split())
+        raise SpecError(f"{where}: invalid YAML: {problem}") from None
+    _check_repeated_keys(root, str(path))
     if not isinstance(data, dict):
         raise SpecError(f"{path}:1: a grid file is a mapping of settings with a 'blocks' list, got "
                         f"{type(data).__name__}")
     customs = data.get("custom_tasks") if isinstance(data.get("custom_tasks"), list) else []
     names = [entry["name"] for entry in customs if isinstance(entry, dict) and isinstance(entry.get("name"), str)]
     validate(GridSpec, data, str(path), root, context={"custom_names": names})
+    blocks = [block.get("name") for block in data.get("blocks") or [] if isinstance(block, dict)]
+    for index, name in enumerate(blocks):
+        if name in blocks[:index]:
+            raise SpecError(f"{at(str(path), root, ('blocks', index, 'name'))}: a second block named {name!r} "
+                            f"(line {line_of(root, ('blocks', blocks.index(name), 'name'))}); give each block its own "
+                            "name")
     return data, root
+
+
+def _check_repeated_keys(node, where: str) -> None:
+    """A :class:`SpecError` at the second of two equal keys of one mapping: YAML would keep the last one silently
+    (``seeds: [0]`` and, further down, ``seeds: [0, 1, 2, 3, 4]`` would run five seeds)."""
+    import yaml
+
+    if isinstance(node, yaml.MappingNode):
+        first: dict = {}
+        for key, value in node.value:
+            if isinstance(key, yaml.ScalarNode) and key.value in first:
+                raise SpecError(f"{where}:{key.start_mark.line + 1}: the key {key.value!r} is given twice (first on "
+                                f"line {first[key.value]}); YAML would keep only the last")
+            first.setdefault(key.value, key.start_mark.line + 1)
+            _check_repeated_keys(value, where)
+    elif isinstance(node, yaml.SequenceNode):
+        for item in node.value:
+            _check_repeated_keys(item, where)
 

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ..core.registry import Registry
-from ..errors import PapaError
+from ..errors import PapaError, PapaInputError
 
 # --------------------------------------------------------------------------------------
 # Task specifications (Sec. 4.1, App. B Table 3)
@@ -128,7 +128,7 @@ def task_spec(name: str) -> TaskSpec:
     try:
         return TASKS[name]
     except (KeyError, TypeError):
-        raise ValueError(f"unknown task {name!r}; expected one of {sorted(TASKS)}") from None
+        raise PapaInputError(f"unknown task {name!r}; expected one of {sorted(TASKS)}") from None
 
 
 # --------------------------------------------------------------------------------------

@@ -60,13 +60,12 @@ def load_bench_model(spec: str | None, device: str = "cpu", dtype: str = "fp32")
     """
     from transformers import AutoTokenizer
 
-    from ..core.models import embedded_model_path, load_encoder
+    from ..core.models import check_device, embedded_model_path, load_encoder
     from ..smoke import tiny_model
 
     if dtype not in DTYPES:
         raise ValueError(f"unknown dtype {dtype!r}; choose one of {sorted(DTYPES)}")
-    if str(device).startswith("cuda") and not torch.cuda.is_available():
-        raise ValueError(f"device {device!r} requested but CUDA is not available on this machine")
+    check_device(device)
     spec = spec or os.environ.get(MODEL_ENV) or "minilm"
     if spec == "tiny":
         from ..core.packaged import EMBEDDED_HUB_ID
@@ -88,12 +87,11 @@ def load_bench_decoder(spec: str | None, device: str = "cpu", dtype: str = "fp32
     from transformers import AutoModelForCausalLM, AutoTokenizer, Gemma3TextConfig
 
     from ..core.decoders import load_decoder, mark_causal_tokenizer
-    from ..core.models import embedded_model_path, prepare_model
+    from ..core.models import check_device, embedded_model_path, prepare_model
 
     if dtype not in DTYPES:
         raise ValueError(f"unknown dtype {dtype!r}; choose one of {sorted(DTYPES)}")
-    if str(device).startswith("cuda") and not torch.cuda.is_available():
-        raise ValueError(f"device {device!r} requested but CUDA is not available on this machine")
+    check_device(device)
     spec = spec or DEFAULT_DECODER
     if spec != "tiny":
         return load_decoder(spec, device=device, dtype=DTYPES[dtype])

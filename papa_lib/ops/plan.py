@@ -47,6 +47,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ..errors import PapaInputError
 from ..experiments import tasks
 from ..experiments.features import feature_rows_bytes  # the bytes the store keeps
 from ..experiments.task_specs import TASKS
@@ -167,7 +168,8 @@ def measure_seed_batching(model, device="cpu", seeds: int = 10, tokens: int = 24
 
 def _task_data(task: str, config, tokenizer):
     """(train examples, validation examples, real tokens per example, where the numbers come from)."""
-    if tokenizer is not None and config.data_dir is not None:
+    own_files = TASKS[task].loader is not None  # a task of your own reads its files, whatever data_dir is
+    if tokenizer is not None and (config.data_dir is not None or own_files):
         try:
             train = tasks.load_task(task, "train", data_dir=config.data_dir)
             validation = tasks.load_task(task, "validation", data_dir=config.data_dir, limit=config.eval_limit)
@@ -183,7 +185,9 @@ def _task_data(task: str, config, tokenizer):
                 pairs = train.pairs[:512] if train.pairs is not None else None
                 encoded = encode(tokenizer, train.texts[:512], pairs, max_length=config.max_length)
             tokens = float(encoded["attention_mask"].sum(1).float().mean())
-            return len(train), len(validation), tokens, f"{config.data_dir} (measured)"
+            return len(train), len(validation), tokens, f"{train.source if own_files else config.data_dir} (measured)"
+    if task not in PAPER_TRAIN_SIZES:
+        raise PapaInputError(f"task {task}: its data could not be read to plan it, and the paper gives no size for it")
     return (PAPER_TRAIN_SIZES[task], PAPER_VALIDATION_SIZES[task], TYPICAL_TOKENS[task],
             "paper data sizes (data not at hand; tokens per example typical)")
 
@@ -313,7 +317,11 @@ def _model_for_timing(name: str | None, device: str):
     """(model, tokenizer or None, how it was obtained): the real model (encoder or decoder LM) if its weights load,
     else a random encoder built from its configuration (a local folder or the hub), else a clear error."""
     from ..core.decoders import load_model
+    from ..core.models import check_device, missing_model_folder
 
+    check_device(device)
+    if missing_model_folder(name):
+        raise PapaInputError(f"model folder not found: {name}")
     try:
         model, tokenizer = load_model(name, device=device)
         return model, tokenizer, "weights"
@@ -325,8 +333,8 @@ def _model_for_timing(name: str | None, device: str):
             config = AutoConfig.from_pretrained(name)
         except Exception:  # noqa: BLE001
             if name not in KNOWN_CONFIGURATIONS:
-                raise ValueError(f"no weights and no configuration could be loaded for model {name!r}: pass a local "
-                                 f"folder holding its config.json as --model") from weights_error
+                raise PapaInputError(f"no weights and no configuration could be loaded for model {name!r}: pass a "
+                                     f"local folder holding its config.json as --model") from weights_error
             kind, layers, hidden, heads, intermediate, vocab = KNOWN_CONFIGURATIONS[name]
             config = AutoConfig.for_model(kind, num_hidden_layers=layers, hidden_size=hidden, num_attention_heads=heads,
                                           intermediate_size=intermediate, vocab_size=vocab)
@@ -447,11 +455,12 @@ def saved_work(ws, pending: dict) -> tuple[set, dict]:
 
 
 def plan_grid(spec: dict, overrides: dict | None = None, model_name: str | None = None, results_dir=None,
-              only_seeds=None) -> str:
+              only_seeds=None, length_source: str = "max_length") -> str:
     """The plan of a declared grid as text (see the module docstring); nothing is trained. With ``results_dir``
     (``papa grid`` passes the grid's folder) the runs already stored there are left out of the times; with
-    ``only_seeds`` (``--only-seed``) the plan is that shard's: those of the grid's seeds alone."""
-    from ..core.models import num_layers_and_heads
+    ``only_seeds`` (``--only-seed``) the plan is that shard's: those of the grid's seeds alone. An L longer than the
+    model's positions is refused as the run would refuse it, naming ``length_source``."""
+    from ..core.models import check_length, num_layers_and_heads
     from ..experiments import engine
     from ..experiments.features import default_budget
     from ..experiments.grid import grid_runs, grid_settings, task_config
@@ -461,6 +470,8 @@ def plan_grid(spec: dict, overrides: dict | None = None, model_name: str | None 
     name = model_name or settings.get("model")
     device = settings.get("device", "cpu")
     model, tokenizer, how = _model_for_timing(name, device)
+    lengths = settings.get("max_length")
+    check_length(model, lengths.values() if isinstance(lengths, dict) else [lengths], length_source)
     layers, _ = num_layers_and_heads(model)
     hidden = int(model.config.hidden_size)
     tokens_per_second, step_seconds = measure_throughput(model, device)
@@ -470,7 +481,7 @@ def plan_grid(spec: dict, overrides: dict | None = None, model_name: str | None 
     budget = settings.get("cache_budget") or default_budget()
     done = None
     if results_dir:  # read the stored run ids once, for every task
-        store = ResultsStore(results_dir)
+        store = ResultsStore(results_dir, read_only=True)  # a plan writes nothing, not even a torn line's side file
         done = set(store.run_ids()) if store.path.is_file() else set()
     plans = []
     for task, variants in grid_runs(spec["blocks"]).items():
