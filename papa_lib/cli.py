@@ -185,7 +185,7 @@ def _register_custom(args) -> None:
     given = [f"--{key.replace('_', '-')}" for key in _CUSTOM_OPTIONS if getattr(args, key, None) is not None]
     if args.task != CUSTOM:
         if given:
-            raise UsageError(f"{', '.join(given)} only apply to --task custom")
+            raise UsageError(f"{', '.join(given)} only appl{'ies' if len(given) == 1 else 'y'} to --task custom")
         return
     missing = [f"--{key.replace('_', '-')}" for key in _CUSTOM_OPTIONS[:4] if getattr(args, key) is None]
     if missing:

@@ -153,7 +153,7 @@ def test_missing_file_column_and_options(capsys, tmp_path, pair_files):
     assert papa_error(capsys, ["probe", "--task", "custom", "--train", train, "--validation", dev]) == (
         "papa: error: --task custom needs --text-columns, --label-column")
     assert papa_error(capsys, ["probe", "--task", "sst2", "--train", train]) == (
-        "papa: error: --train only apply to --task custom")
+        "papa: error: --train only applies to --task custom")
 
 
 def test_bad_values(capsys, pair_files):
