@@ -252,9 +252,7 @@ def _check_length(model, lengths, where: str = "--max-length") -> None:
 
 def _load_model(name, device):
     from .core.decoders import load_model
-    from .core.models import check_device
 
-    check_device(device)  # before the model loads, not in the middle of a run
     try:
         return load_model(name, device=device)
     except OSError as error:  # transformers' "not found / could not connect" (an unreachable hub), a bad folder

@@ -20,6 +20,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
+from ..errors import PapaInputError
 from .models import adapter_for, model_id, model_inputs, num_layers_and_heads, run_backbone
 
 
@@ -40,9 +41,9 @@ class ConstantAttention:
 
     def __post_init__(self):
         if self.matrices.dim() != 4 or self.matrices.shape[-1] != self.matrices.shape[-2]:
-            raise ValueError(f"matrices must have shape [layers, heads, L, L], got {tuple(self.matrices.shape)}")
+            raise PapaInputError(f"matrices must have shape [layers, heads, L, L], got {tuple(self.matrices.shape)}")
         if tuple(self.counts.shape) != tuple(self.matrices.shape[-2:]):
-            raise ValueError(
+            raise PapaInputError(
                 f"counts must have shape [L, L] = {tuple(self.matrices.shape[-2:])}, got {tuple(self.counts.shape)}"
             )
 
@@ -62,12 +63,12 @@ class ConstantAttention:
         """Raise ``ValueError`` if these matrices do not fit ``model`` (layers x heads) or an input width L."""
         layers, heads = num_layers_and_heads(model)
         if (layers, heads) != (self.num_layers, self.num_heads):
-            raise ValueError(
+            raise PapaInputError(
                 f"constant matrices are for {self.num_layers} layers x {self.num_heads} heads "
                 f"(model {self.metadata.get('model', '?')!r}) but the model has {layers} layers x {heads} heads"
             )
         if max_length is not None and max_length != self.max_length:
-            raise ValueError(
+            raise PapaInputError(
                 f"constant matrices were built at max_length L={self.max_length} but the input has L={max_length}"
             )
 
@@ -91,12 +92,15 @@ class ConstantAttention:
             raise FileNotFoundError(f"no constant-attention file at {path}")
         from safetensors import safe_open
 
-        with safe_open(str(path), framework="pt") as handle:
-            raw_meta = handle.metadata() or {}
-        tensors = load_file(str(path))
+        try:
+            with safe_open(str(path), framework="pt") as handle:
+                raw_meta = handle.metadata() or {}
+            tensors = load_file(str(path))
+        except Exception as error:  # noqa: BLE001 - safetensors' own errors do not name the file
+            raise PapaInputError(f"{path} is not a safetensors file of constant matrices ({error})") from error
         missing = {"matrices", "counts"} - set(tensors)
         if missing:
-            raise ValueError(f"{path} is not a PAPA constant-attention file: missing tensors {sorted(missing)}")
+            raise PapaInputError(f"{path} is not a PAPA constant-attention file: missing tensors {sorted(missing)}")
         metadata = {}
         for key, value in raw_meta.items():
             try:
@@ -157,8 +161,9 @@ class PadAwareAverage:
             self.counts = torch.zeros(width, width, dtype=torch.float64,
                                       device=device)
         elif width != self.length:
-            raise ValueError(f"all batches must have the same width L; "
-                             f"got {width} after {self.length}")
+            raise PapaInputError(f"all batches must have the same width L; got {width} after {self.length}")
+        elif layout is not None and self.layout is not None and layout != self.layout:
+            raise PapaInputError(f"all batches must have the same layout; got {layout!r} after {self.layout!r}")
         if not packed:
             pair = pair_mask(attention_mask)
             # float32 sums per batch (float64 when given float64)
@@ -188,8 +193,8 @@ class PadAwareAverage:
         """``(C [layers, heads, L, L] float64, counts [L, L] int64)``: Eq. 2 so far; an empty corpus raises
         ``ValueError``."""
         if self.num_examples == 0:
-            raise ValueError(
-                f"{self.kind} averaging got an empty corpus: no batches (or only empty ones) to average over"
+            raise PapaInputError(
+                f"the {self.kind} matrices got an empty corpus: no batches (or only empty ones) to average over"
             )
         stacked = torch.stack([s.clone() for s in self.sums])  # plain tensors, editable outside inference mode
         zero = torch.zeros((), dtype=stacked.dtype, device=stacked.device)
@@ -240,10 +245,14 @@ def average_attention(
     itself (entry (i, j > i) and entries outside a local layer's window are 0); its bare decoder runs, not the LM head,
     and batches are right-padded (:func:`papa_lib.encode`'s ``"causal"`` layout).
     """
+    from collections.abc import Mapping
     from contextlib import nullcontext
 
     from tqdm.auto import tqdm
 
+    if isinstance(batches, Mapping):  # iterating one batch would give its keys
+        raise PapaInputError("average_attention takes a list (or other iterable) of batches, e.g. [batch], not one "
+                             "batch")
     if adapter_for(model).causal:
         from .override import override
 
@@ -251,10 +260,17 @@ def average_attention(
     else:
         seam = nullcontext()
     average = PadAwareAverage(*num_layers_and_heads(model))
-    with torch.inference_mode(), seam:
-        for batch in tqdm(batches, total=total, disable=not progress, desc="averaging attention", unit="batch"):
-            inputs = model_inputs(model, batch)
-            outputs = run_backbone(model, inputs, output_attentions=True)
-            average.add(enumerate(outputs.attentions), inputs["attention_mask"], getattr(batch, "layout", None),
-                        positions=getattr(batch, "positions", None), length=getattr(batch, "length", None))
+    training = model.training  # dropout would make C random: average in eval mode, then restore the mode
+    model.eval()
+    try:
+        with torch.inference_mode(), seam:
+            for batch in tqdm(batches, total=total, disable=not progress, desc="averaging attention", unit="batch"):
+                if batch["input_ids"].shape[0] == 0:  # an empty batch adds nothing
+                    continue
+                inputs = model_inputs(model, batch)
+                outputs = run_backbone(model, inputs, output_attentions=True)
+                average.add(enumerate(outputs.attentions), inputs["attention_mask"], getattr(batch, "layout", None),
+                            positions=getattr(batch, "positions", None), length=getattr(batch, "length", None))
+    finally:
+        model.train(training)
     return average.result(model, source)

@@ -226,8 +226,9 @@ def load_decoder(
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from .models import UnsupportedModelError, config_or_packaged
+    from .models import UnsupportedModelError, check_device, config_or_packaged
 
+    check_device(device)  # before the weights load
     path, model_id = resolve_decoder_path(name_or_path)
     config, path, model_id = config_or_packaged(path, model_id, name_or_path, packaged_decoder_for,
                                                 decoder_installed, decoder_model_dir)
@@ -263,8 +264,6 @@ def load_model(
     :func:`load_decoder`; anything else, ``None`` (the embedded all-MiniLM-L6-v2) included, with
     :func:`~papa_lib.core.models.load_encoder`. Returns ``(model, tokenizer)``, as both loaders do.
     """
-    if models.missing_model_folder(name_or_path):
-        raise PapaInputError(f"model folder not found: {name_or_path}")
     if name_or_path is not None and str(name_or_path) in DECODER_NAMES:
         return load_decoder(name_or_path, device=device, dtype=dtype)
     try:
@@ -293,7 +292,7 @@ def next_token_nll(model: nn.Module, batch: dict, *, chunk_size: int = 256) -> t
     measurement: nothing is kept for a backward pass).
     """
     if chunk_size < 1:
-        raise ValueError(f"chunk_size must be positive, got {chunk_size}")
+        raise PapaInputError(f"chunk_size must be positive, got {chunk_size}")
     with torch.inference_mode():
         head, states, targets = _predictions(model, batch)
         total = torch.zeros((), dtype=torch.float64, device=states.device)
@@ -314,7 +313,7 @@ def next_token_nll_backward(model: nn.Module, batch: dict, *, chunk_size: int = 
     (:mod:`papa_lib.experiments.lm`).
     """
     if chunk_size < 1:
-        raise ValueError(f"chunk_size must be positive, got {chunk_size}")
+        raise PapaInputError(f"chunk_size must be positive, got {chunk_size}")
     head, states, targets = _predictions(model, batch)
     count = int(targets.shape[0])
     if count == 0:
@@ -337,7 +336,14 @@ def _predictions(model: nn.Module, batch: dict) -> tuple[nn.Module, torch.Tensor
     base = getattr(model, "base_model", None)
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     if base is None or base is model or head is None:
-        raise ValueError(f"{type(model).__name__} has no LM head; load the decoder with papa_lib.load_decoder")
+        raise PapaInputError(f"{type(model).__name__} has no LM head; load the decoder with papa_lib.load_decoder")
+    if not adapter_for(model).causal:  # a masked LM sees the token it would predict: its "NLL" means nothing
+        raise PapaInputError(f"{type(model).__name__} is not a causal decoder LM; next-token NLL needs one "
+                             "(papa_lib.load_decoder)")
+    layout = getattr(batch, "layout", None)
+    if layout not in (None, "causal"):
+        raise PapaInputError(f"a batch in the {layout!r} layout; a decoder reads the 'causal' one "
+                             "(papa_lib.encode(..., layout='causal'), the default for load_decoder's tokenizer)")
     device = model_device(model)
     ids = batch["input_ids"].to(device)
     mask = batch.get("attention_mask")

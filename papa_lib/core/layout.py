@@ -30,6 +30,8 @@ from dataclasses import dataclass
 
 import torch
 
+from ..errors import PapaInputError
+
 LAYOUTS = ("papa", "standard", "causal")
 #: The separator of a decoder pair when none is declared.
 DEFAULT_SEPARATOR = "\n"
@@ -98,7 +100,7 @@ def special_token_template(tokenizer) -> SpecialTokenTemplate:
     if cached is not None:
         return cached
     if tokenizer.pad_token_id is None:
-        raise ValueError(f"tokenizer {type(tokenizer).__name__} has no pad token; PAPA's layout needs one")
+        raise PapaInputError(f"tokenizer {type(tokenizer).__name__} has no pad token; PAPA's layout needs one")
     text_a, text_b = "hello there", "good morning"
     ids_a = tokenizer(text_a, add_special_tokens=False)["input_ids"]
     ids_b = tokenizer(text_b, add_special_tokens=False)["input_ids"]
@@ -129,9 +131,17 @@ def special_token_template(tokenizer) -> SpecialTokenTemplate:
     return template
 
 
-def _tokenize(tokenizer, texts: Sequence[str]) -> list[list[int]]:
+def _check_texts(texts, what: str = "texts") -> None:
+    """A :class:`~papa_lib.errors.PapaInputError` unless ``texts`` is a sequence of strings, naming the first item
+    that is not one (one string is not a sequence of texts: it would be read character by character)."""
     if isinstance(texts, str):
-        raise TypeError("texts must be a sequence of strings, not one string")
+        raise PapaInputError(f"{what} must be a list of strings, not one string")
+    bad = next((i for i, text in enumerate(texts) if not isinstance(text, str)), None)
+    if bad is not None:
+        raise PapaInputError(f"{what}[{bad}] is {type(texts[bad]).__name__} {texts[bad]!r}, not a string")
+
+
+def _tokenize(tokenizer, texts: Sequence[str]) -> list[list[int]]:
     if len(texts) == 0:
         return []
     return list(tokenizer(list(texts), add_special_tokens=False)["input_ids"])
@@ -159,8 +169,9 @@ def _place_pair(t: SpecialTokenTemplate, ids_a: list[int], ids_b: list[int], len
     half = length // 2
     room_a = half - len(t.prefix)
     room_b = length - half - len(t.middle) - len(t.suffix)
-    if room_a < 0 or room_b < 0:
-        raise ValueError(f"max_length={length} is too short for a pair with this tokenizer's special tokens")
+    if room_a < 1 or room_b < 1:  # no room for one token of a text: it would vanish without a word
+        raise PapaInputError(f"max_length={length} leaves no room for both texts of a pair beside this tokenizer's "
+                             "special tokens")
     truncated = len(ids_a) > room_a or len(ids_b) > room_b
     ids_a, ids_b = ids_a[:room_a], ids_b[:room_b]
     row = [t.pad_id] * length
@@ -219,11 +230,13 @@ def _to_batch(rows, masks, types, template, layout, length, num_truncated, word_
 
 def _check_args(layout: str, max_length: int, pairs_given: bool) -> None:
     if layout not in LAYOUTS:
-        raise ValueError(f"unknown layout {layout!r}; choose one of {LAYOUTS}")
+        raise PapaInputError(f"unknown layout {layout!r}; choose one of {LAYOUTS}")
+    if isinstance(max_length, bool) or not isinstance(max_length, int):
+        raise PapaInputError(f"max_length must be an integer, got {max_length!r}")
     if max_length < 4:
-        raise ValueError(f"max_length must be at least 4, got {max_length}")
+        raise PapaInputError(f"max_length must be at least 4, got {max_length}")
     if pairs_given and layout == "papa" and max_length % 2:  # the causal layout has no middle
-        raise ValueError(
+        raise PapaInputError(
             f"the PAPA pair layout puts the middle separator at L/2, so max_length must be even (got {max_length})"
         )
 
@@ -232,7 +245,8 @@ def _encode_causal(tokenizer, texts, pairs, max_length: int, separator: str | No
     """The decoder layout: ``[bos] a [separator b] [PAD]...``, right-padded to ``max_length``."""
     bos = tokenizer.bos_token_id
     if bos is None:
-        raise ValueError(f"tokenizer {type(tokenizer).__name__} has no bos token; the decoder layout starts with one")
+        raise PapaInputError(f"tokenizer {type(tokenizer).__name__} has no bos token; the decoder layout starts with "
+                             "one")
     pad = next(i for i in (tokenizer.pad_token_id, tokenizer.eos_token_id, bos) if i is not None)
     separator = DEFAULT_SEPARATOR if separator is None else separator
     sep = list(tokenizer(separator, add_special_tokens=False)["input_ids"]) if pairs is not None and separator else []
@@ -247,7 +261,7 @@ def _encode_causal(tokenizer, texts, pairs, max_length: int, separator: str | No
         else:
             b, room = list(b), max_length - 1 - len(sep)
             if room < 0:
-                raise ValueError(f"max_length={max_length} is too short for a pair joined by {separator!r}")
+                raise PapaInputError(f"max_length={max_length} is too short for a pair joined by {separator!r}")
             truncated = len(a) + len(b) > room
             while len(a) + len(b) > room:
                 (a if len(a) >= len(b) else b).pop()
@@ -304,10 +318,13 @@ def encode(
     if layout is None:
         layout = getattr(tokenizer, "papa_layout", None) or "papa"
     _check_args(layout, max_length, pairs is not None)
+    _check_texts(texts)
+    if pairs is not None:
+        _check_texts(pairs, "pairs")
     if pairs is not None and len(pairs) != len(texts):
-        raise ValueError(f"got {len(texts)} texts but {len(pairs)} pairs")
+        raise PapaInputError(f"got {len(texts)} texts but {len(pairs)} pairs")
     if separator is not None and layout != "causal":
-        raise ValueError(f"a separator is declared for the decoder layout only (layout='causal'), not {layout!r}")
+        raise PapaInputError(f"a separator is declared for the decoder layout only (layout='causal'), not {layout!r}")
     if layout == "causal":
         batch = _encode_causal(tokenizer, texts, pairs, max_length, separator)
         return batch if model is None else for_model(batch, model)
@@ -342,7 +359,14 @@ def encode_words(
     """
     _check_args(layout, max_length, False)
     if layout == "causal":
-        raise ValueError("encode_words supports the encoder layouts 'papa' and 'standard', not 'causal'")
+        raise PapaInputError("encode_words supports the encoder layouts 'papa' and 'standard', not 'causal'")
+    if isinstance(sentences, str):
+        raise PapaInputError("sentences must be a list of sentences, each a list of words, not one string")
+    for index, words in enumerate(sentences):  # a string would be split into characters, one "word" each
+        if isinstance(words, str):
+            raise PapaInputError(f"sentences[{index}] is a string; each sentence is a list of words, e.g. "
+                                 f"{words.split()[:3]!r}")
+        _check_texts(words, f"sentences[{index}]")
     template = special_token_template(tokenizer)
     flat = [(w if i == 0 else " " + w) for words in sentences for i, w in enumerate(words)]
     flat_ids = _tokenize(tokenizer, flat)
@@ -375,7 +399,7 @@ def encode_words(
 def batched(encoded: EncodedBatch, batch_size: int):
     """Split an :class:`EncodedBatch` into consecutive batches of at most ``batch_size`` rows."""
     if batch_size < 1:
-        raise ValueError("batch_size must be positive")
+        raise PapaInputError("batch_size must be positive")
     n = encoded.batch_size
     for start in range(0, n, batch_size):
         part = {k: v[start : start + batch_size] for k, v in encoded.items()}

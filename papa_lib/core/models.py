@@ -237,11 +237,13 @@ def register_adapter(adapter: ArchitectureAdapter, *, replace: bool = False) -> 
         ValueError: the type is already registered (pass ``replace=True`` to replace it) or the route is unknown.
     """
     if adapter.route not in ("interface", "probs_hook"):
-        raise ValueError(f"unknown route {adapter.route!r}: 'interface' or 'probs_hook'")
+        raise PapaInputError(f"unknown route {adapter.route!r}: 'interface' or 'probs_hook'")
     if adapter.mask not in ("pair", "additive"):
-        raise ValueError(f"unknown mask {adapter.mask!r}: 'pair' or 'additive'")
+        raise PapaInputError(f"unknown mask {adapter.mask!r}: 'pair' or 'additive'")
+    if adapter.position_offset not in ("none", "padding_idx"):  # anything else read as "none": wrong positions
+        raise PapaInputError(f"unknown position_offset {adapter.position_offset!r}: 'none' or 'padding_idx'")
     if adapter.model_type in _ADAPTERS and not replace:
-        raise ValueError(f"an adapter for {adapter.model_type!r} is already registered (replace=True replaces it)")
+        raise PapaInputError(f"an adapter for {adapter.model_type!r} is already registered (replace=True replaces it)")
     _ADAPTERS[adapter.model_type] = adapter
     return adapter
 
@@ -442,6 +444,8 @@ def config_or_packaged(path: str, model_id: str, name_or_path, find, is_installe
     installed, ``folder_of`` where it is assembled): the encoders' and the decoders' loaders share this."""
     from transformers import AutoConfig
 
+    if missing_model_folder(name_or_path):  # the hub would answer "Repo id must be in the form ..."
+        raise PapaInputError(f"model folder not found: {name_or_path}")
     try:
         return AutoConfig.from_pretrained(path), path, model_id
     except OSError:  # an unreachable hub: a packaged copy of the same model, when installed, stands in
@@ -487,6 +491,7 @@ def load_encoder(
     """
     from transformers import AutoModel, AutoModelForMaskedLM, AutoTokenizer
 
+    check_device(device)  # before the weights load
     if name_or_path is not None and str(name_or_path) in DECODER_NAMES:
         raise DecoderModelError(
             f"{str(name_or_path)!r} is a decoder LM, not an encoder: load it with papa_lib.load_decoder"
@@ -570,14 +575,14 @@ def check_position_ids(batch, model) -> None:
     positions = getattr(batch, "positions", None)
     if positions is None:
         if tuple(carried.shape[-1:]) != tuple(mask.shape[-1:]):
-            raise ValueError(f"position_ids of width {carried.shape[-1]} for a batch of width {mask.shape[-1]}")
+            raise PapaInputError(f"position_ids of width {carried.shape[-1]} for a batch of width {mask.shape[-1]}")
         positions = torch.arange(mask.shape[1], device=mask.device).expand_as(mask)
     real = mask & (positions >= 0)
     offsets = (carried.to(positions.device).expand_as(positions) - positions)[real]
     first = adapter_for(model).first_position_id(model.config)
     if offsets.numel() and not bool((offsets == first).all()):
         found = sorted({int(v) for v in offsets.unique()[:3]})
-        raise ValueError(
+        raise PapaInputError(
             f"the batch's position_ids are not App. A positions for this {model.config.model_type} model (position "
             f"id = App. A position + {first}; found offsets {found}): encode the batch for this model "
             "(papa_lib.encode(..., model=model)) or drop its position_ids"
@@ -604,6 +609,21 @@ def run_backbone(model: nn.Module, inputs: dict, **kwargs):
     return model(**inputs, **kwargs)
 
 
+def check_batch_fits(batch, model) -> None:
+    """A :class:`~papa_lib.errors.PapaInputError` when ``batch`` cannot run on ``model``: longer than its positions
+    (:func:`position_limit`), or token ids outside its vocabulary (another model's tokenizer). Without it torch
+    stops deep inside the embedding with "index out of range in self"."""
+    ids = batch["input_ids"]
+    limit = position_limit(model)
+    if limit is not None and ids.shape[-1] > limit:
+        raise PapaInputError(f"a batch of L = {ids.shape[-1]} is longer than the {limit} positions of "
+                             f"{model_id(model)}; encode it with max_length={limit} or less")
+    vocabulary = getattr(model.config, "vocab_size", None)
+    if vocabulary and ids.numel() and int(ids.max()) >= vocabulary:
+        raise PapaInputError(f"token id {int(ids.max())} is outside the {vocabulary}-entry vocabulary of "
+                             f"{model_id(model)}: the batch was encoded with another model's tokenizer")
+
+
 def with_app_a_positions(inputs, batch, model):
     """``inputs`` (a dict of ``batch``'s tensors, or the batch itself) made right for ``model``, in place: no
     ``token_type_ids`` where the model has no segment embedding, and App. A ``position_ids``
@@ -611,6 +631,7 @@ def with_app_a_positions(inputs, batch, model):
     carries are checked (:func:`check_position_ids`), never replaced. The one place positions are decided."""
     if not adapter_for(prepare_model(model)).uses_token_type_ids:
         inputs.pop("token_type_ids", None)
+    check_batch_fits(batch, model)
     if "position_ids" in inputs:
         check_position_ids(batch, model)
     else:

@@ -58,6 +58,7 @@ from contextlib import contextmanager
 import torch
 from torch import nn
 
+from ..errors import PapaInputError
 from .fastpath import (
     causal_band,
     causal_eager_weights,
@@ -78,29 +79,40 @@ _IMPLEMENTATION = "papa"
 
 def toeplitz_matrix(length: int, dtype=torch.float32, device=None) -> torch.Tensor:
     """The Toeplitz matrix T_qk = 1 / (|q - k| + 1) of Sec. 5.2 (harmonic decay away from the diagonal)."""
+    if isinstance(length, bool) or not isinstance(length, int) or length < 0:
+        raise PapaInputError(f"toeplitz_matrix: length must be a non-negative integer, got {length!r}")
     positions = torch.arange(length, device=device)
     return 1.0 / ((positions[:, None] - positions[None, :]).abs().to(dtype) + 1.0)
 
 
 def _resolve_plan(num_layers: int, num_heads: int, heads, mode: str) -> dict[tuple[int, int], str]:
     """Turn ``heads``/``mode`` into ``{(layer, head): mode}`` for every head that is not ``original``."""
+    if mode not in MODES:  # checked even when no head is listed: a fraction-1 run of a sweep would hide the typo
+        raise PapaInputError(f"unknown mode {mode!r}; choose one of {MODES}")
     if isinstance(heads, Mapping):
         items = list(heads.items())
     elif isinstance(heads, str):
         if heads != "all":
-            raise ValueError(f"heads must be 'all', an iterable of (layer, head) or a mapping; got {heads!r}")
+            raise PapaInputError(f"heads must be 'all', an iterable of (layer, head) or a mapping; got {heads!r}")
         items = [((layer, h), mode) for layer in range(num_layers) for h in range(num_heads)]
     else:
-        items = [(tuple(lh), mode) for lh in heads]
+        if isinstance(heads, tuple) and len(heads) == 2 and all(isinstance(i, int) for i in heads):
+            raise PapaInputError(f"heads={heads!r}: pass a list of (layer, head) pairs, e.g. [{heads!r}]")
+        items = []
+        for lh in heads:
+            if isinstance(lh, (str, bytes)) or not hasattr(lh, "__len__"):
+                raise PapaInputError(f"a head is a (layer, head) pair, got {lh!r} (heads: a list of pairs, e.g. "
+                                     "[(0, 1)])")
+            items.append((tuple(lh), mode))
     plan: dict[tuple[int, int], str] = {}
     for key, head_mode in items:
         if len(key) != 2:
-            raise ValueError(f"a head is a (layer, head) pair, got {key!r}")
+            raise PapaInputError(f"a head is a (layer, head) pair, got {key!r}")
         layer, head = int(key[0]), int(key[1])
         if not (0 <= layer < num_layers and 0 <= head < num_heads):
-            raise ValueError(f"head {(layer, head)} is outside the model's {num_layers} layers x {num_heads} heads")
+            raise PapaInputError(f"head {(layer, head)} is outside the model's {num_layers} layers x {num_heads} heads")
         if head_mode not in MODES:
-            raise ValueError(f"unknown mode {head_mode!r} for head {(layer, head)}; choose one of {MODES}")
+            raise PapaInputError(f"unknown mode {head_mode!r} for head {(layer, head)}; choose one of {MODES}")
         if head_mode != "original":
             plan[(layer, head)] = head_mode
     return plan
@@ -139,22 +151,24 @@ class AttentionOverride(nn.Module):
             if hasattr(matrices, "check_compatible"):
                 matrices.check_compatible(model)
             if tensor.dim() != 4 or tuple(tensor.shape[:2]) != (self.num_layers, self.num_heads):
-                raise ValueError(
+                raise PapaInputError(
                     f"matrices must have shape [layers={self.num_layers}, heads={self.num_heads}, L, L]; "
                     f"got {tuple(tensor.shape)}"
                 )
             if tensor.shape[-1] != tensor.shape[-2]:
-                raise ValueError(f"matrices must be square in their last two dims; got {tuple(tensor.shape)}")
+                raise PapaInputError(f"matrices must be square in their last two dims; got {tuple(tensor.shape)}")
+            if not bool(torch.isfinite(tensor).all()):
+                raise PapaInputError("matrices hold NaN or infinite entries: every output would be NaN")
             tensor = tensor.detach().to(device=device, dtype=torch.float32)
         used_modes = set(self.plan.values())
         needs_average = {"constant", "mix"} & used_modes or ("trainable" in used_modes and trainable_init == "average")
         if needs_average and tensor is None:
-            raise ValueError(f"modes {sorted(used_modes)} need constant matrices (pass `matrices`)")
+            raise PapaInputError(f"modes {sorted(used_modes)} need constant matrices (pass `matrices`)")
         if trainable_init not in ("average", "toeplitz"):
-            raise ValueError(f"trainable_init must be 'average' or 'toeplitz', got {trainable_init!r}")
+            raise PapaInputError(f"trainable_init must be 'average' or 'toeplitz', got {trainable_init!r}")
         self.length = int(tensor.shape[-1]) if tensor is not None else max_length
         if "trainable" in used_modes and self.length is None:
-            raise ValueError("trainable matrices need a size: pass `matrices` or `max_length`")
+            raise PapaInputError("trainable matrices need a size: pass `matrices` or `max_length`")
 
         self.theta = nn.Parameter(torch.zeros(self.num_layers, self.num_heads, device=device))
         codes = torch.zeros(self.num_layers, self.num_heads, dtype=torch.long)
@@ -219,7 +233,7 @@ class AttentionOverride(nn.Module):
             and (length > self.length if self.causal else length != self.length)
             and any(m in ("constant", "mix", "trainable") for m in modes)
         ):
-            raise ValueError(
+            raise PapaInputError(
                 f"constant matrices were built at max_length L={self.length} but the input has L={length}; "
                 f"encode with max_length={self.length} or rebuild the matrices"
             )
@@ -266,7 +280,7 @@ class AttentionOverride(nn.Module):
             top = int(positions.max()) + 1 if positions.numel() else 1
             length = self.length if self.length is not None else top
             if top > length:
-                raise ValueError(f"a token sits at App. A position {top - 1}, beyond the matrices' L={length}")
+                raise PapaInputError(f"a token sits at App. A position {top - 1}, beyond the matrices' L={length}")
             index = positions.clamp(0, length - 1)
             full = self._replacement_source(layer, length, device, dtype)  # [H, L, L]
             source = full[:, index[:, :, None], index[:, None, :]].transpose(0, 1)  # [B, H, W, W]
@@ -324,6 +338,9 @@ class AttentionOverride(nn.Module):
         modules = self_attention_modules(model)
         if any(getattr(m, "_papa_state", None) is not None for m in modules):
             raise RuntimeError("an attention override is already active on this model; overrides do not nest")
+        if num_layers_and_heads(model) != (self.num_layers, self.num_heads):
+            raise PapaInputError(f"this override was built for {self.num_layers} layers x {self.num_heads} heads; the "
+                                 f"model has {' x '.join(map(str, num_layers_and_heads(model)))}")
         undo = []
         first_position = adapter.first_position_id(model.config)
 
@@ -460,7 +477,7 @@ def _causal_attention(state, module, query, key, value, attention_mask, scaling,
     override_, layer = state
     batch, heads, length, _ = query.shape
     if key.shape[-2] != length:
-        raise ValueError(
+        raise PapaInputError(
             f"the PAPA override runs whole sequences: got {length} queries for {key.shape[-2]} keys (a KV cache?); "
             "call the model with use_cache=False and the full input"
         )

@@ -23,7 +23,7 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import PapaError
+from ..errors import PapaError, PapaInputError
 from .artefacts import checksum
 
 
@@ -146,7 +146,7 @@ def cache_folder(model, registry: dict, what: str, root: Path | None = None):
     if isinstance(model, str):
         found = packaged_for(model, registry)
         if found is None:
-            raise ValueError(f"no packaged {what} named {model!r}; known: {', '.join(registry)}")
+            raise PapaInputError(f"no packaged {what} named {model!r}; known: {', '.join(registry)}")
         model = found
     root = Path(root) if root is not None else cache_root()
     return model, root / f"{model.name}-{model.sha256[:12]}"

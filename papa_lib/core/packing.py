@@ -28,6 +28,7 @@ from types import SimpleNamespace
 
 import torch
 
+from ..errors import PapaInputError
 from .models import adapter_for, check_position_ids, prepare_model
 
 __all__ = ["PackedBatch", "pack", "packing_notice", "supports_packing", "unpack"]
@@ -80,8 +81,9 @@ def _carried_offset(position_ids: torch.Tensor, length: int) -> int:
     offsets = position_ids - torch.arange(length, device=position_ids.device)
     first = int(offsets.flatten()[0]) if offsets.numel() else 0
     if not bool((offsets == first).all()):
-        raise ValueError("the batch's position_ids are not App. A positions (arange(L) plus the model's first position "
-                         "id on every row): encode it with papa_lib.encode(..., model=model) or pass pack(..., model=)")
+        raise PapaInputError("the batch's position_ids are not App. A positions (arange(L) plus the model's first "
+                             "position id on every row): encode it with papa_lib.encode(..., model=model) or pass "
+                             "pack(..., model=)")
     return first
 
 
@@ -103,14 +105,16 @@ def pack(batch, model=None) -> PackedBatch:
             ``model`` and no ``position_ids``) or whose ``position_ids`` are not App. A positions (for ``model``), or
             a row with no real token.
     """
+    if isinstance(batch, PackedBatch):
+        raise PapaInputError("this batch is packed already: pack the padded batch it came from")
     mask = batch["attention_mask"].bool()
     size, length = mask.shape
     carried = batch.get("position_ids")
     if model is not None:
         adapter = adapter_for(prepare_model(model))
         if not adapter.packable:
-            raise ValueError(f"{model.config.model_type} computes relative positions from sequence indices and "
-                             "cannot run packed; run the padded batch")
+            raise PapaInputError(f"{model.config.model_type} computes relative positions from sequence indices and "
+                                 "cannot run packed; run the padded batch")
         first = adapter.first_position_id(model.config)
         check_position_ids(batch, model)
     elif carried is not None:
@@ -118,18 +122,18 @@ def pack(batch, model=None) -> PackedBatch:
     else:
         encoded_for = getattr(batch, "model_type", None)
         if encoded_for is not None and not adapter_for(SimpleNamespace(model_type=encoded_for)).packable:
-            raise ValueError(f"{encoded_for} computes relative positions from sequence indices and cannot run "
-                             "packed; run the padded batch")
-        raise ValueError("pack cannot know this batch's position ids (BERT numbers them from 0, RoBERTa-style models "
-                         "from pad_token_id + 1): pass the model, pack(batch, model=model), or encode the batch "
-                         "for it, papa_lib.encode(..., model=model)")
+            raise PapaInputError(f"{encoded_for} computes relative positions from sequence indices and cannot run "
+                                 "packed; run the padded batch")
+        raise PapaInputError("pack cannot know this batch's position ids (BERT numbers them from 0, RoBERTa-style "
+                             "models from pad_token_id + 1): pass the model, pack(batch, model=model), or encode the "
+                             "batch for it, papa_lib.encode(..., model=model)")
     counts = mask.sum(1)
     if size and int(counts.min()) == 0:
-        raise ValueError("a row of the batch has no real token: nothing to pack")
+        raise PapaInputError("a row of the batch has no real token: nothing to pack")
     width = max(int(counts.max()) if size else 0, 1)
     # real columns first, in App. A order; padding columns after them
     order = torch.argsort((~mask).to(torch.int8), dim=1, stable=True)[:, :width]
-    real = torch.arange(width)[None, :] < counts[:, None]
+    real = torch.arange(width, device=mask.device)[None, :] < counts[:, None]
     positions = torch.where(real, order, torch.full_like(order, -1))
     keys = [k for k in _MODEL_KEYS if k in batch and batch[k] is not None]
     if model is not None and not adapter_for(model).uses_token_type_ids:
@@ -140,8 +144,9 @@ def pack(batch, model=None) -> PackedBatch:
     tensors["position_ids"] = torch.where(real, order + first, torch.full_like(order, pad_position))
     word_index = getattr(batch, "word_index", None)
     if word_index is not None:
-        column = torch.full((size, length), -1, dtype=torch.long)
-        column.scatter_(1, order, torch.arange(width).expand(size, width).clone())
+        column = torch.full((size, length), -1, dtype=torch.long, device=order.device)
+        column.scatter_(1, order, torch.arange(width, device=order.device).expand(size, width).clone())
+        word_index = word_index.to(order.device)
         word_index = torch.where(word_index >= 0, torch.gather(column, 1, word_index.clamp_min(0)), word_index)
     return PackedBatch(tensors, positions=positions, real=real, length=length, word_index=word_index,
                        layout=getattr(batch, "layout", None))
@@ -149,6 +154,12 @@ def pack(batch, model=None) -> PackedBatch:
 
 def unpack(hidden: torch.Tensor, packed: PackedBatch) -> torch.Tensor:
     """Scatter ``[B, W, ...]`` back to ``[B, L, ...]`` at the App. A positions, zeros at padding."""
+    if not isinstance(packed, PackedBatch):
+        raise PapaInputError(f"unpack(hidden, packed): packed must be the PackedBatch that pack() gave, got "
+                             f"{type(packed).__name__}")
+    if tuple(hidden.shape[:2]) != tuple(packed.real.shape):
+        raise PapaInputError(f"hidden states of shape {tuple(hidden.shape)} do not fit the packed batch's "
+                             f"{tuple(packed.real.shape)} (rows, width): unpack the outputs of that packed batch")
     out = hidden.new_zeros((hidden.shape[0], packed.length, *hidden.shape[2:]))
     real = packed.real.to(hidden.device)
     rows = torch.arange(hidden.shape[0], device=hidden.device)[:, None].expand_as(real)

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..errors import PapaInputError
+
 __all__ = ["Registry", "extensions", "install", "seal_builtins"]
 
 #: Every registry, by what it holds ("task", "matrix type", ...).
@@ -41,7 +43,7 @@ class Registry(dict):
     def lookup(self, name: str) -> Any:
         """The entry registered as ``name``; ``ValueError`` naming the choices otherwise."""
         if name not in self:
-            raise ValueError(f"unknown {self.what} {name!r}; choose one of {tuple(self)}")
+            raise PapaInputError(f"unknown {self.what} {name!r}; choose one of {tuple(self)}")
         return self[name]
 
     def __reduce__(self):  # pickles as a plain dict: a copy must not register itself as the registry
