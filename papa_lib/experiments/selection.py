@@ -31,6 +31,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from ..errors import PapaInputError
 from .probes import check_positive_int
 
 __all__ = [
@@ -52,14 +53,14 @@ PAPER_FRACTIONS = (1.0, 0.5, 0.125, 0.0625, 0.0)
 def _lambda_values(lambdas: Any, num_layers: int, num_heads: int, order: str) -> list[list[float]]:
     """Validate ``lambdas`` ([num_layers, num_heads], finite) and return them as nested Python floats."""
     if lambdas is None:
-        raise ValueError(f"order {order!r} needs lambdas of shape [num_layers={num_layers}, num_heads={num_heads}]")
+        raise PapaInputError(f"order {order!r} needs lambdas of shape [num_layers={num_layers}, num_heads={num_heads}]")
     values = torch.as_tensor(lambdas).detach().to("cpu", torch.float64)
     if tuple(values.shape) != (num_layers, num_heads):
-        raise ValueError(
+        raise PapaInputError(
             f"lambdas have shape {tuple(values.shape)}, expected [num_layers={num_layers}, num_heads={num_heads}]"
         )
     if not bool(torch.isfinite(values).all()):
-        raise ValueError("lambdas contain NaN or infinite values")
+        raise PapaInputError("lambdas contain NaN or infinite values")
     return values.tolist()
 
 
@@ -81,7 +82,7 @@ def replacement_order(
         seed: seed of the 'random' order.
     """
     if order not in ORDERS:
-        raise ValueError(f"unknown head-replacement order {order!r}; choose one of {ORDERS}")
+        raise PapaInputError(f"unknown head-replacement order {order!r}; choose one of {ORDERS}")
     num_layers = check_positive_int("num_layers", num_layers)
     num_heads = check_positive_int("num_heads", num_heads)
     in_layer_order = [(layer, head) for layer in range(num_layers) for head in range(num_heads)]
@@ -92,7 +93,7 @@ def replacement_order(
         return [(layer, head) for layer in reversed(range(num_layers)) for head in range(num_heads)]
     if order == "random":
         if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
-            raise ValueError(f"seed must be an integer, got {seed!r}")
+            raise PapaInputError(f"seed must be an integer, got {seed!r}")
         shuffled = list(in_layer_order)
         random.Random(int(seed)).shuffle(shuffled)
         return shuffled
@@ -109,15 +110,15 @@ def num_input_dependent(fraction: float, total_heads: int) -> int:
     (or NaN) and for a negative ``total_heads``.
     """
     if isinstance(fraction, bool):
-        raise ValueError(f"fraction must be a number in [0, 1], got {fraction!r}")
+        raise PapaInputError(f"fraction must be a number in [0, 1], got {fraction!r}")
     try:
         value = float(fraction)
     except (TypeError, ValueError) as err:
-        raise ValueError(f"fraction must be a number in [0, 1], got {fraction!r}") from err
+        raise PapaInputError(f"fraction must be a number in [0, 1], got {fraction!r}") from err
     if not 0.0 <= value <= 1.0:  # also rejects NaN
-        raise ValueError(f"fraction must be in [0, 1], got {fraction!r}")
+        raise PapaInputError(f"fraction must be in [0, 1], got {fraction!r}")
     if isinstance(total_heads, bool) or not isinstance(total_heads, (int, np.integer)) or total_heads < 0:
-        raise ValueError(f"total_heads must be a non-negative integer, got {total_heads!r}")
+        raise PapaInputError(f"total_heads must be a non-negative integer, got {total_heads!r}")
     return min(int(total_heads), math.floor(value * int(total_heads) + 0.5))
 
 
@@ -132,7 +133,7 @@ def model_shape(model: Any = None, num_layers: int | None = None, num_heads: int
     """
     if model is None:
         if num_layers is None or num_heads is None:
-            raise ValueError("give the model (or its config), or both num_layers= and num_heads=")
+            raise PapaInputError("give the model (or its config), or both num_layers= and num_heads=")
         return check_positive_int("num_layers", num_layers), check_positive_int("num_heads", num_heads)
     if isinstance(model, (bool, int, float, np.integer)):
         raise TypeError(f"expected a model or its config, got {model!r}; give explicit counts as num_layers= and "
@@ -146,7 +147,7 @@ def model_shape(model: Any = None, num_layers: int | None = None, num_heads: int
                         f"{type(model).__name__}") from err
     for name, given, actual in (("num_layers", num_layers, layers), ("num_heads", num_heads, heads)):
         if given is not None and check_positive_int(name, given) != actual:
-            raise ValueError(f"{name}={given} does not match the model, which has {layers} layers of {heads} heads")
+            raise PapaInputError(f"{name}={given} does not match the model, which has {layers} layers of {heads} heads")
     return layers, heads
 
 
