@@ -108,7 +108,7 @@ def _device(text: str) -> str:
     """``--device``: a name torch knows (:data:`papa_lib.core.models.DEVICE_NAMES`), else argparse's error."""
     from .core.models import DEVICE_NAMES
 
-    if not DEVICE_NAMES.match(text):
+    if not DEVICE_NAMES.fullmatch(text):
         raise argparse.ArgumentTypeError(f"expected auto, cpu, cuda, cuda:N or mps, got {text!r}")
     return text
 

@@ -59,8 +59,7 @@ def test_averaging_refuses_mixed_layouts_one_batch_and_dropout(bert):
     reference = papa_lib.average_attention(model, [papa], progress=False)
     assert torch.equal(papa_lib.average_attention(model, [empty, papa], progress=False).matrices,
                        reference.matrices)  # an empty batch adds nothing (it crashed inside the model)
-    model.config.attention_probs_dropout_prob = 0.5
-    model.train()
+    model.train()  # the tiny BERT's attention dropout is 0.1
     try:  # dropout made two averages differ by up to 0.14
         assert torch.equal(papa_lib.average_attention(model, [papa], progress=False).matrices, reference.matrices)
         assert model.training  # the mode is restored
@@ -142,8 +141,40 @@ def test_a_damaged_constants_file_is_named(tmp_path):
         averaging.ConstantAttention.load(path)
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (a CPU batch stays on the CPU anyway)")
 def test_pack_stays_on_the_batch_device(bert):
     model, tokenizer = bert
     batch = papa_lib.encode_words(tokenizer, [["a", "fine", "film"], ["dull"]], max_length=16, model=model)
+    for key in ("input_ids", "attention_mask", "position_ids"):
+        batch[key] = batch[key].to("cuda")
     packed = packing.pack(batch)
-    assert packed.real.device == batch["attention_mask"].device and packed.word_index.device == packed.real.device
+    assert packed.real.device.type == "cuda" and packed.word_index.device.type == "cuda"
+
+
+def test_what_the_checks_must_still_let_through(bert):
+    """A review of the checks above: none of these may be refused."""
+    import numpy as np
+
+    from conftest import tiny_decoder
+
+    model, tokenizer = bert
+    assert papa_lib.encode(tokenizer, TEXTS, max_length=np.int64(16))["input_ids"].shape == (3, 16)
+    assert papa_lib.toeplitz_matrix(np.int64(3)).shape == (3, 3)
+    assert papa_lib.encode(tokenizer, ["ok"], ["fine"], max_length=6)["input_ids"].shape == (1, 6)  # room for both
+    gpt2 = tiny_decoder("gpt2")  # a causal LM papa has no adapter for: its NLL is still a next-token NLL
+    ids = torch.tensor([[1, 5, 6, 7, 0]])
+    nll, count = next_token_nll(gpt2, {"input_ids": ids, "attention_mask": (ids > 0).long()})
+    assert count == 3 and nll > 0
+    modern = smoke.tiny_model("modernbert")  # rotary positions: max_position_embeddings is no hard limit
+    assert models.position_limit(modern) is None
+    papa = papa_lib.encode(tokenizer, TEXTS, max_length=16)
+    standard = papa_lib.encode(tokenizer, TEXTS, max_length=16, layout="standard")
+    with pytest.raises(PapaInputError, match="same layout"):  # a first batch without a layout does not open the door
+        papa_lib.average_attention(model, [dict(papa), standard, papa], progress=False)
+    model.embeddings.train()  # one submodule in train mode: its own mode comes back
+    try:
+        papa_lib.average_attention(model, [papa], progress=False)
+        assert model.embeddings.training and not model.training and not model.encoder.training
+    finally:
+        model.eval()
+    assert models.check_device("auto") in ("cpu", "cuda") and not models.DEVICE_NAMES.fullmatch("cpu\n")

@@ -96,6 +96,8 @@ class ConstantAttention:
             with safe_open(str(path), framework="pt") as handle:
                 raw_meta = handle.metadata() or {}
             tensors = load_file(str(path))
+        except OSError:
+            raise
         except Exception as error:  # noqa: BLE001 - safetensors' own errors do not name the file
             raise PapaInputError(f"{path} is not a safetensors file of constant matrices ({error})") from error
         missing = {"matrices", "counts"} - set(tensors)
@@ -164,6 +166,8 @@ class PadAwareAverage:
             raise PapaInputError(f"all batches must have the same width L; got {width} after {self.length}")
         elif layout is not None and self.layout is not None and layout != self.layout:
             raise PapaInputError(f"all batches must have the same layout; got {layout!r} after {self.layout!r}")
+        if self.layout is None:  # a first batch without one (a plain dict) does not open the door to a mix
+            self.layout = layout
         if not packed:
             pair = pair_mask(attention_mask)
             # float32 sums per batch (float64 when given float64)
@@ -260,8 +264,8 @@ def average_attention(
     else:
         seam = nullcontext()
     average = PadAwareAverage(*num_layers_and_heads(model))
-    training = model.training  # dropout would make C random: average in eval mode, then restore the mode
-    model.eval()
+    modes = {module: module.training for module in model.modules()}  # dropout would make C random: eval mode,
+    model.eval()  # then every module's own mode back
     try:
         with torch.inference_mode(), seam:
             for batch in tqdm(batches, total=total, disable=not progress, desc="averaging attention", unit="batch"):
@@ -272,5 +276,6 @@ def average_attention(
                 average.add(enumerate(outputs.attentions), inputs["attention_mask"], getattr(batch, "layout", None),
                             positions=getattr(batch, "positions", None), length=getattr(batch, "length", None))
     finally:
-        model.train(training)
+        for module, training in modes.items():
+            module.training = training
     return average.result(model, source)

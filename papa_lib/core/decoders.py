@@ -228,7 +228,7 @@ def load_decoder(
 
     from .models import UnsupportedModelError, check_device, config_or_packaged
 
-    check_device(device)  # before the weights load
+    device = check_device(device)  # before the weights load; "auto" resolved
     path, model_id = resolve_decoder_path(name_or_path)
     config, path, model_id = config_or_packaged(path, model_id, name_or_path, packaged_decoder_for,
                                                 decoder_installed, decoder_model_dir)
@@ -337,9 +337,11 @@ def _predictions(model: nn.Module, batch: dict) -> tuple[nn.Module, torch.Tensor
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     if base is None or base is model or head is None:
         raise PapaInputError(f"{type(model).__name__} has no LM head; load the decoder with papa_lib.load_decoder")
-    if not adapter_for(model).causal:  # a masked LM sees the token it would predict: its "NLL" means nothing
+    known = models.ADAPTERS.get(getattr(model.config, "model_type", None))
+    if known is not None and not known.causal:  # a masked LM sees the token it would predict: its "NLL" means nothing
         raise PapaInputError(f"{type(model).__name__} is not a causal decoder LM; next-token NLL needs one "
                              "(papa_lib.load_decoder)")
+    models.check_batch_fits(batch, model)
     layout = getattr(batch, "layout", None)
     if layout not in (None, "causal"):
         raise PapaInputError(f"a batch in the {layout!r} layout; a decoder reads the 'causal' one "

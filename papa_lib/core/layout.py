@@ -25,6 +25,7 @@ its sequence index, so a decoder's constant matrices mean the same thing on ever
 from __future__ import annotations
 
 import logging
+import numbers
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -136,9 +137,9 @@ def _check_texts(texts, what: str = "texts") -> None:
     that is not one (one string is not a sequence of texts: it would be read character by character)."""
     if isinstance(texts, str):
         raise PapaInputError(f"{what} must be a list of strings, not one string")
-    bad = next((i for i, text in enumerate(texts) if not isinstance(text, str)), None)
+    bad = next(((i, text) for i, text in enumerate(texts) if not isinstance(text, str)), None)
     if bad is not None:
-        raise PapaInputError(f"{what}[{bad}] is {type(texts[bad]).__name__} {texts[bad]!r}, not a string")
+        raise PapaInputError(f"{what}[{bad[0]}] is {type(bad[1]).__name__} {bad[1]!r}, not a string")
 
 
 def _tokenize(tokenizer, texts: Sequence[str]) -> list[list[int]]:
@@ -231,7 +232,7 @@ def _to_batch(rows, masks, types, template, layout, length, num_truncated, word_
 def _check_args(layout: str, max_length: int, pairs_given: bool) -> None:
     if layout not in LAYOUTS:
         raise PapaInputError(f"unknown layout {layout!r}; choose one of {LAYOUTS}")
-    if isinstance(max_length, bool) or not isinstance(max_length, int):
+    if isinstance(max_length, bool) or not isinstance(max_length, numbers.Integral):
         raise PapaInputError(f"max_length must be an integer, got {max_length!r}")
     if max_length < 4:
         raise PapaInputError(f"max_length must be at least 4, got {max_length}")

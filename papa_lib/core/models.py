@@ -385,7 +385,7 @@ def resolve_device(device: str | torch.device | None, default: str = "cpu") -> s
     machine has it (a Ray worker may: :func:`check_device` asks this machine); any other name is a
     :class:`~papa_lib.errors.PapaInputError`."""
     device = default if device is None else str(device)
-    if not DEVICE_NAMES.match(device):
+    if not DEVICE_NAMES.fullmatch(device):
         raise PapaInputError(f"device {device!r}: use auto, cpu, cuda, cuda:N or mps")
     if device == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
@@ -418,10 +418,15 @@ def missing_model_folder(name_or_path) -> bool:
 
 
 def position_limit(model) -> int | None:
-    """The longest L the model's absolute position embeddings allow (None: relative positions only, no limit)."""
+    """The longest L the model's absolute position embeddings allow (None: relative or rotary positions only, no
+    hard limit: DeBERTa without absolute positions, ModernBERT and the decoder LMs)."""
     config = model.config
     if getattr(config, "position_biased_input", True) is False:
         return None
+    tables = [module for name, module in model.named_modules()
+              if name.endswith("position_embeddings") and isinstance(module, nn.Embedding)]
+    if isinstance(model, nn.Module) and not tables:
+        return None  # rotary positions: max_position_embeddings is what it was trained on, not a table's size
     limit = getattr(config, "max_position_embeddings", None)
     if limit is not None:  # RoBERTa-style positions (RoBERTa, XLM-R, MPNet) start after the padding index
         limit -= adapter_for(config).first_position_id(config)
@@ -491,7 +496,7 @@ def load_encoder(
     """
     from transformers import AutoModel, AutoModelForMaskedLM, AutoTokenizer
 
-    check_device(device)  # before the weights load
+    device = check_device(device)  # before the weights load; "auto" resolved
     if name_or_path is not None and str(name_or_path) in DECODER_NAMES:
         raise DecoderModelError(
             f"{str(name_or_path)!r} is a decoder LM, not an encoder: load it with papa_lib.load_decoder"
@@ -614,9 +619,10 @@ def check_batch_fits(batch, model) -> None:
     (:func:`position_limit`), or token ids outside its vocabulary (another model's tokenizer). Without it torch
     stops deep inside the embedding with "index out of range in self"."""
     ids = batch["input_ids"]
+    length = getattr(batch, "length", None) or ids.shape[-1]  # a packed batch: its L, not its width
     limit = position_limit(model)
-    if limit is not None and ids.shape[-1] > limit:
-        raise PapaInputError(f"a batch of L = {ids.shape[-1]} is longer than the {limit} positions of "
+    if limit is not None and length > limit:
+        raise PapaInputError(f"a batch of L = {length} is longer than the {limit} positions of "
                              f"{model_id(model)}; encode it with max_length={limit} or less")
     vocabulary = getattr(model.config, "vocab_size", None)
     if vocabulary and ids.numel() and int(ids.max()) >= vocabulary:

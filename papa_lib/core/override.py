@@ -52,6 +52,7 @@ weight matrices, with the same result; ``fast=False`` runs the reference path de
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Mapping
 from contextlib import contextmanager
 
@@ -79,7 +80,7 @@ _IMPLEMENTATION = "papa"
 
 def toeplitz_matrix(length: int, dtype=torch.float32, device=None) -> torch.Tensor:
     """The Toeplitz matrix T_qk = 1 / (|q - k| + 1) of Sec. 5.2 (harmonic decay away from the diagonal)."""
-    if isinstance(length, bool) or not isinstance(length, int) or length < 0:
+    if isinstance(length, bool) or not isinstance(length, numbers.Integral) or length < 0:
         raise PapaInputError(f"toeplitz_matrix: length must be a non-negative integer, got {length!r}")
     positions = torch.arange(length, device=device)
     return 1.0 / ((positions[:, None] - positions[None, :]).abs().to(dtype) + 1.0)

@@ -337,6 +337,6 @@ def register_custom_tasks(entries: Any, base: str | Path | None = None, where: s
         try:
             register_custom_task(entry)
         except FileNotFoundError as error:  # a missing data file: say where the grid file names it
-            missing = "train" if str(entry.train) in str(error) else "validation"
+            missing = "validation" if Path(entry.train).is_file() else "train"
             raise FileNotFoundError(f"{at(where, root, ('custom_tasks', i, missing))}: {error}") from None
     return checked

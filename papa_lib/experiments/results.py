@@ -369,7 +369,10 @@ class ResultsStore:
     @contextmanager
     def writer_lock(self):
         """Hold the store's exclusive writer lock (``root/.results.lock``, :mod:`filelock`: ``flock`` on POSIX,
-        ``msvcrt`` locking on Windows; released when the block ends or the process dies). Re-entrant."""
+        ``msvcrt`` locking on Windows; released when the block ends or the process dies). Re-entrant. Every write
+        holds it, so a read-only store (``papa grid --plan``) refuses here."""
+        if self.read_only:
+            raise RuntimeError(f"{self!r} was opened read-only (a plan): it writes nothing")
         if self._lock is None:
             from filelock import FileLock
 

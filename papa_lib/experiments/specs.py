@@ -357,7 +357,7 @@ class GridSpec(_Strict):
     @field_validator("device")
     @classmethod
     def _device(cls, value):
-        if not DEVICE_NAMES.match(value):
+        if not DEVICE_NAMES.fullmatch(value):
             raise ValueError(f"must be auto, cpu, cuda, cuda:N or mps, got {value!r}")
         return value
 
@@ -522,10 +522,12 @@ def _check_repeated_keys(node, where: str) -> None:
     if isinstance(node, yaml.MappingNode):
         first: dict = {}
         for key, value in node.value:
-            if isinstance(key, yaml.ScalarNode) and key.value in first:
-                raise SpecError(f"{where}:{key.start_mark.line + 1}: the key {key.value!r} is given twice (first on "
-                                f"line {first[key.value]}); YAML would keep only the last")
-            first.setdefault(key.value, key.start_mark.line + 1)
+            same = (key.tag, key.value)  # 1 and '1' are two keys; merge keys (<<) add entries, they repeat nothing
+            if isinstance(key, yaml.ScalarNode) and key.tag != "tag:yaml.org,2002:merge":
+                if same in first:
+                    raise SpecError(f"{where}:{key.start_mark.line + 1}: the key {key.value!r} is given twice (first "
+                                    f"on line {first[same]}); YAML would keep only the last")
+                first[same] = key.start_mark.line + 1
             _check_repeated_keys(value, where)
     elif isinstance(node, yaml.SequenceNode):
         for item in node.value:

@@ -65,7 +65,7 @@ def load_bench_model(spec: str | None, device: str = "cpu", dtype: str = "fp32")
 
     if dtype not in DTYPES:
         raise ValueError(f"unknown dtype {dtype!r}; choose one of {sorted(DTYPES)}")
-    check_device(device)
+    device = check_device(device)
     spec = spec or os.environ.get(MODEL_ENV) or "minilm"
     if spec == "tiny":
         from ..core.packaged import EMBEDDED_HUB_ID
@@ -91,7 +91,7 @@ def load_bench_decoder(spec: str | None, device: str = "cpu", dtype: str = "fp32
 
     if dtype not in DTYPES:
         raise ValueError(f"unknown dtype {dtype!r}; choose one of {sorted(DTYPES)}")
-    check_device(device)
+    device = check_device(device)
     spec = spec or DEFAULT_DECODER
     if spec != "tiny":
         return load_decoder(spec, device=device, dtype=DTYPES[dtype])

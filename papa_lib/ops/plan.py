@@ -481,7 +481,7 @@ def plan_grid(spec: dict, overrides: dict | None = None, model_name: str | None 
     budget = settings.get("cache_budget") or default_budget()
     done = None
     if results_dir:  # read the stored run ids once, for every task
-        store = ResultsStore(results_dir, read_only=True)  # a plan writes nothing, not even a torn line's side file
+        store = ResultsStore(results_dir, read_only=True)  # a plan adds, moves or sets aside no line of results.csv
         done = set(store.run_ids()) if store.path.is_file() else set()
     plans = []
     for task, variants in grid_runs(spec["blocks"]).items():
