@@ -534,7 +534,7 @@ def _executor(args):
     options = {"address": args.address, "cpus_per_run": args.cpus_per_run, "gpus_per_run": args.gpus_per_run}
     if args.executor == "local" and any(value is not None for value in options.values()):
         given = [f"--{key.replace('_', '-')}" for key, value in options.items() if value is not None]
-        raise UsageError(f"{', '.join(given)} only apply to --executor ray")
+        raise UsageError(f"{', '.join(given)} only appl{'ies' if len(given) == 1 else 'y'} to --executor ray")
     return make_executor(args.executor, **options)
 
 

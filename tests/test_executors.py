@@ -86,7 +86,7 @@ def test_executor_options(capsys, tmp_path, monkeypatch):
     grid = tmp_path / "grid.yaml"
     grid.write_text("seeds: 1\nblocks:\n  - {name: a, tasks: [sst2], fractions: [1]}\n")
     assert cli.main(["grid", str(grid), "--address", "auto"]) == 2
-    assert capsys.readouterr().err.strip() == "papa: error: --address only apply to --executor ray"
+    assert capsys.readouterr().err.strip() == "papa: error: --address only applies to --executor ray"
     assert cli.main(["grid", str(grid), "--executor", "ray", "--gpus-per-run", "-1"]) == 2
     assert "expected zero or more" in capsys.readouterr().err
     monkeypatch.setitem(__import__("sys").modules, "ray", None)  # as if Ray were not installed
