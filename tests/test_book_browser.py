@@ -584,13 +584,6 @@ CHART_STATE_JS = f"""
 """
 
 
-def _implicit_request(event: dict, urls: dict) -> bool:
-    """True for the favicon.ico request Chromium makes on its own."""
-    params = event["params"]
-    url = params.get("response", {}).get("url") or urls.get(params.get("requestId"), ("",))[0]
-    return url.endswith("/favicon.ico")
-
-
 def _problems(events: list[dict], base_url: str) -> list[str]:
     """Console errors, exceptions and failed requests recorded while a page was open."""
     urls = {
@@ -612,11 +605,7 @@ def _problems(events: list[dict], base_url: str) -> list[str]:
             entry = params["entry"]
             if entry.get("source") == "network" and entry.get("url", "").startswith(ALLOWED_EXTERNAL):
                 continue
-            if entry.get("source") == "network" and entry.get("url", "").endswith("/favicon.ico"):
-                continue
             problems.append(f"console {entry.get('source')} error: {entry.get('text')} {entry.get('url', '')}")
-        elif method in ("Network.loadingFailed", "Network.responseReceived") and _implicit_request(event, urls):
-            continue  # the browser's own favicon.ico probe is not the page's doing
         elif method == "Network.loadingFailed":
             url, kind = urls.get(params["requestId"], ("?", params.get("type", "")))
             if url.startswith(base_url) or not url.startswith(ALLOWED_EXTERNAL):
