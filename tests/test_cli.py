@@ -508,12 +508,17 @@ def _reviews_grid(tmp_path) -> Path:
     return grid
 
 
-def test_grid_sets_a_torn_line_aside_and_repairs_damage_in_the_middle(tmp_path, pair_files, tiny, capsys):
+def _stored_reviews_grid(tmp_path) -> tuple[Path, Path, Path, str]:
+    """``(grid file, results folder, results.csv, its text)`` after the reviews grid has run once."""
     grid = _reviews_grid(tmp_path)
     out = tmp_path / "out"
     assert cli.main(["grid", str(grid), "--results-dir", str(out)]) == 0
     table = out / "results.csv"
-    whole = table.read_text()
+    return grid, out, table, table.read_text()
+
+
+def test_grid_sets_a_torn_line_aside_and_repairs_damage_in_the_middle(tmp_path, pair_files, tiny, capsys):
+    grid, out, table, whole = _stored_reviews_grid(tmp_path)
     lines = whole.splitlines(keepends=True)
     assert len(lines) == 3
     capsys.readouterr()
@@ -743,11 +748,7 @@ def test_grid_command_lines_that_would_run_nothing_or_the_wrong_thing(capsys, tm
 
 
 def test_plan_writes_nothing_and_a_repeated_last_line_is_not_called_cut_off(capsys, tmp_path, pair_files, tiny):
-    grid = _reviews_grid(tmp_path)
-    out = tmp_path / "out"
-    assert cli.main(["grid", str(grid), "--results-dir", str(out)]) == 0
-    table = out / "results.csv"
-    whole = table.read_text()
+    grid, out, table, whole = _stored_reviews_grid(tmp_path)
     table.write_text(whole[: len(whole) - 60])  # a torn last line
     capsys.readouterr()
     assert cli.main(["grid", str(grid), "--results-dir", str(out), "--plan"]) == 0
