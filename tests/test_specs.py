@@ -184,7 +184,7 @@ def test_valid_grid_files_pass(tmp_path):
 def test_merge_keys_are_not_repeated_keys(tmp_path):
     """Two merge keys (<<) add the entries of two anchors: YAML keeps both, so the repeated-key check must too."""
     grid = tmp_path / "grid.yaml"
-    grid.write_text("seeds: [0]\nblocks:\n  - &one {name: a, tasks: [sst2]}\n  - &two {name: b, tasks: [cola], fractions: [1]}\n"
-                    "  - {<<: *one, <<: *two, name: c}\n")
+    grid.write_text("seeds: [0]\nblocks:\n  - &one {name: a, tasks: [sst2]}\n"
+                    "  - &two {name: b, tasks: [cola], fractions: [1]}\n  - {<<: *one, <<: *two, name: c}\n")
     spec = load_grid(grid)
     assert [block.name for block in spec["blocks"]] == ["a", "b", "c"]
