@@ -30,6 +30,19 @@ kernelspec:
   name: python3
 ---
 """
+
+
+def copy_favicon(config: dict, root: Path) -> None:
+    """The book's icon (``html.favicon`` of ``_config.yml``) into a book laid out in ``root`` by a test: Sphinx warns
+    when it is missing, and the book's build turns warnings into errors."""
+    import shutil
+
+    favicon = (config.get("html") or {}).get("favicon")
+    if favicon:
+        (root / favicon).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(Path(__file__).resolve().parents[1] / favicon, root / favicon)
+
+
 from papa_lib.smoke import ARCHITECTURES
 
 TINY_DECODER_VOCAB = 96

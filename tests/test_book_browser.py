@@ -40,7 +40,7 @@ from pathlib import Path
 import pytest
 from papa_book import build, chapters, page_check, sphinx_hooks
 
-from conftest import JUPYTEXT_HEADER
+from conftest import JUPYTEXT_HEADER, copy_favicon
 from papa_lib.book import charts
 
 REPO = Path(__file__).resolve().parents[1]
@@ -197,6 +197,7 @@ def executed_book(root: Path, notebooks: list[Path], extra_pages: dict[str, str]
     (root / "papa_lib").symlink_to(REPO / "papa_lib", target_is_directory=True)
     (root / "book").mkdir(exist_ok=True)
     (root / "book" / "_ext").symlink_to(REPO / "book" / "_ext", target_is_directory=True)  # the Sphinx extension
+    copy_favicon(config, root)
     if (REPO / "book" / "_static").is_dir():
         shutil.copytree(REPO / "book" / "_static", root / "book" / "_static", dirs_exist_ok=True)
     import nbformat

@@ -16,9 +16,10 @@ import textwrap
 from pathlib import Path
 
 import pytest
+import yaml
 from papa_book import build, chapters, execution
 
-from conftest import JUPYTEXT_HEADER
+from conftest import JUPYTEXT_HEADER, copy_favicon
 from papa_lib import cli
 
 REPO = Path(__file__).resolve().parents[1]
@@ -58,6 +59,7 @@ def tiny_book(tmp_path) -> Path:
     root = tmp_path / "book-root"
     (root / "book").mkdir(parents=True)
     shutil.copy2(REPO / "_config.yml", root / "_config.yml")
+    copy_favicon(yaml.safe_load((REPO / "_config.yml").read_text(encoding="utf-8")), root)
     (root / "_toc.yml").write_text("format: jb-book\nroot: book/good\nchapters:\n  - file: book/bad\n",
                                    encoding="utf-8")
     shutil.copytree(REPO / "papa_lib", root / "papa_lib", ignore=shutil.ignore_patterns("__pycache__"))
