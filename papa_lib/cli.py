@@ -432,8 +432,7 @@ def cmd_grid(args) -> int:
     device = "cpu" if executor.name == "ray" else resolve_device(args.device or spec.get("device"))  # workers move it
     model, tokenizer = _load_model(args.model or spec.get("model"), device)
     lengths = args.max_length or spec.get("max_length")
-    _check_length(model, lengths.values() if isinstance(lengths, dict) else [lengths],
-                  "--max-length" if args.max_length else f"max_length of {args.grid}")
+    _check_length(model, lengths, "--max-length" if args.max_length else f"max_length of {args.grid}")
     from .experiments.results import ResultsStore
 
     before = ResultsStore(results_dir)

@@ -423,9 +423,8 @@ def position_limit(model) -> int | None:
     config = model.config
     if getattr(config, "position_biased_input", True) is False:
         return None
-    tables = [module for name, module in model.named_modules()
-              if name.endswith("position_embeddings") and isinstance(module, nn.Embedding)]
-    if isinstance(model, nn.Module) and not tables:
+    if not any(name.endswith("position_embeddings") and isinstance(module, nn.Embedding)
+               for name, module in model.named_modules()):
         return None  # rotary positions: max_position_embeddings is what it was trained on, not a table's size
     limit = getattr(config, "max_position_embeddings", None)
     if limit is not None:  # RoBERTa-style positions (RoBERTa, XLM-R, MPNet) start after the padding index
@@ -434,8 +433,13 @@ def position_limit(model) -> int | None:
 
 
 def check_length(model, lengths, where: str = "--max-length") -> None:
-    """A :class:`~papa_lib.errors.PapaInputError` naming ``where`` when a sequence length of ``lengths`` is longer
-    than the model's positions (:func:`position_limit`); ``None`` lengths (the task's default) pass."""
+    """A :class:`~papa_lib.errors.PapaInputError` naming ``where`` when a sequence length of ``lengths`` (one L, a
+    per-task mapping as a grid file's ``max_length``, or several) is longer than the model's positions
+    (:func:`position_limit`); ``None`` lengths (the task's default) pass."""
+    if isinstance(lengths, dict):
+        lengths = lengths.values()
+    elif lengths is None or isinstance(lengths, int):
+        lengths = [lengths]
     limit = position_limit(model)
     for length in lengths:
         if limit is not None and length is not None and length > limit:
@@ -619,11 +623,7 @@ def check_batch_fits(batch, model) -> None:
     (:func:`position_limit`), or token ids outside its vocabulary (another model's tokenizer). Without it torch
     stops deep inside the embedding with "index out of range in self"."""
     ids = batch["input_ids"]
-    length = getattr(batch, "length", None) or ids.shape[-1]  # a packed batch: its L, not its width
-    limit = position_limit(model)
-    if limit is not None and length > limit:
-        raise PapaInputError(f"a batch of L = {length} is longer than the {limit} positions of "
-                             f"{model_id(model)}; encode it with max_length={limit} or less")
+    check_length(model, getattr(batch, "length", None) or ids.shape[-1], "a batch of L =")  # packed: its L
     vocabulary = getattr(model.config, "vocab_size", None)
     if vocabulary and ids.numel() and int(ids.max()) >= vocabulary:
         raise PapaInputError(f"token id {int(ids.max())} is outside the {vocabulary}-entry vocabulary of "
